@@ -1,0 +1,1 @@
+"""Example trainer package (the managed services' ``trainer/task.py`` shape)."""

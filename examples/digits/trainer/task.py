@@ -1,0 +1,166 @@
+"""Train an MLP on handwritten digits with DistributedDataParallel.
+
+Run by fleetrun as ``torchrun ... -m trainer.task --epochs 5``; also runs alone (world size 1).
+Logs through fleetrun's metrics helper (rank 0 writes), records which host each rank ran on,
+and saves the final model to ``$FLEETRUN_OUTPUT_DIR``. ``--fail-rank``/``--fail-step`` make one
+rank exit non-zero on purpose, to exercise failure handling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from trainer.data import load_digits
+from trainer.model import build_model
+
+try:
+    from fleetrun_metrics import Metrics
+except ImportError:  # outside fleetrun: the helper lives in fleetrun's launch/nodelib
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "launch", "nodelib"))
+    from fleetrun_metrics import Metrics
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=32, help="per process")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=os.environ.get("FLEETRUN_DATA_DIR"))
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (slows a demo down)")
+    p.add_argument("--fail-rank", type=int, default=-1, help="this global rank exits with code 3 ...")
+    p.add_argument("--fail-step", type=int, default=5, help="... at this step")
+    p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds")
+    return p.parse_args(argv)
+
+
+def my_address() -> str:
+    iface_ip = os.environ.get("FLEETRUN_NODE_IPS", "").split(",")
+    rank = int(os.environ.get("FLEETRUN_NODE_RANK", "-1"))
+    if 0 <= rank < len(iface_ip) and iface_ip[rank]:
+        return iface_ip[rank]
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "unknown"
+
+
+def param_checksum(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def evaluate(model: nn.Module, loader: DataLoader) -> tuple[float, float]:
+    model.eval()
+    total, correct, loss_sum = 0, 0, 0.0
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    with torch.no_grad():
+        for x, y in loader:
+            out = model(x)
+            loss_sum += float(loss_fn(out, y))
+            correct += int((out.argmax(dim=1) == y).sum())
+            total += len(y)
+    model.train()
+    return loss_sum / max(total, 1), correct / max(total, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    distributed = "WORLD_SIZE" in os.environ and "RANK" in os.environ and "LOCAL_RANK" in os.environ
+    use_cuda = torch.cuda.is_available()
+    if distributed:
+        backend = "nccl" if use_cuda else "gloo"
+        if use_cuda:
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=args.timeout))
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        backend, rank, world = "none", 0, 1
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    metrics = Metrics(rank=rank)
+
+    me = {"rank": rank, "host": socket.gethostname(), "addr": my_address(), "pid": os.getpid()}
+    everyone: list[dict] = [me]
+    if distributed:
+        gathered: list[dict | None] = [None] * world
+        dist.all_gather_object(gathered, me)
+        everyone = [g for g in gathered if g is not None]
+    metrics.event("world", world_size=world, backend=backend, ranks=everyone)
+
+    torch.manual_seed(args.seed)
+    train_set, test_set = load_digits(args.data_dir)
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    test_loader = DataLoader(test_set, batch_size=256)
+    model = build_model(args.hidden).to(device)
+    ddp = DistributedDataParallel(model) if distributed else model
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+
+    step = 0
+    started = time.time()
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = loss_fn(ddp(x), y)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if rank == args.fail_rank and step >= args.fail_step:
+                print(f"rank {rank}: failing on purpose at step {step}", flush=True)
+                os._exit(3)
+            reduced = loss.detach().clone()
+            if distributed:
+                dist.all_reduce(reduced)
+                reduced /= world
+            metrics.log(step=step, loss=float(reduced), epoch=epoch, lr=args.lr)
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+        val_loss, val_acc = evaluate(model, test_loader)
+        metrics.log(step=step, val_loss=val_loss, val_accuracy=val_acc, epoch=epoch)
+        if rank == 0:
+            print(f"epoch {epoch}: step {step} loss {float(loss.detach()):.4f} val_loss {val_loss:.4f} val_acc {val_acc:.3f}", flush=True)
+
+    checksum = param_checksum(model)
+    checksums = [checksum]
+    if distributed:
+        gathered_sums: list[str | None] = [None] * world
+        dist.all_gather_object(gathered_sums, checksum)
+        checksums = [c for c in gathered_sums if c is not None]
+    if rank == 0:
+        out_dir = os.environ.get("FLEETRUN_OUTPUT_DIR", "outputs")
+        os.makedirs(out_dir, exist_ok=True)
+        torch.save(model.state_dict(), os.path.join(out_dir, "model.pt"))
+    metrics.finish(
+        "succeeded",
+        message=f"{args.epochs} epochs in {time.time() - started:.1f} s",
+        world_size=world,
+        param_checksums=checksums,
+    )
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

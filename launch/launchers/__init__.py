@@ -1,0 +1,23 @@
+"""Launcher registry: name -> launcher. Each launcher lives in its own module.
+
+Adding a launcher means adding a module and one line here; nothing else branches on the name.
+"""
+
+from __future__ import annotations
+
+from launch.errors import SpecError
+from launch.launchers.base import Launcher
+from launch.launchers.torchrun import TorchrunLauncher
+
+LAUNCHERS: dict[str, type[Launcher]] = {
+    TorchrunLauncher.name: TorchrunLauncher,
+}
+
+
+def get_launcher(name: str) -> Launcher:
+    try:
+        return LAUNCHERS[name]()
+    except KeyError:
+        raise SpecError(
+            f"launcher {name!r} is not available; available: {', '.join(sorted(LAUNCHERS))}"
+        ) from None

@@ -1,0 +1,96 @@
+"""Metrics helper for training code run by fleetrun. Standard library only.
+
+Usage in a training script::
+
+    from fleetrun_metrics import Metrics
+    metrics = Metrics()                # writes only on global rank 0; no-op elsewhere
+    metrics.log(step=10, loss=0.42, lr=0.01)
+    metrics.event("world", world_size=4, ranks=[...])
+    metrics.finish("succeeded")        # or "failed", with a message
+
+Records are JSON lines appended to ``$FLEETRUN_RUN_DIR/metrics.jsonl`` (each flushed, so the
+watcher reads them while training runs); the final record goes to ``status.json``, written
+atomically. Outside fleetrun (no ``FLEETRUN_RUN_DIR``), files go to ``./fleetrun-metrics``.
+A metric record: ``{"step": 12, "time": <unix>, "elapsed": <s>, "loss": 0.52, ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+
+def _rank() -> int:
+    for name in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if name in os.environ:
+            try:
+                return int(os.environ[name])
+            except ValueError:
+                continue
+    return 0
+
+
+def _scalar(name: str, value: Any) -> float | int:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"metric {name!r} must be a number, got {type(value).__name__}")
+    return value
+
+
+class Metrics:
+    """Append-only metrics log for one run; only global rank 0 writes."""
+
+    def __init__(self, run_dir: str | None = None, rank: int | None = None) -> None:
+        self.rank = _rank() if rank is None else rank
+        self.enabled = self.rank == 0
+        self.run_dir = run_dir or os.environ.get("FLEETRUN_RUN_DIR") or os.path.abspath("fleetrun-metrics")
+        self.path = os.path.join(self.run_dir, "metrics.jsonl")
+        self.status_path = os.path.join(self.run_dir, "status.json")
+        self.started = time.time()
+        self.last_step: int | None = None
+        self._file = None
+        if self.enabled:
+            os.makedirs(self.run_dir, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        self._file.write(json.dumps(record, allow_nan=True) + "\n")
+        self._file.flush()
+
+    def log(self, step: int, **scalars: Any) -> None:
+        """One metric record. NaN and Inf are kept (the watcher's NaN rule needs to see them)."""
+        if not self.enabled:
+            return
+        now = time.time()
+        record: dict[str, Any] = {"step": int(step), "time": now, "elapsed": round(now - self.started, 4)}
+        for name, value in scalars.items():
+            record[name] = _scalar(name, value)
+        self.last_step = int(step)
+        self._write(record)
+
+    def event(self, name: str, **fields: Any) -> None:
+        if self.enabled:
+            self._write({"event": name, "time": time.time(), **fields})
+
+    def finish(self, status: str = "succeeded", message: str = "", **fields: Any) -> None:
+        """The final status record; written atomically so a reader never sees half of it."""
+        if not self.enabled:
+            return
+        record = {"status": status, "time": time.time(), "step": self.last_step, "message": message, **fields}
+        tmp = self.status_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(record, fh, allow_nan=True)
+        os.replace(tmp, self.status_path)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def is_finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""fleetrun's node agent: starts, polls and stops one run on this node. Standard library only.
+
+The laptop calls it over SSH. Keeping this logic on the node makes each poll one short command
+with one short JSON answer, whatever the number of files or processes involved.
+
+  fleetrun_node.py start RUN_DIR          start RUN_DIR/launch.sh detached; print its pid
+  fleetrun_node.py poll RUN_DIR OFFSET    state, exit code, new metrics bytes since OFFSET, status
+  fleetrun_node.py stop RUN_ID [GRACE]    stop every process carrying FLEETRUN_RUN_ID=RUN_ID
+
+Processes are found by the ``FLEETRUN_RUN_ID`` variable in their environment, not by pid or
+process group: torchrun starts its workers in sessions of their own, so killing torchrun alone
+leaves them running (checked on the local fleet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+WRAPPER = 'sh ./launch.sh; rc=$?; echo "$rc" > rc.tmp; mv rc.tmp rc; exit "$rc"'
+MAX_CHUNK = 1 << 20
+
+
+def _alive(pid: int) -> bool:
+    """True when the process exists and is not a zombie (``kill -0`` says yes to zombies)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X")
+
+
+def start(run_dir: str) -> int:
+    log = open(os.path.join(run_dir, "node.log"), "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        ["sh", "-c", WRAPPER],
+        cwd=run_dir,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+    )
+    with open(os.path.join(run_dir, "pid.tmp"), "w") as fh:
+        fh.write(str(proc.pid))
+    os.replace(os.path.join(run_dir, "pid.tmp"), os.path.join(run_dir, "pid"))
+    print(json.dumps({"pid": proc.pid}))
+    return 0
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def poll(run_dir: str, offset: int) -> int:
+    answer: dict[str, object] = {
+        "state": "absent",
+        "rc": None,
+        "offset": offset,
+        "metrics": "",
+        "status": None,
+    }
+    rc_text = _read(os.path.join(run_dir, "rc"))
+    pid_text = _read(os.path.join(run_dir, "pid"))
+    if rc_text is not None and rc_text.strip():
+        answer["state"] = "exited"
+        answer["rc"] = int(rc_text.strip())
+    elif pid_text is not None and pid_text.strip():
+        answer["state"] = "running" if _alive(int(pid_text)) else "vanished"
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    try:
+        with open(metrics_path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read(MAX_CHUNK)
+        answer["metrics"] = chunk.decode("utf-8", errors="replace")
+        answer["offset"] = offset + len(chunk)
+    except OSError:
+        pass
+    status = _read(os.path.join(run_dir, "status.json"))
+    if status:
+        try:
+            answer["status"] = json.loads(status)
+        except ValueError:
+            answer["status"] = None
+    log = _read(os.path.join(run_dir, "node.log")) or ""
+    answer["log_tail"] = log[-2000:]
+    print(json.dumps(answer))
+    return 0
+
+
+def _run_pids(run_id: str) -> list[int]:
+    marker = f"FLEETRUN_RUN_ID={run_id}".encode()
+    me = os.getpid()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if marker in env and _alive(int(entry)):
+            pids.append(int(entry))
+    return pids
+
+
+def stop(run_id: str, grace: float) -> int:
+    """SIGTERM everything of the run, wait ``grace`` seconds, then SIGKILL what is left."""
+    found = _run_pids(run_id)
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.time() + grace
+    left = found
+    while left and time.time() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if _alive(p)]
+    killed = []
+    for pid in _run_pids(run_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            pass
+    time.sleep(0.05)
+    remaining = _run_pids(run_id)
+    print(json.dumps({"terminated": len(found), "killed": len(killed), "remaining": len(remaining)}))
+    return 0 if not remaining else 1
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "start":
+        return start(argv[1])
+    if len(argv) >= 3 and argv[0] == "poll":
+        return poll(argv[1], int(argv[2]))
+    if len(argv) >= 2 and argv[0] == "stop":
+        return stop(argv[1], float(argv[2]) if len(argv) > 2 else 10.0)
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,31 @@
+"""Where fleetrun keeps things on a node. One place, so plans, sync and pulls agree.
+
+All paths are relative to the node user's home (shell ``$HOME``), so they hold for any user:
+  ~/.fleetrun/lib/            node agent and metrics helper (copied by sync)
+  ~/.fleetrun/work/<job>/     the job's synced workdir
+  ~/.fleetrun/envs/<job>/     the job's Python environment (setup)
+  ~/.fleetrun/runs/<run_id>/  one run: launch.sh, pid, rc, node.log, metrics.jsonl, status.json, outputs/
+"""
+
+from __future__ import annotations
+
+ROOT = ".fleetrun"
+LIB = f"{ROOT}/lib"
+AGENT = f"{LIB}/fleetrun_node.py"
+
+
+def workdir(job: str) -> str:
+    return f"{ROOT}/work/{job}"
+
+
+def envdir(job: str) -> str:
+    return f"{ROOT}/envs/{job}"
+
+
+def rundir(run_id: str) -> str:
+    return f"{ROOT}/runs/{run_id}"
+
+
+def home(path: str) -> str:
+    """The shell form of a home-relative path, for use inside double quotes."""
+    return f"$HOME/{path}"

@@ -1,0 +1,108 @@
+"""Fabric tasks: ``fab -l`` lists them. Thin wrappers over ``launch.app``; no logic lives here."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from fabric import task
+from invoke import Collection
+from invoke.exceptions import Exit
+
+from launch import app
+from launch.errors import FleetrunError
+from launch.runner import RunResult
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A ``FleetrunError`` becomes one clear line on stderr and exit code 2, not a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FleetrunError as exc:
+            print(f"fleetrun: error: {exc}", file=sys.stderr)
+            raise Exit(code=2) from None
+
+    return wrapper
+
+
+@task(
+    help={
+        "playbook": "job file, e.g. playbooks/digits-ddp.yaml",
+        "inventory": "'local' (default), 'local:<prefix>', 'stack:<name>', stack outputs .json, or inventory .yaml",
+        "dry-run": "print, per node, exactly what would run; connect to nothing",
+    }
+)
+@_friendly
+def train(c: Any, playbook: str, inventory: str = "local", dry_run: bool = False) -> None:
+    """Sync, set up, launch and follow a training job; exit code 0 only if it succeeded."""
+    result = app.train(playbook, inventory=inventory, dry_run=dry_run)
+    if isinstance(result, RunResult) and not result.ok:
+        raise Exit(code=1)
+
+
+@task(help={"playbook": "job file", "inventory": "as for train"})
+@_friendly
+def plan(c: Any, playbook: str, inventory: str = "local") -> None:
+    """Print the launch plan (same as train --dry-run)."""
+    app.train(playbook, inventory=inventory, dry_run=True)
+
+
+@task(
+    help={"nodes": "number of nodes", "prefix": "name prefix (default fr)", "subnet": "198.18.<subnet>.0/24"}
+)
+@_friendly
+def local_up(c: Any, nodes: int = 3, prefix: str = "", subnet: int = -1) -> None:
+    """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
+    fleet = app.local_fleet(prefix or None, None if subnet < 0 else subnet)
+    inventory = fleet.up(nodes)
+    for host in inventory.hosts:
+        print(f"  {host.name}  {host.user}@{host.address}  {host.host_key[:40]}...")
+
+
+@task(help={"prefix": "name prefix (default fr)"})
+@_friendly
+def local_down(c: Any, prefix: str = "") -> None:
+    """Stop the local fleet and remove every namespace, link, user, process and file it made."""
+    left = app.local_fleet(prefix or None).down()
+    if any(left.values()):
+        raise Exit(code=1)
+
+
+@task(help={"prefix": "name prefix (default fr)"})
+@_friendly
+def local_status(c: Any, prefix: str = "") -> None:
+    """Show the local fleet's nodes and anything of it that exists."""
+    fleet = app.local_fleet(prefix or None)
+    for kind, items in fleet.leftovers().items():
+        print(f"{kind:>10}: {', '.join(items) if items else '-'}")
+
+
+@task(help={"nodes": "number of nodes", "playbook": "job file"})
+@_friendly
+def demo(c: Any, nodes: int = 3, playbook: str = "playbooks/digits-ddp.yaml") -> None:
+    """The README's demo: local fleet up, train the example across it, fleet down."""
+    fleet = app.local_fleet()
+    fleet.up(nodes)
+    try:
+        result = app.train(playbook, inventory="local")
+    finally:
+        fleet.down()
+    if isinstance(result, RunResult) and not result.ok:
+        raise Exit(code=1)
+
+
+local = Collection("local")
+local.add_task(local_up, "up")
+local.add_task(local_down, "down")
+local.add_task(local_status, "status")
+
+ns = Collection()
+ns.add_task(train)
+ns.add_task(plan)
+ns.add_task(demo)
+ns.add_collection(local)
