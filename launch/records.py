@@ -1,0 +1,432 @@
+"""Run records: what ran, from which playbook and commit, how it ended and what it cost.
+
+One embedded SQLite file (standard library only) holds every run launched from a project, so
+``fab runs`` and ``fab show`` work offline and after the fleet is gone. Durability matters
+more than speed here: the watcher may be killed at any moment (Ctrl-C, a closed laptop lid,
+SIGKILL), so
+
+* the database runs in WAL mode, and every change is one short ``BEGIN IMMEDIATE`` ...
+  ``COMMIT`` transaction: a crash loses at most the change in flight, never the file;
+* ``synchronous=NORMAL``, which in WAL mode survives a crash of the process (it can lose the
+  last commits only on power loss, and still does not corrupt the file);
+* a ``running`` record whose watcher died is detected later (dead pid on this host, or a
+  heartbeat too old) and marked ``interrupted`` by :meth:`RunRecords.mark_stale_as_interrupted`,
+  so it can be re-attached instead of showing "running" forever.
+
+The schema carries a version (table ``schema_version``); :data:`MIGRATIONS` lists the SQL
+steps in order and opening a database applies the missing ones, each in its own transaction.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import os
+import secrets
+import socket
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+RunState = Literal["running", "succeeded", "failed", "stopped", "interrupted"]
+FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped"})
+
+#: SQL steps, applied in order; ``MIGRATIONS[i]`` brings the schema from version i to i + 1.
+#: Append new steps; never edit a released one.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE runs (
+        id            TEXT PRIMARY KEY,
+        playbook_path TEXT,
+        playbook_name TEXT,
+        playbook_hash TEXT,
+        git_commit    TEXT,
+        inventory     TEXT NOT NULL DEFAULT '{}',
+        launcher      TEXT,
+        started_at    REAL NOT NULL,
+        ended_at      REAL,
+        state         TEXT NOT NULL
+            CHECK (state IN ('running', 'succeeded', 'failed', 'stopped', 'interrupted')),
+        stop_rule     TEXT,
+        stop_reason   TEXT,
+        exit_codes    TEXT NOT NULL DEFAULT '{}',
+        last_metrics  TEXT NOT NULL DEFAULT '{}',
+        cost_usd      REAL,
+        run_dir       TEXT,
+        artifacts     TEXT NOT NULL DEFAULT '[]',
+        watcher_pid   INTEGER,
+        watcher_host  TEXT,
+        heartbeat_at  REAL
+    );
+    CREATE INDEX runs_started_at ON runs (started_at);
+    CREATE INDEX runs_state ON runs (state);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_JSON_COLUMNS = ("inventory", "exit_codes", "last_metrics", "artifacts")
+_UPDATABLE = frozenset(
+    {
+        "playbook_hash",
+        "git_commit",
+        "inventory",
+        "launcher",
+        "exit_codes",
+        "last_metrics",
+        "cost_usd",
+        "run_dir",
+        "artifacts",
+        "watcher_pid",
+        "watcher_host",
+        "heartbeat_at",
+    }
+)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as stored; JSON columns are decoded."""
+
+    id: str
+    playbook_path: str | None
+    playbook_name: str | None
+    playbook_hash: str | None
+    git_commit: str | None
+    inventory: dict[str, Any]
+    launcher: str | None
+    started_at: float
+    ended_at: float | None
+    state: RunState
+    stop_rule: str | None
+    stop_reason: str | None
+    exit_codes: dict[str, int | None]
+    last_metrics: dict[str, Any]
+    cost_usd: float | None
+    run_dir: str | None
+    artifacts: list[str] = field(default_factory=list)
+    watcher_pid: int | None = None
+    watcher_host: str | None = None
+    heartbeat_at: float | None = None
+
+    def duration_s(self, now: float | None = None) -> float:
+        """Seconds from start to end (or to ``now`` while not ended)."""
+        end = self.ended_at if self.ended_at is not None else (now if now is not None else time.time())
+        return max(0.0, end - self.started_at)
+
+
+def _row_to_record(row: sqlite3.Row) -> RunRecord:
+    data = dict(row)
+    for column in _JSON_COLUMNS:
+        data[column] = json.loads(data[column]) if data[column] else ({} if column != "artifacts" else [])
+    return RunRecord(**data)
+
+
+def _encode(column: str, value: Any) -> Any:
+    """JSON columns are stored as text; None stores the empty value (the columns are NOT NULL)."""
+    if column not in _JSON_COLUMNS:
+        return value
+    if value is None:
+        value = [] if column == "artifacts" else {}
+    return json.dumps(value)
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` is a live process on this machine (a zombie counts as dead)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs (macOS): trust kill(0)
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def new_run_id(started_at: float) -> str:
+    """``20251123-074012-3f9c``: sortable by start time (UTC), unique enough to type."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(started_at)) + "-" + secrets.token_hex(2)
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file: records exactly which playbook text ran."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def git_commit_of(path: str | Path) -> str | None:
+    """The commit checked out at ``path``, with ``-dirty`` if tracked files changed; None if no repo.
+
+    Untracked files are ignored, as ``git describe --dirty`` does, so build outputs and
+    virtual environments do not make every run look dirty.
+    """
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["git", "-C", str(path), *args], capture_output=True, text=True, timeout=30, check=False
+        )
+
+    try:
+        head = git("rev-parse", "--verify", "HEAD")
+        if head.returncode != 0:
+            return None
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = head.stdout.strip()
+    return f"{commit}-dirty" if status.returncode == 0 and status.stdout.strip() else commit
+
+
+class RunRecords:
+    """The run-records database at ``path`` (created with its parents if missing).
+
+    One connection per instance; use it from one thread. Several processes may open the same
+    file (the watcher writes while ``fab runs`` reads): WAL lets readers proceed, and writers
+    wait up to ``timeout_s`` for each other.
+    """
+
+    def __init__(self, path: str | Path, *, timeout_s: float = 10.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> RunRecords:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write: all of it lands, or none of it (also if the process dies)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._transaction() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = db.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                db.execute("INSERT INTO schema_version (version) VALUES (0)")
+        while (version := self.schema_version) < SCHEMA_VERSION:
+            with self._transaction() as db:
+                # Re-read inside the write lock: another process may have migrated meanwhile.
+                if db.execute("SELECT version FROM schema_version").fetchone()[0] != version:
+                    continue
+                for statement in MIGRATIONS[version].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("UPDATE schema_version SET version = ?", (version + 1,))
+        if self.schema_version > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"{self.path} has run-records schema {self.schema_version}, newer than this fleetrun "
+                f"understands ({SCHEMA_VERSION}); upgrade fleetrun"
+            )
+
+    @property
+    def schema_version(self) -> int:
+        row = self._db.execute("SELECT version FROM schema_version").fetchone()
+        return int(row[0]) if row else 0
+
+    def start(
+        self,
+        *,
+        playbook_path: str | None = None,
+        playbook_name: str | None = None,
+        playbook_hash: str | None = None,
+        git_commit: str | None = None,
+        inventory: Mapping[str, Any] | None = None,
+        launcher: str | None = None,
+        run_dir: str | None = None,
+        started_at: float | None = None,
+        run_id: str | None = None,
+        watcher_pid: int | None = None,
+        watcher_host: str | None = None,
+    ) -> RunRecord:
+        """Insert a ``running`` record and return it. The watcher pid defaults to this process."""
+        started = time.time() if started_at is None else started_at
+        rid = run_id or new_run_id(started)
+        with self._transaction() as db:
+            db.execute(
+                """INSERT INTO runs (id, playbook_path, playbook_name, playbook_hash, git_commit,
+                   inventory, launcher, started_at, state, run_dir, watcher_pid, watcher_host, heartbeat_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)""",
+                (
+                    rid,
+                    playbook_path,
+                    playbook_name,
+                    playbook_hash,
+                    git_commit,
+                    _encode("inventory", dict(inventory or {})),
+                    launcher,
+                    started,
+                    run_dir,
+                    os.getpid() if watcher_pid is None else watcher_pid,
+                    watcher_host or socket.gethostname(),
+                    started,
+                ),
+            )
+        return self._require(rid)
+
+    def update(self, run_id: str, **fields: Any) -> RunRecord:
+        """Change some columns of a run in one transaction, e.g. ``update(rid, heartbeat_at=now,
+        last_metrics={...}, cost_usd=1.2)``. Allowed: see ``_UPDATABLE``; state changes go
+        through :meth:`finish` / :meth:`reattach` so a final record cannot be reopened by accident.
+        """
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"cannot update run column(s) {sorted(unknown)}; allowed: {sorted(_UPDATABLE)}")
+        if fields:
+            with self._transaction() as db:
+                self._set(db, run_id, fields)
+        return self._require(run_id)
+
+    def heartbeat(self, run_id: str, now: float, **fields: Any) -> RunRecord:
+        """The watcher's periodic "still here", optionally with fresh metrics/cost."""
+        return self.update(run_id, heartbeat_at=now, **fields)
+
+    def finish(
+        self,
+        run_id: str,
+        *,
+        state: RunState,
+        ended_at: float | None = None,
+        stop_rule: str | None = None,
+        stop_reason: str | None = None,
+        **fields: Any,
+    ) -> RunRecord:
+        """Record how a run ended (``succeeded``/``failed``/``stopped``, or ``interrupted``)."""
+        if state not in get_args(RunState) or state == "running":
+            raise ValueError(f"finish() needs a final state, not {state!r}")
+        unknown = set(fields) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"cannot update run column(s) {sorted(unknown)}")
+        ended = time.time() if ended_at is None else ended_at
+        with self._transaction() as db:
+            self._set(
+                db,
+                run_id,
+                {
+                    **fields,
+                    "state": state,
+                    "ended_at": ended if state in FINAL_STATES else None,
+                    "stop_rule": stop_rule,
+                    "stop_reason": stop_reason,
+                },
+            )
+        return self._require(run_id)
+
+    def reattach(self, run_id: str, *, now: float, watcher_pid: int | None = None) -> RunRecord:
+        """A new watcher takes over an ``interrupted`` (or ``running``) run."""
+        with self._transaction() as db:
+            record = self._get(db, run_id)
+            if record is None:
+                raise KeyError(run_id)
+            if record.state in FINAL_STATES:
+                raise ValueError(f"run {run_id} already ended ({record.state}); nothing to re-attach to")
+            self._set(
+                db,
+                run_id,
+                {
+                    "state": "running",
+                    "watcher_pid": os.getpid() if watcher_pid is None else watcher_pid,
+                    "watcher_host": socket.gethostname(),
+                    "heartbeat_at": now,
+                    "stop_rule": None,
+                    "stop_reason": None,
+                },
+            )
+        return self._require(run_id)
+
+    def get(self, run_id: str) -> RunRecord | None:
+        return self._get(self._db, run_id)
+
+    def list(self, limit: int = 20, *, state: RunState | None = None) -> builtins.list[RunRecord]:
+        """The most recent runs first."""
+        query, args = "SELECT * FROM runs", []
+        if state is not None:
+            query, args = query + " WHERE state = ?", [state]
+        rows = self._db.execute(query + " ORDER BY started_at DESC, id DESC LIMIT ?", (*args, limit))
+        return [_row_to_record(r) for r in rows]
+
+    def mark_stale_as_interrupted(
+        self,
+        now: float,
+        *,
+        heartbeat_timeout_s: float = 300.0,
+        is_alive: Callable[[int], bool] = pid_alive,
+        host: str | None = None,
+    ) -> builtins.list[str]:
+        """Mark ``running`` runs whose watcher is gone as ``interrupted``; return their ids.
+
+        A watcher is gone when it ran on this host and its pid is dead, or when its heartbeat
+        is older than ``heartbeat_timeout_s`` (the only test possible for another host, and a
+        backstop against a recycled pid).
+        """
+        here = host or socket.gethostname()
+        marked: builtins.list[str] = []
+        with self._transaction() as db:
+            for row in db.execute("SELECT * FROM runs WHERE state = 'running'").fetchall():
+                record = _row_to_record(row)
+                last = record.heartbeat_at if record.heartbeat_at is not None else record.started_at
+                dead = record.watcher_host == here and record.watcher_pid is not None
+                dead = dead and not is_alive(record.watcher_pid or 0)
+                if dead:
+                    why = f"watcher pid {record.watcher_pid} on {here} is no longer running"
+                elif now - last > heartbeat_timeout_s:
+                    why = f"no watcher heartbeat for {now - last:.0f} s"
+                else:
+                    continue
+                self._set(
+                    db,
+                    record.id,
+                    {
+                        "state": "interrupted",
+                        "stop_rule": "watcher_lost",
+                        "stop_reason": why + "; re-attach to resume",
+                    },
+                )
+                marked.append(record.id)
+        return marked
+
+    def _require(self, run_id: str) -> RunRecord:
+        record = self.get(run_id)
+        if record is None:
+            raise KeyError(f"no run {run_id!r} in {self.path}")
+        return record
+
+    @staticmethod
+    def _get(db: sqlite3.Connection, run_id: str) -> RunRecord | None:
+        row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else _row_to_record(row)
+
+    @staticmethod
+    def _set(db: sqlite3.Connection, run_id: str, fields: Mapping[str, Any]) -> None:
+        columns: Sequence[str] = sorted(fields)
+        values = [_encode(c, fields[c]) for c in columns]
+        assignments = ", ".join(f"{c} = ?" for c in columns)  # names come from fixed sets, not users
+        cursor = db.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*values, run_id))
+        if cursor.rowcount == 0:
+            raise KeyError(f"no run {run_id!r}")

@@ -1,0 +1,280 @@
+"""Report: loss PNG, TensorBoard event files (decoded by hand and by TensorBoard), rich views."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launch.metrics_stream import LossPoint, MetricsStream
+from launch.records import RunRecords
+from launch.report import (
+    TensorBoardWriter,
+    crc32c,
+    live_table,
+    masked_crc32c,
+    plot_loss,
+    render_text,
+    runs_table,
+    show_run,
+    summary_panel,
+    write_tensorboard,
+)
+from launch.stoprules import NodeObservation, Observation, StopDecision
+
+T0 = 1_764_000_000.0
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ a minimal independent reader
+
+
+def read_records(path: Path) -> list[bytes]:
+    """Split a TFRecord file, checking both CRCs of every record."""
+    data = path.read_bytes()
+    out, pos = [], 0
+    while pos < len(data):
+        header = data[pos : pos + 8]
+        (length,) = struct.unpack("<Q", header)
+        assert struct.unpack("<I", data[pos + 8 : pos + 12])[0] == masked_crc32c(header)
+        body = data[pos + 12 : pos + 12 + length]
+        assert struct.unpack("<I", data[pos + 12 + length : pos + 16 + length])[0] == masked_crc32c(body)
+        out.append(body)
+        pos += 16 + length
+    return out
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return result, pos
+
+
+def parse_fields(buf: bytes) -> list[tuple[int, Any]]:
+    """Protobuf wire format to (field number, raw value) pairs."""
+    fields: list[tuple[int, Any]] = []
+    pos = 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        value: int | bytes
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 1:
+            value, pos = buf[pos : pos + 8], pos + 8
+        elif wire == 5:
+            value, pos = buf[pos : pos + 4], pos + 4
+        elif wire == 2:
+            size, pos = _varint(buf, pos)
+            value, pos = buf[pos : pos + size], pos + size
+        else:
+            raise AssertionError(f"unexpected wire type {wire}")
+        fields.append((number, value))
+    return fields
+
+
+def decode_event(buf: bytes) -> dict[str, Any]:
+    event: dict[str, Any] = {"scalars": {}}
+    for number, value in parse_fields(buf):
+        if number == 1:
+            event["wall_time"] = struct.unpack("<d", value)[0]
+        elif number == 2:
+            event["step"] = value
+        elif number == 3:
+            event["file_version"] = value.decode()
+        elif number == 5:
+            for vnum, vbuf in parse_fields(value):
+                assert vnum == 1
+                parts = dict(parse_fields(vbuf))
+                event["scalars"][parts[1].decode()] = struct.unpack("<f", parts[2])[0]
+    return event
+
+
+RECORDS: list[dict[str, Any]] = [
+    {"event": "world", "time": T0, "world_size": 2, "ranks": []},
+    {"step": 1, "time": T0 + 1, "elapsed": 1.0, "loss": 2.0, "lr": 0.1},
+    {"step": 2, "time": T0 + 2, "elapsed": 2.0, "loss": 1.5, "lr": 0.1, "note": "text is skipped"},
+    {"step": 3, "time": T0 + 3, "elapsed": 3.0, "loss": float("nan")},
+]
+
+
+# ------------------------------------------------------------------ TensorBoard
+
+
+def test_crc32c_known_answer() -> None:
+    assert crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
+    assert crc32c(b"") == 0
+
+
+def test_event_file_decodes_to_the_metrics(tmp_path: Path) -> None:
+    path = write_tensorboard(RECORDS, tmp_path)
+    assert path.name.startswith("events.out.tfevents.")
+    events = [decode_event(r) for r in read_records(path)]
+    assert events[0]["file_version"] == "brain.Event:2"
+    scalars = [(e["step"], e["wall_time"], e["scalars"]) for e in events[1:]]
+    assert scalars[0] == (1, T0 + 1, {"loss": 2.0, "lr": pytest.approx(0.1)})
+    assert scalars[1][2] == {"loss": 1.5, "lr": pytest.approx(0.1)}
+    assert scalars[2][0] == 3 and math.isnan(scalars[2][2]["loss"])
+    assert len(events) == 4  # the world event is not a scalar
+
+
+def test_export_twice_replaces_the_previous_file(tmp_path: Path) -> None:
+    write_tensorboard(RECORDS, tmp_path)
+    (tmp_path / "events.out.tfevents.1.other").write_bytes(b"")  # not ours: kept
+    write_tensorboard(RECORDS, tmp_path)
+    ours = list(tmp_path.glob("events.out.tfevents.*.fleetrun"))
+    assert len(ours) == 1 and (tmp_path / "events.out.tfevents.1.other").exists()
+
+
+def test_incremental_writer_is_readable_after_each_flush(tmp_path: Path) -> None:
+    with TensorBoardWriter(tmp_path, wall_time=T0) as writer:
+        assert writer.add_record(RECORDS[1]) == 2
+        assert len(read_records(writer.path)) == 2  # header + one event, already on disk
+        assert writer.add_record(RECORDS[0]) == 0  # events are not scalars
+        assert writer.add_record({"step": "x", "loss": 1.0}) == 0
+        assert writer.add_record({"step": 4.0, "loss": 1.0}) == 1
+        writer.add_scalars(-1, {"x": 1.0}, wall_time=T0)  # negative steps encode as int64
+    last = decode_event(read_records(writer.path)[-1])
+    assert last["step"] == 2**64 - 1 and last["scalars"] == {"x": 1.0}
+
+
+def test_tensorboard_itself_reads_the_file(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    write_tensorboard(RECORDS, tmp_path)
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["loss", "lr"]
+    loss = acc.Scalars("loss")
+    assert [(e.step, e.wall_time) for e in loss] == [(1, T0 + 1), (2, T0 + 2), (3, T0 + 3)]
+    assert loss[0].value == 2.0 and math.isnan(loss[2].value)
+
+
+# ------------------------------------------------------------------ loss plot
+
+
+def test_plot_loss_writes_a_png(tmp_path: Path) -> None:
+    history = [LossPoint(i, 1.0 / (i + 1), None) for i in range(100)] + [LossPoint(100, math.nan, None)]
+    out = plot_loss(history, tmp_path / "run" / "loss.png", title="ddp")
+    data = out.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (800, 450)
+    assert not (tmp_path / "run" / "loss.png.tmp").exists()
+
+
+def test_plot_loss_without_points(tmp_path: Path) -> None:
+    assert plot_loss([], tmp_path / "empty.png").read_bytes()[:8] == PNG_MAGIC
+
+
+# ------------------------------------------------------------------ rich views
+
+
+def _observation() -> Observation:
+    stream = MetricsStream()
+    lines = "".join(json.dumps(r) + "\n" for r in RECORDS[:3]) + "not json\n"
+    stream.feed(lines.encode())
+    nodes = (
+        NodeObservation("node0", "running", gpu_util=97.0),
+        NodeObservation("node1", "exited", 137),
+        NodeObservation("node2", "unreachable", last_reachable_at=T0 + 3600 - 90),
+    )
+    return Observation(
+        now=T0 + 3600, started_at=T0, nodes=nodes, metrics=stream.summary(), price_per_node_hour=10.0
+    )
+
+
+def test_live_table_shows_nodes_metrics_and_cost() -> None:
+    text = render_text(live_table(_observation(), title="run r1"), width=120)
+    assert "run r1" in text
+    assert "node0" in text and "97%" in text and "running" in text
+    assert "exited 137" in text
+    assert "unreachable 1:30" in text
+    run_row = next(line for line in text.splitlines() if "watching" in line)
+    assert "2" in run_row and "1.5" in run_row  # last step and loss
+    assert "1.00" in run_row  # steps/s: steps 1 -> 2 in 1 s
+    assert "$30.00" in run_row  # 3 nodes x $10/h x 1 h
+    assert text.count("$10.00") == 3  # per-node cost
+    assert "1 unreadable metrics line(s) skipped" in text
+
+
+def test_live_table_without_price_says_so_and_shows_decision() -> None:
+    obs = _observation()
+    unpriced = Observation(now=obs.now, started_at=obs.started_at, nodes=obs.nodes, metrics=obs.metrics)
+    decision = StopDecision("failed", "rank_failed", "node1 exited")
+    text = render_text(live_table(unpriced, decision=decision), width=120)
+    assert "n/a" in text and "$" not in text
+    assert "failed" in text
+
+
+@pytest.fixture
+def finished_db(tmp_path: Path) -> RunRecords:
+    db = RunRecords(tmp_path / "runs.db")
+    rid = db.start(
+        playbook_path="playbooks/ddp.yaml",
+        playbook_name="ddp",
+        git_commit="0123456789abcdef0123456789abcdef01234567-dirty",
+        inventory={"nodes": [{"name": "node0"}, {"name": "node1"}]},
+        launcher="torchrun",
+        run_dir="runs/20251123-ddp",
+        started_at=T0,
+        run_id="r-failed",
+    ).id
+    db.finish(
+        rid,
+        state="failed",
+        ended_at=T0 + 125,
+        stop_rule="rank_failed",
+        stop_reason="node1 exited with exit code 137 (SIGKILL, often out of memory)",
+        exit_codes={"node0": None, "node1": 137},
+        last_metrics={"step": 2, "loss": 1.5},
+        cost_usd=0.69,
+        artifacts=["runs/20251123-ddp/loss.png"],
+    )
+    db.start(playbook_name="other", started_at=T0 + 500, run_id="r-running")
+    return db
+
+
+def test_summary_panel(finished_db: RunRecords) -> None:
+    rec = finished_db.get("r-failed")
+    assert rec is not None
+    text = render_text(summary_panel(rec), width=120)
+    for expected in (
+        "run r-failed",
+        "failed",
+        "SIGKILL, often out of memory",
+        "[rank_failed]",
+        "2:05",
+        "$0.69",
+        "loss=1.5",
+        "runs/20251123-ddp",
+        "loss.png",
+        "137",
+    ):
+        assert expected in text, expected
+
+
+def test_runs_table_and_show(finished_db: RunRecords) -> None:
+    text = render_text(runs_table(finished_db.list(), now=T0 + 600), width=160)
+    lines = text.splitlines()
+    running = next(i for i, line in enumerate(lines) if "r-running" in line)
+    failed = next(i for i, line in enumerate(lines) if "r-failed" in line)
+    assert running < failed  # newest first
+    assert "0123456789ab-dirty" in lines[failed] and "rank_failed" in lines[failed]
+    assert "1:40" in lines[running]  # still running: duration up to now
+    assert "no runs recorded yet" in render_text(runs_table([]))
+
+    rec = finished_db.get("r-failed")
+    assert rec is not None
+    shown = render_text(show_run(rec), width=160)
+    assert "playbooks/ddp.yaml" in shown and "2: node0, node1" in shown and "torchrun" in shown
