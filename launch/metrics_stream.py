@@ -123,15 +123,17 @@ class FinalStatus(BaseModel):
     message: str | None = None
 
 
-def parse_status(data: bytes | str) -> FinalStatus | None:
-    """Parse ``status.json``; ``None`` when it is missing, half-written or malformed.
+def parse_status(data: bytes | str | Mapping[str, Any] | None) -> FinalStatus | None:
+    """Parse ``status.json`` (raw text, or the dict the node agent already decoded).
 
-    The watcher polls this file while it is being written, so a partial file is normal and
-    simply means "ask again at the next poll", not an error.
+    ``None`` when it is missing, half-written or malformed: the watcher polls this file, so a
+    partial one simply means "ask again at the next poll", not an error.
     """
     if not data:
         return None
     try:
+        if isinstance(data, Mapping):
+            return FinalStatus.model_validate(dict(data))
         return FinalStatus.model_validate_json(data)
     except (ValidationError, ValueError):
         return None

@@ -155,3 +155,7 @@ def test_parse_status() -> None:
     assert parse_status(b'{"status": "succ') is None  # half-written: ask again next poll
     assert parse_status(b"") is None
     assert parse_status(b'{"status": "maybe"}') is None
+    from_dict = parse_status({"status": "failed", "step": None, "message": "boom", "extra": 1})
+    assert from_dict is not None and from_dict.status == "failed" and from_dict.message == "boom"
+    assert parse_status({"status": 3}) is None
+    assert parse_status(None) is None
