@@ -56,6 +56,15 @@ def _run(argv: list[str], check: bool = True, timeout: float = 60) -> subprocess
     return proc
 
 
+def _pid_alive(pid: int) -> bool:
+    """Exists and is not a zombie (a zombie holds no resources; only its parent can reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
 def ensure_tools(say: Callable[[str], None] = print) -> None:
     """Install what the fleet needs (openssh-server, rsync, iproute2) when it is missing."""
     missing = sorted(
@@ -396,16 +405,19 @@ class LocalFleet:
     def down(self, say: Callable[[str], None] = print) -> dict[str, list[str]]:
         """Remove everything of this fleet; idempotent; returns what was left (empty when clean)."""
         require_root()
+        killed: list[int] = []
         for ns in self.existing_netns():
             for pid in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
                 with contextlib.suppress(OSError):
                     os.kill(int(pid), signal.SIGKILL)
+                    killed.append(int(pid))
         users = self.existing_users()
         for user in users:
             _run(["pkill", "-KILL", "-u", user], check=False)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(
-            _run(["pgrep", "-u", u], check=False).stdout.strip() for u in users
+        while time.monotonic() < deadline and (
+            any(_pid_alive(p) for p in killed)
+            or any(_run(["pgrep", "-u", u], check=False).stdout.strip() for u in users)
         ):
             time.sleep(0.05)
         for user in users:

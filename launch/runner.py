@@ -42,6 +42,7 @@ class NodeStatus:
     name: str
     state: str = "pending"
     rc: int | None = None
+    exited_at: float | None = None
     offset: int = 0
     last_seen: float = field(default_factory=time.monotonic)
     log_tail: str = ""
@@ -232,6 +233,7 @@ class Runner:
         state = answer.get("state", "absent")
         status.state = "vanished" if state == "absent" else state
         status.rc = answer.get("rc")
+        status.exited_at = answer.get("exited_at")
         chunk = self._partial.pop(name, "") + (answer.get("metrics") or "")
         status.offset = int(answer.get("offset", status.offset))
         lines = chunk.split("\n")
@@ -252,10 +254,22 @@ class Runner:
             self.final_status = answer["status"]
 
     def _decide(self, now: float) -> tuple[str, str, str | None] | None:
-        """(outcome, reason, node) once the run is over; None while it goes on."""
+        """(outcome, reason, node) once the run is over; None while it goes on.
+
+        When several nodes have failed by the time we look, the one that exited first is named:
+        the others usually fail because of it (their peers' connections closed).
+        """
+        failed = [
+            (st.exited_at or 0.0, name, st)
+            for name, st in self.status.items()
+            if st.state == "exited" and st.rc not in (0, None)
+        ]
+        if failed:
+            _, name, st = min(failed, key=lambda item: item[0])
+            others = [n for _, n, _ in failed if n != name]
+            also = f" (then {', '.join(others)} failed too)" if others else ""
+            return "failed", f"{name}: training process exited with code {st.rc}{also}", name
         for name, st in self.status.items():
-            if st.state == "exited" and st.rc not in (0, None):
-                return "failed", f"{name}: training process exited with code {st.rc}", name
             if st.state == "vanished":
                 return "failed", f"{name}: training process vanished (killed, no exit code recorded)", name
             if st.state == "unreachable" and now - st.last_seen > self.unreachable_after:

@@ -17,6 +17,9 @@ from launch.plan import LaunchPlan, NodePlan
 from launch.spec import JobSpec
 
 TF_PORT = 2222
+# fleetrun's own variables whose values start with $HOME and are expanded by the node's shell.
+# Everything else, the playbook's env included, is exported literally.
+HOME_RELATIVE_KEYS = frozenset({"FLEETRUN_RUN_DIR", "FLEETRUN_OUTPUT_DIR", "SM_MODEL_DIR"})
 
 
 def sh_quote(value: str) -> str:
@@ -87,7 +90,7 @@ class Launcher(ABC):
     ) -> dict[str, str]:
         """The environment conventions of SkyPilot, dstack, Kubeflow and TF multi-worker, at once.
 
-        Values containing ``$HOME`` are expanded by the node's shell; everything else is literal.
+        Values of ``HOME_RELATIVE_KEYS`` are expanded by the node's shell; everything else is literal.
         """
         head = inventory.head
         ips = [h.private_address for h in inventory.hosts]
@@ -131,8 +134,9 @@ class Launcher(ABC):
             f"# fleetrun: job {spec.name}, run {run_id}, node {host.name}",
             "set -e",
         ]
+        expanded = HOME_RELATIVE_KEYS - spec.env.keys()
         for key, value in env.items():
-            if "$HOME" in value:
+            if key in expanded:
                 lines.append(f'export {key}="{value}"')
             else:
                 lines.append(f"export {key}={sh_quote(value)}")

@@ -76,6 +76,7 @@ def poll(run_dir: str, offset: int) -> int:
     if rc_text is not None and rc_text.strip():
         answer["state"] = "exited"
         answer["rc"] = int(rc_text.strip())
+        answer["exited_at"] = os.stat(os.path.join(run_dir, "rc")).st_mtime
     elif pid_text is not None and pid_text.strip():
         answer["state"] = "running" if _alive(int(pid_text)) else "vanished"
     metrics_path = os.path.join(run_dir, "metrics.jsonl")

@@ -1,0 +1,85 @@
+"""Shared fixtures. The local fleet fixture builds real nodes (namespaces + sshd) once per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_PREFIX = "frt"
+TEST_SUBNET = 1
+
+
+def needs_root() -> pytest.MarkDecorator:
+    return pytest.mark.skipif(
+        os.geteuid() != 0, reason="the local fleet needs root (network namespaces, users, sshd)"
+    )
+
+
+@pytest.fixture(scope="session")
+def fleetrun_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Point fleetrun's state (keys, known_hosts, run folders) at a temporary directory."""
+    home = tmp_path_factory.mktemp("fleetrun-home")
+    old = {k: os.environ.get(k) for k in ("FLEETRUN_HOME", "FLEETRUN_RUNS")}
+    os.environ["FLEETRUN_HOME"] = str(home)
+    os.environ.pop("FLEETRUN_RUNS", None)
+    yield home
+    for key, value in old.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def fleet(fleetrun_home: Path) -> Iterator[object]:
+    """A 3-node local fleet for the session; torn down at the end, leaving nothing behind."""
+    if os.geteuid() != 0:
+        pytest.skip("the local fleet needs root (network namespaces, users, sshd)")
+    from launch.localfleet import LocalFleet
+
+    local = LocalFleet(prefix=TEST_PREFIX, subnet=TEST_SUBNET)
+    local.up(3, say=lambda _m: None)
+    yield local
+    left = local.down(say=lambda _m: None)
+    assert not any(left.values()), f"local fleet left things behind: {left}"
+
+
+def user_processes(user: str) -> list[str]:
+    """Non-sshd processes of a node user (``pgrep -u``); empty when nothing of a job runs."""
+    out = subprocess.run(
+        ["ps", "-u", user, "-o", "pid=,comm="], capture_output=True, text=True, check=False
+    ).stdout
+    return [
+        line.strip() for line in out.splitlines() if line.strip() and not line.split()[-1].startswith("sshd")
+    ]
+
+
+@pytest.fixture
+def digits_workdir(tmp_path: Path) -> Path:
+    """A copy of the example trainer, so tests can change it freely."""
+    target = tmp_path / "digits"
+    shutil.copytree(REPO / "examples" / "digits", target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+def write_playbook(path: Path, workdir: Path, **fields: object) -> Path:
+    import yaml
+
+    data: dict[str, object] = {
+        "name": "t-digits",
+        "workdir": str(workdir),
+        "launcher": "torchrun",
+        "nodes": 3,
+        "procs_per_node": 1,
+        "entrypoint": "python -m trainer.task --epochs 2",
+        "env": {"OMP_NUM_THREADS": "1"},
+    }
+    data.update(fields)
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -1,0 +1,136 @@
+"""Inventories: static YAML, stack outputs, known_hosts; bad ones fail naming the host and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from launch.errors import SpecError
+from launch.inventory import Inventory
+
+KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOvhipRqRG6pVVv2ReJ6BqUyaR82FT9Wa5PVWfYDKj6l"
+KEY_B = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH3ENAj6vRFYnzbm3iOpU9jEnRh9WI4cXMQxfHrT4EAP"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    return path
+
+
+GOOD = f"""
+defaults: {{user: alice, key: id_ed25519, port: 22}}
+hosts:
+  - {{name: gpu1, address: 192.0.2.10, private_address: 10.1.0.10, gpus: 8, host_key: "{KEY_A}"}}
+  - {{name: gpu2, address: 192.0.2.11, private_address: 10.1.0.11, gpus: 8, port: 2222, host_key: "{KEY_B}"}}
+"""
+
+
+def test_static_inventory(tmp_path: Path) -> None:
+    inv = Inventory.from_static_yaml(write(tmp_path, GOOD))
+    assert [h.name for h in inv.hosts] == ["gpu1", "gpu2"]
+    assert inv.head.private_address == "10.1.0.10"
+    assert inv.hosts[1].port == 2222 and inv.hosts[1].user == "alice"
+    assert inv.hosts[0].key == (tmp_path / "id_ed25519").resolve()
+
+
+def test_known_hosts_written_from_pinned_keys_only(tmp_path: Path) -> None:
+    inv = Inventory.from_static_yaml(write(tmp_path, GOOD))
+    kh = inv.write_known_hosts(tmp_path / "kh")
+    lines = kh.read_text().splitlines()
+    assert lines == [f"192.0.2.10 {KEY_A}", f"[192.0.2.11]:2222 {KEY_B}"]
+    assert oct(kh.stat().st_mode & 0o777) == "0o600"
+    # paramiko reads the same file and finds the non-default port under its bracketed name
+    keys = paramiko.HostKeys(str(kh))
+    assert keys.lookup("[192.0.2.11]:2222") is not None
+    assert keys.lookup("192.0.2.11") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (GOOD.replace("gpu2", "gpu1"), "duplicate host name 'gpu1'"),
+        (
+            GOOD.replace("port: 2222", "port: 70000"),
+            "field 'hosts[1].port': expected a value less than or equal to 65535, got 70000",
+        ),
+        (GOOD.replace("port: 2222", "port: ssh"), "field 'hosts[1].port'"),
+        (GOOD.replace(f'host_key: "{KEY_B}"', 'host_key: "not-a-key"'), "field 'hosts[1].host_key'"),
+        (GOOD.replace(f', host_key: "{KEY_B}"', ""), "field 'hosts[1].host_key': this field is required"),
+        (
+            GOOD.replace("192.0.2.11, private", "192.0.2.10, port: 22, private").replace("port: 2222, ", ""),
+            "duplicate address 192.0.2.10:22",
+        ),
+        (GOOD.replace("address: 192.0.2.10", "address: 'bad host!'"), "field 'hosts[0].address'"),
+        ("hosts: []\n", "field 'hosts'"),
+        (GOOD + "extra: 1\n", "field 'extra': unknown field"),
+    ],
+)
+def test_broken_inventory(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        Inventory.from_static_yaml(path)
+    assert str(path) in str(info.value)
+    assert expected in str(info.value)
+
+
+def test_first_n_hosts_or_clear_error(tmp_path: Path) -> None:
+    inv = Inventory.from_static_yaml(write(tmp_path, GOOD))
+    assert [h.name for h in inv.first(1).hosts] == ["gpu1"]
+    with pytest.raises(SpecError, match="asks for 3 nodes but inventory .* has only 2 \\(gpu1, gpu2\\)"):
+        inv.first(3)
+
+
+def stack_outputs() -> dict:
+    return {
+        "fleetrun_contract": 1,
+        "cluster_id": "fr-abc123",
+        "cloud": "aws",
+        "region": "us-east-1",
+        "bucket": "fr-abc123-artifacts",
+        "ssh_user": "ubuntu",
+        "nodes": [
+            {
+                "name": "n1",
+                "rank": 1,
+                "public_ip": "203.0.113.2",
+                "private_ip": "10.0.1.11",
+                "gpus": 8,
+                "instance_type": "p4d.24xlarge",
+                "instance_id": "i-2",
+                "host_key": KEY_B,
+            },
+            {
+                "name": "n0",
+                "rank": 0,
+                "public_ip": "203.0.113.1",
+                "private_ip": "10.0.1.10",
+                "gpus": 8,
+                "instance_type": "p4d.24xlarge",
+                "instance_id": "i-1",
+                "host_key": KEY_A,
+            },
+        ],
+    }
+
+
+def test_stack_outputs_inventory_orders_by_rank(tmp_path: Path) -> None:
+    path = tmp_path / "outputs.json"
+    path.write_text(json.dumps(stack_outputs()))
+    inv = Inventory.from_stack_outputs_file(path, key_path=tmp_path / "key")
+    assert [h.name for h in inv.hosts] == ["n0", "n1"]
+    assert inv.head.address == "203.0.113.1" and inv.head.private_address == "10.0.1.10"
+    assert inv.bucket == "fr-abc123-artifacts" and inv.teardown == "pulumi-stack"
+    assert inv.hosts[0].gpus == 8
+
+
+def test_stack_outputs_bad_contract() -> None:
+    data = stack_outputs()
+    del data["nodes"][0]["host_key"]
+    with pytest.raises(
+        SpecError, match=r"stack outputs: field 'nodes\[0\].host_key': this field is required"
+    ):
+        Inventory.from_stack_outputs(data)

@@ -1,0 +1,99 @@
+"""Playbook validation: every broken file gets an error naming the file, the field and the expectation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launch.errors import SpecError
+from launch.spec import load_job_spec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "code").mkdir(exist_ok=True)
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+name: demo
+workdir: code
+entrypoint: python -m trainer.task --epochs 3
+nodes: 2
+"""
+
+
+def test_example_playbook_loads() -> None:
+    spec = load_job_spec(REPO / "playbooks" / "digits-ddp.yaml")
+    assert spec.name == "digits-ddp"
+    assert spec.launcher == "torchrun"
+    assert spec.workdir == (REPO / "examples" / "digits").resolve()
+    assert spec.procs_per_node == "auto"
+
+
+def test_good_minimal_playbook(tmp_path: Path) -> None:
+    spec = load_job_spec(write(tmp_path, GOOD))
+    assert spec.nodes == 2
+    assert spec.workdir == (tmp_path / "code").resolve()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("name: demo\nworkdir: code\nnodes: 2\n", "field 'entrypoint': this field is required"),
+        (GOOD.replace("nodes: 2", "nodes: three"), "field 'nodes': "),
+        (
+            GOOD + "launcher: mpirun\n",
+            "field 'launcher': expected one of 'torchrun' or 'horovod', got 'mpirun'",
+        ),
+        (
+            GOOD.replace("nodes: 2", "nodes: 0"),
+            "field 'nodes': expected a value greater than or equal to 1, got 0",
+        ),
+        (GOOD.replace("workdir: code", "workdir: nowhere"), "field 'workdir': directory"),
+        (GOOD + "nodez: 3\n", "field 'nodez': unknown field"),
+        (GOOD + "procs_per_node: 0\n", "field 'procs_per_node'"),
+        (GOOD + "env:\n  1BAD: x\n", "field 'env'"),
+        (
+            GOOD.replace("name: demo", "name: Demo Job"),
+            "field 'name': value error, expected a lowercase slug",
+        ),
+        (GOOD + "outputs: ../../etc\n", "field 'outputs'"),
+        (GOOD + "entrypoint2: x\nrequirements: missing.txt\n", "field 'entrypoint2'"),
+        (GOOD + "requirements: missing.txt\n", "field 'requirements': missing.txt not found"),
+        ("name: demo\n  workdir: [\n", "not valid YAML (line"),
+        ("- just\n- a list\n", "expected a mapping of fields"),
+    ],
+)
+def test_broken_playbook_names_file_and_field(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_job_spec(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert expected in message
+
+
+def test_missing_playbook_file(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="playbook file not found"):
+        load_job_spec(tmp_path / "nope.yaml")
+
+
+def test_setup_hash_tracks_setup_and_requirements_only(tmp_path: Path) -> None:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "req.txt").write_text("numpy\n")
+    base = load_job_spec(write(tmp_path, GOOD + "requirements: req.txt\nsetup: [echo one]\n"))
+    before = base.setup_hash("python3")
+    same = load_job_spec(
+        write(tmp_path, GOOD + "requirements: req.txt\nsetup: [echo one]\n" + "env: {A: b}\n")
+    )
+    changed_setup = load_job_spec(write(tmp_path, GOOD + "requirements: req.txt\nsetup: [echo two]\n"))
+    assert same.setup_hash("python3") == before, "env is not part of setup"
+    assert changed_setup.setup_hash("python3") != before
+    assert base.setup_hash("/usr/bin/python3.12") != before
+    (tmp_path / "code" / "req.txt").write_text("numpy==2.0\n")
+    assert base.setup_hash("python3") != before, "requirements contents are part of setup"

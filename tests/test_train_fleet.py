@@ -1,0 +1,191 @@
+"""``fab train`` on a real 3-node local fleet: success, a failing rank, host keys, bad hosts, setup skips."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from launch import app
+from launch.localfleet import LocalFleet
+from launch.runner import RunResult
+from tests.conftest import REPO, TEST_PREFIX, needs_root, user_processes, write_playbook
+
+pytestmark = needs_root()
+INVENTORY = f"local:{TEST_PREFIX}"
+
+
+def quiet_console() -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, width=200, force_terminal=False), buf
+
+
+def assert_nothing_running(fleet: LocalFleet, nodes: int = 3) -> None:
+    deadline = time.monotonic() + 10
+    left: dict[str, list[str]] = {}
+    while time.monotonic() < deadline:
+        left = {fleet.node_name(i): user_processes(fleet.node_name(i)) for i in range(nodes)}
+        if not any(left.values()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"processes left running on the nodes: {left}")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_three_node_torchrun_job_through_fab(
+    fleet: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+) -> None:
+    playbook = write_playbook(
+        tmp_path / "job.yaml", digits_workdir, name="t-e2e", entrypoint="python -m trainer.task --epochs 3"
+    )
+    runs = tmp_path / "runs"
+    env = {**os.environ, "FLEETRUN_HOME": str(fleetrun_home), "FLEETRUN_RUNS": str(runs)}
+    proc = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", INVENTORY],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = list(runs.iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "succeeded"
+    world = summary["world"]
+    assert world["world_size"] == 3 and world["backend"] == "gloo"
+    addrs = {r["addr"] for r in world["ranks"]}
+    hosts = {r["host"] for r in world["ranks"]}
+    assert addrs == {"198.18.1.10", "198.18.1.11", "198.18.1.12"}, "every rank joined, one per node"
+    assert hosts == {"frtnode0", "frtnode1", "frtnode2"}
+    losses = [m["loss"] for m in read_metrics(run / "metrics.jsonl") if "loss" in m]
+    assert len(losses) >= 30
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, "the loss fell"
+    for i in range(3):
+        node = run / "nodes" / f"frtnode{i}"
+        assert (node / "node.log").exists() and (node / "launch.sh").exists()
+        assert (node / "rc").read_text().strip() == "0"
+    rank0_node = summary["rank0_node"]
+    assert (run / "nodes" / rank0_node / "outputs" / "model.pt").stat().st_size > 10_000
+    assert (run / "loss.png").stat().st_size > 1000
+    assert "first step logged" in proc.stdout
+    assert_nothing_running(fleet)
+
+
+def test_failing_rank_is_named_and_the_rest_stopped(
+    fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
+) -> None:
+    playbook = write_playbook(
+        tmp_path / "fail.yaml",
+        digits_workdir,
+        name="t-fail",
+        entrypoint="python -m trainer.task --epochs 50 --fail-rank 1 --fail-step 5 --step-sleep 0.05",
+    )
+    console, buf = quiet_console()
+    result = app.train(playbook, inventory=INVENTORY, console=console, poll_interval=0.5)
+    assert isinstance(result, RunResult)
+    assert result.outcome == "failed"
+    assert result.world is not None
+    rank1_host = next(r["host"] for r in result.world["ranks"] if r["rank"] == 1)
+    assert result.failed_node == rank1_host
+    assert result.reason.startswith(f"{rank1_host}: training process exited with code")
+    log = (result.folder / "nodes" / rank1_host / "node.log").read_text()
+    assert "failing on purpose at step 5" in log, "the failing node's log came back"
+    assert_nothing_running(fleet)
+
+
+def test_changed_host_key_is_refused(fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
+    node_dir = fleet.node_dir(2)
+    key = node_dir / "ssh_host_ed25519_key"
+    saved = {p: p.read_bytes() for p in (key, key.with_suffix(".pub"))}
+    pid = int((node_dir / "sshd.pid").read_text())
+    try:
+        for p in saved:
+            p.unlink()
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        os.kill(pid, signal.SIGHUP)  # sshd re-executes itself and serves the new key
+        time.sleep(1.0)
+        playbook = write_playbook(tmp_path / "job.yaml", digits_workdir, name="t-hostkey")
+        console, buf = quiet_console()
+        result = app.train(playbook, inventory=INVENTORY, console=console)
+        assert isinstance(result, RunResult) and result.outcome == "failed"
+        assert result.failed_node == "frtnode2"
+        assert "frtnode2: host key at frtnode2@198.18.1.12:22 does not match the pinned key" in result.reason
+        for i in range(3):
+            assert not Path(f"/home/frtnode{i}/.fleetrun/work/t-hostkey").exists(), (
+                "nothing was synced or started"
+            )
+    finally:
+        for p, data in saved.items():
+            p.write_bytes(data)
+        key.chmod(0o600)
+        os.kill(int((node_dir / "sshd.pid").read_text()), signal.SIGHUP)
+        time.sleep(1.0)
+
+
+def test_unreachable_host_is_named_and_nothing_starts(
+    fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
+) -> None:
+    real = fleet.inventory().hosts[0]
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "defaults": {"key": str(real.key)},
+                "hosts": [
+                    {
+                        "name": real.name,
+                        "address": real.address,
+                        "user": real.user,
+                        "host_key": real.host_key,
+                    },
+                    {"name": "ghost", "address": "198.18.1.250", "user": "nobody", "host_key": real.host_key},
+                ],
+            }
+        )
+    )
+    playbook = write_playbook(tmp_path / "job.yaml", digits_workdir, name="t-unreachable", nodes=2)
+    console, buf = quiet_console()
+    result = app.train(playbook, inventory=str(inventory), console=console)
+    assert isinstance(result, RunResult) and result.outcome == "failed"
+    assert result.failed_node == "ghost"
+    assert "ghost: unreachable at nobody@198.18.1.250:22" in result.reason
+    assert not Path(f"/home/{real.user}/.fleetrun/work/t-unreachable").exists(), "nothing was synced"
+
+
+def test_setup_skipped_when_unchanged_and_rerun_after_change(fleet: LocalFleet, tmp_path: Path) -> None:
+    work = tmp_path / "hello"
+    work.mkdir()
+    (work / "hello.py").write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    fields = {
+        "name": "t-setup",
+        "nodes": 2,
+        "entrypoint": "python hello.py",
+        "setup": ["echo preparing > prepared.txt"],
+    }
+    playbook = write_playbook(tmp_path / "job.yaml", work, **fields)
+    outputs = []
+    for _ in range(2):
+        console, buf = quiet_console()
+        result = app.train(playbook, inventory=INVENTORY, console=console, poll_interval=0.3)
+        assert isinstance(result, RunResult) and result.ok, buf.getvalue()[-2000:]
+        outputs.append(buf.getvalue())
+    assert outputs[0].count("setup ran: first setup of job t-setup") == 2
+    assert outputs[1].count("setup skipped: unchanged") == 2
+    write_playbook(tmp_path / "job.yaml", work, **{**fields, "setup": ["echo changed > prepared.txt"]})
+    console, buf = quiet_console()
+    result = app.train(playbook, inventory=INVENTORY, console=console, poll_interval=0.3)
+    assert isinstance(result, RunResult) and result.ok
+    assert buf.getvalue().count("setup ran: setup commands or requirements changed") == 2
+    assert Path("/home/frtnode0/.fleetrun/work/t-setup/prepared.txt").read_text() == "changed\n"
