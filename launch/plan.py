@@ -12,17 +12,44 @@ from launch.inventory import Host
 
 
 @dataclass(frozen=True)
+class RemoteFile:
+    """A small file fleetrun writes on a node before setup (path relative to the node user's home).
+
+    ``secret`` files (a cluster-internal private key) are never printed by ``--dry-run``.
+    """
+
+    path: str
+    content: str
+    mode: int = 0o644
+    secret: bool = False
+
+    def describe(self) -> str:
+        if self.secret:
+            return f"~/{self.path} (mode {self.mode:o}, secret: {len(self.content)} bytes, not shown)"
+        return f"~/{self.path} (mode {self.mode:o}):\n{self.content.rstrip()}"
+
+
+@dataclass(frozen=True)
 class NodePlan:
-    """What one node runs: its launch script, and the setup that must precede it."""
+    """What one node runs: its launch script, and the setup that must precede it.
+
+    ``launch_script`` is None on nodes whose processes are started by the head node's launcher
+    (``horovodrun`` SSHes to the workers itself); fleetrun still syncs, sets up, watches and stops them.
+    """
 
     host: Host
     node_rank: int
     env: dict[str, str]
-    command: str
-    launch_script: str
+    command: str | None
+    launch_script: str | None
     setup_script: str
     setup_hash: str
     role: str = "worker"
+    files: tuple[RemoteFile, ...] = ()
+
+    @property
+    def starts_processes(self) -> bool:
+        return self.launch_script is not None
 
     def describe(self) -> str:
         return f"{self.host.name} ({self.host.user}@{self.host.address}:{self.host.port}, node rank {self.node_rank}, {self.role})"
@@ -57,7 +84,14 @@ class LaunchPlan:
             out.append(
                 f"### setup (skipped when ~/.fleetrun/envs/{self.job}/.fleetrun-setup-hash = {node.setup_hash})"
             )
+            for remote_file in node.files:
+                out.append(f"### file {remote_file.describe()}")
             out.append(node.setup_script.rstrip())
+            if node.launch_script is None:
+                out.append(
+                    "### launch.sh: none; this node's processes are started by the head node's launcher"
+                )
+                continue
             out.append("### launch.sh (started detached by ~/.fleetrun/lib/fleetrun_node.py start)")
             out.append(node.launch_script.rstrip())
             out.append(f"### command: {node.command}")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 
-def read_metrics(path: Path) -> list[dict]:
-    records = []
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
     if not path.exists():
         return records
     for line in path.read_text().splitlines():

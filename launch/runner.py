@@ -126,11 +126,14 @@ class Runner:
             transient=False,
         )
 
-    def _fan_out(self, step: str, fn: Callable[[NodeConnection], Any]) -> dict[str, Any]:
+    def _fan_out(
+        self, step: str, fn: Callable[[NodeConnection], Any], hosts: list[Host] | None = None
+    ) -> dict[str, Any]:
         started = time.monotonic()
+        targets = self.hosts if hosts is None else hosts
         with self._progress() as progress:
-            task = progress.add_task(f"{step:<9}", total=len(self.hosts))
-            results = self.fleet.map(fn, on_done=lambda _n, _r: progress.advance(task))
+            task = progress.add_task(f"{step:<9}", total=len(targets))
+            results = self.fleet.map(fn, hosts=targets, on_done=lambda _n, _r: progress.advance(task))
         self.timings[step] = time.monotonic() - started
         errors = {name: r for name, r in results.items() if isinstance(r, BaseException)}
         if errors:
@@ -175,6 +178,8 @@ class Runner:
 
         def run_setup(conn: NodeConnection) -> str:
             node = self.nodes[conn.host.name]
+            for remote_file in node.files:
+                conn.put_file(remote_file.path, remote_file.content, remote_file.mode)
             result = conn.run(f"sh -c {shlex.quote(node.setup_script)}", timeout=3600)
             old = ""
             for line in result.stdout.splitlines():
@@ -199,6 +204,7 @@ class Runner:
 
         def start_node(conn: NodeConnection) -> None:
             node = self.nodes[conn.host.name]
+            assert node.launch_script is not None
             delimiter = f"FLEETRUN_EOF_{self.plan.run_id.replace('-', '_')}"
             command = (
                 f'mkdir -p "$HOME/{run_dir}" && cat > "$HOME/{run_dir}/launch.sh" <<\'{delimiter}\'\n'
@@ -210,7 +216,11 @@ class Runner:
                 raise HostError(conn.host.name, f"could not start: {result.stderr.strip()[-300:]}")
             self.status[conn.host.name].state = "running"
 
-        self._fan_out("start", start_node)
+        starters = [n.host for n in self.plan.nodes if n.starts_processes]
+        for node in self.plan.nodes:
+            if not node.starts_processes:
+                self.status[node.host.name].state = "managed"
+        self._fan_out("start", start_node, hosts=starters)
 
     # -- following ---------------------------------------------------------------------------------
     def _poll_node(self, conn: NodeConnection) -> dict[str, Any]:
@@ -231,6 +241,8 @@ class Runner:
         status.last_seen = now
         status.log_tail = answer.get("log_tail") or ""
         state = answer.get("state", "absent")
+        if not self.nodes[name].starts_processes:
+            state = "managed"  # started by the head's launcher: reachability and metrics only
         status.state = "vanished" if state == "absent" else state
         status.rc = answer.get("rc")
         status.exited_at = answer.get("exited_at")
@@ -274,7 +286,7 @@ class Runner:
                 return "failed", f"{name}: training process vanished (killed, no exit code recorded)", name
             if st.state == "unreachable" and now - st.last_seen > self.unreachable_after:
                 return "failed", f"{name}: unreachable for {now - st.last_seen:.0f} s", name
-        if all(st.state == "exited" and st.rc == 0 for st in self.status.values()):
+        if all(st.state == "exited" and st.rc == 0 for st in self.status.values() if st.state != "managed"):
             return "succeeded", "every node's processes exited 0", None
         return None
 
@@ -410,7 +422,7 @@ class Runner:
         exit_codes = {name: st.rc for name, st in self.status.items()}
         rank0_node = self.folder.collect_rank0_files() if started_job else None
         world = next((e for e in self.events if e.get("event") == "world"), None)
-        last_metrics = next((m for m in reversed(self.metrics) if "loss" in m), {})
+        last_metrics: dict[str, Any] = next((m for m in reversed(self.metrics) if "loss" in m), {})
         if pull_errors and outcome == "succeeded":
             reason += f"; but artifacts could not be pulled from {', '.join(pull_errors)}"
         result = RunResult(

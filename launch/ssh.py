@@ -109,13 +109,17 @@ class NodeConnection:
             raise HostError(self.host.name, f"connection lost: {exc or type(exc).__name__}") from None
         return CommandResult(self.host.name, result.exited, result.stdout, result.stderr)
 
-    def put_text(self, text: str, remote_path: str, mode: int = 0o644) -> None:
-        """Write a small file on the node (path relative to the home directory)."""
+    def put_file(self, remote_path: str, text: str, mode: int = 0o644) -> None:
+        """Write a small file on the node (path relative to the home directory), mode set before content."""
         self.open()
         sftp = self.conn.sftp()
+        parts = remote_path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            with contextlib.suppress(OSError):
+                sftp.mkdir("/".join(parts[:i]), 0o700)
         with sftp.open(remote_path, "w") as fh:
+            fh.chmod(mode)
             fh.write(text)
-        sftp.chmod(remote_path, mode)
 
     def close(self) -> None:
         # Closing a dead connection must never mask the real error.

@@ -66,7 +66,7 @@ class StackOutputs(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    fleetrun_contract: Literal[1] = CONTRACT_VERSION
+    fleetrun_contract: Literal[1] = 1
     cluster_id: str = Field(min_length=1)
     cloud: Literal["aws", "gcp"]
     region: str

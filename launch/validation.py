@@ -25,7 +25,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts) or "(top level)"
 
 
-def _expectation(err: dict[str, Any]) -> str:
+def _expectation(err: Any) -> str:
     kind = err.get("type", "")
     ctx = err.get("ctx") or {}
     if kind == "missing":

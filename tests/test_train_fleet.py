@@ -10,7 +10,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 from rich.console import Console
 

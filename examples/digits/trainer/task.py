@@ -41,7 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default=os.environ.get("FLEETRUN_DATA_DIR"))
-    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (slows a demo down)")
+    p.add_argument(
+        "--step-sleep", type=float, default=0.0, help="seconds to sleep per step (slows a demo down)"
+    )
     p.add_argument("--fail-rank", type=int, default=-1, help="this global rank exits with code 3 ...")
     p.add_argument("--fail-step", type=int, default=5, help="... at this step")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds")
@@ -138,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         val_loss, val_acc = evaluate(model, test_loader)
         metrics.log(step=step, val_loss=val_loss, val_accuracy=val_acc, epoch=epoch)
         if rank == 0:
-            print(f"epoch {epoch}: step {step} loss {float(loss.detach()):.4f} val_loss {val_loss:.4f} val_acc {val_acc:.3f}", flush=True)
+            print(
+                f"epoch {epoch}: step {step} loss {float(loss.detach()):.4f} val_loss {val_loss:.4f} val_acc {val_acc:.3f}",
+                flush=True,
+            )
 
     checksum = param_checksum(model)
     checksums = [checksum]

@@ -1,0 +1,55 @@
+# fleetrun: `make demo` runs the example job on a local 3-node fleet; `make test` runs the suite.
+# Both do their own setup (system packages when missing, the virtualenv, the local fleet image).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.fleetrun-installed
+
+.PHONY: demo test setup system-deps lint typecheck pytest bench clean clean-image
+
+demo: setup
+	$(BIN)/fab demo
+
+test: setup lint typecheck pytest
+
+setup: system-deps $(STAMP)
+
+# openssh-server, rsync and iproute2 for the local fleet (nodes are namespaces running real sshd).
+system-deps:
+	@missing=""; \
+	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	command -v ssh >/dev/null || missing="$$missing openssh-client"; \
+	command -v rsync >/dev/null || missing="$$missing rsync"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v pgrep >/dev/null || missing="$$missing procps"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,aws,gcp]'
+	touch $(STAMP)
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck:
+	$(BIN)/mypy launch fabfile.py
+
+pytest:
+	$(BIN)/pytest
+
+bench: setup
+	$(BIN)/python bench/first_step.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+
+# The local fleet's shared Python image (torch CPU) is kept between fleets, like a machine image.
+clean-image:
+	rm -rf /opt/fleetrun/image
