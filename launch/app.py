@@ -15,11 +15,14 @@ from launch.errors import SpecError
 from launch.inventory import Inventory
 from launch.launchers import get_launcher
 from launch.localfleet import LocalFleet
-from launch.paths import known_hosts_file
+from launch.paths import fleetrun_home, known_hosts_file
 from launch.plan import LaunchPlan
+from launch.records import RunRecords, file_sha256, git_commit_of
 from launch.run_folder import RunFolder, new_run_id
-from launch.runner import Runner, RunResult
+from launch.runner import Runner, RunOptions
 from launch.spec import JobSpec, load_job_spec
+from launch.stoprules import configuration_warnings
+from launch.wrapup import RunResult
 
 DEFAULT_LOCAL_PREFIX = "fr"
 
@@ -56,35 +59,63 @@ def make_plan(spec: JobSpec, inventory: Inventory, run_id: str | None = None) ->
     return launcher.plan(spec, inventory, run_id or new_run_id(spec.name))
 
 
+def records_db() -> RunRecords:
+    return RunRecords(fleetrun_home() / "runs.db")
+
+
 def train(
     playbook: str | Path,
     inventory: str | None = None,
     dry_run: bool = False,
     console: Console | None = None,
     poll_interval: float = 1.0,
+    teardown: str | None = None,
+    ask_on_interrupt: bool = True,
 ) -> RunResult | LaunchPlan:
+    """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``)."""
     console = console or Console()
     spec = load_job_spec(playbook)
+    if teardown is not None:
+        if teardown not in ("always", "on_success", "never"):
+            raise SpecError(f"--teardown {teardown!r}: expected always, on_success or never")
+        spec = spec.model_copy(update={"teardown": teardown})
     inv = load_inventory(inventory).first(spec.nodes)
     plan = make_plan(spec, inv)
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
         return plan
+    for warning in configuration_warnings(spec.stop, 0.0):
+        console.print(f"[yellow]warning:[/] {warning}")
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     folder = RunFolder.create(plan.run_id)
+    records = records_db()
+    records.start(
+        run_id=plan.run_id,
+        playbook_path=str(Path(playbook).resolve()),
+        playbook_name=spec.name,
+        playbook_hash=file_sha256(playbook),
+        git_commit=git_commit_of(spec.workdir),
+        inventory=inv.to_yaml_data(),
+        launcher=spec.launcher,
+        run_dir=str(folder.path),
+    )
     console.print(
         f"[bold]fleetrun[/] run {plan.run_id}: job {spec.name} on {len(plan.nodes)} node(s) "
         f"of {inv.source} with {spec.launcher}; run folder {folder.path}"
     )
-    runner = Runner(spec, plan, known_hosts, folder, console=console, poll_interval=poll_interval)
-    result = runner.execute()
+    options = RunOptions(poll_interval=poll_interval, ask_on_interrupt=ask_on_interrupt)
+    runner = Runner(spec, plan, inv, known_hosts, folder, records, console=console, options=options)
+    try:
+        result = runner.execute()
+    finally:
+        records.close()
     report(result, console)
     return result
 
 
 def report(result: RunResult, console: Console) -> None:
     color = "green" if result.ok else "red"
-    console.print(f"[bold {color}]{result.outcome}[/]: {result.reason}")
+    console.print(f"[bold {color}]{result.outcome}[/] ({result.rule}): {result.reason}")
     if result.world:
         ranks = ", ".join(f"{r['rank']}@{r['host']}({r['addr']})" for r in result.world.get("ranks", []))
         console.print(f"  world size {result.world.get('world_size')}: {ranks}")
@@ -96,4 +127,5 @@ def report(result: RunResult, console: Console) -> None:
         console.print(f"  first step {result.first_step_after_s:.1f} s after launch")
     codes = ", ".join(f"{k}={v}" for k, v in result.exit_codes.items())
     console.print(f"  exit codes: {codes}")
+    console.print(f"  teardown: {result.teardown}")
     console.print(f"  run folder: {result.folder}")

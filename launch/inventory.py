@@ -103,6 +103,7 @@ class Inventory(BaseModel):
     source: str = "inline"
     bucket: str | None = None
     cluster_id: str | None = None
+    stack: str | None = Field(default=None, description="Pulumi stack name, for tearing a cloud fleet down.")
     teardown: str = Field(
         default="none",
         description="How the machines go away: 'local-fleet', 'pulumi-stack' or 'none' (lab machines).",

@@ -270,7 +270,9 @@ class LocalFleet:
         for i in range(nodes):
             self._start_sshd(i)
         self._wait_for_sshd(nodes)
-        inventory = Inventory(hosts=hosts, source=f"local fleet {self.prefix}", teardown="local-fleet")
+        inventory = Inventory(
+            hosts=hosts, source=f"local fleet {self.prefix}", cluster_id=self.prefix, teardown="local-fleet"
+        )
         self.inventory_path.write_text(yaml.safe_dump(inventory.to_yaml_data(), sort_keys=False))
         say(
             f"local fleet {self.prefix}: {nodes} node(s) up in {time.monotonic() - started:.1f} s; inventory {self.inventory_path}"

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from launch.errors import SpecError
+from launch.stoprules import StopRules, Teardown
 from launch.validation import describe_validation_error, load_yaml_mapping
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -45,6 +46,9 @@ class JobSpec(BaseModel):
             the inventory host's ``python``.
         rdzv_port: TCP port of the rendezvous on the head node.
         max_restarts: torchrun worker-group restarts before the run counts as failed.
+        stop: stop rules (NaN loss, stall, plateau, wall time, cost, ...); see ``launch.stoprules``.
+        teardown: after the run, ``always`` remove the fleet, only ``on_success``, or ``never``.
+            Artifacts are pulled first; a failed pull blocks the teardown.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -63,6 +67,8 @@ class JobSpec(BaseModel):
     python: str | None = None
     rdzv_port: int = Field(default=29500, ge=1024, le=65535)
     max_restarts: int = Field(default=0, ge=0, le=100)
+    stop: StopRules = Field(default_factory=StopRules)
+    teardown: Teardown = "always"
 
     @field_validator("name")
     @classmethod

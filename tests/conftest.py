@@ -79,6 +79,7 @@ def write_playbook(path: Path, workdir: Path, **fields: object) -> Path:
         "procs_per_node": 1,
         "entrypoint": "python -m trainer.task --epochs 2",
         "env": {"OMP_NUM_THREADS": "1"},
+        "teardown": "never",
     }
     data.update(fields)
     path.write_text(yaml.safe_dump(data))

@@ -98,7 +98,8 @@ def test_failing_rank_is_named_and_the_rest_stopped(
     assert result.world is not None
     rank1_host = next(r["host"] for r in result.world["ranks"] if r["rank"] == 1)
     assert result.failed_node == rank1_host
-    assert result.reason.startswith(f"{rank1_host}: training process exited with code")
+    assert result.rule == "rank_failed"
+    assert result.reason.startswith(f"{rank1_host} exited with exit code 1")
     log = (result.folder / "nodes" / rank1_host / "node.log").read_text()
     assert "failing on purpose at step 5" in log, "the failing node's log came back"
     assert_nothing_running(fleet)

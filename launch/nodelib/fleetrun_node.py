@@ -5,7 +5,8 @@ The laptop calls it over SSH. Keeping this logic on the node makes each poll one
 with one short JSON answer, whatever the number of files or processes involved.
 
   fleetrun_node.py start RUN_DIR          start RUN_DIR/launch.sh detached; print its pid
-  fleetrun_node.py poll RUN_DIR OFFSET    state, exit code, new metrics bytes since OFFSET, status
+  fleetrun_node.py poll RUN_DIR OFFSET [--no-heartbeat]
+                                          state, exit code, new metrics bytes since OFFSET, status
   fleetrun_node.py stop RUN_ID [GRACE]    stop every process carrying FLEETRUN_RUN_ID=RUN_ID
 
 Processes are found by the ``FLEETRUN_RUN_ID`` variable in their environment, not by pid or
@@ -15,6 +16,7 @@ leaves them running (checked on the local fleet).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -63,14 +65,27 @@ def _read(path: str) -> str | None:
         return None
 
 
-def poll(run_dir: str, offset: int) -> int:
+def _touch(path: str) -> None:
+    with open(path, "a", encoding="utf-8"):
+        pass
+    os.utime(path, None)
+
+
+def poll(run_dir: str, offset: int, heartbeat: bool = True) -> int:
+    """One short JSON answer: process state, exit code, new metrics bytes, final status, log tail.
+
+    Also refreshes ``watcher-heartbeat``: the on-node watchdog takes over when it goes stale.
+    """
     answer: dict[str, object] = {
         "state": "absent",
         "rc": None,
         "offset": offset,
-        "metrics": "",
+        "metrics_b64": "",
         "status": None,
     }
+    if not os.path.isdir(run_dir):
+        print(json.dumps(answer))
+        return 0
     rc_text = _read(os.path.join(run_dir, "rc"))
     pid_text = _read(os.path.join(run_dir, "pid"))
     if rc_text is not None and rc_text.strip():
@@ -84,10 +99,13 @@ def poll(run_dir: str, offset: int) -> int:
         with open(metrics_path, "rb") as fh:
             fh.seek(offset)
             chunk = fh.read(MAX_CHUNK)
-        answer["metrics"] = chunk.decode("utf-8", errors="replace")
+        # raw bytes: a chunk may end inside a multi-byte character; the laptop reassembles lines
+        answer["metrics_b64"] = base64.b64encode(chunk).decode("ascii")
         answer["offset"] = offset + len(chunk)
     except OSError:
         pass
+    if heartbeat:
+        _touch(os.path.join(run_dir, "watcher-heartbeat"))
     status = _read(os.path.join(run_dir, "status.json"))
     if status:
         try:
@@ -148,7 +166,7 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "start":
         return start(argv[1])
     if len(argv) >= 3 and argv[0] == "poll":
-        return poll(argv[1], int(argv[2]))
+        return poll(argv[1], int(argv[2]), heartbeat="--no-heartbeat" not in argv)
     if len(argv) >= 2 and argv[0] == "stop":
         return stop(argv[1], float(argv[2]) if len(argv) > 2 else 10.0)
     print(__doc__, file=sys.stderr)

@@ -13,7 +13,7 @@ from invoke.exceptions import Exit
 
 from launch import app
 from launch.errors import FleetrunError
-from launch.runner import RunResult
+from launch.wrapup import RunResult
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -35,12 +35,13 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "playbook": "job file, e.g. playbooks/digits-ddp.yaml",
         "inventory": "'local' (default), 'local:<prefix>', 'stack:<name>', stack outputs .json, or inventory .yaml",
         "dry-run": "print, per node, exactly what would run; connect to nothing",
+        "teardown": "override the playbook: always, on_success or never",
     }
 )
 @_friendly
-def train(c: Any, playbook: str, inventory: str = "local", dry_run: bool = False) -> None:
-    """Sync, set up, launch and follow a training job; exit code 0 only if it succeeded."""
-    result = app.train(playbook, inventory=inventory, dry_run=dry_run)
+def train(c: Any, playbook: str, inventory: str = "local", dry_run: bool = False, teardown: str = "") -> None:
+    """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded."""
+    result = app.train(playbook, inventory=inventory, dry_run=dry_run, teardown=teardown or None)
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
 
