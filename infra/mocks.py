@@ -13,6 +13,7 @@ against a real cloud. Resource options (``retain_on_delete``, ``ignore_changes``
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 from collections import Counter
@@ -42,12 +43,18 @@ class Registered:
     delete_before_replace: bool = False
     ignore_changes: list[str] = field(default_factory=list)
     additional_secret_outputs: list[str] = field(default_factory=list)
+    secret_inputs: list[str] = field(default_factory=list)
+    """Inputs that arrived as Pulumi secrets (kept encrypted in the state)."""
 
 
 @dataclass
 class Snapshot:
     resources: list[Registered]
     outputs: dict[str, Any]
+    secret_outputs: set[str] = field(default_factory=set)
+    """Top-level stack outputs that are secrets (shown only with --show-secrets)."""
+    invokes: list[str] = field(default_factory=list)
+    """Tokens of the lookups (invokes) the program made, e.g. aws:ec2/getAmi:getAmi."""
 
     def of_type(self, typ: str) -> list[Registered]:
         return [r for r in self.resources if r.typ == typ]
@@ -101,6 +108,8 @@ class FleetMocks(pulumi.runtime.Mocks):
         self.project = project
         self.inputs: dict[tuple[str, str], dict[str, Any]] = {}
         self.outputs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secret_inputs: dict[tuple[str, str], list[str]] = {}
+        self.invokes: list[str] = []
         self._serial = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -152,12 +161,19 @@ class FleetMocks(pulumi.runtime.Mocks):
             outputs.setdefault(
                 "selfLink", f"https://www.googleapis.com/compute/v1/projects/{self.project}/x/{args.name}"
             )
+        secret = [k for k, v in args.inputs.items() if isinstance(v, dict) and SECRET_SIG in v]
         with self._lock:
             self.inputs[(typ, args.name)] = inputs
             self.outputs[(typ, args.name)] = outputs
+            self.secret_inputs[(typ, args.name)] = secret
         return rid, outputs
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        with self._lock:
+            self.invokes.append(args.token)
+        return self._answer(args), []
+
+    def _answer(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         token = args.token
         if token == "aws:ec2/getAmi:getAmi":
             return {"id": "ami-0123456789abcdef0", "imageId": "ami-0123456789abcdef0", "name": "DLAMI"}
@@ -204,6 +220,7 @@ class RecordingMonitor(MockMonitor):
             delete_before_replace=bool(request.deleteBeforeReplace),
             ignore_changes=list(request.ignoreChanges),
             additional_secret_outputs=list(request.additionalSecretOutputs),
+            secret_inputs=self.fleet_mocks.secret_inputs.get(key, []),
         )
         with self._records_lock:
             self.registered.append(record)
@@ -218,11 +235,26 @@ def run_fleet(settings: FleetSettings, *, project: str = "fleetrun", stack: str 
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
     resolved: dict[str, Any] = {}
+    declared: dict[str, Any] = {}
+    secret: set[str] = set()
+
+    async def find_secrets() -> None:
+        for key, value in declared.items():
+            if isinstance(value, pulumi.Output) and await value.is_secret():
+                secret.add(key)
 
     @pulumi.runtime.test
-    def program() -> pulumi.Output[None]:
-        outputs = build_fleet(settings, export=False)
-        return pulumi.Output.from_input(outputs).apply(resolved.update)
+    def program() -> pulumi.Output[Any]:
+        declared.update(build_fleet(settings, export=False))
+        return pulumi.Output.all(
+            pulumi.Output.from_input(declared).apply(resolved.update),
+            pulumi.Output.from_input(asyncio.ensure_future(find_secrets())),
+        )
 
     program()
-    return Snapshot(resources=list(monitor.registered), outputs=resolved)
+    return Snapshot(
+        resources=list(monitor.registered),
+        outputs=resolved,
+        secret_outputs=secret,
+        invokes=list(mocks.invokes),
+    )

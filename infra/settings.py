@@ -36,6 +36,10 @@ MIN_DISK_GB = 30
 MAX_DISK_GB = 16384
 DEFAULT_DISK_GB = 200
 DEFAULT_NETWORK_CIDR = "10.0.0.0/16"
+DOCUMENTATION_RANGES = tuple(
+    ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
+)
+"""The example stack configs use 203.0.113.7/32: refuse it, so nobody deploys with the placeholder."""
 WORLD_PREFIX_LIMIT = 8
 """CIDRs broader than /8 count as open to the world (0.0.0.0/1 + 128.0.0.0/1 is 0.0.0.0/0)."""
 
@@ -53,7 +57,7 @@ KEYS: dict[str, str] = {
     "reservation": "capacity reservation (AWS cr-... id, GCP reservation name); not with spot",
     "disk_size_gb": f"root disk size in GB, default {DEFAULT_DISK_GB}",
     "image": "'auto' (the cloud's current deep-learning image) or an image id",
-    "ssh_cidr": "operator CIDR(s) allowed to SSH, e.g. 203.0.113.7/32 (required)",
+    "ssh_cidr": "operator CIDR(s) allowed to SSH, e.g. your.ip.address/32 (required)",
     "allow_ssh_from_anywhere": "explicit override to accept a world-open ssh_cidr; default false",
     "ssh_user": "login user on the nodes, default ubuntu",
     "ssh_public_key": "operator public key (OpenSSH); when unset, a key pair is generated (secret)",
@@ -379,7 +383,7 @@ class _Parser:
             if "ssh_cidr" not in self.values or cidrs == []:
                 self.problem(
                     "ssh_cidr",
-                    "required: the address SSH is allowed from, e.g. 203.0.113.7/32 "
+                    "required: the address SSH is allowed from, i.e. your address + /32 "
                     "(your address: curl -s https://checkip.amazonaws.com)",
                 )
             return None
@@ -389,15 +393,22 @@ class _Parser:
             try:
                 net = ipaddress.ip_network(text if "/" in text else text + "/32", strict=True)
             except ValueError as exc:
-                self.problem("ssh_cidr", f"{text!r} is not a CIDR such as 203.0.113.7/32 ({exc})")
+                self.problem("ssh_cidr", f"{text!r} is not a CIDR such as 81.2.69.142/32 ({exc})")
                 continue
             if net.version != 4:
                 self.problem("ssh_cidr", f"{text!r}: the cluster network is IPv4 only; give an IPv4 CIDR")
                 continue
+            if any(net.subnet_of(doc) for doc in DOCUMENTATION_RANGES):
+                self.problem(
+                    "ssh_cidr",
+                    f"{text} is a documentation example address, not yours; set your own "
+                    "(curl -s https://checkip.amazonaws.com, then add /32)",
+                )
+                continue
             if net.prefixlen < WORLD_PREFIX_LIMIT and not allow_world:
                 self.problem(
                     "ssh_cidr",
-                    f"{text} opens SSH to the whole internet; give your own address (e.g. 203.0.113.7/32) "
+                    f"{text} opens SSH to the whole internet; give your own address (your IP + /32) "
                     "or set fleet:allow_ssh_from_anywhere: true if you really mean it",
                 )
                 continue

@@ -261,9 +261,10 @@ class GcpRules:
     def image(self, value: str) -> ImageChoice | list[Problem]:
         if value == "auto":
             return ImageChoice(lookup=True)
-        if IMAGE_RE.match(value):
+        is_ami = re.match(r"^ami-[0-9a-f]+$", value) is not None
+        if IMAGE_RE.match(value) and not is_ami:
             return ImageChoice(lookup=False, image_id=value)
-        hint = " (an AMI id is an AWS image)" if value.startswith("ami-") else ""
+        hint = " (an AMI id is an AWS image)" if is_ami else ""
         return [
             (
                 "image",
