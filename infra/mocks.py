@@ -238,18 +238,17 @@ def run_fleet(settings: FleetSettings, *, project: str = "fleetrun", stack: str 
     declared: dict[str, Any] = {}
     secret: set[str] = set()
 
-    async def find_secrets() -> None:
+    async def find_secrets() -> bool:
         for key, value in declared.items():
             if isinstance(value, pulumi.Output) and await value.is_secret():
                 secret.add(key)
+        return True
 
     @pulumi.runtime.test
     def program() -> pulumi.Output[Any]:
         declared.update(build_fleet(settings, export=False))
-        return pulumi.Output.all(
-            pulumi.Output.from_input(declared).apply(resolved.update),
-            pulumi.Output.from_input(asyncio.ensure_future(find_secrets())),
-        )
+        secrets_found: pulumi.Output[bool] = pulumi.Output.from_input(asyncio.ensure_future(find_secrets()))
+        return pulumi.Output.all(pulumi.Output.from_input(declared).apply(resolved.update), secrets_found)
 
     program()
     return Snapshot(

@@ -37,7 +37,7 @@ MAX_DISK_GB = 16384
 DEFAULT_DISK_GB = 200
 DEFAULT_NETWORK_CIDR = "10.0.0.0/16"
 DOCUMENTATION_RANGES = tuple(
-    ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
+    ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
 )
 """The example stack configs use 203.0.113.7/32: refuse it, so nobody deploys with the placeholder."""
 WORLD_PREFIX_LIMIT = 8
@@ -395,7 +395,7 @@ class _Parser:
             except ValueError as exc:
                 self.problem("ssh_cidr", f"{text!r} is not a CIDR such as 81.2.69.142/32 ({exc})")
                 continue
-            if net.version != 4:
+            if not isinstance(net, ipaddress.IPv4Network):
                 self.problem("ssh_cidr", f"{text!r}: the cluster network is IPv4 only; give an IPv4 CIDR")
                 continue
             if any(net.subnet_of(doc) for doc in DOCUMENTATION_RANGES):
