@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -210,7 +211,7 @@ class LocalFleet:
 
     def leftovers(self) -> dict[str, list[str]]:
         """Everything of this fleet that still exists; empty lists after a clean ``down``."""
-        procs = []
+        procs = [f"power-daemon:{pid}" for pid in self.power_daemon_pids()]
         for user in self.existing_users():
             out = _run(["pgrep", "-u", user], check=False).stdout.split()
             procs += [f"{user}:{pid}" for pid in out]
@@ -270,6 +271,7 @@ class LocalFleet:
         for i in range(nodes):
             self._start_sshd(i)
         self._wait_for_sshd(nodes)
+        self._start_power_daemon()
         inventory = Inventory(
             hosts=hosts, source=f"local fleet {self.prefix}", cluster_id=self.prefix, teardown="local-fleet"
         )
@@ -372,6 +374,27 @@ class LocalFleet:
         script = f"hostname {self.node_name(i)} && exec {SSHD} -f {node_dir / 'sshd_config'} -E {node_dir / 'sshd.log'}"
         _run(["ip", "netns", "exec", self.netns(i), "unshare", "--uts", "sh", "-c", script])
 
+    def _start_power_daemon(self) -> None:
+        """The root side of the nodes' power-off hook (see ``launch.localfleet_power``)."""
+        log = open(self.state_dir / "power.log", "ab")  # noqa: SIM115 - handed to the daemon
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "launch.localfleet_power", self.prefix, str(self.subnet)],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        (self.state_dir / "power.pid").write_text(str(proc.pid))
+
+    def power_daemon_pids(self) -> list[int]:
+        out = _run(["pgrep", "-f", f"launch.localfleet_power {self.prefix} "], check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def powered_off(self, i: int) -> bool:
+        return (self.node_dir(i) / "powered-off").exists()
+
     def _wait_for_sshd(self, nodes: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         pending = set(range(nodes))
@@ -408,11 +431,15 @@ class LocalFleet:
         """Remove everything of this fleet; idempotent; returns what was left (empty when clean)."""
         require_root()
         killed: list[int] = []
+        for daemon in self.power_daemon_pids():
+            with contextlib.suppress(OSError):
+                os.kill(daemon, signal.SIGKILL)
+                killed.append(daemon)
         for ns in self.existing_netns():
-            for pid in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
+            for text in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
                 with contextlib.suppress(OSError):
-                    os.kill(int(pid), signal.SIGKILL)
-                    killed.append(int(pid))
+                    os.kill(int(text), signal.SIGKILL)
+                    killed.append(int(text))
         users = self.existing_users()
         for user in users:
             _run(["pkill", "-KILL", "-u", user], check=False)

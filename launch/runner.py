@@ -8,6 +8,7 @@ node stops the others and fails the run, naming the node. Watching and stop rule
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
@@ -169,28 +170,33 @@ class Runner:
             self.console.print(f"  {name}: {reason}")
         return results
 
-    def start(self) -> None:
+    def start(self, target: WatchTarget) -> None:
+        """One round trip per node: write launch.sh and guard.json, start both detached.
+
+        Nodes whose ranks the head's launcher starts get only the watchdog.
+        """
         run_dir = layout.rundir(self.plan.run_id)
+        delimiter = f"FLEETRUN_EOF_{self.plan.run_id.replace('-', '_')}"
+
+        def heredoc(name: str, text: str) -> str:
+            return f"cat > \"$HOME/{run_dir}/{name}\" <<'{delimiter}'\n{text.rstrip()}\n{delimiter}\n"
 
         def start_node(conn: NodeConnection) -> None:
             node = self.nodes[conn.host.name]
-            assert node.launch_script is not None
-            delimiter = f"FLEETRUN_EOF_{self.plan.run_id.replace('-', '_')}"
-            command = (
-                f'mkdir -p "$HOME/{run_dir}" && cat > "$HOME/{run_dir}/launch.sh" <<\'{delimiter}\'\n'
-                f"{node.launch_script}{delimiter}\n"
-                f'{AGENT} start "$HOME/{run_dir}"'
-            )
+            guard = json.dumps(target.guard_config(node.host.name), indent=1)
+            command = f'mkdir -p "$HOME/{run_dir}" && ' + heredoc("guard.json", guard)
+            if node.launch_script is not None:
+                command += heredoc("launch.sh", node.launch_script) + f'{AGENT} start "$HOME/{run_dir}"'
+            else:
+                command += f'{AGENT} guard "$HOME/{run_dir}"'
             result = conn.run(command, timeout=60)
             if not result.ok:
                 raise HostError(conn.host.name, f"could not start: {result.stderr.strip()[-300:]}")
 
-        starters = [n.host for n in self.plan.nodes if n.starts_processes]
-        # Nodes whose processes the head's launcher starts still get a run directory to report in.
         others = [n.host for n in self.plan.nodes if not n.starts_processes]
         if others:
-            self._fan_out("prepare", lambda c: c.run(f'mkdir -p "$HOME/{run_dir}"', timeout=30), hosts=others)
-        self._fan_out("start", start_node, hosts=starters)
+            self._fan_out("prepare", start_node, hosts=others)
+        self._fan_out("start", start_node, hosts=[n.host for n in self.plan.nodes if n.starts_processes])
 
     # -- the whole run ----------------------------------------------------------------------------
     def _ask_keep_running(self) -> bool:
@@ -231,7 +237,7 @@ class Runner:
             target = WatchTarget(**{**target.__dict__, "started_at": time.time()})
             target.save()
             started_job = True
-            self.start()
+            self.start(target)
             watcher = Watcher(
                 target,
                 self.fleet,

@@ -99,6 +99,8 @@ class StopRules(BaseModel):
     """Overrides the built-in approximate price table (``launch.pricing``)."""
     gpu_idle_percent: float = Field(default=5.0, ge=0, le=100)
     """A GPU below this utilisation (percent) counts as idle."""
+    watcher_lost_after_s: float = Field(default=120.0, gt=0)
+    """The on-node watchdog takes over when the laptop's watcher has been silent this long."""
     gpu_idle_timeout_s: float | None = Field(default=None, gt=0)
     """Stop when a running node's GPUs stay idle this long; None = off (needs nvidia-smi)."""
 

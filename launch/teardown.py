@@ -44,6 +44,15 @@ def _none(inventory: Inventory, say: Say) -> str:
     return f"{inventory.source}: lab machines are not torn down; the run's processes were stopped"
 
 
+# What the on-node watchdog runs to power its own node off (``~/.fleetrun/poweroff``), per kind.
+# Cloud nodes are created with instance-initiated shutdown = terminate, so a shutdown ends billing.
+POWEROFF_HOOKS: dict[str, str] = {
+    "local-fleet": '# local fleet: the fleet\'s power daemon (root) stops this node\ntouch "$HOME/.fleetrun/poweroff-request"\n',
+    "pulumi-stack": "# cloud node: shutdown terminates the instance (instance-initiated shutdown = terminate)\n"
+    "sudo -n /sbin/shutdown -h now || sudo -n /sbin/poweroff\n",
+    "none": '# lab machine: fleetrun stops the run\'s processes but never powers the machine off\necho "lab machine: not powered off"\n',
+}
+
 TEARDOWNS: dict[str, Callable[[Inventory, Say], str]] = {
     "local-fleet": _local_fleet,
     "pulumi-stack": _pulumi_stack,

@@ -72,6 +72,29 @@ class WatchTarget:
         path.write_text(json.dumps(data, indent=2, default=str))
         return path
 
+    def guard_config(self, node: str, cloud: str | None = None) -> dict[str, Any]:
+        """``guard.json`` for the on-node watchdog of ``node`` (``fleetrun_guard.py``)."""
+        head = self.inventory.head
+        rules = self.rules
+        return {
+            "run_id": self.run_id,
+            "node": node,
+            "is_head": node == head.name,
+            "head_addr": head.private_address,
+            "peers": [h.private_address for h in self.inventory.hosts if h.name != node],
+            "peer_port": head.port,
+            "starts_processes": node in self.starters,
+            "started_at": self.started_at,
+            "watcher_lost_after_s": rules.watcher_lost_after_s,
+            "nan_loss": rules.nan_loss,
+            "stall_timeout_s": rules.stall_timeout_s,
+            "startup_timeout_s": rules.startup_timeout_s,
+            "max_wall_time_s": rules.max_wall_time_s,
+            "unreachable_timeout_s": rules.unreachable_timeout_s,
+            "bucket": self.inventory.bucket,
+            "cloud": cloud,
+        }
+
     @classmethod
     def load(cls, folder: Path) -> WatchTarget:
         data = json.loads((folder / "watch.json").read_text())

@@ -13,8 +13,9 @@ from abc import ABC, abstractmethod
 
 from launch import remote_layout as layout
 from launch.inventory import Host, Inventory
-from launch.plan import LaunchPlan, NodePlan
+from launch.plan import LaunchPlan, NodePlan, RemoteFile
 from launch.spec import JobSpec
+from launch.teardown import POWEROFF_HOOKS
 
 TF_PORT = 2222
 # fleetrun's own variables whose values start with $HOME and are expanded by the node's shell.
@@ -58,6 +59,13 @@ class Launcher(ABC):
             command = self.node_command(spec, inventory, rank, procs[rank])
             python = spec.python or host.python
             setup_hash = spec.setup_hash(python)
+            files = (
+                RemoteFile(
+                    f"{layout.ROOT}/poweroff",
+                    POWEROFF_HOOKS.get(inventory.teardown, POWEROFF_HOOKS["none"]),
+                    0o755,
+                ),
+            )
             nodes.append(
                 NodePlan(
                     host=host,
@@ -68,6 +76,7 @@ class Launcher(ABC):
                     setup_script=setup_script(spec, python, setup_hash),
                     setup_hash=setup_hash,
                     role="head" if rank == 0 else "worker",
+                    files=files,
                 )
             )
         notes = []

@@ -4,10 +4,13 @@
 The laptop calls it over SSH. Keeping this logic on the node makes each poll one short command
 with one short JSON answer, whatever the number of files or processes involved.
 
-  fleetrun_node.py start RUN_DIR          start RUN_DIR/launch.sh detached; print its pid
+  fleetrun_node.py start RUN_DIR          start RUN_DIR/launch.sh detached (and the watchdog,
+                                          fleetrun_guard.py, when RUN_DIR/guard.json exists)
   fleetrun_node.py poll RUN_DIR OFFSET [--no-heartbeat]
                                           state, exit code, new metrics bytes since OFFSET, status
-  fleetrun_node.py stop RUN_ID [GRACE]    stop every process carrying FLEETRUN_RUN_ID=RUN_ID
+  fleetrun_node.py guard RUN_DIR          start only the watchdog (nodes whose ranks the head starts)
+  fleetrun_node.py stop RUN_ID [GRACE]    stop every process carrying FLEETRUN_RUN_ID=RUN_ID,
+                                          the watchdog included (the watcher is wrapping up)
 
 Processes are found by the ``FLEETRUN_RUN_ID`` variable in their environment, not by pid or
 process group: torchrun starts its workers in sessions of their own, so killing torchrun alone
@@ -39,6 +42,27 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def start_guard(run_dir: str) -> int | None:
+    """Start the watchdog beside the job when the run directory has a ``guard.json``."""
+    if not os.path.exists(os.path.join(run_dir, "guard.json")):
+        return None
+    guard = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fleetrun_guard.py")
+    with open(os.path.join(run_dir, "guard.json"), encoding="utf-8") as fh:
+        run_id = json.load(fh)["run_id"]
+    log = open(os.path.join(run_dir, "guard.log"), "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [sys.executable, guard, run_dir],
+        cwd=run_dir,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+        env={**os.environ, "FLEETRUN_RUN_ID": run_id, "FLEETRUN_GUARD": "1"},
+    )
+    return proc.pid
+
+
 def start(run_dir: str) -> int:
     log = open(os.path.join(run_dir, "node.log"), "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
@@ -53,7 +77,7 @@ def start(run_dir: str) -> int:
     with open(os.path.join(run_dir, "pid.tmp"), "w") as fh:
         fh.write(str(proc.pid))
     os.replace(os.path.join(run_dir, "pid.tmp"), os.path.join(run_dir, "pid"))
-    print(json.dumps({"pid": proc.pid}))
+    print(json.dumps({"pid": proc.pid, "guard": start_guard(run_dir)}))
     return 0
 
 
@@ -63,6 +87,17 @@ def _read(path: str) -> str | None:
             return fh.read()
     except OSError:
         return None
+
+
+def _tail(path: str, size: int) -> str:
+    """The last ``size`` bytes of a file, without reading a long log whole at every poll."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _touch(path: str) -> None:
@@ -112,8 +147,7 @@ def poll(run_dir: str, offset: int, heartbeat: bool = True) -> int:
             answer["status"] = json.loads(status)
         except ValueError:
             answer["status"] = None
-    log = _read(os.path.join(run_dir, "node.log")) or ""
-    answer["log_tail"] = log[-2000:]
+    answer["log_tail"] = _tail(os.path.join(run_dir, "node.log"), 2000)
     print(json.dumps(answer))
     return 0
 
@@ -136,8 +170,17 @@ def _run_pids(run_id: str) -> list[int]:
 
 
 def stop(run_id: str, grace: float) -> int:
-    """SIGTERM everything of the run, wait ``grace`` seconds, then SIGKILL what is left."""
-    found = _run_pids(run_id)
+    answer = stop_run(run_id, grace)
+    print(json.dumps(answer))
+    return 0 if not answer["remaining"] else 1
+
+
+def stop_run(run_id: str, grace: float, spare: int | None = None) -> dict[str, int]:
+    """SIGTERM everything of the run, wait ``grace`` seconds, then SIGKILL what is left.
+
+    ``spare`` is a pid not to touch (the watchdog stopping the run it belongs to).
+    """
+    found = [p for p in _run_pids(run_id) if p != spare]
     for pid in found:
         try:
             os.kill(pid, signal.SIGCONT)
@@ -151,15 +194,16 @@ def stop(run_id: str, grace: float) -> int:
         left = [p for p in left if _alive(p)]
     killed = []
     for pid in _run_pids(run_id):
+        if pid == spare:
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
         except OSError:
             pass
     time.sleep(0.05)
-    remaining = _run_pids(run_id)
-    print(json.dumps({"terminated": len(found), "killed": len(killed), "remaining": len(remaining)}))
-    return 0 if not remaining else 1
+    remaining = [p for p in _run_pids(run_id) if p != spare]
+    return {"terminated": len(found), "killed": len(killed), "remaining": len(remaining)}
 
 
 def main(argv: list[str]) -> int:
@@ -167,6 +211,9 @@ def main(argv: list[str]) -> int:
         return start(argv[1])
     if len(argv) >= 3 and argv[0] == "poll":
         return poll(argv[1], int(argv[2]), heartbeat="--no-heartbeat" not in argv)
+    if len(argv) >= 2 and argv[0] == "guard":
+        print(json.dumps({"guard": start_guard(argv[1])}))
+        return 0
     if len(argv) >= 2 and argv[0] == "stop":
         return stop(argv[1], float(argv[2]) if len(argv) > 2 else 10.0)
     print(__doc__, file=sys.stderr)

@@ -10,8 +10,9 @@ from typing import Any
 from fabric import task
 from invoke import Collection
 from invoke.exceptions import Exit
+from rich.console import Console
 
-from launch import app
+from launch import app, history
 from launch.errors import FleetrunError
 from launch.wrapup import RunResult
 
@@ -97,6 +98,37 @@ def demo(c: Any, nodes: int = 3, playbook: str = "playbooks/digits-ddp.yaml") ->
         raise Exit(code=1)
 
 
+@task(help={"limit": "how many runs, newest first"})
+@_friendly
+def runs(c: Any, limit: int = 20) -> None:
+    """List recorded runs: outcome, stop reason, elapsed time, cost."""
+    history.list_runs(Console(), limit=limit)
+
+
+@task(help={"run": "run id, a unique prefix of one, or 'last'"})
+@_friendly
+def show(c: Any, run: str) -> None:
+    """Print one run's record: playbook, commit, nodes, exit codes, metrics, artifacts."""
+    history.show(run, Console())
+
+
+@task(help={"run": "run id, prefix or 'last'", "node": "only this node", "follow": "stream while it runs"})
+@_friendly
+def logs(c: Any, run: str, node: str = "", follow: bool = False) -> None:
+    """Per-node logs of a run (pulled copies, or live from the nodes with --follow)."""
+    history.logs(run, Console(), node=node or None, follow=follow)
+
+
+@task(help={"run": "run id, prefix or 'last'"})
+@_friendly
+def watch(c: Any, run: str) -> None:
+    """Re-attach to a run whose watcher was lost; stop, pull and tear down when a rule fires."""
+    result = history.reattach(run, Console())
+    app.report(result, Console())
+    if not result.ok:
+        raise Exit(code=1)
+
+
 local = Collection("local")
 local.add_task(local_up, "up")
 local.add_task(local_down, "down")
@@ -106,4 +138,8 @@ ns = Collection()
 ns.add_task(train)
 ns.add_task(plan)
 ns.add_task(demo)
+ns.add_task(runs)
+ns.add_task(show)
+ns.add_task(logs)
+ns.add_task(watch)
 ns.add_collection(local)
