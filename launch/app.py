@@ -56,6 +56,12 @@ def load_inventory(selector: str | None) -> Inventory:
 
 def make_plan(spec: JobSpec, inventory: Inventory, run_id: str | None = None) -> LaunchPlan:
     launcher = get_launcher(spec.launcher)
+    if spec.launcher == "horovod":
+        # horovodrun SSHes from the head to the workers: the plan ships a per-cluster key (made
+        # once, kept under FLEETRUN_HOME) and the install script; the launcher itself stays pure.
+        from launch.launchers.horovod import load_horovod_launcher
+
+        launcher = load_horovod_launcher(inventory.first(spec.nodes))
     return launcher.plan(spec, inventory, run_id or new_run_id(spec.name))
 
 

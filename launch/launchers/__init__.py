@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from launch.errors import SpecError
 from launch.launchers.base import Launcher
+from launch.launchers.horovod import HorovodLauncher
 from launch.launchers.torchrun import TorchrunLauncher
 
 LAUNCHERS: dict[str, type[Launcher]] = {
     TorchrunLauncher.name: TorchrunLauncher,
+    HorovodLauncher.name: HorovodLauncher,
 }
 
 

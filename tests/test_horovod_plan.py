@@ -1,0 +1,350 @@
+"""Horovod plans are pure data: the horovodrun command, slots, cluster SSH files and rank scripts.
+
+No network and no Horovod needed. The shell pieces (rank script, authorize step, ssh wrapper) are
+also run for real with ``sh`` and ``ssh -G`` in temporary homes, since their behaviour is the point.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from launch import cluster_ssh
+from launch.app import make_plan
+from launch.errors import SpecError
+from launch.inventory import Host, Inventory
+from launch.launchers import get_launcher
+from launch.launchers.horovod import HorovodLauncher, rank_command
+from launch.plan import LaunchPlan
+from launch.spec import JobSpec
+
+KEYS = [
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOvhipRqRG6pVVv2ReJ6BqUyaR82FT9Wa5PVWfYDKj6l",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBfmCw1Vb2xhQhB8m0Vd5hWgSJ8e7mIvQ6bA3ZrV1eQm",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHkq3mRZ0Yw6w5n9cD1qk0Vd6yVZ3eY2tL2b6Qm1sXcA",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDm7wq9x8y2c3eR4t5Y6u7i8o9p0a1s2d3f4g5h6j7kL",
+]
+FAKE_KEY = cluster_ssh.ClusterKey(
+    private_key="-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-material\n-----END OPENSSH PRIVATE KEY-----\n",
+    public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPublicPartOfTheClusterKeyForTests fleetrun-cluster:abc123",
+    tag="fleetrun-cluster:abc123",
+)
+
+
+def inventory(n: int, gpus: int | None = 0, ports: list[int] | None = None) -> Inventory:
+    return Inventory(
+        hosts=[
+            Host(
+                name=f"n{i}",
+                address=f"203.0.113.{i + 1}",
+                private_address=f"10.0.0.{i + 1}",
+                user=f"user{i}",
+                port=(ports or [22] * n)[i],
+                host_key=KEYS[i],
+                gpus=gpus,
+                interface="ens5" if gpus is not None else None,
+            )
+            for i in range(n)
+        ]
+    )
+
+
+def spec(tmp_path: Path, **kw: object) -> JobSpec:
+    fields: dict[str, object] = {
+        "name": "job",
+        "workdir": tmp_path,
+        "launcher": "horovod",
+        "entrypoint": "python -m trainer.task_horovod --epochs 3",
+        "nodes": 3,
+        "procs_per_node": 1,
+    }
+    fields.update(kw)
+    return JobSpec.model_validate(fields)
+
+
+def plan(
+    tmp_path: Path, inv: Inventory | None = None, install: str = "echo install\n", **kw: object
+) -> LaunchPlan:
+    launcher = HorovodLauncher(FAKE_KEY, install)
+    return launcher.plan(spec(tmp_path, **kw), inv or inventory(3), "job-1")
+
+
+def files(p: LaunchPlan, rank: int) -> dict[str, cluster_ssh.RemoteFile]:
+    return {f.path: f for f in p.nodes[rank].files}
+
+
+def test_horovodrun_on_the_head_only_with_explicit_hosts_slots_ssh_and_interface(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    head, *workers = p.nodes
+    assert p.launcher == "horovod" and p.total_processes == 3
+    assert head.starts_processes and head.role == "head"
+    assert all(not w.starts_processes and w.command is None for w in workers), (
+        "workers are started by horovodrun"
+    )
+    assert head.command is not None
+    assert head.command.startswith(
+        "python -m horovod.runner.launch --gloo --disable-cache -np 3 -H 10.0.0.1:1,10.0.0.2:1,10.0.0.3:1 "
+        '--network-interfaces "$IFACE" -p 22 -i "$HOME/.fleetrun/cluster/id_ed25519" '
+    )
+    assert "--start-timeout 120 --gloo-timeout-seconds 120" in head.command
+    assert head.command.endswith(rank_command())
+    assert head.launch_script is not None
+    lines = head.launch_script.splitlines()
+    assert lines[-1] == f"exec {head.command}"
+    assert lines[-2] == 'export PATH="$HOME/.fleetrun/cluster/bin:$PATH"', (
+        "the strict ssh wrapper comes first"
+    )
+    assert "IFACE=ens5" in head.launch_script
+
+
+def test_slots_follow_procs_per_node_and_auto_gpus(tmp_path: Path) -> None:
+    two = plan(tmp_path, procs_per_node=2)
+    assert "-np 6 -H 10.0.0.1:2,10.0.0.2:2,10.0.0.3:2 " in (two.nodes[0].command or "")
+    gpus = plan(tmp_path, inventory(3, gpus=8), procs_per_node="auto")
+    assert "-np 24 -H 10.0.0.1:8,10.0.0.2:8,10.0.0.3:8 " in (gpus.nodes[0].command or "")
+
+
+def test_unknown_gpu_counts_take_the_heads_count_for_every_host(tmp_path: Path) -> None:
+    p = plan(tmp_path, inventory(3, gpus=None), procs_per_node="auto")
+    head = p.nodes[0]
+    assert p.total_processes is None
+    assert '-np "$((3 * NPROC))" -H "10.0.0.1:$NPROC,10.0.0.2:$NPROC,10.0.0.3:$NPROC"' in (head.command or "")
+    assert head.launch_script is not None and "NPROC=$(nvidia-smi -L" in head.launch_script
+    assert any("as many slots as the head has GPUs" in n for n in p.notes)
+
+
+def test_worker_ports_differing_are_left_to_ssh_config(tmp_path: Path) -> None:
+    p = plan(tmp_path, inventory(3, ports=[22, 2201, 2202]))
+    assert " -p " not in (p.nodes[0].command or "")
+    config = files(p, 0)[cluster_ssh.SSH_CONFIG].content
+    assert "Host 10.0.0.2\n    User user1\n    Port 2201\n" in config
+    assert "[10.0.0.3]:2202 " + KEYS[2] in files(p, 0)[cluster_ssh.KNOWN_HOSTS].content
+
+
+def test_single_node_needs_no_cluster_ssh(tmp_path: Path) -> None:
+    p = plan(tmp_path, inventory(1), nodes=1)
+    head = p.nodes[0]
+    assert "-H 10.0.0.1:1 " in (head.command or "") and " -i " not in (head.command or "")
+    assert "--network-interfaces" not in (head.command or ""), "all-local horovodrun wants loopback"
+    assert cluster_ssh.PRIVATE_KEY not in files(p, 0)
+
+
+def test_head_gets_secret_key_and_pinned_worker_keys_never_tofu(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    head_files = files(p, 0)
+    key = head_files[cluster_ssh.PRIVATE_KEY]
+    assert key.secret and key.mode == 0o600 and key.content == FAKE_KEY.private_key
+    known = head_files[cluster_ssh.KNOWN_HOSTS].content
+    assert known == f"10.0.0.2 {KEYS[1]}\n10.0.0.3 {KEYS[2]}\n", (
+        "workers only, private addresses, pinned keys"
+    )
+    config = head_files[cluster_ssh.SSH_CONFIG].content
+    assert "Host 10.0.0.2\n    User user1\n" in config and "Host 10.0.0.3\n    User user2\n" in config
+    assert "StrictHostKeyChecking yes" in config and "IdentitiesOnly yes" in config
+    assert head_files[cluster_ssh.SSH_WRAPPER].mode == 0o755
+    rendered = p.render()
+    assert "secret-material" not in rendered, "--dry-run never prints the private key"
+    code = "\n".join(line for line in rendered.splitlines() if not line.lstrip().startswith("#"))
+    assert "StrictHostKeyChecking=no" not in code and "StrictHostKeyChecking no" not in code
+    assert "ssh-keyscan" not in code
+    assert "images/horovod/install.sh" in rendered and "echo install" not in rendered
+    assert "horovodrun slots: n0 10.0.0.1:1, n1 10.0.0.2:1, n2 10.0.0.3:1 (-np 3)" in rendered
+    assert "python -m horovod.runner.launch --gloo" in rendered
+    for worker in (1, 2):
+        assert cluster_ssh.PRIVATE_KEY not in files(p, worker), "the private key stays on the head"
+
+
+def test_workers_authorize_the_key_from_the_head_only_before_the_setup_hash_check(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    for worker in p.nodes[1:]:
+        script = worker.setup_script
+        line = cluster_ssh.authorized_key_line(FAKE_KEY, p.nodes[0].host)
+        assert line.startswith(
+            'from="10.0.0.1",no-agent-forwarding,no-port-forwarding,no-X11-forwarding,no-pty'
+        )
+        assert line in script
+        assert script.index("CLUSTER_KEY=") < script.index("FLEETRUN_SETUP=skipped"), (
+            "runs even when setup is skipped"
+        )
+    assert "CLUSTER_KEY=" not in p.nodes[0].setup_script
+
+
+def run_authorize(home: Path, key: cluster_ssh.ClusterKey, head: Host) -> str:
+    proc = subprocess.run(
+        ["sh", "-c", cluster_ssh.authorize_script(key, head)],
+        env={**os.environ, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return proc.stdout
+
+
+def test_authorize_step_is_idempotent_and_replaces_only_its_own_cluster_line(tmp_path: Path) -> None:
+    head = inventory(3).head
+    (tmp_path / ".ssh").mkdir()
+    ak = tmp_path / ".ssh" / "authorized_keys"
+    old = cluster_ssh.ClusterKey("", FAKE_KEY.public_key.replace("PublicPart", "OldPart"), FAKE_KEY.tag)
+    ak.write_text(f"ssh-ed25519 AAAAoperator operator\n{cluster_ssh.authorized_key_line(old, head)}\n")
+    assert "FLEETRUN_CLUSTER_KEY=installed" in run_authorize(tmp_path, FAKE_KEY, head)
+    assert "installed" not in run_authorize(tmp_path, FAKE_KEY, head), "second run changes nothing"
+    lines = ak.read_text().splitlines()
+    assert lines == ["ssh-ed25519 AAAAoperator operator", cluster_ssh.authorized_key_line(FAKE_KEY, head)]
+    assert stat.S_IMODE(ak.stat().st_mode) == 0o600
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client (ssh -G)")
+def test_ssh_wrapper_makes_strict_checking_win_over_horovodruns_options(tmp_path: Path) -> None:
+    """horovodrun passes ``-o StrictHostKeyChecking=no``; ``ssh -G`` shows what OpenSSH would use."""
+    p = plan(tmp_path / "w")
+    home = tmp_path / "home"
+    for f in p.nodes[0].files:
+        target = home / f.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f.content)
+        target.chmod(f.mode)
+    argv = [
+        str(home / cluster_ssh.SSH_WRAPPER),
+        "-G",
+        "-o",
+        "PasswordAuthentication=no",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "10.0.0.2",
+        "-p",
+        "22",
+        "-i",
+        str(home / cluster_ssh.PRIVATE_KEY),
+    ]
+    out = subprocess.run(
+        argv, env={**os.environ, "HOME": str(home)}, capture_output=True, text=True, check=True
+    )
+    conf = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert conf["stricthostkeychecking"] == "true"
+    assert conf["user"] == "user1", "the worker's own user, from fleetrun's ssh_config"
+    assert conf["userknownhostsfile"] == str(home / cluster_ssh.KNOWN_HOSTS)
+    assert conf["globalknownhostsfile"] == "/dev/null"
+    assert conf["batchmode"] == "yes" and conf["identitiesonly"] == "yes"
+
+
+def test_setup_installs_horovod_and_its_hash_follows_the_install_script(tmp_path: Path) -> None:
+    a = plan(tmp_path, install="echo one\n")
+    b = plan(tmp_path, install="echo two\n")
+    for node in a.nodes:
+        assert 'sh "$HOME/.fleetrun/horovod/install.sh" python' in node.setup_script
+        assert node.setup_script.index("install.sh") < node.setup_script.index("FLEETRUN_SETUP=ran")
+        assert files(a, node.node_rank)[".fleetrun/horovod/install.sh"].mode == 0o755
+    assert a.nodes[0].setup_hash != b.nodes[0].setup_hash, "a changed install script reruns setup"
+    assert len({n.setup_hash for n in a.nodes}) == 1
+
+
+def test_plan_needs_a_cluster_key_and_the_registry_knows_horovod(tmp_path: Path) -> None:
+    launcher = get_launcher("horovod")
+    assert isinstance(launcher, HorovodLauncher)
+    with pytest.raises(SpecError, match="cluster's SSH key"):
+        launcher.plan(spec(tmp_path), inventory(3), "job-1")
+
+
+def test_make_plan_creates_the_cluster_key_once_per_inventory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    inv = inventory(4)
+    first = make_plan(spec(tmp_path), inv, run_id="job-1")
+    second = make_plan(spec(tmp_path), inv, run_id="job-2")
+    key_file = tmp_path / "home" / "cluster_keys" / inv.first(3).fingerprint() / "id_ed25519"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    shipped = files(first, 0)[cluster_ssh.PRIVATE_KEY].content
+    assert shipped == key_file.read_text() == files(second, 0)[cluster_ssh.PRIVATE_KEY].content, (
+        "kept, not regenerated"
+    )
+    loaded = paramiko.Ed25519Key.from_private_key_file(str(key_file))
+    public = f"{loaded.get_name()} {loaded.get_base64()}"
+    assert public in first.nodes[1].setup_script, "the workers authorize this very key"
+    other = make_plan(spec(tmp_path, nodes=2), inv, run_id="job-3")
+    assert files(other, 0)[cluster_ssh.PRIVATE_KEY].content != shipped, "another inventory, another key"
+
+
+def write_fake_node(home: Path, job: str) -> None:
+    """A node home with a stub venv (activate prepends its bin) and a workdir."""
+    env_bin = home / ".fleetrun" / "envs" / job / "bin"
+    env_bin.mkdir(parents=True)
+    (env_bin / "activate").write_text(
+        f'VIRTUAL_ENV="{env_bin.parent}"; export VIRTUAL_ENV; PATH="{env_bin}:$PATH"\n'
+    )
+    (home / ".fleetrun" / "work" / job).mkdir(parents=True)
+
+
+def run_rank(
+    tmp_path: Path, p: LaunchPlan, rank_node: int, horovod_rank: int
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    home = tmp_path / f"node{rank_node}"
+    write_fake_node(home, "job")
+    script = files(p, rank_node)[".fleetrun/runs/job-1/rank.sh"]
+    path = home / script.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script.content)
+    head_env = {
+        "HOME": "/home/the-head",
+        "PATH": f"/home/the-head/.fleetrun/envs/job/bin:/home/the-head/.fleetrun/cluster/bin:{os.environ['PATH']}",
+        "PYTHONPATH": "/home/the-head/.fleetrun/lib",
+        "VIRTUAL_ENV": "/home/the-head/.fleetrun/envs/job",
+        "FLEETRUN_RUN_ID": "job-1",
+        "FLEETRUN_NODE_RANK": "0",
+        "HOROVOD_RANK": str(horovod_rank),
+        "HOROVOD_SIZE": "3",
+        "HOROVOD_LOCAL_RANK": "0",
+        "HOROVOD_LOCAL_SIZE": "1",
+        "HOROVOD_GLOO_IFACE": "eth-of-the-head",
+    }
+    proc = subprocess.run(
+        ["sh", str(path), str(home)], env=head_env, capture_output=True, text=True, timeout=30
+    )
+    return proc, home
+
+
+def test_rank_script_restores_the_nodes_own_environment(tmp_path: Path) -> None:
+    p = plan(tmp_path / "w", entrypoint='echo "cwd=$(pwd)" && env', env={"OMP_NUM_THREADS": "1"})
+    proc, home = run_rank(tmp_path, p, rank_node=1, horovod_rank=1)
+    assert proc.returncode == 0, proc.stderr
+    env = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    assert env["HOME"] == str(home)
+    assert env["cwd"] == str(home / ".fleetrun/work/job")
+    assert "/home/the-head" not in env["PATH"] and "/home/the-head" not in env["PYTHONPATH"]
+    assert env["PATH"].startswith(str(home / ".fleetrun/envs/job/bin") + ":")
+    assert env["PYTHONPATH"] == str(home / ".fleetrun/lib")
+    assert env["FLEETRUN_NODE_RANK"] == "1" and env["NODE_RANK"] == "1"
+    assert env["FLEETRUN_RUN_DIR"] == str(home / ".fleetrun/runs/job-1")
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "3" and env["LOCAL_RANK"] == "0"
+    assert env["HOROVOD_GLOO_IFACE"] == "ens5", "this node's interface, not the head's"
+    assert env["FLEETRUN_RUN_ID"] == "job-1" and env["OMP_NUM_THREADS"] == "1"
+    assert (home / ".fleetrun/runs/job-1/rank-1.log").read_text() == proc.stdout, "a per-rank log"
+    assert not (home / ".fleetrun/runs/job-1/rc").exists(), "a rank that succeeded records no failure"
+
+
+def test_failing_rank_records_its_exit_code_on_a_worker_only(tmp_path: Path) -> None:
+    p = plan(tmp_path / "w", entrypoint="sh -c 'echo going down; exit 3'")
+    proc, home = run_rank(tmp_path, p, rank_node=2, horovod_rank=2)
+    assert proc.returncode == 3 and "going down" in proc.stdout
+    assert (home / ".fleetrun/runs/job-1/rc").read_text().strip() == "3", "the node agent reports it"
+    proc, home = run_rank(tmp_path, p, rank_node=0, horovod_rank=0)
+    assert proc.returncode == 3
+    assert not (home / ".fleetrun/runs/job-1/rc").exists(), "on the head, rc is horovodrun's (the agent's)"
+
+
+def test_generated_shell_is_valid_sh(tmp_path: Path) -> None:
+    p = plan(tmp_path, env={"QUOTED": 'it\'s "fine" $HOME'})
+    for node in p.nodes:
+        for text in [
+            node.setup_script,
+            node.launch_script or "",
+            *(f.content for f in node.files if f.path.endswith((".sh", "/ssh"))),
+        ]:
+            subprocess.run(["sh", "-n"], input=text, text=True, check=True)
+    subprocess.run(["sh", "-n", "-c", rank_command()], check=True)
