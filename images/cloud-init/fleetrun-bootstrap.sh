@@ -115,4 +115,4 @@ status rank "$FLEETRUN_NODE_RANK"
 status interface "${iface:-unknown}"
 
 touch "$STATE_DIR/ready"
-status done "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+status finished "$(date -u +%Y-%m-%dT%H:%M:%SZ)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -18,6 +19,9 @@ from infra.bootstrap import (
     parse_user_data,
     render_user_data,
 )
+
+IMAGES = BOOTSTRAP_SCRIPT.parent.parent
+PACKER_DIR = IMAGES / "packer"
 
 
 def _keypair() -> tuple[str, str]:
@@ -118,5 +122,17 @@ def test_bootstrap_script_checks_what_the_issue_asks() -> None:
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
-def test_bootstrap_script_shellcheck() -> None:
-    subprocess.run(["shellcheck", "-S", "warning", str(BOOTSTRAP_SCRIPT)], check=True)
+def test_shell_scripts_pass_shellcheck() -> None:
+    subprocess.run(["shellcheck", str(BOOTSTRAP_SCRIPT), str(PACKER_DIR / "provision.sh")], check=True)
+
+
+def test_baked_image_and_container_definitions() -> None:
+    template = (PACKER_DIR / "fleetrun-gpu.pkr.hcl").read_text()
+    for path in re.findall(r'"\$\{path\.root\}/([^"]+)"', template):
+        assert (PACKER_DIR / path).resolve().is_file(), path
+    assert 'source "amazon-ebs"' in template and 'source "googlecompute"' in template
+    assert "rm -f /etc/ssh/ssh_host_*" in (PACKER_DIR / "provision.sh").read_text()  # no baked host keys
+    dockerfile = (IMAGES / "docker" / "Dockerfile").read_text()
+    base = re.search(r"^ARG BASE=(\S+)$", dockerfile, re.M)
+    assert base and base.group(1).startswith("pytorch/pytorch:")  # the official PyTorch image
+    assert "FROM ${BASE}" in dockerfile
