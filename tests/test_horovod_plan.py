@@ -103,6 +103,15 @@ def test_horovodrun_on_the_head_only_with_explicit_hosts_slots_ssh_and_interface
     assert "IFACE=ens5" in head.launch_script
 
 
+def test_playbook_env_reaches_ranks_through_rank_sh_not_horovodruns_command_line(tmp_path: Path) -> None:
+    p = plan(tmp_path, env={"WANDB_API_KEY": "s3cret", "HOROVOD_FUSION_THRESHOLD": "0"})
+    launch = p.nodes[0].launch_script or ""
+    assert launch.splitlines()[-2] == "unset WANDB_API_KEY", "horovodrun would copy it into ps-visible argv"
+    for rank in range(3):
+        rank_sh = files(p, rank)[".fleetrun/runs/job-1/rank.sh"].content
+        assert "export WANDB_API_KEY=s3cret" in rank_sh and "export HOROVOD_FUSION_THRESHOLD=0" in rank_sh
+
+
 def test_slots_follow_procs_per_node_and_auto_gpus(tmp_path: Path) -> None:
     two = plan(tmp_path, procs_per_node=2)
     assert "-np 6 -H 10.0.0.1:2,10.0.0.2:2,10.0.0.3:2 " in (two.nodes[0].command or "")

@@ -16,7 +16,9 @@
 #   - $FLEETRUN_WHEEL_DIR when set;
 #   - else /opt/fleetrun/wheels when writable (root: the test machine, a machine image);
 #   - else ${XDG_CACHE_HOME:-$HOME/.cache}/fleetrun/wheels (a node user).
-# /opt/fleetrun/wheels is always searched, so a wheel baked into a machine image is found by
+# The key also names the collectives (cpu, or HOROVOD_GPU_OPERATIONS such as nccl); the wheel is
+# built for this machine's CPU (Horovod's default -mavx -mfma), so it is not meant to travel to
+# older CPUs. /opt/fleetrun/wheels is always searched, so a wheel baked into a machine image is found by
 # every user. Concurrent runs on one machine are serialised with flock when it is available.
 #
 # Idempotent: when the environment already imports horovod.torch 0.28.1 built with Gloo (the
@@ -32,11 +34,16 @@ die() { echo "horovod-install: error: $*" >&2; exit 1; }
 
 command -v "$PY" >/dev/null 2>&1 || [ -x "$PY" ] || die "no interpreter $PY"
 
+# CPU collectives over Gloo unless HOROVOD_GPU_OPERATIONS (e.g. NCCL) asks for more: part of the
+# cache key, so a CPU-only wheel is never reused where GPU collectives were asked for.
+OPS=$(echo "${HOROVOD_GPU_OPERATIONS:-cpu}" | tr 'A-Z' 'a-z')
+
 installed() {
-    "$PY" - <<'EOF' 2>/dev/null
+    FLEETRUN_HVD_OPS=$OPS "$PY" - <<'EOF' 2>/dev/null
+import os, sys
 import horovod, horovod.torch as hvd
-import sys
 ok = horovod.__version__ == "0.28.1" and hvd.gloo_built()
+ok = ok and (os.environ["FLEETRUN_HVD_OPS"] != "nccl" or hvd.nccl_built())
 sys.exit(0 if ok else 1)
 EOF
 }
@@ -48,6 +55,7 @@ fi
 
 TAG=$("$PY" -c 'import sys, torch; print("cp%d%d-torch%s" % (sys.version_info[0], sys.version_info[1], torch.__version__))') \
     || die "$PY cannot import torch; install torch first (Horovod's extension is built against it)"
+TAG="$TAG-$OPS"
 
 if [ -n "${FLEETRUN_WHEEL_DIR:-}" ]; then
     WHEELS=$FLEETRUN_WHEEL_DIR
@@ -72,6 +80,8 @@ build() {
     command -v cmake >/dev/null 2>&1 || "$PY" -m pip install -q --disable-pip-version-check "cmake>=3.13" \
         || die "cmake is missing and could not be installed with pip"
     command -v g++ >/dev/null 2>&1 || die "g++ is missing (Debian/Ubuntu: apt-get install g++ make)"
+    "$PY" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+        || die "Python headers are missing for $PY (Debian/Ubuntu: apt-get install python3-dev)"
     START=$(date +%s)
     say "building horovod $HOROVOD_VERSION for $TAG (minutes, once; cached in $CACHE)"
     "$PY" -m pip install -q --disable-pip-version-check setuptools wheel cloudpickle psutil pyyaml packaging

@@ -161,7 +161,7 @@ class HorovodLauncher(Launcher):
                     dataclasses.replace(
                         node,
                         files=files + head_files,
-                        launch_script=self.head_launch_script(node.launch_script or ""),
+                        launch_script=self.head_launch_script(spec, node.launch_script or ""),
                     )
                 )
             else:
@@ -205,11 +205,20 @@ class HorovodLauncher(Launcher):
         line = f'sh "$HOME/{INSTALL_SCRIPT}" python  # install.sh {digest}'
         return spec.model_copy(update={"setup": [line, *spec.setup]})
 
-    def head_launch_script(self, script: str) -> str:
-        """The base launch script with the cluster ``ssh`` wrapper first on horovodrun's PATH."""
+    def head_launch_script(self, spec: JobSpec, script: str) -> str:
+        """The base launch script with the cluster ``ssh`` wrapper first on horovodrun's PATH.
+
+        horovodrun copies its whole environment onto every remote rank's command line, where any
+        user on the worker can read it in ``ps``. The playbook's variables (API keys, say) need
+        not travel that way: every rank's ``rank.sh`` exports them itself, so they are unset for
+        horovodrun. ``HOROVOD_*`` ones stay, since horovodrun itself reads some of them.
+        """
         lines = script.rstrip("\n").split("\n")
-        wrapper = f'export PATH="$HOME/{cluster_ssh.BIN_DIR}:$PATH"'
-        return "\n".join([*lines[:-1], wrapper, lines[-1]]) + "\n"
+        extra = [f'export PATH="$HOME/{cluster_ssh.BIN_DIR}:$PATH"']
+        private = sorted(k for k in spec.env if not k.startswith("HOROVOD_"))
+        if private:
+            extra.append("unset " + " ".join(private))
+        return "\n".join([*lines[:-1], *extra, lines[-1]]) + "\n"
 
     def rank_script(self, spec: JobSpec, node: NodePlan, run_id: str) -> str:
         """The script every rank on ``node`` runs (see the module docstring for why it exists)."""
