@@ -133,6 +133,27 @@ def test_down_destroys_then_confirms_with_the_cloud(monkeypatch: pytest.MonkeyPa
     assert snap.outputs["bucket"] in said[-1]
 
 
+def test_stack_inventory_saves_the_generated_key_and_names_the_stack(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    snap = evaluate("gcp")
+    _fake(monkeypatch, FakeStack({"fleet:cloud": "gcp"}, snap.outputs))
+    inventory = cloud_stack.stack_inventory("test")
+    assert inventory.stack == "test" and inventory.teardown == "pulumi-stack"
+    key = tmp_path / "home" / "keys" / snap.outputs["cluster_id"]
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert key.read_text().strip() == snap.outputs["ssh_private_key"].strip()
+    assert all(h.key == key for h in inventory.hosts)
+
+
+def test_own_operator_key_means_no_key_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    outputs = {k: v for k, v in evaluate("aws").outputs.items() if k != "ssh_private_key"}
+    assert cloud_stack.save_operator_key(outputs) is None
+    assert not (tmp_path / "home").exists()
+
+
 def test_down_names_every_leftover(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake(
         monkeypatch,
