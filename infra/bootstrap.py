@@ -86,6 +86,10 @@ def node_env(b: NodeBootstrap) -> str:
         "FLEETRUN_SSH_USER": b.ssh_user,
         "FLEETRUN_BUCKET": b.bucket,
         "FLEETRUN_BUCKET_URL": b.bucket_url,
+        # One bucket, three prefixes: inputs, checkpoints and metrics of this cluster's jobs.
+        "FLEETRUN_DATA_URL": f"{b.bucket_url}/data",
+        "FLEETRUN_CHECKPOINTS_URL": f"{b.bucket_url}/checkpoints/{b.cluster_id}",
+        "FLEETRUN_METRICS_URL": f"{b.bucket_url}/metrics/{b.cluster_id}",
     }
     return "".join(f"{k}={v}\n" for k, v in values.items())
 

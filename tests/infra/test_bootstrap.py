@@ -81,6 +81,7 @@ def test_node_env_carries_rank_and_cluster() -> None:
     assert (
         "FLEETRUN_GPUS_PER_NODE=8\n" in env and "FLEETRUN_BUCKET_URL=s3://fr-dev-abc123-artifacts-x1\n" in env
     )
+    assert "FLEETRUN_CHECKPOINTS_URL=s3://fr-dev-abc123-artifacts-x1/checkpoints/fr-dev-abc123\n" in env
     assert doc["runcmd"] == [["/usr/local/sbin/fleetrun-bootstrap"]]
 
 

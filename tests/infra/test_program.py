@@ -159,3 +159,34 @@ def test_config_loader_reads_gcp_project_fallback() -> None:
         assert config.load_settings().gcp_project == "fallback-project"
     finally:
         pulumi.runtime.set_all_config({})
+
+
+def test_pulumi_entry_point_runs_and_exports_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    """infra/__main__.py as the Python language host runs it: the directory as a script, with
+    infra/ as the working directory and first on sys.path; config from the stack."""
+    import runpy
+    import sys
+
+    from infra.mocks import FleetMocks, RecordingMonitor
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo / "infra")
+    monkeypatch.setattr(sys, "path", [str(repo / "infra"), *sys.path])
+    mocks = FleetMocks()
+    pulumi.runtime.set_mocks(
+        mocks, project="fleetrun", stack="entry", preview=False, monitor=RecordingMonitor(mocks)
+    )
+    pulumi.runtime.set_all_config({f"fleet:{k}": str(v) for k, v in aws_config(node_count="2").items()})
+    try:
+
+        @pulumi.runtime.test
+        def run() -> None:
+            runpy.run_path(str(repo / "infra"), run_name="__main__")
+
+        run()
+    finally:
+        pulumi.runtime.set_all_config({})
+    root = pulumi.runtime.get_root_resource()
+    assert root is not None
+    assert set(root.outputs) == set(StackOutputs.model_fields)  # type: ignore[attr-defined]
+    assert str(repo / "infra") not in sys.path  # infra/ module names shadow nothing
