@@ -13,7 +13,7 @@ from rich.console import Console
 
 from launch.errors import SpecError
 from launch.inventory import Inventory
-from launch.launchers import get_launcher
+from launch.launchers import launcher_class
 from launch.localfleet import LocalFleet
 from launch.paths import fleetrun_home, known_hosts_file
 from launch.plan import LaunchPlan
@@ -55,13 +55,7 @@ def load_inventory(selector: str | None) -> Inventory:
 
 
 def make_plan(spec: JobSpec, inventory: Inventory, run_id: str | None = None) -> LaunchPlan:
-    launcher = get_launcher(spec.launcher)
-    if spec.launcher == "horovod":
-        # horovodrun SSHes from the head to the workers: the plan ships a per-cluster key (made
-        # once, kept under FLEETRUN_HOME) and the install script; the launcher itself stays pure.
-        from launch.launchers.horovod import load_horovod_launcher
-
-        launcher = load_horovod_launcher(inventory.first(spec.nodes))
+    launcher = launcher_class(spec.launcher).for_inventory(inventory.first(spec.nodes))
     return launcher.plan(spec, inventory, run_id or new_run_id(spec.name))
 
 
@@ -119,15 +113,28 @@ def train(
     return result
 
 
+def loss_curve(metrics_path: Path) -> list[float]:
+    if not metrics_path.exists():
+        return []
+    from launch.metrics_stream import MetricsStream
+
+    stream = MetricsStream()
+    stream.feed(metrics_path.read_bytes())
+    stream.flush()
+    return [point.loss for point in stream.summary().history]
+
+
 def report(result: RunResult, console: Console) -> None:
     color = "green" if result.ok else "red"
     console.print(f"[bold {color}]{result.outcome}[/] ({result.rule}): {result.reason}")
     if result.world:
         ranks = ", ".join(f"{r['rank']}@{r['host']}({r['addr']})" for r in result.world.get("ranks", []))
         console.print(f"  world size {result.world.get('world_size')}: {ranks}")
-    if result.last_metrics:
+    losses = loss_curve(result.folder / "metrics.jsonl")
+    if losses:
         console.print(
-            f"  last step {result.last_metrics.get('step')}: loss {result.last_metrics.get('loss')}"
+            f"  loss: {losses[0]:.4f} at the first step -> {losses[-1]:.4f} at step "
+            f"{result.last_metrics.get('step', len(losses))} ({len(losses)} steps); plot: {result.folder / 'loss.png'}"
         )
     if result.first_step_after_s is not None:
         console.print(f"  first step {result.first_step_after_s:.1f} s after launch")

@@ -133,7 +133,7 @@ class JobSpec(BaseModel):
         """
         digest = hashlib.sha256()
         for part in (
-            "fleetrun-env-v1",
+            "fleetrun-env-v2",
             python,
             self.requirements or "",
             self.requirements_text(),

@@ -16,6 +16,7 @@ import shlex
 import subprocess
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -29,6 +30,7 @@ from launch.inventory import Host
 
 DEFAULT_CONNECT_TIMEOUT = 10
 DEFAULT_FANOUT = 32
+KEEPALIVE_S = 5
 T = TypeVar("T")
 
 
@@ -56,7 +58,15 @@ class NodeConnection:
     def __init__(self, host: Host, known_hosts: Path, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> None:
         self.host = host
         self.known_hosts = known_hosts
-        connect_kwargs: dict[str, object] = {"look_for_keys": False, "allow_agent": False}
+        # Bounded everywhere: a partitioned host keeps its TCP connection "open" (no RST), and
+        # paramiko would otherwise wait up to an hour to open a channel on it.
+        connect_kwargs: dict[str, object] = {
+            "look_for_keys": False,
+            "allow_agent": False,
+            "banner_timeout": connect_timeout,
+            "auth_timeout": connect_timeout,
+            "channel_timeout": connect_timeout,
+        }
         if host.key is not None:
             connect_kwargs["key_filename"] = str(host.key)
         self.conn = Connection(
@@ -76,6 +86,8 @@ class NodeConnection:
         where = f"{host.user}@{host.address}:{host.port}"
         try:
             self.conn.open()
+            if self.conn.transport is not None:
+                self.conn.transport.set_keepalive(KEEPALIVE_S)
         except paramiko.BadHostKeyException as exc:
             raise HostKeyMismatch(
                 host.name,
@@ -141,14 +153,20 @@ class Fleet:
         fn: Callable[[NodeConnection], T],
         hosts: Iterable[Host] | None = None,
         on_done: Callable[[str, T | BaseException], None] | None = None,
+        deadline: float | None = None,
     ) -> dict[str, T | BaseException]:
-        """Run ``fn`` on every host in parallel (bounded); results or exceptions keyed by host name."""
+        """Run ``fn`` on every host in parallel (bounded); results or exceptions keyed by host name.
+
+        With ``deadline`` (seconds), a host still busy after it gets a ``HostError`` and its
+        connection is closed (which unblocks the stuck call); one hung host never stalls the rest.
+        """
         targets = list(hosts) if hosts is not None else self.hosts
         results: dict[str, T | BaseException] = {}
         workers = max(1, min(self.max_parallel, len(targets)))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetrun-ssh") as pool:
-            futures = {pool.submit(fn, self.connections[h.name]): h.name for h in targets}
-            for future in as_completed(futures):
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetrun-ssh")
+        futures = {pool.submit(fn, self.connections[h.name]): h.name for h in targets}
+        try:
+            for future in as_completed(futures, timeout=deadline):
                 name = futures[future]
                 try:
                     value: T | BaseException = future.result()
@@ -157,6 +175,16 @@ class Fleet:
                 results[name] = value
                 if on_done is not None:
                     on_done(name, value)
+        except FuturesTimeout:
+            for future, name in futures.items():
+                if name not in results:
+                    future.cancel()
+                    self.connections[name].close()
+                    results[name] = HostError(name, f"no answer within {deadline:.0f} s")
+                    if on_done is not None:
+                        on_done(name, results[name])
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         return {h.name: results[h.name] for h in targets}
 
     def run(self, command: str, timeout: float | None = None) -> dict[str, CommandResult | BaseException]:

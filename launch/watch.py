@@ -41,6 +41,7 @@ from launch.stoprules import (
 )
 
 AGENT = f'python3 "$HOME/{layout.AGENT}"'
+POLL_DEADLINE_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,12 @@ class Watcher:
         for node in self.nodes.values():
             state, rc = node.state, node.rc
             if not node.starts_processes and state != "unreachable":
-                state, rc = (head.state, head.rc) if head and head.state == "exited" else ("running", None)
+                # a rank that failed on a head-started node records its own exit code (horovod's rank.sh)
+                own_failure = state == "exited" and rc not in (0, None)
+                if not own_failure:
+                    state, rc = (
+                        (head.state, head.rc) if head and head.state == "exited" else ("running", None)
+                    )
             observed.append(
                 NodeObservation(
                     node=node.name,
@@ -208,7 +214,9 @@ class Watcher:
                     last_reachable_at=node.last_reachable_at,
                 )
             )
-        exits = {n.name: n.exited_at or 0.0 for n in self.nodes.values()}
+        exits = {
+            n.name: n.exited_at if n.exited_at is not None else float("inf") for n in self.nodes.values()
+        }
         observed.sort(key=lambda o: (0, exits[o.node]) if o.state == "exited" and o.exit_code else (1, 0.0))
         return Observation(
             now=now,
@@ -221,13 +229,13 @@ class Watcher:
         )
 
     def poll_once(self) -> Observation:
-        answers = self.fleet.map(self._poll_node)
+        answers = self.fleet.map(self._poll_node, deadline=POLL_DEADLINE_S)
         now = time.time()
         for name, answer in answers.items():
             node = self.nodes[name]
             before = node.state
             self._absorb(node, answer, now)
-            if node.state != before:
+            if node.state != before and (node.starts_processes or node.state in ("unreachable", "exited")):
                 rc = f" (exit {node.rc})" if node.rc is not None else ""
                 why = f": {node.error}" if node.error else ""
                 self.console.print(f"  {name}: {before} -> {node.state}{rc}{why}")

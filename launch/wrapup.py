@@ -68,7 +68,7 @@ def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -
         return answer
 
     errors: dict[str, str] = {}
-    for name, res in fleet.map(stop).items():
+    for name, res in fleet.map(stop, deadline=grace + 40).items():
         if isinstance(res, BaseException):
             errors[name] = str(res)
             console.print(f"  [red]{name}: could not confirm the run stopped: {res}[/]")
@@ -102,7 +102,9 @@ def pull(fleet: Fleet, run_id: str, folder: RunFolder, known_hosts: Path, consol
             )
             raise HostError(host.name, last)
 
-    errors = {name: str(r) for name, r in fleet.map(pull_one).items() if isinstance(r, BaseException)}
+    errors = {
+        name: str(r) for name, r in fleet.map(pull_one, deadline=3700).items() if isinstance(r, BaseException)
+    }
     for name, err in errors.items():
         console.print(f"  [red]pulling artifacts from {name} failed: {err}[/]")
     return errors
@@ -136,6 +138,8 @@ def wrap_up(
     started_job: bool = True,
     timings: dict[str, float] | None = None,
 ) -> RunResult:
+    decided_at = time.time()
+    teardown_started_at: float | None = None
     folder = RunFolder(target.folder)
     stop_errors: dict[str, str] = {}
     pull_errors: dict[str, str] = {}
@@ -175,6 +179,7 @@ def wrap_up(
                 "the fleet is kept so nothing is lost; fix and re-run 'fab watch' or tear down by hand"
             )
         else:
+            teardown_started_at = time.time()
             try:
                 teardown = tear_down(target.inventory, say=lambda m: console.print(f"  {m}"))
             except FleetrunError as exc:
@@ -226,6 +231,8 @@ def wrap_up(
             "teardown": teardown,
             "timings": result.timings,
             "nodes": [h.name for h in target.inventory.hosts],
+            "decided_at": decided_at,
+            "teardown_started_at": teardown_started_at,
             "ended_at": time.time(),
         },
     )

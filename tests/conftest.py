@@ -51,13 +51,20 @@ def fleet(fleetrun_home: Path) -> Iterator[object]:
 
 
 def user_processes(user: str) -> list[str]:
-    """Non-sshd processes of a node user (``pgrep -u``); empty when nothing of a job runs."""
+    """Live non-sshd processes of a node user; empty when nothing of a job runs.
+
+    Zombies are not counted: a killed process whose parent is init stays a zombie until init
+    reaps it, and it holds no resources (checked on this machine kind).
+    """
     out = subprocess.run(
-        ["ps", "-u", user, "-o", "pid=,comm="], capture_output=True, text=True, check=False
+        ["ps", "-u", user, "-o", "pid=,stat=,comm="], capture_output=True, text=True, check=False
     ).stdout
-    return [
-        line.strip() for line in out.splitlines() if line.strip() and not line.split()[-1].startswith("sshd")
-    ]
+    alive = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not parts[1].startswith("Z") and not parts[2].startswith("sshd"):
+            alive.append(f"{parts[0]} {parts[2]}")
+    return alive
 
 
 @pytest.fixture

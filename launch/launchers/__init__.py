@@ -16,10 +16,15 @@ LAUNCHERS: dict[str, type[Launcher]] = {
 }
 
 
-def get_launcher(name: str) -> Launcher:
+def launcher_class(name: str) -> type[Launcher]:
     try:
-        return LAUNCHERS[name]()
+        return LAUNCHERS[name]
     except KeyError:
         raise SpecError(
             f"launcher {name!r} is not available; available: {', '.join(sorted(LAUNCHERS))}"
         ) from None
+
+
+def get_launcher(name: str) -> Launcher:
+    """A launcher with no inventory-specific preparation (tests, dry runs of pure plans)."""
+    return launcher_class(name)()

@@ -99,6 +99,10 @@ class HorovodLauncher(Launcher):
         self.cluster_key = cluster_key
         self.install_script = install_script
 
+    @classmethod
+    def for_inventory(cls, inventory: Inventory) -> HorovodLauncher:
+        return load_horovod_launcher(inventory)
+
     # -- the head's command -----------------------------------------------------------------------
     def node_command(self, spec: JobSpec, inventory: Inventory, node_rank: int, procs: int | None) -> str:
         hosts = inventory.hosts

@@ -129,6 +129,31 @@ def watch(c: Any, run: str) -> None:
         raise Exit(code=1)
 
 
+@task(
+    help={
+        "stack": "Pulumi stack name (its config is Pulumi.<stack>.yaml)",
+        "outputs": "also write outputs JSON here",
+    }
+)
+@_friendly
+def up(c: Any, stack: str, outputs: str = "") -> None:
+    """Stand up (or update) a cloud GPU cluster with Pulumi; print its nodes and pinned keys."""
+    from pathlib import Path
+
+    from launch import cloud_stack
+
+    cloud_stack.stack_up(stack, outputs_path=Path(outputs) if outputs else None)
+
+
+@task(help={"stack": "Pulumi stack name"})
+@_friendly
+def down(c: Any, stack: str) -> None:
+    """Destroy a cloud cluster (buckets are kept) and confirm that no instance of it remains."""
+    from launch import cloud_stack
+
+    cloud_stack.stack_down(stack)
+
+
 local = Collection("local")
 local.add_task(local_up, "up")
 local.add_task(local_down, "down")
@@ -138,6 +163,8 @@ ns = Collection()
 ns.add_task(train)
 ns.add_task(plan)
 ns.add_task(demo)
+ns.add_task(up)
+ns.add_task(down)
 ns.add_task(runs)
 ns.add_task(show)
 ns.add_task(logs)

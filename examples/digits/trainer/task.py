@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--fail-rank", type=int, default=-1, help="this global rank exits with code 3 ...")
     p.add_argument("--fail-step", type=int, default=5, help="... at this step")
+    p.add_argument("--nan-at-step", type=int, default=-1, help="from this step on, the logged loss is NaN")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds")
     return p.parse_args(argv)
 
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             if distributed:
                 dist.all_reduce(reduced)
                 reduced /= world
+            if 0 <= args.nan_at_step <= step:
+                reduced = reduced * float("nan")  # a diverged run, as the stop rules see it
             metrics.log(step=step, loss=float(reduced), epoch=epoch, lr=args.lr)
             if args.step_sleep:
                 time.sleep(args.step_sleep)

@@ -1,0 +1,160 @@
+"""For each real fault on a local fleet: seconds from the fault to the stop decision, and to the
+start of teardown, next to SkyPilot's autostop check interval (60 s).
+
+Usage (root): .venv/bin/python bench/fault_latency.py
+Prints a table and writes bench/results/fault_latency.json. The rules' own thresholds are part of
+each figure (a stall can only be called after stall_timeout_s), so they are printed beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+from launch.localfleet import LocalFleet  # noqa: E402
+from tests.faultkit import first_metrics, run_with_fault, wait_for, worker_pids  # noqa: E402
+
+PREFIX, SUBNET = "frl", 7
+SKYPILOT_AUTOSTOP_CHECK_S = 60.0
+
+
+def playbook(tmp: Path, args: str, **stop: object) -> Path:
+    path = tmp / "job.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "bench-fault",
+                "workdir": str(REPO / "examples" / "digits"),
+                "nodes": 2,
+                "procs_per_node": 1,
+                "entrypoint": f"python -m trainer.task {args}",
+                "env": {"OMP_NUM_THREADS": "1"},
+                "teardown": "always",
+                "stop": {"watcher_lost_after_s": 300, **stop},
+            }
+        )
+    )
+    return path
+
+
+def scenario(name: str, tmp: Path, book: Path, fault: object) -> dict[str, object]:
+    fleet = LocalFleet(prefix=PREFIX, subnet=SUBNET)
+    fleet.up(2, say=lambda _m: None)
+    marks: dict[str, float] = {}
+    try:
+        fault_fn = fault(fleet) if callable(fault) else None
+        result = run_with_fault(book, fleet, fault_fn, on_fault=lambda t: marks.__setitem__("fault", t))
+    finally:
+        subprocess.run(["ip", "link", "set", fleet.veth(1), "up"], check=False, capture_output=True)
+        fleet.down(say=lambda _m: None)
+    summary = json.loads((result.folder / "summary.json").read_text())
+    t0 = marks.get("fault")
+    if t0 is None:  # faults carried by the job itself (NaN, plateau, wall time): from the first step
+        first = next(
+            json.loads(x)["time"]
+            for x in (result.folder / "metrics.jsonl").read_text().splitlines()
+            if '"step"' in x
+        )
+        t0 = float(first)
+    return {
+        "fault": name,
+        "rule": result.rule,
+        "to_decision_s": summary["decided_at"] - t0,
+        "to_teardown_s": (summary["teardown_started_at"] - t0) if summary["teardown_started_at"] else None,
+        "teardown": result.teardown,
+    }
+
+
+def laptop_killed(tmp: Path) -> dict[str, object]:
+    fleet = LocalFleet(prefix=PREFIX, subnet=SUBNET)
+    fleet.up(2, say=lambda _m: None)
+    book = playbook(tmp, "--epochs 400 --step-sleep 0.05", watcher_lost_after_s=10, max_wall_time_s=25)
+    try:
+        fab = subprocess.Popen(
+            [str(REPO / ".venv" / "bin" / "fab"), "train", str(book), "--inventory", f"local:{PREFIX}"],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(lambda: first_metrics(fleet), 180, "first metrics")
+        killed = time.time()
+        fab.kill()
+        fab.wait()
+        wait_for(lambda: all(fleet.powered_off(i) for i in range(2)), 300, "power-off")
+        off = max(float((fleet.node_dir(i) / "powered-off").read_text()) for i in range(2))
+    finally:
+        fleet.down(say=lambda _m: None)
+    return {
+        "fault": "laptop watcher killed (wall time 25 s)",
+        "rule": "watchdog",
+        "to_decision_s": None,
+        "to_teardown_s": off - killed,
+        "teardown": "nodes powered off by their watchdogs",
+    }
+
+
+def main() -> int:
+    os.environ.setdefault("FLEETRUN_HOME", tempfile.mkdtemp(prefix="fleetrun-bench-"))
+    rows = []
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        long = "--epochs 400 --step-sleep 0.05"
+
+        def kill_rank(fleet: LocalFleet):  # noqa: ANN202
+            return lambda: os.kill(worker_pids(fleet.node_name(1))[0], signal.SIGKILL)
+
+        def sigstop(fleet: LocalFleet):  # noqa: ANN202
+            return lambda: os.kill(worker_pids(fleet.node_name(1))[0], signal.SIGSTOP)
+
+        def partition(fleet: LocalFleet):  # noqa: ANN202
+            return lambda: subprocess.run(["ip", "link", "set", fleet.veth(1), "down"], check=True)
+
+        rows.append(scenario("kill -9 one rank", tmp, playbook(tmp, long), kill_rank))
+        rows.append(
+            scenario(
+                "SIGSTOP one rank (stall_timeout_s=10)", tmp, playbook(tmp, long, stall_timeout_s=10), sigstop
+            )
+        )
+        rows.append(
+            scenario(
+                "link down (unreachable_timeout_s=10)",
+                tmp,
+                playbook(tmp, long, unreachable_timeout_s=10),
+                partition,
+            )
+        )
+        rows.append(scenario("NaN loss at step 20", tmp, playbook(tmp, long + " --nan-at-step 20"), None))
+        rows.append(scenario("max_wall_time_s=20", tmp, playbook(tmp, long, max_wall_time_s=20), None))
+        rows.append(laptop_killed(tmp))
+    print(f"{'fault':42} {'rule':12} {'to stop decision':>17} {'to teardown start':>18}")
+    for row in rows:
+        dec = "-" if row["to_decision_s"] is None else f"{row['to_decision_s']:.1f} s"
+        td = "blocked" if row["to_teardown_s"] is None else f"{row['to_teardown_s']:.1f} s"
+        print(f"{row['fault']:42} {row['rule']:12} {dec:>17} {td:>18}")
+    print(
+        f"reference: SkyPilot's autostop checks every {SKYPILOT_AUTOSTOP_CHECK_S:.0f} s (plus a >= 1 min idle threshold)"
+    )
+    out = REPO / "bench" / "results" / "fault_latency.json"
+    out.write_text(
+        json.dumps(
+            {"rows": rows, "skypilot_autostop_check_s": SKYPILOT_AUTOSTOP_CHECK_S, "load": os.getloadavg()},
+            indent=2,
+        )
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

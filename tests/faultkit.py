@@ -1,0 +1,88 @@
+"""Fault injection on a local fleet, shared by tests/test_faults.py and bench/fault_latency.py."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from launch import app
+from launch.localfleet import LocalFleet
+from launch.wrapup import RunResult
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), width=200, force_terminal=False)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def first_metrics(fleet: LocalFleet) -> bool:
+    """Rank 0 has logged a training step (not just the world event)."""
+    return any(
+        b'"step"' in p.read_bytes()
+        for user in fleet.existing_users()
+        for p in Path(f"/home/{user}/.fleetrun/runs").glob("*/metrics.jsonl")
+    )
+
+
+def worker_pids(user: str) -> list[int]:
+    """The training workers of a node (not torchrun's agent, which shares the module name)."""
+    out = subprocess.run(
+        ["pgrep", "-u", user, "-f", "trainer.task"], capture_output=True, text=True
+    ).stdout.split()
+    pids = []
+    for pid in out:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        if "torch.distributed.run" not in cmd:
+            pids.append(int(pid))
+    return pids
+
+
+def run_with_fault(
+    playbook: Path,
+    fleet: LocalFleet,
+    fault: Callable[[], None] | None,
+    on_fault: Callable[[float], None] | None = None,
+) -> RunResult:
+    """``fab train`` in a thread; the fault is applied once rank 0 has logged metrics."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = app.train(
+                playbook,
+                inventory=f"local:{fleet.prefix}",
+                console=quiet(),
+                poll_interval=0.5,
+                ask_on_interrupt=False,
+            )
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    if fault is not None:
+        wait_for(lambda: first_metrics(fleet) or not thread.is_alive(), 180, "the first metrics")
+        if on_fault is not None:
+            on_fault(time.time())
+        fault()
+    thread.join(600)
+    assert not thread.is_alive(), "fab train did not finish"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    result = box["result"]
+    assert isinstance(result, RunResult)
+    return result

@@ -1,0 +1,233 @@
+"""Real faults on a fresh local fleet per test: the right stop rule, processes stopped, artifacts
+back, teardown done (or blocked when artifacts are not safe), the run record right.
+
+Each test builds its own 2-node fleet (prefix ``frf``) with ``teardown: always``, because a
+correct run removes the fleet, and the laptop-loss tests power nodes off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launch import history
+from launch.localfleet import LocalFleet
+from launch.records import RunRecords
+from launch.wrapup import RunResult
+from tests.conftest import REPO, needs_root, user_processes, write_playbook
+from tests.faultkit import first_metrics, quiet, run_with_fault, wait_for, worker_pids
+
+pytestmark = needs_root()
+PREFIX = "frf"
+INVENTORY = f"local:{PREFIX}"
+
+
+@pytest.fixture
+def fresh_fleet(fleetrun_home: Path) -> Iterator[LocalFleet]:
+    fleet = LocalFleet(prefix=PREFIX, subnet=5)
+    fleet.up(2, say=lambda _m: None)
+    yield fleet
+    subprocess.run(["ip", "link", "set", fleet.veth(1), "up"], check=False, capture_output=True)
+    left = fleet.down(say=lambda _m: None)
+    assert not any(left.values()), left
+
+
+def record_of(result: RunResult):  # noqa: ANN201 - RunRecord
+    with history.open_records() as records:
+        record = records.get(result.run_id)
+    assert record is not None
+    return record
+
+
+def playbook_for(tmp_path: Path, digits_workdir: Path, args: str, **stop: object) -> Path:
+    return write_playbook(
+        tmp_path / "job.yaml",
+        digits_workdir,
+        name="t-fault",
+        nodes=2,
+        teardown="always",
+        entrypoint=f"python -m trainer.task {args}",
+        stop={"watcher_lost_after_s": 300, **stop},
+    )
+
+
+def assert_torn_down(fleet: LocalFleet, result: RunResult) -> None:
+    assert result.teardown.startswith(f"local fleet {PREFIX} removed"), result.teardown
+    assert not any(fleet.leftovers().values())
+
+
+def test_kill_one_rank(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
+    victim = fresh_fleet.node_name(1)
+    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 200 --step-sleep 0.05")
+    result = run_with_fault(playbook, fresh_fleet, lambda: os.kill(worker_pids(victim)[0], signal.SIGKILL))
+    assert result.outcome == "failed" and result.rule == "rank_failed"
+    assert result.failed_nodes[0] == victim, result.reason
+    assert "SIGKILL" in (result.folder / "nodes" / victim / "node.log").read_text()
+    record = record_of(result)
+    assert record.state == "failed" and record.stop_rule == "rank_failed"
+    assert record.exit_codes[victim] not in (0, None)
+    assert_torn_down(fresh_fleet, result)
+
+
+def test_hang_sigstop_is_a_stall(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
+    victim = fresh_fleet.node_name(1)
+    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 200 --step-sleep 0.05", stall_timeout_s=8)
+    result = run_with_fault(playbook, fresh_fleet, lambda: os.kill(worker_pids(victim)[0], signal.SIGSTOP))
+    assert result.outcome == "failed" and result.rule == "stalled", result.reason
+    assert not result.stop_errors, "the stopped rank was continued and killed"
+    assert (result.folder / "metrics.jsonl").exists()
+    assert record_of(result).stop_rule == "stalled"
+    assert_torn_down(fresh_fleet, result)
+
+
+def test_nan_loss(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
+    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 200 --step-sleep 0.02 --nan-at-step 20")
+    result = run_with_fault(playbook, fresh_fleet, None)
+    assert result.outcome == "failed" and result.rule == "nan_loss"
+    assert "at step 20" in result.reason
+    assert record_of(result).stop_rule == "nan_loss"
+    assert_torn_down(fresh_fleet, result)
+
+
+def test_plateau(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
+    playbook = playbook_for(
+        tmp_path,
+        digits_workdir,
+        "--epochs 200 --step-sleep 0.02 --lr 0",
+        plateau_patience=30,
+        plateau_min_delta=0.05,
+    )
+    result = run_with_fault(playbook, fresh_fleet, None)
+    assert result.outcome == "stopped" and result.rule == "plateau", result.reason
+    assert record_of(result).state == "stopped"
+    assert_torn_down(fresh_fleet, result)
+
+
+def test_wall_time(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
+    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 500 --step-sleep 0.05", max_wall_time_s=20)
+    result = run_with_fault(playbook, fresh_fleet, None)
+    assert result.outcome == "stopped" and result.rule == "wall_time", result.reason
+    assert (result.folder / "loss.png").exists() and (result.folder / "tensorboard").is_dir()
+    assert_torn_down(fresh_fleet, result)
+
+
+def test_partition(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
+    """The cut-off node cannot be stopped or pulled by the laptop: teardown is blocked (its logs are
+    only there), and its own watchdog stops the job there and powers it off."""
+    victim = fresh_fleet.node_name(1)
+    playbook = playbook_for(
+        tmp_path,
+        digits_workdir,
+        "--epochs 500 --step-sleep 0.05",
+        unreachable_timeout_s=6,
+        watcher_lost_after_s=5,
+    )
+    link = fresh_fleet.veth(1)
+    result = run_with_fault(
+        playbook, fresh_fleet, lambda: subprocess.run(["ip", "link", "set", link, "down"], check=True)
+    )
+    assert result.outcome == "failed" and result.rule == "unreachable", result.reason
+    assert victim in result.failed_nodes
+    assert victim in result.pull_errors and result.teardown.startswith("blocked"), result.teardown
+    wait_for(lambda: fresh_fleet.powered_off(1), 120, "the partitioned node's watchdog to power it off")
+    wait_for(lambda: not user_processes(victim), 30, "the partitioned node's processes to end")
+    outcome = json.loads(
+        next(Path(f"/home/{victim}/.fleetrun/runs").glob("*/guard-outcome.json")).read_text()
+    )
+    assert outcome["rule"] in ("peer_lost", "completed")
+
+
+def test_laptop_watcher_killed(
+    fresh_fleet: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+) -> None:
+    """The dead man's switch: with the watcher gone, the nodes' watchdogs finish the job and power off."""
+    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 6 --step-sleep 0.05", watcher_lost_after_s=5)
+    fab = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", INVENTORY],
+        cwd=REPO,
+        env={**os.environ, "FLEETRUN_HOME": str(fleetrun_home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: first_metrics(fresh_fleet), 180, "the first metrics")
+    fab.kill()
+    fab.wait()
+    for i in range(2):
+        wait_for(lambda i=i: fresh_fleet.powered_off(i), 180, f"node {i} to power itself off")
+        wait_for(lambda i=i: not user_processes(fresh_fleet.node_name(i)), 30, f"node {i}'s processes to end")
+        ns_pids = subprocess.run(
+            ["ip", "netns", "pids", fresh_fleet.netns(i)], capture_output=True, text=True
+        ).stdout
+        assert not ns_pids.split(), "the node's sshd is off too"
+        outcome = json.loads(
+            next(
+                Path(f"/home/{fresh_fleet.node_name(i)}/.fleetrun/runs").glob("*/guard-outcome.json")
+            ).read_text()
+        )
+        assert outcome["rule"] in ("completed", "peer_lost")
+    with RunRecords(fleetrun_home / "runs.db") as records:
+        records.mark_stale_as_interrupted(time.time())
+        (record,) = [r for r in records.list(limit=5) if r.playbook_name == "t-fault"]
+    assert record.state == "interrupted"
+
+
+def test_pull_failure_blocks_teardown(fresh_fleet: LocalFleet, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "unreadable.py").write_text(
+        "import os\n"
+        "path = os.path.join(os.environ['FLEETRUN_OUTPUT_DIR'], 'checkpoint.pt')\n"
+        "open(path, 'w').write('weights')\n"
+        "os.chmod(path, 0)\n"
+    )
+    playbook = write_playbook(
+        tmp_path / "job.yaml",
+        work,
+        name="t-pull",
+        nodes=2,
+        teardown="always",
+        entrypoint="python unreadable.py",
+    )
+    result = run_with_fault(playbook, fresh_fleet, None)
+    assert result.outcome == "succeeded"
+    assert set(result.pull_errors) == {fresh_fleet.node_name(0), fresh_fleet.node_name(1)}
+    assert "Permission denied" in " ".join(result.pull_errors.values())
+    assert result.teardown.startswith("blocked: artifacts of"), result.teardown
+    assert fresh_fleet.leftovers()["netns"], "the fleet holding the only copy was kept"
+    summary = json.loads((result.folder / "summary.json").read_text())
+    assert summary["pull_errors"] and summary["teardown"].startswith("blocked")
+
+
+def test_watcher_crash_then_reattach(
+    fresh_fleet: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+) -> None:
+    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 12 --step-sleep 0.05")
+    fab = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", INVENTORY],
+        cwd=REPO,
+        env={**os.environ, "FLEETRUN_HOME": str(fleetrun_home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: first_metrics(fresh_fleet), 180, "the first metrics")
+    fab.kill()
+    fab.wait()
+    with RunRecords(fleetrun_home / "runs.db") as records:
+        records.mark_stale_as_interrupted(time.time())
+        (record,) = [
+            r for r in records.list(limit=5) if r.playbook_name == "t-fault" and r.state == "interrupted"
+        ]
+    result = history.reattach(record.id, quiet(), poll_interval=0.5)
+    assert result.outcome == "succeeded", result.reason
+    with RunRecords(fleetrun_home / "runs.db") as records:
+        final = records.get(record.id)
+    assert final is not None and final.state == "succeeded"
+    assert (result.folder / "metrics.jsonl").exists()
+    assert_torn_down(fresh_fleet, result)
