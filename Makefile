@@ -49,14 +49,19 @@ lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# One mypy run over launch and the Pulumi programs (with the SDK types); tests/infra has the same
+# check as a `typecheck`-marked test for running alone, deselected here so it does not run twice.
 typecheck:
-	$(BIN)/mypy launch fabfile.py
+	$(BIN)/mypy launch fabfile.py infra
 
 pytest:
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not typecheck"
 
 bench: setup
 	$(BIN)/python bench/first_step.py
+	$(BIN)/python bench/fault_latency.py
+	$(BIN)/python bench/horovod_vs_torchrun.py
+	$(BIN)/python bench/pulumi_eval.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -54,6 +54,14 @@ class RunResult:
         return self.failed_nodes[0] if self.failed_nodes else None
 
 
+def rsync_error(stderr: str, code: int) -> str:
+    """The lines of rsync's stderr that say what failed (its last line is only the generic code)."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    specific = [line for line in lines if "rsync error" not in line][:3]
+    generic = [line for line in lines if "rsync error" in line][-1:]
+    return "; ".join(specific + generic) or f"rsync exit {code}"
+
+
 def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -> dict[str, str]:
     """Stop every process of this run on every node (found by its run id: the whole tree)."""
 
@@ -95,12 +103,7 @@ def pull(fleet: Fleet, run_id: str, folder: RunFolder, known_hosts: Path, consol
         ]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
         if proc.returncode != 0:
-            last = (
-                proc.stderr.strip().splitlines()[-1]
-                if proc.stderr.strip()
-                else f"rsync exit {proc.returncode}"
-            )
-            raise HostError(host.name, last)
+            raise HostError(host.name, rsync_error(proc.stderr, proc.returncode))
 
     errors = {
         name: str(r) for name, r in fleet.map(pull_one, deadline=3700).items() if isinstance(r, BaseException)

@@ -174,8 +174,8 @@ def test_laptop_watcher_killed(
         assert outcome["rule"] in ("completed", "peer_lost")
     with RunRecords(fleetrun_home / "runs.db") as records:
         records.mark_stale_as_interrupted(time.time())
-        (record,) = [r for r in records.list(limit=5) if r.playbook_name == "t-fault"]
-    assert record.state == "interrupted"
+        record = records.list(limit=1)[0]  # the run the killed `fab train` started
+    assert record.playbook_name == "t-fault" and record.state == "interrupted"
 
 
 def test_pull_failure_blocks_teardown(fresh_fleet: LocalFleet, tmp_path: Path) -> None:
@@ -221,9 +221,8 @@ def test_watcher_crash_then_reattach(
     fab.wait()
     with RunRecords(fleetrun_home / "runs.db") as records:
         records.mark_stale_as_interrupted(time.time())
-        (record,) = [
-            r for r in records.list(limit=5) if r.playbook_name == "t-fault" and r.state == "interrupted"
-        ]
+        record = records.list(limit=1)[0]  # the run the killed `fab train` started
+    assert record.playbook_name == "t-fault" and record.state == "interrupted"
     result = history.reattach(record.id, quiet(), poll_interval=0.5)
     assert result.outcome == "succeeded", result.reason
     with RunRecords(fleetrun_home / "runs.db") as records:
