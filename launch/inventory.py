@@ -50,6 +50,7 @@ class Host(BaseModel):
     gpus: int | None = Field(default=None, ge=0)
     interface: str | None = None
     python: str = "python3"
+    instance_type: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -104,6 +105,7 @@ class Inventory(BaseModel):
     bucket: str | None = None
     cluster_id: str | None = None
     stack: str | None = Field(default=None, description="Pulumi stack name, for tearing a cloud fleet down.")
+    cloud: str | None = Field(default=None, description="'aws' or 'gcp' for stack fleets (bucket uploads).")
     teardown: str = Field(
         default="none",
         description="How the machines go away: 'local-fleet', 'pulumi-stack' or 'none' (lab machines).",
@@ -206,12 +208,14 @@ class Inventory(BaseModel):
                 key=key_path,
                 host_key=n.host_key,
                 gpus=n.gpus,
+                instance_type=n.instance_type,
             )
             for n in nodes
         ]
         return cls(
             hosts=hosts,
             source=f"stack {outputs.cluster_id} ({outputs.cloud} {outputs.region})",
+            cloud=outputs.cloud,
             bucket=outputs.bucket,
             cluster_id=outputs.cluster_id,
             teardown="pulumi-stack",

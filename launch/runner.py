@@ -227,6 +227,8 @@ class Runner:
             teardown=self.spec.teardown,
             started_at=time.time(),
             folder=self.folder.path,
+            instance_type=self.inventory.head.instance_type,
+            cloud=self.inventory.cloud,
         )
         started_job = False
         watcher: Watcher | None = None

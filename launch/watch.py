@@ -57,6 +57,7 @@ class WatchTarget:
     started_at: float
     folder: Path
     instance_type: str | None = None
+    cloud: str | None = None
 
     def save(self) -> Path:
         data = {
@@ -68,12 +69,13 @@ class WatchTarget:
             "teardown": self.teardown,
             "started_at": self.started_at,
             "instance_type": self.instance_type,
+            "cloud": self.cloud,
         }
         path = self.folder / "watch.json"
         path.write_text(json.dumps(data, indent=2, default=str))
         return path
 
-    def guard_config(self, node: str, cloud: str | None = None) -> dict[str, Any]:
+    def guard_config(self, node: str) -> dict[str, Any]:
         """``guard.json`` for the on-node watchdog of ``node`` (``fleetrun_guard.py``)."""
         head = self.inventory.head
         rules = self.rules
@@ -93,7 +95,7 @@ class WatchTarget:
             "max_wall_time_s": rules.max_wall_time_s,
             "unreachable_timeout_s": rules.unreachable_timeout_s,
             "bucket": self.inventory.bucket,
-            "cloud": cloud,
+            "cloud": self.cloud,
         }
 
     @classmethod
@@ -109,6 +111,7 @@ class WatchTarget:
             started_at=data["started_at"],
             folder=folder,
             instance_type=data.get("instance_type"),
+            cloud=data.get("cloud"),
         )
 
 
@@ -124,6 +127,7 @@ class NodeWatch:
     offset: int = 0
     last_reachable_at: float | None = None
     log_tail: str = ""
+    gpu_util: float | None = None
     error: str = ""
     stream: MetricsStream = field(default_factory=MetricsStream)
 
@@ -171,6 +175,7 @@ class Watcher:
         node.error = ""
         node.last_reachable_at = now
         node.log_tail = answer.get("log_tail") or ""
+        node.gpu_util = answer.get("gpu_util")
         state = answer.get("state", "absent")
         node.state = "vanished" if state == "absent" else state
         node.rc = answer.get("rc")
@@ -212,6 +217,7 @@ class Watcher:
                     state=state,  # type: ignore[arg-type]
                     exit_code=rc if state == "exited" else None,
                     last_reachable_at=node.last_reachable_at,
+                    gpu_util=node.gpu_util,
                 )
             )
         exits = {

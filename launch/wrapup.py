@@ -113,6 +113,30 @@ def pull(fleet: Fleet, run_id: str, folder: RunFolder, known_hosts: Path, consol
     return errors
 
 
+def upload_to_bucket(fleet: Fleet, target: WatchTarget, console: Console) -> dict[str, str]:
+    """Cloud fleets: each node copies its run directory to the job bucket with its instance role.
+
+    The local pull is the copy teardown waits for; the bucket copy is reported, not blocking.
+    """
+    run_dir = layout.rundir(target.run_id)
+    bucket = shlex.quote(target.inventory.bucket or "")
+    cloud = shlex.quote(target.cloud or "aws")
+
+    def upload(conn: NodeConnection) -> str:
+        result = conn.run(
+            f'{AGENT} upload "$HOME/{run_dir}" {bucket} {cloud} {shlex.quote(target.run_id)} {shlex.quote(conn.host.name)}',
+            timeout=3600,
+        )
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+        return str(answer["upload"])
+
+    messages: dict[str, str] = {}
+    for name, res in fleet.map(upload, deadline=3700).items():
+        messages[name] = str(res)
+        console.print(f"  {name}: {res}")
+    return messages
+
+
 def _reports(folder: RunFolder, console: Console) -> None:
     metrics_path = folder.path / "metrics.jsonl"
     if not metrics_path.exists():
@@ -152,6 +176,8 @@ def wrap_up(
             console.print("stopping anything left of the run on the nodes, then pulling artifacts")
             stop_errors = stop_all(fleet, target.run_id, console)
             pull_errors = pull(fleet, target.run_id, folder, known_hosts, console)
+            if target.inventory.bucket:
+                upload_to_bucket(fleet, target, console)
     finally:
         fleet.close()
     rank0_node = folder.collect_rank0_files() if started_job else None

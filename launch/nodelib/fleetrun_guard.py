@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -84,23 +83,6 @@ def job_done(run_dir: str, cfg: dict[str, object], run_id: str) -> bool:
     if cfg.get("starts_processes", True):
         return os.path.exists(os.path.join(run_dir, "rc"))
     return not [p for p in fleetrun_node._run_pids(run_id) if p != os.getpid()]
-
-
-def upload(run_dir: str, cfg: dict[str, object]) -> str:
-    bucket = cfg.get("bucket")
-    if not bucket:
-        return "no bucket configured; artifacts stay on the node's disk"
-    dest = f"runs/{cfg['run_id']}/{cfg['node']}"
-    if cfg.get("cloud") == "gcp" and shutil.which("gcloud"):
-        argv = ["gcloud", "storage", "rsync", "--recursive", run_dir, f"gs://{bucket}/{dest}"]
-    elif shutil.which("aws"):
-        argv = ["aws", "s3", "sync", "--only-show-errors", run_dir, f"s3://{bucket}/{dest}"]
-    else:
-        return f"no aws/gcloud CLI on this node; could not upload to {bucket}"
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
-    if proc.returncode != 0:
-        return f"upload to {bucket} failed: {proc.stderr.strip()[-300:]}"
-    return f"uploaded to {bucket}/{dest}"
 
 
 def decide(
@@ -184,7 +166,9 @@ def main(run_dir: str) -> int:
             rule, reason = decide_now
             log(f"stopping: {rule}: {reason}")
             stopped = fleetrun_node.stop_run(run_id, 10.0, spare=os.getpid())
-            uploaded = upload(run_dir, cfg)
+            uploaded = fleetrun_node.upload(
+                run_dir, cfg.get("bucket"), cfg.get("cloud"), str(cfg["run_id"]), str(cfg["node"])
+            )
             log(uploaded)
             outcome = {
                 "rule": rule,

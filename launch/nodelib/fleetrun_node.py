@@ -9,6 +9,8 @@ with one short JSON answer, whatever the number of files or processes involved.
   fleetrun_node.py poll RUN_DIR OFFSET [--no-heartbeat]
                                           state, exit code, new metrics bytes since OFFSET, status
   fleetrun_node.py guard RUN_DIR          start only the watchdog (nodes whose ranks the head starts)
+  fleetrun_node.py upload RUN_DIR BUCKET CLOUD RUN_ID NODE
+                                          copy the run directory to the bucket (cloud fleets)
   fleetrun_node.py stop RUN_ID [GRACE]    stop every process carrying FLEETRUN_RUN_ID=RUN_ID,
                                           the watchdog included (the watcher is wrapping up)
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,8 +151,48 @@ def poll(run_dir: str, offset: int, heartbeat: bool = True) -> int:
         except ValueError:
             answer["status"] = None
     answer["log_tail"] = _tail(os.path.join(run_dir, "node.log"), 2000)
+    answer["gpu_util"] = gpu_utilization()
     print(json.dumps(answer))
     return 0
+
+
+def upload(run_dir: str, bucket: object, cloud: object, run_id: str, node: str) -> str:
+    """Copy the run directory to ``<bucket>/runs/<run id>/<node>/`` with the node's own cloud role.
+
+    Used by the watchdog before a power-off and by the watcher for cloud fleets; a missing CLI or
+    a failed copy is reported in the returned sentence, never raised.
+    """
+    if not bucket:
+        return "no bucket configured; artifacts stay on the node's disk"
+    dest = f"runs/{run_id}/{node}"
+    if cloud == "gcp" and shutil.which("gcloud"):
+        argv = ["gcloud", "storage", "rsync", "--recursive", run_dir, f"gs://{bucket}/{dest}"]
+    elif shutil.which("aws"):
+        argv = ["aws", "s3", "sync", "--only-show-errors", run_dir, f"s3://{bucket}/{dest}"]
+    else:
+        return f"no aws/gcloud CLI on this node; could not upload to {bucket}"
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+    if proc.returncode != 0:
+        return f"upload to {bucket} failed: {proc.stderr.strip()[-300:]}"
+    return f"uploaded to {bucket}/{dest}"
+
+
+def gpu_utilization() -> float | None:
+    """Mean GPU utilisation in percent from nvidia-smi; None without GPUs (or without the tool)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+        values = [float(v) for v in out.split() if v.strip()]
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return sum(values) / len(values) if values else None
 
 
 def _run_pids(run_id: str) -> list[int]:
@@ -213,6 +256,10 @@ def main(argv: list[str]) -> int:
         return poll(argv[1], int(argv[2]), heartbeat="--no-heartbeat" not in argv)
     if len(argv) >= 2 and argv[0] == "guard":
         print(json.dumps({"guard": start_guard(argv[1])}))
+        return 0
+    if len(argv) >= 6 and argv[0] == "upload":
+        message = upload(argv[1], argv[2], argv[3], argv[4], argv[5])
+        print(json.dumps({"upload": message, "ok": message.startswith("uploaded")}))
         return 0
     if len(argv) >= 2 and argv[0] == "stop":
         return stop(argv[1], float(argv[2]) if len(argv) > 2 else 10.0)
