@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+
+from launch.localfleet import LocalFleet
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_PREFIX = "frt"
@@ -91,3 +96,20 @@ def write_playbook(path: Path, workdir: Path, **fields: object) -> Path:
     data.update(fields)
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def quiet_console() -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, width=200, force_terminal=False), buf
+
+
+def assert_nothing_running(fleet: LocalFleet, nodes: int = 3) -> None:
+    """No live process of any node user (sshd aside), waiting briefly for SSH sessions to close."""
+    deadline = time.monotonic() + 10
+    left: dict[str, list[str]] = {}
+    while time.monotonic() < deadline:
+        left = {fleet.node_name(i): user_processes(fleet.node_name(i)) for i in range(nodes)}
+        if not any(left.values()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"processes left running on the nodes: {left}")

@@ -58,6 +58,20 @@ def playbook_for(tmp_path: Path, digits_workdir: Path, args: str, **stop: object
     )
 
 
+def kill_watcher_after_first_step(playbook: Path, fleet: LocalFleet, fleetrun_home: Path) -> None:
+    """`fab train` as a user runs it, SIGKILLed (no clean-up at all) once training has begun."""
+    fab = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", INVENTORY],
+        cwd=REPO,
+        env={**os.environ, "FLEETRUN_HOME": str(fleetrun_home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: first_metrics(fleet), 180, "the first metrics")
+    fab.kill()
+    fab.wait()
+
+
 def assert_torn_down(fleet: LocalFleet, result: RunResult) -> None:
     assert result.teardown.startswith(f"local fleet {PREFIX} removed"), result.teardown
     assert not any(fleet.leftovers().values())
@@ -149,16 +163,7 @@ def test_laptop_watcher_killed(
 ) -> None:
     """The dead man's switch: with the watcher gone, the nodes' watchdogs finish the job and power off."""
     playbook = playbook_for(tmp_path, digits_workdir, "--epochs 6 --step-sleep 0.05", watcher_lost_after_s=5)
-    fab = subprocess.Popen(
-        [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", INVENTORY],
-        cwd=REPO,
-        env={**os.environ, "FLEETRUN_HOME": str(fleetrun_home)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_for(lambda: first_metrics(fresh_fleet), 180, "the first metrics")
-    fab.kill()
-    fab.wait()
+    kill_watcher_after_first_step(playbook, fresh_fleet, fleetrun_home)
     for i in range(2):
         wait_for(lambda i=i: fresh_fleet.powered_off(i), 180, f"node {i} to power itself off")
         wait_for(lambda i=i: not user_processes(fresh_fleet.node_name(i)), 30, f"node {i}'s processes to end")
@@ -209,16 +214,7 @@ def test_watcher_crash_then_reattach(
     fresh_fleet: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
 ) -> None:
     playbook = playbook_for(tmp_path, digits_workdir, "--epochs 12 --step-sleep 0.05")
-    fab = subprocess.Popen(
-        [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", INVENTORY],
-        cwd=REPO,
-        env={**os.environ, "FLEETRUN_HOME": str(fleetrun_home)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_for(lambda: first_metrics(fresh_fleet), 180, "the first metrics")
-    fab.kill()
-    fab.wait()
+    kill_watcher_after_first_step(playbook, fresh_fleet, fleetrun_home)
     with RunRecords(fleetrun_home / "runs.db") as records:
         records.mark_stale_as_interrupted(time.time())
         record = records.list(limit=1)[0]  # the run the killed `fab train` started

@@ -7,20 +7,23 @@ wheel makes later runs take seconds); these tests skip, saying why, when it cann
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from launch import app, cluster_ssh
 from launch.localfleet import LocalFleet, image_python
 from launch.wrapup import RunResult
-from tests.conftest import REPO, needs_root, user_processes, write_playbook
+from tests.conftest import (
+    REPO,
+    assert_nothing_running,
+    needs_root,
+    quiet_console,
+    write_playbook,
+)
 
 pytestmark = needs_root()
 INSTALL = REPO / "images" / "horovod" / "install.sh"
@@ -37,22 +40,6 @@ def horovod_image(fleet: LocalFleet) -> Path:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         pytest.skip(f"Horovod could not be built or installed into {python} by {INSTALL}:\n{tail}")
     return python
-
-
-def quiet_console() -> tuple[Console, io.StringIO]:
-    buf = io.StringIO()
-    return Console(file=buf, width=200, force_terminal=False), buf
-
-
-def assert_nothing_running(fleet: LocalFleet, nodes: int = 3) -> None:
-    deadline = time.monotonic() + 10
-    left: dict[str, list[str]] = {}
-    while time.monotonic() < deadline:
-        left = {fleet.node_name(i): user_processes(fleet.node_name(i)) for i in range(nodes)}
-        if not any(left.values()):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"processes left running on the nodes: {left}")
 
 
 def in_node(
@@ -205,7 +192,8 @@ def test_failing_horovod_rank_is_detected_and_reported(
     assert result.failed_node == rank1_host, "the rank's node failed first (its exit precedes horovodrun's)"
     assert result.reason.startswith(f"{rank1_host} exited with exit code")
     assert result.exit_codes[rank1_host] == 3, "the failing rank's own exit code, recorded on its node"
-    assert result.exit_codes[head] not in (0, None), "horovodrun on the head failed too"
+    # the worker's failure is acted on at the next poll, often before horovodrun on the head notices
+    assert result.exit_codes[head] != 0, "horovodrun on the head did not succeed"
     worker_log = (result.folder / "nodes" / rank1_host / "rank-1.log").read_text()
     assert "failing on purpose at step 5" in worker_log, "the failing rank's log came back"
     head_log = (result.folder / "nodes" / head / "node.log").read_text()

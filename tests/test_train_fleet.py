@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -11,31 +10,21 @@ import time
 from pathlib import Path
 
 import yaml
-from rich.console import Console
 
 from launch import app
 from launch.localfleet import LocalFleet
 from launch.runner import RunResult
-from tests.conftest import REPO, TEST_PREFIX, needs_root, user_processes, write_playbook
+from tests.conftest import (
+    REPO,
+    TEST_PREFIX,
+    assert_nothing_running,
+    needs_root,
+    quiet_console,
+    write_playbook,
+)
 
 pytestmark = needs_root()
 INVENTORY = f"local:{TEST_PREFIX}"
-
-
-def quiet_console() -> tuple[Console, io.StringIO]:
-    buf = io.StringIO()
-    return Console(file=buf, width=200, force_terminal=False), buf
-
-
-def assert_nothing_running(fleet: LocalFleet, nodes: int = 3) -> None:
-    deadline = time.monotonic() + 10
-    left: dict[str, list[str]] = {}
-    while time.monotonic() < deadline:
-        left = {fleet.node_name(i): user_processes(fleet.node_name(i)) for i in range(nodes)}
-        if not any(left.values()):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"processes left running on the nodes: {left}")
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -27,6 +27,18 @@ def sh_quote(value: str) -> str:
     return shlex.quote(value)
 
 
+def iface_line(host: Host) -> str:
+    """Shell that sets ``IFACE`` to the cluster interface: known from the inventory, or the
+    interface holding the host's private address (NCCL/Gloo must not pick the wrong one)."""
+    if host.interface:
+        return f"IFACE={sh_quote(host.interface)}"
+    return (
+        "IFACE=$(ip -o -4 addr show | awk -v ip="
+        + sh_quote(host.private_address)
+        + " '{split($4, a, \"/\"); if (a[1] == ip) print $2}' | head -n 1)"
+    )
+
+
 def resolved_procs(spec: JobSpec, host: Host) -> int | None:
     """Processes on this host, or None when ``auto`` must be resolved on the node itself."""
     if spec.procs_per_node != "auto":
@@ -158,14 +170,7 @@ class Launcher(ABC):
             else:
                 lines.append(f"export {key}={sh_quote(value)}")
         lines.append(f'export PYTHONPATH="$HOME/{layout.LIB}${{PYTHONPATH:+:$PYTHONPATH}}"')
-        if host.interface:
-            lines.append(f"IFACE={sh_quote(host.interface)}")
-        else:
-            lines.append(
-                "IFACE=$(ip -o -4 addr show | awk -v ip="
-                + sh_quote(host.private_address)
-                + " '{split($4, a, \"/\"); if (a[1] == ip) print $2}' | head -n 1)"
-            )
+        lines.append(iface_line(host))
         lines.append('[ -n "$IFACE" ] && export GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"')
         if procs is None:
             lines.append(

@@ -33,7 +33,7 @@ from launch import cluster_ssh
 from launch import remote_layout as layout
 from launch.errors import SpecError
 from launch.inventory import Host, Inventory
-from launch.launchers.base import HOME_RELATIVE_KEYS, Launcher, resolved_procs, sh_quote
+from launch.launchers.base import HOME_RELATIVE_KEYS, Launcher, iface_line, resolved_procs, sh_quote
 from launch.plan import LaunchPlan, NodePlan, RemoteFile
 from launch.spec import JobSpec
 
@@ -258,14 +258,7 @@ class HorovodLauncher(Launcher):
             'export LOCAL_WORLD_SIZE="$HOROVOD_LOCAL_SIZE" FLEETRUN_PROCS_PER_NODE="$HOROVOD_LOCAL_SIZE"',
             f'export PYTHONPATH="$HOME/{layout.LIB}${{PYTHONPATH:+:$PYTHONPATH}}"',
         ]
-        if host.interface:
-            lines.append(f"IFACE={sh_quote(host.interface)}")
-        else:
-            lines.append(
-                "IFACE=$(ip -o -4 addr show | awk -v ip="
-                + sh_quote(host.private_address)
-                + " '{split($4, a, \"/\"); if (a[1] == ip) print $2}' | head -n 1)"
-            )
+        lines.append(iface_line(host))
         lines += [
             'if [ -n "$IFACE" ]; then',
             '    export HOROVOD_GLOO_IFACE="$IFACE" GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"',

@@ -52,35 +52,32 @@ def start_guard(run_dir: str) -> int | None:
     guard = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fleetrun_guard.py")
     with open(os.path.join(run_dir, "guard.json"), encoding="utf-8") as fh:
         run_id = json.load(fh)["run_id"]
-    log = open(os.path.join(run_dir, "guard.log"), "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen(
-        [sys.executable, guard, run_dir],
-        cwd=run_dir,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        close_fds=True,
-        env={**os.environ, "FLEETRUN_RUN_ID": run_id, "FLEETRUN_GUARD": "1"},
-    )
+    env = {**os.environ, "FLEETRUN_RUN_ID": run_id, "FLEETRUN_GUARD": "1"}
+    return _spawn([sys.executable, guard, run_dir], run_dir, "guard.log", env)
+
+
+def _spawn(argv: list[str], run_dir: str, log_name: str, env: dict[str, str] | None = None) -> int:
+    """Start detached: own session, stdio on a log file, so it outlives the SSH session."""
+    with open(os.path.join(run_dir, log_name), "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            cwd=run_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
     return proc.pid
 
 
 def start(run_dir: str) -> int:
-    log = open(os.path.join(run_dir, "node.log"), "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen(
-        ["sh", "-c", WRAPPER],
-        cwd=run_dir,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        close_fds=True,
-    )
+    pid = _spawn(["sh", "-c", WRAPPER], run_dir, "node.log")
     with open(os.path.join(run_dir, "pid.tmp"), "w") as fh:
-        fh.write(str(proc.pid))
+        fh.write(str(pid))
     os.replace(os.path.join(run_dir, "pid.tmp"), os.path.join(run_dir, "pid"))
-    print(json.dumps({"pid": proc.pid, "guard": start_guard(run_dir)}))
+    print(json.dumps({"pid": pid, "guard": start_guard(run_dir)}))
     return 0
 
 
