@@ -80,8 +80,8 @@ def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -
         if isinstance(res, BaseException):
             errors[name] = str(res)
             console.print(f"  [red]{name}: could not confirm the run stopped: {res}[/]")
-        elif res.get("terminated") or res.get("killed"):
-            console.print(f"  {name}: stopped {res['terminated']} process(es) still running")
+        elif res.get("terminated"):
+            console.print(f"  {name}: stopped {res['terminated']} process(es) of the run still running")
     return errors
 
 

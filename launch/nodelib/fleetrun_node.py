@@ -192,7 +192,9 @@ def gpu_utilization() -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _run_pids(run_id: str) -> list[int]:
+def _run_pids(run_id: str, watchdogs: bool | None = None) -> list[int]:
+    """Live processes carrying ``FLEETRUN_RUN_ID=run_id``; ``watchdogs`` selects guards (True),
+    job processes (False) or both (None)."""
     marker = f"FLEETRUN_RUN_ID={run_id}".encode()
     me = os.getpid()
     pids = []
@@ -204,7 +206,9 @@ def _run_pids(run_id: str) -> list[int]:
                 env = fh.read().split(b"\0")
         except OSError:
             continue
-        if marker in env and _alive(int(entry)):
+        if marker not in env or not _alive(int(entry)):
+            continue
+        if watchdogs is None or (b"FLEETRUN_GUARD=1" in env) == watchdogs:
             pids.append(int(entry))
     return pids
 
@@ -220,6 +224,7 @@ def stop_run(run_id: str, grace: float, spare: int | None = None) -> dict[str, i
 
     ``spare`` is a pid not to touch (the watchdog stopping the run it belongs to).
     """
+    guards = [p for p in _run_pids(run_id, watchdogs=True) if p != spare]
     found = [p for p in _run_pids(run_id) if p != spare]
     for pid in found:
         try:
@@ -243,7 +248,12 @@ def stop_run(run_id: str, grace: float, spare: int | None = None) -> dict[str, i
             pass
     time.sleep(0.05)
     remaining = [p for p in _run_pids(run_id) if p != spare]
-    return {"terminated": len(found), "killed": len(killed), "remaining": len(remaining)}
+    return {
+        "terminated": len(set(found) - set(guards)),
+        "watchdogs": len(guards),
+        "killed": len(killed),
+        "remaining": len(remaining),
+    }
 
 
 def main(argv: list[str]) -> int:
