@@ -12,8 +12,6 @@ Fan-out uses our own thread pool with a bound and per-command timeouts, because 
 from __future__ import annotations
 
 import contextlib
-import shlex
-import subprocess
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -227,11 +225,3 @@ def openssh_command(
     if host.key is not None:
         cmd += ["-o", "IdentitiesOnly=yes", "-i", str(host.key)]
     return cmd
-
-
-def run_local(argv: list[str], timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def shell_join(argv: list[str]) -> str:
-    return shlex.join(argv)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -278,6 +277,3 @@ class Watcher:
                             continue
                     return decision
                 time.sleep(self.poll_interval)
-
-    def stop_command(self, grace: float) -> str:
-        return f"{AGENT} stop {shlex.quote(self.target.run_id)} {grace}"
