@@ -8,6 +8,7 @@ died (laptop closed, process killed) leaves a ``running`` record with a dead pid
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from pathlib import Path
@@ -19,9 +20,12 @@ from launch.errors import FleetrunError
 from launch.paths import fleetrun_home, known_hosts_file
 from launch.records import RunRecord, RunRecords, pid_alive
 from launch.report import runs_table, show_run
+from launch.run_folder import RunFolder
 from launch.ssh import Fleet
+from launch.stoprules import should_teardown
+from launch.teardown import tear_down
 from launch.watch import Watcher, WatchTarget
-from launch.wrapup import RunResult, wrap_up
+from launch.wrapup import RunResult, pull, wrap_up, write_reports
 
 
 def open_records() -> RunRecords:
@@ -146,3 +150,33 @@ def reattach(run: str, console: Console, poll_interval: float = 1.0) -> RunResul
         )
         decision = watcher.run()
         return wrap_up(target, fleet, decision, records, known_hosts, console, watcher=watcher)
+
+
+def pull_again(run: str, console: Console) -> str:
+    """Pull a finished run's artifacts again (after a failed pull blocked its teardown), then apply
+    the playbook's teardown if every node's run directory is now safe. Returns the teardown state."""
+    with open_records() as records:
+        record = find_run(records, run)
+        if record.state in ("running", "interrupted"):
+            raise FleetrunError(f"run {record.id} is {record.state}: use 'fab watch {record.id}' first")
+        folder = RunFolder(Path(record.run_dir or ""))
+        target = WatchTarget.load(folder.path)
+        known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
+        with Fleet(target.inventory.hosts, known_hosts) as fleet:
+            errors = pull(fleet, target.run_id, folder, known_hosts, console)
+        folder.collect_rank0_files()
+        write_reports(folder, console)
+        if errors:
+            teardown = f"blocked: artifacts of {', '.join(sorted(errors))} are still not safe"
+        elif not should_teardown(target.teardown, record.state):  # type: ignore[arg-type]
+            teardown = f"skipped (teardown: {target.teardown}, outcome {record.state})"
+        else:
+            teardown = tear_down(target.inventory, say=lambda m: console.print(f"  {m}"))
+        summary_path = folder.path / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        summary.update({"pull_errors": errors, "teardown": teardown})
+        folder.write_json("summary.json", summary)
+        artifacts = sorted(str(p.relative_to(folder.path)) for p in folder.path.rglob("*") if p.is_file())
+        records.update(record.id, artifacts=artifacts[:500])
+    console.print(f"  teardown: {teardown}")
+    return teardown

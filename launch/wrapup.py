@@ -137,7 +137,7 @@ def upload_to_bucket(fleet: Fleet, target: WatchTarget, console: Console) -> dic
     return messages
 
 
-def _reports(folder: RunFolder, console: Console) -> None:
+def write_reports(folder: RunFolder, console: Console) -> None:
     metrics_path = folder.path / "metrics.jsonl"
     if not metrics_path.exists():
         return
@@ -181,7 +181,7 @@ def wrap_up(
     finally:
         fleet.close()
     rank0_node = folder.collect_rank0_files() if started_job else None
-    _reports(folder, console)
+    write_reports(folder, console)
 
     exit_codes: dict[str, int | None] = {}
     first_step = None

@@ -208,6 +208,18 @@ def test_pull_failure_blocks_teardown(fresh_fleet: LocalFleet, tmp_path: Path) -
     assert fresh_fleet.leftovers()["netns"], "the fleet holding the only copy was kept"
     summary = json.loads((result.folder / "summary.json").read_text())
     assert summary["pull_errors"] and summary["teardown"].startswith("blocked")
+    # the operator makes the files readable again; `fab pull RUN` then completes the teardown
+    for i in range(2):
+        for ckpt in Path(f"/home/{fresh_fleet.node_name(i)}/.fleetrun/runs").glob("*/outputs/checkpoint.pt"):
+            ckpt.chmod(0o644)
+    teardown = history.pull_again(result.run_id, quiet())
+    assert teardown.startswith(f"local fleet {PREFIX} removed"), teardown
+    assert sorted(p.read_text() for p in result.folder.glob("nodes/*/outputs/checkpoint.pt")) == [
+        "weights",
+        "weights",
+    ]
+    assert json.loads((result.folder / "summary.json").read_text())["pull_errors"] == {}
+    assert not any(fresh_fleet.leftovers().values())
 
 
 def test_watcher_crash_then_reattach(

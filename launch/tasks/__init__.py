@@ -154,6 +154,15 @@ def down(c: Any, stack: str) -> None:
     cloud_stack.stack_down(stack)
 
 
+@task(help={"run": "run id, prefix or 'last'"})
+@_friendly
+def pull(c: Any, run: str) -> None:
+    """Pull a finished run's artifacts again; tear down as the playbook says once all are safe."""
+    teardown = history.pull_again(run, Console())
+    if teardown.startswith("blocked"):
+        raise Exit(code=1)
+
+
 local = Collection("local")
 local.add_task(local_up, "up")
 local.add_task(local_down, "down")
@@ -169,4 +178,5 @@ ns.add_task(runs)
 ns.add_task(show)
 ns.add_task(logs)
 ns.add_task(watch)
+ns.add_task(pull)
 ns.add_collection(local)
