@@ -12,12 +12,13 @@ from pathlib import Path
 from rich.console import Console
 
 from launch.errors import SpecError
+from launch.history import open_records
 from launch.inventory import Inventory
 from launch.launchers import launcher_class
 from launch.localfleet import LocalFleet
-from launch.paths import fleetrun_home, known_hosts_file
+from launch.paths import known_hosts_file
 from launch.plan import LaunchPlan
-from launch.records import RunRecords, file_sha256, git_commit_of
+from launch.records import file_sha256, git_commit_of
 from launch.run_folder import RunFolder, new_run_id
 from launch.runner import Runner, RunOptions
 from launch.spec import JobSpec, load_job_spec
@@ -59,10 +60,6 @@ def make_plan(spec: JobSpec, inventory: Inventory, run_id: str | None = None) ->
     return launcher.plan(spec, inventory, run_id or new_run_id(spec.name))
 
 
-def records_db() -> RunRecords:
-    return RunRecords(fleetrun_home() / "runs.db")
-
-
 def train(
     playbook: str | Path,
     inventory: str | None = None,
@@ -88,7 +85,7 @@ def train(
         console.print(f"[yellow]warning:[/] {warning}")
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     folder = RunFolder.create(plan.run_id)
-    records = records_db()
+    records = open_records()
     records.start(
         run_id=plan.run_id,
         playbook_path=str(Path(playbook).resolve()),
@@ -113,24 +110,13 @@ def train(
     return result
 
 
-def loss_curve(metrics_path: Path) -> list[float]:
-    if not metrics_path.exists():
-        return []
-    from launch.metrics_stream import MetricsStream
-
-    stream = MetricsStream()
-    stream.feed(metrics_path.read_bytes())
-    stream.flush()
-    return [point.loss for point in stream.summary().history]
-
-
 def report(result: RunResult, console: Console) -> None:
     color = "green" if result.ok else "red"
     console.print(f"[bold {color}]{result.outcome}[/] ({result.rule}): {result.reason}")
     if result.world:
         ranks = ", ".join(f"{r['rank']}@{r['host']}({r['addr']})" for r in result.world.get("ranks", []))
         console.print(f"  world size {result.world.get('world_size')}: {ranks}")
-    losses = loss_curve(result.folder / "metrics.jsonl")
+    losses = [point.loss for point in RunFolder(result.folder).read_metrics()[1].history]
     if losses:
         console.print(
             f"  loss: {losses[0]:.4f} at the first step -> {losses[-1]:.4f} at step "

@@ -176,7 +176,6 @@ def pull_again(run: str, console: Console) -> str:
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         summary.update({"pull_errors": errors, "teardown": teardown})
         folder.write_json("summary.json", summary)
-        artifacts = sorted(str(p.relative_to(folder.path)) for p in folder.path.rglob("*") if p.is_file())
-        records.update(record.id, artifacts=artifacts[:500])
+        records.update(record.id, artifacts=folder.artifacts())
     console.print(f"  teardown: {teardown}")
     return teardown

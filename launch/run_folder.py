@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launch.metrics_stream import MetricsStream, MetricsSummary
 from launch.paths import runs_dir
 
 
@@ -47,6 +48,17 @@ class RunFolder:
         target = self.path / name
         target.write_text(text)
         return target
+
+    def artifacts(self, limit: int = 500) -> list[str]:
+        """Files of the run folder, relative to it (for the run record)."""
+        return sorted(str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file())[:limit]
+
+    def read_metrics(self) -> tuple[list[dict[str, Any]], MetricsSummary]:
+        """Rank 0's ``metrics.jsonl`` as pulled back, parsed whole: its records and their summary."""
+        stream = MetricsStream()
+        metrics = self.path / "metrics.jsonl"
+        records = stream.feed(metrics.read_bytes()) + stream.flush() if metrics.exists() else []
+        return records, stream.summary()
 
     def collect_rank0_files(self) -> str | None:
         """Copy metrics.jsonl/status.json from the node that held rank 0 to the top; return that node."""

@@ -8,6 +8,7 @@ node stops the others and fails the run, naming the node. Watching and stop rule
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import sys
@@ -215,28 +216,31 @@ class Runner:
             return False
         return answer.startswith("k")
 
-    def execute(self) -> RunResult:
-        """Every path out of here after a start stops the job and pulls what exists first."""
-        self.folder.write_text("plan.txt", self.plan.render())
-        target = WatchTarget(
+    def _watch_target(self, started_at: float) -> WatchTarget:
+        return WatchTarget(
             run_id=self.plan.run_id,
             job=self.spec.name,
             inventory=self.inventory,
             starters=tuple(n.host.name for n in self.plan.nodes if n.starts_processes),
             rules=self.spec.stop,
             teardown=self.spec.teardown,
-            started_at=time.time(),
+            started_at=started_at,
             folder=self.folder.path,
             instance_type=self.inventory.head.instance_type,
             cloud=self.inventory.cloud,
         )
+
+    def execute(self) -> RunResult:
+        """Every path out of here after a start stops the job and pulls what exists first."""
+        self.folder.write_text("plan.txt", self.plan.render())
+        target = self._watch_target(time.time())
         started_job = False
         watcher: Watcher | None = None
         try:
             self.preflight()
             self.sync()
             self.setup()
-            target = WatchTarget(**{**target.__dict__, "started_at": time.time()})
+            target = dataclasses.replace(target, started_at=time.time())  # the launch, after setup
             target.save()
             started_job = True
             self.start(target)

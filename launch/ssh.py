@@ -137,6 +137,48 @@ class NodeConnection:
             self.conn.close()
 
 
+def parallel_map(
+    hosts: list[Host],
+    fn: Callable[[Host], T],
+    max_parallel: int = DEFAULT_FANOUT,
+    on_done: Callable[[str, T | BaseException], None] | None = None,
+    deadline: float | None = None,
+    on_timeout: Callable[[Host], None] | None = None,
+) -> dict[str, T | BaseException]:
+    """``fn`` on every host in a bounded pool; results or exceptions keyed by host name, in host order.
+
+    With ``deadline`` (seconds), a host still busy gets a ``HostError`` and ``on_timeout`` (which
+    should unblock the stuck call, e.g. close its connection); one hung host never stalls the rest.
+    """
+    results: dict[str, T | BaseException] = {}
+    pool = ThreadPoolExecutor(
+        max_workers=max(1, min(max_parallel, len(hosts))), thread_name_prefix="fleetrun"
+    )
+    futures = {pool.submit(fn, h): h for h in hosts}
+    try:
+        for future in as_completed(futures, timeout=deadline):
+            host = futures[future]
+            try:
+                value: T | BaseException = future.result()
+            except BaseException as exc:  # noqa: BLE001 - collected and reported per host
+                value = exc
+            results[host.name] = value
+            if on_done is not None:
+                on_done(host.name, value)
+    except FuturesTimeout:
+        for future, host in futures.items():
+            if host.name not in results:
+                future.cancel()
+                if on_timeout is not None:
+                    on_timeout(host)
+                results[host.name] = HostError(host.name, f"no answer within {deadline:.0f} s")
+                if on_done is not None:
+                    on_done(host.name, results[host.name])
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return {h.name: results[h.name] for h in hosts}
+
+
 class Fleet:
     """Connections to a set of hosts, reused across steps (connect once, run many)."""
 
@@ -153,37 +195,17 @@ class Fleet:
         on_done: Callable[[str, T | BaseException], None] | None = None,
         deadline: float | None = None,
     ) -> dict[str, T | BaseException]:
-        """Run ``fn`` on every host in parallel (bounded); results or exceptions keyed by host name.
-
-        With ``deadline`` (seconds), a host still busy after it gets a ``HostError`` and its
-        connection is closed (which unblocks the stuck call); one hung host never stalls the rest.
-        """
+        """``parallel_map`` over this fleet's connections; a host past ``deadline`` has its
+        connection closed, which unblocks the stuck call."""
         targets = list(hosts) if hosts is not None else self.hosts
-        results: dict[str, T | BaseException] = {}
-        workers = max(1, min(self.max_parallel, len(targets)))
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetrun-ssh")
-        futures = {pool.submit(fn, self.connections[h.name]): h.name for h in targets}
-        try:
-            for future in as_completed(futures, timeout=deadline):
-                name = futures[future]
-                try:
-                    value: T | BaseException = future.result()
-                except BaseException as exc:  # noqa: BLE001 - collected and reported per host
-                    value = exc
-                results[name] = value
-                if on_done is not None:
-                    on_done(name, value)
-        except FuturesTimeout:
-            for future, name in futures.items():
-                if name not in results:
-                    future.cancel()
-                    self.connections[name].close()
-                    results[name] = HostError(name, f"no answer within {deadline:.0f} s")
-                    if on_done is not None:
-                        on_done(name, results[name])
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-        return {h.name: results[h.name] for h in targets}
+        return parallel_map(
+            targets,
+            lambda h: fn(self.connections[h.name]),
+            max_parallel=self.max_parallel,
+            on_done=on_done,
+            deadline=deadline,
+            on_timeout=lambda h: self.connections[h.name].close(),
+        )
 
     def run(self, command: str, timeout: float | None = None) -> dict[str, CommandResult | BaseException]:
         return self.map(lambda c: c.run(command, timeout=timeout))

@@ -10,14 +10,13 @@ from __future__ import annotations
 import shlex
 import subprocess
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from launch import remote_layout as layout
 from launch.errors import HostError
 from launch.inventory import Host
-from launch.ssh import openssh_command
+from launch.ssh import openssh_command, parallel_map
 
 NODELIB = Path(__file__).resolve().parent / "nodelib"
 ALWAYS_EXCLUDED = [".git", "__pycache__", "*.pyc", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"]
@@ -99,16 +98,6 @@ def sync_all(
     on_done: Callable[[str, SyncResult | BaseException], None] | None = None,
 ) -> dict[str, SyncResult | BaseException]:
     """Sync every host in parallel (bounded: each rsync is a process and an SSH connection)."""
-    results: dict[str, SyncResult | BaseException] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(hosts)))) as pool:
-        futures = {pool.submit(sync_host, h, workdir, job, known_hosts): h.name for h in hosts}
-        for future in as_completed(futures):
-            name = futures[future]
-            try:
-                value: SyncResult | BaseException = future.result()
-            except BaseException as exc:  # noqa: BLE001 - reported per host
-                value = exc
-            results[name] = value
-            if on_done:
-                on_done(name, value)
-    return {h.name: results[h.name] for h in hosts}
+    return parallel_map(
+        hosts, lambda h: sync_host(h, workdir, job, known_hosts), max_parallel=max_parallel, on_done=on_done
+    )

@@ -138,14 +138,10 @@ def upload_to_bucket(fleet: Fleet, target: WatchTarget, console: Console) -> dic
 
 
 def write_reports(folder: RunFolder, console: Console) -> None:
-    metrics_path = folder.path / "metrics.jsonl"
-    if not metrics_path.exists():
+    if not (folder.path / "metrics.jsonl").exists():
         return
-    from launch.metrics_stream import MetricsStream
-
-    stream = MetricsStream()
-    records = stream.feed(metrics_path.read_bytes()) + stream.flush()
-    history = stream.summary().history
+    records, summary = folder.read_metrics()
+    history = summary.history
     try:
         if len(history):
             plot_loss(history, folder.path / "loss.png", title=folder.path.name)
@@ -231,7 +227,6 @@ def wrap_up(
         teardown=teardown,
         timings=timings or {},
     )
-    artifacts = sorted(str(p.relative_to(folder.path)) for p in folder.path.rglob("*") if p.is_file())
     records.finish(
         target.run_id,
         state=decision.outcome,  # type: ignore[arg-type]
@@ -239,7 +234,7 @@ def wrap_up(
         stop_reason=decision.reason,
         exit_codes=exit_codes,
         last_metrics=last_metrics,
-        artifacts=artifacts[:500],
+        artifacts=folder.artifacts(),
     )
     folder.write_json(
         "summary.json",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from launch.inventory import Host, Inventory
 from launch.localfleet import LocalFleet
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +47,6 @@ def fleet(fleetrun_home: Path) -> Iterator[object]:
     """A 3-node local fleet for the session; torn down at the end, leaving nothing behind."""
     if os.geteuid() != 0:
         pytest.skip("the local fleet needs root (network namespaces, users, sshd)")
-    from launch.localfleet import LocalFleet
 
     local = LocalFleet(prefix=TEST_PREFIX, subnet=TEST_SUBNET)
     local.up(3, say=lambda _m: None)
@@ -113,3 +113,32 @@ def assert_nothing_running(fleet: LocalFleet, nodes: int = 3) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"processes left running on the nodes: {left}")
+
+
+SAMPLE_HOST_KEYS = [
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOvhipRqRG6pVVv2ReJ6BqUyaR82FT9Wa5PVWfYDKj6l",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBfmCw1Vb2xhQhB8m0Vd5hWgSJ8e7mIvQ6bA3ZrV1eQm",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHkq3mRZ0Yw6w5n9cD1qk0Vd6yVZ3eY2tL2b6Qm1sXcA",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDm7wq9x8y2c3eR4t5Y6u7i8o9p0a1s2d3f4g5h6j7kL",
+]
+
+
+def sample_inventory(
+    n: int, gpus: int | None = 0, ports: list[int] | None = None, user: str | None = None
+) -> Inventory:
+    """n documentation-range hosts (203.0.113.x public, 10.0.0.x private) for pure plan tests."""
+    return Inventory(
+        hosts=[
+            Host(
+                name=f"n{i}",
+                address=f"203.0.113.{i + 1}",
+                private_address=f"10.0.0.{i + 1}",
+                user=user or f"user{i}",
+                port=(ports or [22] * n)[i],
+                host_key=SAMPLE_HOST_KEYS[i],
+                gpus=gpus,
+                interface="ens5" if gpus is not None else None,
+            )
+            for i in range(n)
+        ]
+    )

@@ -23,13 +23,8 @@ from launch.launchers import get_launcher
 from launch.launchers.horovod import HorovodLauncher, rank_command
 from launch.plan import LaunchPlan
 from launch.spec import JobSpec
+from tests.conftest import SAMPLE_HOST_KEYS, sample_inventory
 
-KEYS = [
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOvhipRqRG6pVVv2ReJ6BqUyaR82FT9Wa5PVWfYDKj6l",
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBfmCw1Vb2xhQhB8m0Vd5hWgSJ8e7mIvQ6bA3ZrV1eQm",
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHkq3mRZ0Yw6w5n9cD1qk0Vd6yVZ3eY2tL2b6Qm1sXcA",
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDm7wq9x8y2c3eR4t5Y6u7i8o9p0a1s2d3f4g5h6j7kL",
-]
 FAKE_KEY = cluster_ssh.ClusterKey(
     private_key="-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-material\n-----END OPENSSH PRIVATE KEY-----\n",
     public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPublicPartOfTheClusterKeyForTests fleetrun-cluster:abc123",
@@ -38,21 +33,7 @@ FAKE_KEY = cluster_ssh.ClusterKey(
 
 
 def inventory(n: int, gpus: int | None = 0, ports: list[int] | None = None) -> Inventory:
-    return Inventory(
-        hosts=[
-            Host(
-                name=f"n{i}",
-                address=f"203.0.113.{i + 1}",
-                private_address=f"10.0.0.{i + 1}",
-                user=f"user{i}",
-                port=(ports or [22] * n)[i],
-                host_key=KEYS[i],
-                gpus=gpus,
-                interface="ens5" if gpus is not None else None,
-            )
-            for i in range(n)
-        ]
-    )
+    return sample_inventory(n, gpus=gpus, ports=ports)
 
 
 def spec(tmp_path: Path, **kw: object) -> JobSpec:
@@ -133,7 +114,7 @@ def test_worker_ports_differing_are_left_to_ssh_config(tmp_path: Path) -> None:
     assert " -p " not in (p.nodes[0].command or "")
     config = files(p, 0)[cluster_ssh.SSH_CONFIG].content
     assert "Host 10.0.0.2\n    User user1\n    Port 2201\n" in config
-    assert "[10.0.0.3]:2202 " + KEYS[2] in files(p, 0)[cluster_ssh.KNOWN_HOSTS].content
+    assert "[10.0.0.3]:2202 " + SAMPLE_HOST_KEYS[2] in files(p, 0)[cluster_ssh.KNOWN_HOSTS].content
 
 
 def test_single_node_needs_no_cluster_ssh(tmp_path: Path) -> None:
@@ -150,7 +131,7 @@ def test_head_gets_secret_key_and_pinned_worker_keys_never_tofu(tmp_path: Path) 
     key = head_files[cluster_ssh.PRIVATE_KEY]
     assert key.secret and key.mode == 0o600 and key.content == FAKE_KEY.private_key
     known = head_files[cluster_ssh.KNOWN_HOSTS].content
-    assert known == f"10.0.0.2 {KEYS[1]}\n10.0.0.3 {KEYS[2]}\n", (
+    assert known == f"10.0.0.2 {SAMPLE_HOST_KEYS[1]}\n10.0.0.3 {SAMPLE_HOST_KEYS[2]}\n", (
         "workers only, private addresses, pinned keys"
     )
     config = head_files[cluster_ssh.SSH_CONFIG].content

@@ -11,30 +11,16 @@ import pytest
 
 from launch.app import make_plan
 from launch.errors import SpecError
-from launch.inventory import Host, Inventory
+from launch.inventory import Inventory
 from launch.launchers import get_launcher
 from launch.launchers.torchrun import entrypoint_tail
 from launch.run_folder import new_run_id
 from launch.spec import JobSpec
-
-KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOvhipRqRG6pVVv2ReJ6BqUyaR82FT9Wa5PVWfYDKj6l"
+from tests.conftest import sample_inventory
 
 
 def inventory(n: int, gpus: int | None = 0) -> Inventory:
-    return Inventory(
-        hosts=[
-            Host(
-                name=f"n{i}",
-                address=f"203.0.113.{i + 1}",
-                private_address=f"10.0.0.{i + 1}",
-                user="u",
-                host_key=KEY,
-                gpus=gpus,
-                interface="ens5" if gpus is not None else None,
-            )
-            for i in range(n)
-        ]
-    )
+    return sample_inventory(n, gpus=gpus, user="u")
 
 
 def spec(tmp_path: Path, **kw: object) -> JobSpec:

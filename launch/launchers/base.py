@@ -73,19 +73,19 @@ class Launcher(ABC):
         inventory = inventory.first(spec.nodes)
         procs = [resolved_procs(spec, h) for h in inventory.hosts]
         total = None if any(p is None for p in procs) else sum(p for p in procs if p is not None)
+        # One setup (hash and script) per interpreter, not per host: the hash reads the
+        # requirements file, and a 64-node fleet usually has one interpreter.
+        setups: dict[str, tuple[str, str]] = {}
+        for python in {spec.python or h.python for h in inventory.hosts}:
+            setup_hash = spec.setup_hash(python)
+            setups[python] = (setup_hash, setup_script(spec, python, setup_hash))
+        hook = POWEROFF_HOOKS.get(inventory.teardown, POWEROFF_HOOKS["none"])
+        files = (RemoteFile(f"{layout.ROOT}/poweroff", hook, 0o755),)
         nodes = []
         for rank, host in enumerate(inventory.hosts):
             env = self.node_env(spec, inventory, run_id, rank, procs[rank], total)
             command = self.node_command(spec, inventory, rank, procs[rank])
-            python = spec.python or host.python
-            setup_hash = spec.setup_hash(python)
-            files = (
-                RemoteFile(
-                    f"{layout.ROOT}/poweroff",
-                    POWEROFF_HOOKS.get(inventory.teardown, POWEROFF_HOOKS["none"]),
-                    0o755,
-                ),
-            )
+            setup_hash, script = setups[spec.python or host.python]
             nodes.append(
                 NodePlan(
                     host=host,
@@ -93,7 +93,7 @@ class Launcher(ABC):
                     env=env,
                     command=command,
                     launch_script=self.launch_script(spec, host, run_id, env, command, procs[rank]),
-                    setup_script=setup_script(spec, python, setup_hash),
+                    setup_script=script,
                     setup_hash=setup_hash,
                     role="head" if rank == 0 else "worker",
                     files=files,

@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fleetrun_node  # noqa: E402
 
 TICK = 1.0
+PEER_PROBE_S = 3.0
 
 
 def log(message: str) -> None:
@@ -130,6 +131,13 @@ def check_peers(cfg: dict[str, object], now: float, memory: dict[str, object]) -
     """
     seen = memory.setdefault("peers_seen", {})
     assert isinstance(seen, dict)
+    # Probed only after a takeover, and at most every PEER_PROBE_S: each probe costs the peer's
+    # sshd a fork, and a cluster-wide all-to-all every second would be N*(N-1) of them.
+    if now - float(memory.get("peers_probed_at", 0.0)) < PEER_PROBE_S:  # type: ignore[arg-type]
+        for peer in cfg.get("peers") or []:  # type: ignore[attr-defined]
+            seen.setdefault(peer, now)
+        return seen
+    memory["peers_probed_at"] = now
     for peer in cfg.get("peers") or []:  # type: ignore[attr-defined]
         seen.setdefault(peer, now)
         if reachable(str(peer), int(cfg.get("peer_port", 22)), timeout=1.0):  # type: ignore[call-overload]
@@ -155,12 +163,11 @@ def main(run_dir: str) -> int:
                 log("the watcher is back; standing by")
                 announced = False
             decide_now = None
-            # keep peer reachability fresh so a later takeover measures from real silence
-            check_peers(cfg, now, memory)
         else:
             if not announced:
                 log(f"no watcher heartbeat for {now - beat:.0f} s: enforcing the stop rules here")
                 announced = True
+                memory.pop("peers_seen", None)  # peer timers run from the takeover
             decide_now = decide(run_dir, cfg, now, memory)
         if decide_now is not None:
             rule, reason = decide_now
