@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import hashlib
 import os
 import socket
@@ -165,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         param_checksums=checksums,
     )
     if distributed:
+        # DDP's reducer holds the process group: drop it first, so the group really closes
+        # here and not during interpreter shutdown, where gloo's threads can abort the process.
+        del ddp, optimizer
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     return 0
