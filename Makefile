@@ -16,7 +16,8 @@ test: setup lint typecheck horovod pytest
 
 setup: system-deps $(STAMP)
 
-# openssh-server, rsync and iproute2 for the local fleet (nodes are namespaces running real sshd).
+# openssh-server, rsync and iproute2 for the local fleet (nodes are namespaces running real sshd);
+# pdsh only as bench/scale.py's baseline (its smoke test runs in `make test`).
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -24,6 +25,7 @@ system-deps:
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v pgrep >/dev/null || missing="$$missing procps"; \
+	command -v pdsh >/dev/null || missing="$$missing pdsh"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
@@ -62,6 +64,7 @@ bench: setup
 	$(BIN)/python bench/fault_latency.py
 	$(BIN)/python bench/horovod_vs_torchrun.py
 	$(BIN)/python bench/pulumi_eval.py
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

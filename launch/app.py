@@ -6,7 +6,6 @@ prints it and stops), then run it and report. Errors the user can act on are ``F
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from rich.console import Console
@@ -14,8 +13,8 @@ from rich.console import Console
 from launch.errors import SpecError
 from launch.history import open_records
 from launch.inventory import Inventory
+from launch.inventory_select import load_inventory, local_fleet
 from launch.launchers import launcher_class
-from launch.localfleet import LocalFleet
 from launch.paths import known_hosts_file
 from launch.plan import LaunchPlan
 from launch.records import file_sha256, git_commit_of
@@ -25,34 +24,7 @@ from launch.spec import JobSpec, load_job_spec
 from launch.stoprules import configuration_warnings
 from launch.wrapup import RunResult
 
-DEFAULT_LOCAL_PREFIX = "fr"
-
-
-def local_fleet(prefix: str | None = None, subnet: int | None = None) -> LocalFleet:
-    prefix = prefix or os.environ.get("FLEETRUN_LOCAL_PREFIX") or DEFAULT_LOCAL_PREFIX
-    if subnet is None:
-        subnet = int(os.environ.get("FLEETRUN_LOCAL_SUBNET", "0"))
-    return LocalFleet(prefix=prefix, subnet=subnet)
-
-
-def load_inventory(selector: str | None) -> Inventory:
-    """``local`` / ``local:<prefix>`` (default), ``stack:<name>``, a ``.json`` of stack outputs, or a YAML inventory."""
-    selector = selector or "local"
-    if selector == "local" or selector.startswith("local:"):
-        prefix = selector.split(":", 1)[1] if ":" in selector else None
-        return local_fleet(prefix).inventory()
-    if selector.startswith("stack:"):
-        from launch.cloud_stack import stack_inventory  # lazy: only cloud users need Pulumi
-
-        return stack_inventory(selector.split(":", 1)[1])
-    path = Path(selector)
-    if not path.exists():
-        raise SpecError(
-            f"inventory {selector!r}: no such file (expected 'local', 'stack:<name>', a .json or .yaml file)"
-        )
-    if path.suffix == ".json":
-        return Inventory.from_stack_outputs_file(path)
-    return Inventory.from_static_yaml(path)
+__all__ = ["load_inventory", "local_fleet", "make_plan", "report", "train"]
 
 
 def make_plan(spec: JobSpec, inventory: Inventory, run_id: str | None = None) -> LaunchPlan:

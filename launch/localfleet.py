@@ -1,7 +1,8 @@
 """The local fleet: real SSH machines on one computer, for the demo and the tests.
 
-Each node is a network namespace with its own address (198.18.<subnet>.10+i, the benchmarking
-range, so it never collides with a lab's 10/8, 172.16/12 or 192.168/16), its own UTS hostname,
+Each node is a network namespace with its own address (198.18.<subnet>.10+i, and 198.19.<subnet>.*
+past 240 nodes: the benchmarking range, so it never collides with a lab's 10/8, 172.16/12 or
+192.168/16), its own UTS hostname,
 its own user and home, and a real OpenSSH ``sshd`` with its own host key. The nodes reach each
 other over a bridge in the root namespace and have no default route. Faults are real: kill a
 node's processes, or take its link down (``ip link set <prefix>v<i> down``).
@@ -34,7 +35,8 @@ from launch.inventory import Host, Inventory
 from launch.paths import fleetrun_home, image_dir
 
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,5}$")
-MAX_NODES = 200
+NODES_PER_BLOCK = 240  # 198.18.<subnet>.10-249, then 198.19.<subnet>.10-249
+MAX_NODES = 2 * NODES_PER_BLOCK
 REQUIRED_TOOLS = {"sshd": "openssh-server", "ssh": "openssh-client", "rsync": "rsync", "ip": "iproute2"}
 SSHD = "/usr/sbin/sshd"
 FAULT_CRASH_AFTER = "FLEETRUN_FAULT_LOCALFLEET_CRASH_AFTER"
@@ -160,7 +162,16 @@ class LocalFleet:
         return f"{self.prefix}p{i}"
 
     def address(self, i: int) -> str:
-        return f"198.18.{self.subnet}.{10 + i}"
+        """Node i's address: 198.18.<subnet>.(10+i); past 240 nodes, on in 198.19.<subnet>.0/24."""
+        block, offset = divmod(i, NODES_PER_BLOCK)
+        return f"{self.block_prefix(block)}.{10 + offset}"
+
+    def block_prefix(self, block: int) -> str:
+        return f"198.{18 + block}.{self.subnet}"
+
+    @staticmethod
+    def blocks(nodes: int) -> int:
+        return (nodes + NODES_PER_BLOCK - 1) // NODES_PER_BLOCK
 
     @property
     def state_dir(self) -> Path:
@@ -261,6 +272,8 @@ class LocalFleet:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
+        for block in range(1, self.blocks(nodes)):
+            _run(["ip", "addr", "add", f"{self.block_prefix(block)}.1/24", "dev", self.bridge])
         _run(["ip", "link", "set", self.bridge, "up"])
         crash_after = os.environ.get(FAULT_CRASH_AFTER)
         hosts: list[Host] = []
@@ -296,6 +309,10 @@ class LocalFleet:
         _run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0"])
         _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        own_block = i // NODES_PER_BLOCK
+        for block in range(self.blocks(total)):
+            if block != own_block:  # one L2 bridge: the other blocks are on-link too
+                _run(["ip", "-n", ns, "route", "add", f"{self.block_prefix(block)}.0/24", "dev", "eth0"])
         _run(["ip", "link", "set", veth, "master", self.bridge])
         _run(["ip", "link", "set", veth, "up"])
         # Per-namespace /etc overlays: every node resolves every node; DNS fails fast (no route out).

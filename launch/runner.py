@@ -30,7 +30,8 @@ from launch.run_folder import RunFolder
 from launch.spec import JobSpec
 from launch.ssh import Fleet, NodeConnection
 from launch.stoprules import StopDecision
-from launch.sync import SyncResult, sync_all
+from launch.sync import LIB_VERSION, SyncResult, lib_is_current
+from launch.sync_relay import sync_fleet
 from launch.watch import AGENT, Watcher, WatchTarget
 from launch.wrapup import RunResult, wrap_up
 
@@ -97,6 +98,7 @@ class Runner:
         self.nodes: dict[str, NodePlan] = {n.host.name: n for n in plan.nodes}
         self.fleet = Fleet(self.hosts, known_hosts, max_parallel=self.options.max_parallel)
         self.timings: dict[str, float] = {}
+        self.lib_current: set[str] = set()
 
     # -- steps -----------------------------------------------------------------------------------
     def _fan_out(
@@ -114,14 +116,23 @@ class Runner:
         return results
 
     def preflight(self) -> None:
-        """Connect to every node (pinned host keys) before anything is changed anywhere."""
+        """Connect to every node (pinned host keys) before anything is changed anywhere.
+
+        Also reads which version of fleetrun's node library each node holds, so the sync skips
+        it where it is current.
+        """
 
         def check(conn: NodeConnection) -> str:
             result = conn.run(
-                "command -v rsync >/dev/null && command -v python3 >/dev/null && echo ok", timeout=30
+                "command -v rsync >/dev/null && command -v python3 >/dev/null && echo ok && "
+                f'cat "$HOME/{LIB_VERSION}" 2>/dev/null; true',
+                timeout=30,
             )
-            if not result.ok or "ok" not in result.stdout:
+            lines = result.stdout.splitlines()
+            if not result.ok or not lines or lines[0].strip() != "ok":
                 raise HostError(conn.host.name, "rsync and python3 must be installed on the node")
+            if len(lines) > 1 and lib_is_current(lines[1]):
+                self.lib_current.add(conn.host.name)
             return result.stdout
 
         self._fan_out("connect", check)
@@ -130,20 +141,33 @@ class Runner:
         started = time.monotonic()
         with progress_bar(self.console) as progress:
             task = progress.add_task(f"{'sync':<9}", total=len(self.hosts))
-            results = sync_all(
-                self.hosts,
+            results = sync_fleet(
+                self.fleet,
                 self.spec.workdir,
                 self.spec.name,
                 self.known_hosts,
+                relay_above=self.spec.relay_sync_above,
                 on_done=lambda _n, _r: progress.advance(task),
+                lib_current=self.lib_current,
             )
         self.timings["sync"] = time.monotonic() - started
         errors = {n: r for n, r in results.items() if isinstance(r, BaseException)}
         if errors:
             raise StepFailed("sync", errors)
-        for name, res in results.items():
-            if isinstance(res, SyncResult):
-                self.console.print(f"  {name}: sync sent {res.files_sent} file(s), {res.bytes_sent} bytes")
+        synced = [r for r in results.values() if isinstance(r, SyncResult)]
+        if len(synced) <= 8:
+            for res in synced:
+                via = "" if res.via == "laptop" else f" (from {res.via})"
+                self.console.print(
+                    f"  {res.host}: sync sent {res.files_sent} file(s), {res.bytes_sent} bytes{via}"
+                )
+        else:
+            relayed = sum(1 for r in synced if r.via != "laptop")
+            self.console.print(
+                f"  sync: {len(synced)} nodes, {sum(r.files_sent for r in synced)} file(s) and "
+                f"{sum(r.bytes_sent for r in synced)} bytes sent in all; "
+                f"{relayed} node(s) from the head, {len(synced) - relayed} from this machine"
+            )
 
     def setup(self) -> dict[str, str]:
         """Per-node environment + setup commands; skipped (with the reason) when unchanged."""

@@ -49,6 +49,9 @@ class JobSpec(BaseModel):
         stop: stop rules (NaN loss, stall, plateau, wall time, cost, ...); see ``launch.stoprules``.
         teardown: after the run, ``always`` remove the fleet, only ``on_success``, or ``never``.
             Artifacts are pulled first; a failed pull blocks the teardown.
+        relay_sync_above: with more nodes than this, code is uploaded to the head once and the
+            head copies it to the workers over the private network (``launch.sync_relay``),
+            instead of one upload per node from the laptop.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -69,6 +72,7 @@ class JobSpec(BaseModel):
     max_restarts: int = Field(default=0, ge=0, le=100)
     stop: StopRules = Field(default_factory=StopRules)
     teardown: Teardown = "always"
+    relay_sync_above: int = Field(default=16, ge=1)
 
     @field_validator("name")
     @classmethod

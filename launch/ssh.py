@@ -12,6 +12,7 @@ Fan-out uses our own thread pool with a bound and per-command timeouts, because 
 from __future__ import annotations
 
 import contextlib
+import resource
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -119,6 +120,22 @@ class NodeConnection:
             raise HostError(self.host.name, f"connection lost: {exc or type(exc).__name__}") from None
         return CommandResult(self.host.name, result.exited, result.stdout, result.stderr)
 
+    def open_line_session(self, command: str, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> LineSession:
+        """Start ``command`` on a channel of this connection and keep it for request/answer lines."""
+        self.open()
+        transport = self.conn.transport
+        if transport is None or not transport.is_active():
+            raise HostError(self.host.name, "connection is not open")
+        try:
+            channel = transport.open_session(timeout=timeout)
+            channel.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.close()
+            raise HostError(
+                self.host.name, f"could not start {command[:60]}: {exc or type(exc).__name__}"
+            ) from None
+        return LineSession(self.host.name, channel)
+
     def put_file(self, remote_path: str, text: str, mode: int = 0o644) -> None:
         """Write a small file on the node (path relative to the home directory), mode set before content."""
         self.open()
@@ -135,6 +152,61 @@ class NodeConnection:
         # Closing a dead connection must never mask the real error.
         with contextlib.suppress(Exception):
             self.conn.close()
+
+
+class LineSession:
+    """A long-lived command on a node that answers each request line with one line.
+
+    The watcher polls through one of these per node: a request and its answer travel over a
+    channel that is already open, so a poll round starts no process anywhere.
+    """
+
+    def __init__(self, host: str, channel: paramiko.Channel) -> None:
+        self.host = host
+        self.channel = channel
+        self._pending = b""
+
+    @property
+    def closed(self) -> bool:
+        return self.channel.closed or self.channel.exit_status_ready()
+
+    def ask(self, request: str, timeout: float) -> str:
+        """Send one line, return the answer line; a dead or silent channel is a ``HostError``."""
+        try:
+            self.channel.settimeout(timeout)
+            self.channel.sendall((request + "\n").encode())
+            while b"\n" not in self._pending:
+                chunk = self.channel.recv(65536)
+                if not chunk:
+                    raise HostError(self.host, "the node agent's poll channel closed")
+                self._pending += chunk
+        except TimeoutError:
+            self.close()
+            raise HostError(self.host, f"no answer on the poll channel within {timeout:.0f} s") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.close()
+            raise HostError(self.host, f"poll channel lost: {exc or type(exc).__name__}") from None
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.channel.close()
+
+
+def ensure_open_files(needed: int) -> int:
+    """Raise this process's soft open-files limit toward ``needed`` (never above the hard limit).
+
+    Each connection is a socket and each rsync a process with pipes: at 256 nodes the common
+    default of 1024 runs out ("Too many open files"). Returns the soft limit now in force.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return soft
 
 
 def parallel_map(
@@ -186,6 +258,7 @@ class Fleet:
         self.hosts = list(hosts)
         self.known_hosts = known_hosts
         self.max_parallel = max_parallel
+        ensure_open_files(4 * len(self.hosts) + 256)
         self.connections = {h.name: NodeConnection(h, known_hosts) for h in self.hosts}
 
     def map(

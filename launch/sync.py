@@ -7,18 +7,24 @@ ships it. Uses the OpenSSH client with the same pinned known_hosts as every othe
 
 from __future__ import annotations
 
+import atexit
+import functools
+import hashlib
 import shlex
+import shutil
 import subprocess
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from launch import remote_layout as layout
 from launch.errors import HostError
 from launch.inventory import Host
-from launch.ssh import openssh_command, parallel_map
+from launch.ssh import ensure_open_files, openssh_command, parallel_map
 
 NODELIB = Path(__file__).resolve().parent / "nodelib"
+LIB_VERSION = f"{layout.LIB}/VERSION"
 ALWAYS_EXCLUDED = [".git", "__pycache__", "*.pyc", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"]
 
 
@@ -27,14 +33,48 @@ class SyncResult:
     host: str
     files_sent: int
     bytes_sent: int
+    via: str = "laptop"
+
+
+@functools.cache
+def nodelib_source() -> tuple[Path, str]:
+    """A copy of the node library with a ``VERSION`` file (a hash of its files), and that hash.
+
+    The version lets a sync skip the library on nodes that already have it (the preflight reads
+    ``~/.fleetrun/lib/VERSION``): one rsync per node instead of two on an unchanged re-sync.
+    """
+    files = sorted(p for p in NODELIB.glob("*.py") if p.name != "__init__.py")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    version = digest.hexdigest()[:16]
+    staging = Path(tempfile.mkdtemp(prefix="fleetrun-nodelib-"))
+    for path in files:
+        shutil.copy2(path, staging / path.name)
+    (staging / "VERSION").write_text(version + "\n")
+    atexit.register(shutil.rmtree, staging, True)
+    return staging, version
+
+
+def lib_is_current(reported: str) -> bool:
+    """Whether a node's ``VERSION`` (as read by the preflight) matches this fleetrun's library."""
+    return reported.strip() == nodelib_source()[1]
 
 
 def rsync_filters(workdir: Path) -> list[str]:
-    """Filters in rsync's terms: per-directory ``.gitignore`` merge, ``.git/info/exclude``, defaults."""
+    """Filters in rsync's terms: per-directory ``.gitignore`` merge, ``.git/info/exclude``, defaults.
+
+    ``.git/info/exclude`` is spelled out as explicit patterns (not ``--exclude-from``), so the same
+    filters work where the file does not exist, on the head relaying to the workers.
+    """
     args = ["--filter=:- .gitignore"]
     info_exclude = workdir / ".git" / "info" / "exclude"
     if info_exclude.is_file():
-        args.append(f"--exclude-from={info_exclude}")
+        for line in info_exclude.read_text(errors="replace").splitlines():
+            pattern = line.strip()
+            if not pattern or pattern.startswith("#"):
+                continue
+            args.append(f"--include={pattern[1:]}" if pattern.startswith("!") else f"--exclude={pattern}")
     args += [f"--exclude={pattern}" for pattern in ALWAYS_EXCLUDED]
     return args
 
@@ -64,14 +104,16 @@ def _stat(output: str, label: str) -> int:
     return 0
 
 
-def sync_host(host: Host, workdir: Path, job: str, known_hosts: Path, timeout: float = 1800) -> SyncResult:
-    """Workdir and fleetrun's node library to one host."""
+def sync_host(
+    host: Host, workdir: Path, job: str, known_hosts: Path, timeout: float = 1800, ship_lib: bool = True
+) -> SyncResult:
+    """Workdir (and, unless the node has this version already, fleetrun's node library) to one host."""
     sent_files = 0
     sent_bytes = 0
-    for source, remote, filters in (
-        (workdir, layout.workdir(job), rsync_filters(workdir)),
-        (NODELIB, layout.LIB, ["--exclude=__pycache__", "--exclude=__init__.py"]),
-    ):
+    transfers = [(workdir, layout.workdir(job), rsync_filters(workdir))]
+    if ship_lib:
+        transfers.append((nodelib_source()[0], layout.LIB, []))
+    for source, remote, filters in transfers:
         argv = rsync_argv(source, host, remote, known_hosts, filters)
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
@@ -96,8 +138,16 @@ def sync_all(
     known_hosts: Path,
     max_parallel: int = 16,
     on_done: Callable[[str, SyncResult | BaseException], None] | None = None,
+    lib_current: Collection[str] = (),
 ) -> dict[str, SyncResult | BaseException]:
-    """Sync every host in parallel (bounded: each rsync is a process and an SSH connection)."""
+    """Sync every host in parallel (bounded: each rsync is a process and an SSH connection).
+
+    ``lib_current``: names of hosts known to hold this version of the node library already.
+    """
+    ensure_open_files(8 * max_parallel + 256)
     return parallel_map(
-        hosts, lambda h: sync_host(h, workdir, job, known_hosts), max_parallel=max_parallel, on_done=on_done
+        hosts,
+        lambda h: sync_host(h, workdir, job, known_hosts, ship_lib=h.name not in lib_current),
+        max_parallel=max_parallel,
+        on_done=on_done,
     )

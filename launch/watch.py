@@ -28,7 +28,7 @@ from launch.inventory import Inventory
 from launch.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
 from launch.pricing import price_per_node_hour
 from launch.report import live_table
-from launch.ssh import Fleet, NodeConnection
+from launch.ssh import Fleet, LineSession, NodeConnection
 from launch.stoprules import (
     NodeObservation,
     Observation,
@@ -41,6 +41,7 @@ from launch.stoprules import (
 
 AGENT = f'python3 "$HOME/{layout.AGENT}"'
 POLL_DEADLINE_S = 20.0
+POLL_ANSWER_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -154,16 +155,46 @@ class Watcher:
         self.rule_state = RuleState()
         self.price = price_per_node_hour(target.instance_type or "", target.rules.price_per_node_hour)
         self.first_step_at: float | None = None
+        self.sessions: dict[str, LineSession] = {}
 
     # -- one poll --------------------------------------------------------------------------------
     def _poll_node(self, conn: NodeConnection) -> dict[str, Any]:
-        node = self.nodes[conn.host.name]
-        run_dir = layout.rundir(self.target.run_id)
-        result = conn.run(f'{AGENT} poll "$HOME/{run_dir}" {node.offset}', timeout=30)
-        if not result.ok:
-            raise HostError(conn.host.name, f"poll failed: {result.stderr.strip()[-200:]}")
-        answer: dict[str, Any] = json.loads(result.stdout)
+        """Ask the node's agent over its persistent poll channel, (re)opened when needed.
+
+        A channel that died while the connection lives (its agent was killed with the job's
+        processes) is replaced at once, so that is not mistaken for an unreachable node.
+        """
+        name = conn.host.name
+        try:
+            line = self._session(conn).ask(f"poll {self.nodes[name].offset}", timeout=POLL_ANSWER_TIMEOUT_S)
+        except HostError:
+            transport = conn.conn.transport
+            if transport is None or not transport.is_active():
+                raise
+            self.sessions.pop(name, None)
+            line = self._session(conn).ask(f"poll {self.nodes[name].offset}", timeout=POLL_ANSWER_TIMEOUT_S)
+        try:
+            answer: dict[str, Any] = json.loads(line)
+        except ValueError:
+            self.sessions.pop(name).close()
+            raise HostError(name, f"poll answer is not JSON: {line[:200]!r}") from None
+        if "error" in answer:
+            raise HostError(name, f"poll failed: {answer['error']}")
         return answer
+
+    def _session(self, conn: NodeConnection) -> LineSession:
+        session = self.sessions.get(conn.host.name)
+        if session is None or session.closed:
+            run_dir = layout.rundir(self.target.run_id)
+            session = conn.open_line_session(f'exec {AGENT} serve "$HOME/{run_dir}"')
+            self.sessions[conn.host.name] = session
+        return session
+
+    def close(self) -> None:
+        """Close the poll channels; each node's agent exits on end of input."""
+        for session in self.sessions.values():
+            session.close()
+        self.sessions.clear()
 
     def _absorb(self, node: NodeWatch, answer: dict[str, Any] | BaseException, now: float) -> None:
         if isinstance(answer, BaseException):
@@ -260,6 +291,12 @@ class Watcher:
     def run(self) -> StopDecision:
         """Poll until a rule fires. A success reported before every process exited gets a grace
         period, so processes finishing their teardown are not killed into a non-zero exit."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> StopDecision:
         grace_until: float | None = None
         with Live(console=self.console, refresh_per_second=4, transient=False) as live:
             while True:

@@ -131,3 +131,33 @@ def test_watchdog_takes_over_when_the_watcher_is_silent(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert (home / "powered-off").exists(), "the power-off hook ran"
     assert wait_state(run_dir, "exited")["rc"] != 0
+
+
+def test_serve_answers_each_poll_line_incrementally_and_exits_on_eof(tmp_path: Path) -> None:
+    """The watcher's persistent poll channel: one JSON line per request, offsets honoured,
+    a bad request answered with an error (not a crash), and exit when the watcher goes away."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n')
+    first_len = len('{"step": 1, "loss": 2.0}\n')
+    proc = subprocess.Popen(
+        [sys.executable, AGENT, "serve", str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("poll 0\n")
+    proc.stdin.flush()
+    whole = json.loads(proc.stdout.readline())
+    proc.stdin.write(f"poll {first_len}\nnonsense\n")
+    proc.stdin.flush()
+    rest = json.loads(proc.stdout.readline())
+    bad = json.loads(proc.stdout.readline())
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+    assert base64.b64decode(whole["metrics_b64"]).count(b"\n") == 2
+    assert base64.b64decode(rest["metrics_b64"]) == b'{"step": 2, "loss": 1.5}\n'
+    assert rest["offset"] == whole["offset"]
+    assert "unknown request" in bad["error"]
+    assert (run_dir / "watcher-heartbeat").exists()

@@ -116,3 +116,10 @@ def test_unknown_launcher_is_clear() -> None:
 def test_too_few_hosts(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="asks for 3 nodes"):
         make_plan(spec(tmp_path), inventory(2), run_id="r")
+
+
+def test_dry_run_says_when_code_travels_through_the_head(tmp_path: Path) -> None:
+    direct = make_plan(spec(tmp_path), inventory(3), run_id="job-a").render()
+    relayed = make_plan(spec(tmp_path, relay_sync_above=2), inventory(3), run_id="job-b").render()
+    assert "code sync" not in direct
+    assert "uploaded once to n0, which copies it to the other 2" in relayed

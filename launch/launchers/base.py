@@ -104,6 +104,11 @@ class Launcher(ABC):
             notes.append(
                 "procs_per_node is 'auto' and some hosts' GPU counts are unknown: nvidia-smi decides on the node"
             )
+        if len(nodes) > spec.relay_sync_above:
+            notes.append(
+                f"code sync: {len(nodes)} nodes > relay_sync_above ({spec.relay_sync_above}): uploaded once to "
+                f"{nodes[0].host.name}, which copies it to the other {len(nodes) - 1} over the private network"
+            )
         return LaunchPlan(
             run_id=run_id, job=spec.name, launcher=self.name, nodes=nodes, total_processes=total, notes=notes
         )

@@ -1,4 +1,8 @@
-"""Fabric tasks: ``fab -l`` lists them. Thin wrappers over ``launch.app``; no logic lives here."""
+"""Fabric tasks: ``fab -l`` lists them. Thin wrappers over ``launch.app``; no logic lives here.
+
+The launch pipeline is imported inside each task, not here: ``fab`` loads this module for every
+command, and a light command (``fab exec`` on 64 nodes) should not pay for importing all of it.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,8 @@ from typing import Any
 from fabric import task
 from invoke import Collection
 from invoke.exceptions import Exit
-from rich.console import Console
 
-from launch import app, history
 from launch.errors import FleetrunError
-from launch.wrapup import RunResult
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -42,6 +43,9 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_friendly
 def train(c: Any, playbook: str, inventory: str = "local", dry_run: bool = False, teardown: str = "") -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded."""
+    from launch import app
+    from launch.wrapup import RunResult
+
     result = app.train(playbook, inventory=inventory, dry_run=dry_run, teardown=teardown or None)
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
@@ -51,6 +55,8 @@ def train(c: Any, playbook: str, inventory: str = "local", dry_run: bool = False
 @_friendly
 def plan(c: Any, playbook: str, inventory: str = "local") -> None:
     """Print the launch plan (same as train --dry-run)."""
+    from launch import app
+
     app.train(playbook, inventory=inventory, dry_run=True)
 
 
@@ -60,6 +66,8 @@ def plan(c: Any, playbook: str, inventory: str = "local") -> None:
 @_friendly
 def local_up(c: Any, nodes: int = 3, prefix: str = "", subnet: int = -1) -> None:
     """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
+    from launch import app
+
     fleet = app.local_fleet(prefix or None, None if subnet < 0 else subnet)
     inventory = fleet.up(nodes)
     for host in inventory.hosts:
@@ -70,6 +78,8 @@ def local_up(c: Any, nodes: int = 3, prefix: str = "", subnet: int = -1) -> None
 @_friendly
 def local_down(c: Any, prefix: str = "") -> None:
     """Stop the local fleet and remove every namespace, link, user, process and file it made."""
+    from launch import app
+
     left = app.local_fleet(prefix or None).down()
     if any(left.values()):
         raise Exit(code=1)
@@ -79,6 +89,8 @@ def local_down(c: Any, prefix: str = "") -> None:
 @_friendly
 def local_status(c: Any, prefix: str = "") -> None:
     """Show the local fleet's nodes and anything of it that exists."""
+    from launch import app
+
     fleet = app.local_fleet(prefix or None)
     for kind, items in fleet.leftovers().items():
         print(f"{kind:>10}: {', '.join(items) if items else '-'}")
@@ -88,6 +100,9 @@ def local_status(c: Any, prefix: str = "") -> None:
 @_friendly
 def demo(c: Any, nodes: int = 3, playbook: str = "playbooks/digits-ddp.yaml") -> None:
     """The README's demo: local fleet up, train the example across it, fleet down."""
+    from launch import app
+    from launch.wrapup import RunResult
+
     fleet = app.local_fleet()
     fleet.up(nodes)
     try:
@@ -102,6 +117,10 @@ def demo(c: Any, nodes: int = 3, playbook: str = "playbooks/digits-ddp.yaml") ->
 @_friendly
 def runs(c: Any, limit: int = 20) -> None:
     """List recorded runs: outcome, stop reason, elapsed time, cost."""
+    from rich.console import Console
+
+    from launch import history
+
     history.list_runs(Console(), limit=limit)
 
 
@@ -109,6 +128,10 @@ def runs(c: Any, limit: int = 20) -> None:
 @_friendly
 def show(c: Any, run: str) -> None:
     """Print one run's record: playbook, commit, nodes, exit codes, metrics, artifacts."""
+    from rich.console import Console
+
+    from launch import history
+
     history.show(run, Console())
 
 
@@ -116,6 +139,10 @@ def show(c: Any, run: str) -> None:
 @_friendly
 def logs(c: Any, run: str, node: str = "", follow: bool = False) -> None:
     """Per-node logs of a run (pulled copies, or live from the nodes with --follow)."""
+    from rich.console import Console
+
+    from launch import history
+
     history.logs(run, Console(), node=node or None, follow=follow)
 
 
@@ -123,6 +150,10 @@ def logs(c: Any, run: str, node: str = "", follow: bool = False) -> None:
 @_friendly
 def watch(c: Any, run: str) -> None:
     """Re-attach to a run whose watcher was lost; stop, pull and tear down when a rule fires."""
+    from rich.console import Console
+
+    from launch import app, history
+
     result = history.reattach(run, Console())
     app.report(result, Console())
     if not result.ok:
@@ -158,8 +189,42 @@ def down(c: Any, stack: str) -> None:
 @_friendly
 def pull(c: Any, run: str) -> None:
     """Pull a finished run's artifacts again; tear down as the playbook says once all are safe."""
+    from rich.console import Console
+
+    from launch import history
+
     teardown = history.pull_again(run, Console())
     if teardown.startswith("blocked"):
+        raise Exit(code=1)
+
+
+@task(
+    name="exec",
+    help={
+        "command": "shell command to run on every node, e.g. 'nvidia-smi -L'",
+        "inventory": "as for train",
+        "timeout": "seconds per node before it is reported as failed",
+        "parallel": "at most this many nodes at once",
+        "quiet": "print only failures",
+    },
+)
+@_friendly
+def exec_(
+    c: Any,
+    command: str,
+    inventory: str = "local",
+    timeout: float = 60.0,
+    parallel: int = 64,
+    quiet: bool = False,
+) -> None:
+    """Run a shell command on every node (pdsh-style output); exit 1 if any node failed."""
+    from launch.inventory_select import load_inventory
+    from launch.run_everywhere import run_everywhere
+
+    result = run_everywhere(
+        load_inventory(inventory), command, timeout=timeout, max_parallel=parallel, quiet=quiet
+    )
+    if not result.all_ok:
         raise Exit(code=1)
 
 
@@ -179,4 +244,5 @@ ns.add_task(show)
 ns.add_task(logs)
 ns.add_task(watch)
 ns.add_task(pull)
+ns.add_task(exec_)
 ns.add_collection(local)

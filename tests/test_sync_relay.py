@@ -1,0 +1,123 @@
+"""Code sync through the head (big fleets), on the 3-node local fleet with the threshold at 1.
+
+The relay must deliver the same tree the laptop would, revoke its ephemeral key everywhere,
+honour the key's ``from=`` restriction (a head at another address is refused, and the sync still
+succeeds by falling back to direct uploads), and skip the node library where it is current.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launch.inventory import Host, Inventory
+from launch.localfleet import LocalFleet
+from launch.paths import known_hosts_file
+from launch.ssh import Fleet
+from launch.sync import SyncResult, nodelib_source
+from launch.sync_relay import RelayKey, relay_config, revoke_command, sync_fleet
+from tests.conftest import needs_root
+
+pytestmark = needs_root()
+
+
+def _home(host: Host) -> Path:
+    return Path("/home") / host.user
+
+
+def _make_tree(root: Path) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    for i in range(20):
+        (root / "pkg" / f"m{i}.py").write_text(f"VALUE = {i}\n")
+    (root / ".gitignore").write_text("ignored.bin\n")
+    (root / "ignored.bin").write_bytes(b"x" * 100)
+    return root
+
+
+def _known_hosts(inventory: Inventory) -> Path:
+    return inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+
+
+def test_relay_delivers_the_tree_to_workers_and_revokes_its_key(fleet: LocalFleet, tmp_path: Path) -> None:
+    inventory = fleet.inventory()
+    workdir = _make_tree(tmp_path / "code")
+    kh = _known_hosts(inventory)
+    keys_before = {h.name: (_home(h) / ".ssh" / "authorized_keys").read_text() for h in inventory.hosts}
+    with Fleet(inventory.hosts, kh) as conns:
+        results = sync_fleet(conns, workdir, "t-relay", kh, relay_above=1)
+    assert all(isinstance(r, SyncResult) for r in results.values()), results
+    head, workers = inventory.hosts[0], inventory.hosts[1:]
+    assert results[head.name].via == "laptop"  # type: ignore[union-attr]
+    for worker in workers:
+        assert results[worker.name].via == f"head {head.name}"  # type: ignore[union-attr]
+        copy = _home(worker) / ".fleetrun" / "work" / "t-relay"
+        assert sorted(p.name for p in (copy / "pkg").iterdir()) == sorted(f"m{i}.py" for i in range(20))
+        assert not (copy / "ignored.bin").exists(), ".gitignore must hold through the relay too"
+        assert (_home(worker) / ".fleetrun" / "lib" / "VERSION").read_text().strip() == nodelib_source()[1]
+        # the ephemeral key is gone again, and the operator's key untouched
+        assert (_home(worker) / ".ssh" / "authorized_keys").read_text() == keys_before[worker.name]
+    relay_dir = _home(head) / ".fleetrun" / "relay"
+    assert not relay_dir.exists() or not any(relay_dir.iterdir()), "relay key material left on the head"
+
+
+def test_relay_key_is_refused_from_another_address_and_sync_falls_back(
+    fleet: LocalFleet, tmp_path: Path
+) -> None:
+    """The workers accept the relay key only from the head's private address: claim another one
+    and the head is refused; the workers are then synced directly, and nothing is lost."""
+    inventory = fleet.inventory()
+    wrong = inventory.hosts[0].model_copy(update={"private_address": "198.18.1.250"})
+    skewed = inventory.model_copy(update={"hosts": [wrong, *inventory.hosts[1:]]})
+    workdir = _make_tree(tmp_path / "code")
+    kh = _known_hosts(skewed)
+    with Fleet(skewed.hosts, kh) as conns:
+        results = sync_fleet(conns, workdir, "t-relay-refused", kh, relay_above=1)
+    for worker in skewed.hosts[1:]:
+        result = results[worker.name]
+        assert isinstance(result, SyncResult), result
+        assert result.via == "laptop", "the relay should have been refused by the from= restriction"
+        assert (_home(worker) / ".fleetrun" / "work" / "t-relay-refused" / "pkg" / "m0.py").exists()
+        assert "fleetrun-relay-" not in (_home(worker) / ".ssh" / "authorized_keys").read_text()
+
+
+def test_unchanged_resync_skips_a_current_node_library(fleet: LocalFleet, tmp_path: Path) -> None:
+    inventory = fleet.inventory()
+    workdir = _make_tree(tmp_path / "code")
+    kh = _known_hosts(inventory)
+    names = [h.name for h in inventory.hosts]
+    with Fleet(inventory.hosts, kh) as conns:
+        first = sync_fleet(conns, workdir, "t-lib", kh, relay_above=100)
+        again = sync_fleet(conns, workdir, "t-lib", kh, relay_above=100, lib_current=names)
+    assert all(isinstance(r, SyncResult) for r in [*first.values(), *again.values()])
+    assert all(r.files_sent == 0 for r in again.values()), again  # type: ignore[union-attr]
+
+
+def test_relay_key_and_config_shapes() -> None:
+    """Pure parts: the authorized line restricts the key; the config skips the library where current."""
+    key = RelayKey.generate()
+    line = key.authorized_line("198.18.9.10")
+    assert line.startswith('restrict,from="198.18.9.10" ssh-ed25519 ')
+    assert line.endswith(key.tag)
+    assert "OPENSSH PRIVATE KEY" in key.private_openssh
+    assert key.tag in revoke_command(key.tag)
+    hosts = [
+        Host(
+            name=f"n{i}",
+            address=f"203.0.113.{i + 1}",
+            private_address=f"10.0.0.{i + 1}",
+            user="u",
+            host_key=hk,
+        )
+        for i, hk in enumerate(
+            [
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOvhipRqRG6pVVv2ReJ6BqUyaR82FT9Wa5PVWfYDKj6l",
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBfmCw1Vb2xhQhB8m0Vd5hWgSJ8e7mIvQ6bA3ZrV1eQm",
+            ]
+        )
+    ]
+    config = relay_config(
+        hosts, "job", ["--exclude=.git"], ".fleetrun/relay/x", lib_current={"n0"}, parallel=4
+    )
+    targets = config["targets"]
+    assert isinstance(targets, list)
+    assert [t["address"] for t in targets] == ["10.0.0.1", "10.0.0.2"], "the head dials private addresses"
+    assert [t["ship_lib"] for t in targets] == [False, True]
