@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fleetrun-installed
 
-.PHONY: demo test setup system-deps horovod lint typecheck pytest bench clean clean-image
+.PHONY: demo test setup system-deps horovod lint typecheck pytest bench bench-scale clean clean-image
 
 demo: setup
 	$(BIN)/fab demo
@@ -64,6 +64,9 @@ bench: setup
 	$(BIN)/python bench/fault_latency.py
 	$(BIN)/python bench/horovod_vs_torchrun.py
 	$(BIN)/python bench/pulumi_eval.py
+	$(BIN)/python bench/scale.py
+
+bench-scale: setup
 	$(BIN)/python bench/scale.py
 
 clean:
