@@ -60,7 +60,6 @@ pytest:
 	$(BIN)/pytest -m "not typecheck"
 
 bench: setup
-	$(BIN)/python bench/first_step.py
 	$(BIN)/python bench/fault_latency.py
 	$(BIN)/python bench/horovod_vs_torchrun.py
 	$(BIN)/python bench/pulumi_eval.py

@@ -55,6 +55,20 @@ class ClusterKey:
     tag: str
 
 
+def new_ed25519_keypair() -> tuple[str, str]:
+    """(private key in OpenSSH PEM, public key ``ssh-ed25519 AAAA...``), made in-process."""
+    key = Ed25519PrivateKey.generate()
+    private_text = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    ).decode()
+    public_text = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+    return private_text, public_text
+
+
 def cluster_tag(inventory: Inventory) -> str:
     return f"fleetrun-cluster:{inventory.fingerprint()}"
 
@@ -76,15 +90,7 @@ def load_or_create_cluster_key(inventory: Inventory) -> ClusterKey:
     if not (private_path.exists() and public_path.exists()):
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o700)
-        key = Ed25519PrivateKey.generate()
-        private_text = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-        ).decode()
-        public_text = (
-            key.public_key()
-            .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-            .decode()
-        )
+        private_text, public_text = new_ed25519_keypair()
         tmp = private_path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:

@@ -24,10 +24,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from launch import remote_layout as layout
+from launch.cluster_ssh import known_hosts_text, new_ed25519_keypair
 from launch.errors import HostError
 from launch.inventory import Host
 from launch.ssh import CommandResult, Fleet, NodeConnection, parallel_map
@@ -46,14 +44,8 @@ class RelayKey:
     @classmethod
     def generate(cls) -> RelayKey:
         tag = f"fleetrun-relay-{secrets.token_hex(6)}"
-        key = Ed25519PrivateKey.generate()
-        private = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-        ).decode()
-        public = key.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-        )
-        return cls(tag=tag, private_openssh=private, public_line=f"{public.decode()} {tag}")
+        private, public = new_ed25519_keypair()
+        return cls(tag=tag, private_openssh=private, public_line=f"{public} {tag}")
 
     def authorized_line(self, head_address: str) -> str:
         """Accepted only from the head, with no forwarding, agent, X11 or terminal."""
@@ -104,15 +96,6 @@ def relay_config(
             for h in workers
         ],
     }
-
-
-def private_known_hosts(workers: list[Host]) -> str:
-    """The workers' pinned host keys under the addresses the head dials (their private ones)."""
-    lines = []
-    for h in workers:
-        name = h.private_address if h.port == 22 else f"[{h.private_address}]:{h.port}"
-        lines.append(f"{name} {h.host_key}\n")
-    return "".join(lines)
 
 
 class _LineReader:
@@ -200,7 +183,7 @@ def _through_head(
         head_conn = fleet.connections[head.name]
         config = relay_config(authorized, job, filters, relay_dir, lib_current, parallel)
         head_conn.put_file(f"{relay_dir}/key", key.private_openssh, 0o600)
-        head_conn.put_file(f"{relay_dir}/known_hosts", private_known_hosts(authorized), 0o600)
+        head_conn.put_file(f"{relay_dir}/known_hosts", known_hosts_text(authorized), 0o600)
         head_conn.put_file(f"{relay_dir}/config.json", json.dumps(config), 0o600)
 
         def on_line(text: str) -> None:
