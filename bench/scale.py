@@ -537,45 +537,56 @@ def growth(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def goal(text: str, value: float | None, fmt: str, limit: float, strict: bool = False) -> dict[str, Any]:
+    """One goal line: the measured value (None: not measured), how it prints, whether it is met."""
+    met = None if value is None else (value < limit if strict else value <= limit)
+    return {"goal": text, "value": value, "shown": "-" if value is None else fmt.format(value), "met": met}
+
+
 def goals(rows: list[dict[str, Any]], first: dict[str, Any] | None) -> list[dict[str, Any]]:
     by_n = {r["nodes"]: r for r in rows}
-    out = []
-    for n in (32, 64):
-        ratio = by_n[n]["exec_true"]["ratio"] if n in by_n else None
-        out.append(
-            {
-                "goal": f"fan-out `true` at {n}: fleetrun <= {GOAL_EXEC_RATIO}x pdsh",
-                "value": ratio,
-                "shown": "-" if ratio is None else f"{ratio:.2f}x",
-                "met": None if ratio is None else ratio <= GOAL_EXEC_RATIO,
-            }
+
+    def at(n: int, *keys: str) -> float | None:
+        if n not in by_n:
+            return None
+        value: Any = by_n[n]
+        for key in keys:
+            value = value[key]
+        return float(value)
+
+    out = [
+        goal(
+            f"fan-out `true` at {n}: fleetrun <= {GOAL_EXEC_RATIO}x pdsh",
+            at(n, "exec_true", "ratio"),
+            "{:.2f}x",
+            GOAL_EXEC_RATIO,
         )
-    ratio = by_n[16]["sync_unchanged"]["ratio"] if 16 in by_n else None
+        for n in (32, 64)
+    ]
     out.append(
-        {
-            "goal": f"unchanged re-sync at 16: fleetrun <= {GOAL_RESYNC_RATIO}x rsync loop",
-            "value": ratio,
-            "shown": "-" if ratio is None else f"{ratio:.2f}x",
-            "met": None if ratio is None else ratio <= GOAL_RESYNC_RATIO,
-        }
+        goal(
+            f"unchanged re-sync at 16: fleetrun <= {GOAL_RESYNC_RATIO}x rsync loop",
+            at(16, "sync_unchanged", "ratio"),
+            "{:.2f}x",
+            GOAL_RESYNC_RATIO,
+        )
     )
-    poll = by_n[64]["poll_round"]["median_s"] if 64 in by_n else None
     out.append(
-        {
-            "goal": f"watcher poll round at 64 nodes < {GOAL_POLL_S} s",
-            "value": poll,
-            "shown": "-" if poll is None else f"{poll:.3f} s",
-            "met": None if poll is None else poll < GOAL_POLL_S,
-        }
+        goal(
+            f"watcher poll round at 64 nodes < {GOAL_POLL_S} s",
+            at(64, "poll_round", "median_s"),
+            "{:.3f} s",
+            GOAL_POLL_S,
+            strict=True,
+        )
     )
-    overhead = first["overhead_s"] if first else None
     out.append(
-        {
-            "goal": f"first step: fleetrun within {GOAL_LAUNCH_OVERHEAD_S:.0f} s of pdsh-started torchrun",
-            "value": overhead,
-            "shown": "-" if overhead is None else f"{overhead:+.2f} s",
-            "met": None if overhead is None else overhead <= GOAL_LAUNCH_OVERHEAD_S,
-        }
+        goal(
+            f"first step: fleetrun within {GOAL_LAUNCH_OVERHEAD_S:.0f} s of pdsh-started torchrun",
+            first["overhead_s"] if first else None,
+            "{:+.2f} s",
+            GOAL_LAUNCH_OVERHEAD_S,
+        )
     )
     return out
 

@@ -79,6 +79,7 @@ class NodeConnection:
         client = self.conn.client
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
         client.load_host_keys(str(known_hosts))
+        self.sessions: dict[str, LineSession] = {}
 
     def open(self) -> None:
         host = self.host
@@ -120,21 +121,46 @@ class NodeConnection:
             raise HostError(self.host.name, f"connection lost: {exc or type(exc).__name__}") from None
         return CommandResult(self.host.name, result.exited, result.stdout, result.stderr)
 
-    def open_line_session(self, command: str, timeout: float = DEFAULT_CONNECT_TIMEOUT) -> LineSession:
-        """Start ``command`` on a channel of this connection and keep it for request/answer lines."""
+    def ask(self, command: str, request: str, timeout: float) -> str:
+        """One request line to the long-lived ``command`` on this node, its answer line back.
+
+        The command is started once on a channel of this connection and kept (``LineSession``).
+        A channel that died while the connection lives (its process was killed) is replaced at
+        once, so that is not mistaken for an unreachable node.
+        """
+        try:
+            return self._line_session(command).ask(request, timeout)
+        except HostError:
+            self.sessions.pop(command, None)
+            transport = self.conn.transport
+            if transport is None or not transport.is_active():
+                raise
+            return self._line_session(command).ask(request, timeout)
+
+    def _line_session(self, command: str) -> LineSession:
+        session = self.sessions.get(command)
+        if session is not None and not session.closed:
+            return session
         self.open()
         transport = self.conn.transport
         if transport is None or not transport.is_active():
             raise HostError(self.host.name, "connection is not open")
         try:
-            channel = transport.open_session(timeout=timeout)
+            channel = transport.open_session(timeout=DEFAULT_CONNECT_TIMEOUT)
             channel.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.close()
             raise HostError(
                 self.host.name, f"could not start {command[:60]}: {exc or type(exc).__name__}"
             ) from None
-        return LineSession(self.host.name, channel)
+        self.sessions[command] = LineSession(self.host.name, channel)
+        return self.sessions[command]
+
+    def close_sessions(self) -> None:
+        """End the long-lived commands; each exits on end of input."""
+        for session in self.sessions.values():
+            session.close()
+        self.sessions.clear()
 
     def put_file(self, remote_path: str, text: str, mode: int = 0o644) -> None:
         """Write a small file on the node (path relative to the home directory), mode set before content."""
@@ -150,6 +176,7 @@ class NodeConnection:
 
     def close(self) -> None:
         # Closing a dead connection must never mask the real error.
+        self.close_sessions()
         with contextlib.suppress(Exception):
             self.conn.close()
 

@@ -28,7 +28,7 @@ from launch.inventory import Inventory
 from launch.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
 from launch.pricing import price_per_node_hour
 from launch.report import live_table
-from launch.ssh import Fleet, LineSession, NodeConnection
+from launch.ssh import Fleet, NodeConnection
 from launch.stoprules import (
     NodeObservation,
     Observation,
@@ -155,46 +155,26 @@ class Watcher:
         self.rule_state = RuleState()
         self.price = price_per_node_hour(target.instance_type or "", target.rules.price_per_node_hour)
         self.first_step_at: float | None = None
-        self.sessions: dict[str, LineSession] = {}
+        self.serve_command = f'exec {AGENT} serve "$HOME/{layout.rundir(target.run_id)}"'
 
     # -- one poll --------------------------------------------------------------------------------
     def _poll_node(self, conn: NodeConnection) -> dict[str, Any]:
-        """Ask the node's agent over its persistent poll channel, (re)opened when needed.
-
-        A channel that died while the connection lives (its agent was killed with the job's
-        processes) is replaced at once, so that is not mistaken for an unreachable node.
-        """
+        """Ask the node's agent over its persistent poll channel (``NodeConnection.ask``)."""
         name = conn.host.name
-        try:
-            line = self._session(conn).ask(f"poll {self.nodes[name].offset}", timeout=POLL_ANSWER_TIMEOUT_S)
-        except HostError:
-            transport = conn.conn.transport
-            if transport is None or not transport.is_active():
-                raise
-            self.sessions.pop(name, None)
-            line = self._session(conn).ask(f"poll {self.nodes[name].offset}", timeout=POLL_ANSWER_TIMEOUT_S)
+        line = conn.ask(self.serve_command, f"poll {self.nodes[name].offset}", timeout=POLL_ANSWER_TIMEOUT_S)
         try:
             answer: dict[str, Any] = json.loads(line)
         except ValueError:
-            self.sessions.pop(name).close()
+            conn.close_sessions()
             raise HostError(name, f"poll answer is not JSON: {line[:200]!r}") from None
         if "error" in answer:
             raise HostError(name, f"poll failed: {answer['error']}")
         return answer
 
-    def _session(self, conn: NodeConnection) -> LineSession:
-        session = self.sessions.get(conn.host.name)
-        if session is None or session.closed:
-            run_dir = layout.rundir(self.target.run_id)
-            session = conn.open_line_session(f'exec {AGENT} serve "$HOME/{run_dir}"')
-            self.sessions[conn.host.name] = session
-        return session
-
     def close(self) -> None:
         """Close the poll channels; each node's agent exits on end of input."""
-        for session in self.sessions.values():
-            session.close()
-        self.sessions.clear()
+        for conn in self.fleet.connections.values():
+            conn.close_sessions()
 
     def _absorb(self, node: NodeWatch, answer: dict[str, Any] | BaseException, now: float) -> None:
         if isinstance(answer, BaseException):
