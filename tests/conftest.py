@@ -17,8 +17,22 @@ from launch.inventory import Host, Inventory
 from launch.localfleet import LocalFleet
 
 REPO = Path(__file__).resolve().parent.parent
-TEST_PREFIX = "frt"
-TEST_SUBNET = 1
+# Several checkouts may run fleet tests on one machine at once (parallel work): each sets
+# FLEETRUN_TEST_TAG (up to 2 lowercase letters/digits) and FLEETRUN_TEST_SUBNET_BASE so that
+# their fleets' names and subnets do not collide. CI uses the defaults.
+TEST_TAG = os.environ.get("FLEETRUN_TEST_TAG", "")
+SUBNET_BASE = int(os.environ.get("FLEETRUN_TEST_SUBNET_BASE", "0"))
+TEST_PREFIX = f"frt{TEST_TAG}"
+TEST_SUBNET = 1 + SUBNET_BASE
+
+
+def fleet_prefix(letter: str) -> str:
+    """A fleet prefix for one test module (``fr<letter><tag>``), unique per checkout."""
+    return f"fr{letter}{TEST_TAG}"
+
+
+def fleet_subnet(offset: int) -> int:
+    return offset + SUBNET_BASE
 
 
 def needs_root() -> pytest.MarkDecorator:

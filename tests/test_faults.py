@@ -21,17 +21,17 @@ from launch import history
 from launch.localfleet import LocalFleet
 from launch.records import RunRecords
 from launch.wrapup import RunResult
-from tests.conftest import REPO, needs_root, user_processes, write_playbook
+from tests.conftest import REPO, needs_root, fleet_prefix, fleet_subnet, user_processes, write_playbook
 from tests.faultkit import first_metrics, quiet, run_with_fault, wait_for, worker_pids
 
 pytestmark = needs_root()
-PREFIX = "frf"
+PREFIX = fleet_prefix("f")
 INVENTORY = f"local:{PREFIX}"
 
 
 @pytest.fixture
 def fresh_fleet(fleetrun_home: Path) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(prefix=PREFIX, subnet=5)
+    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(5))
     fleet.up(2, say=lambda _m: None)
     yield fleet
     subprocess.run(["ip", "link", "set", fleet.veth(1), "up"], check=False, capture_output=True)

@@ -10,13 +10,13 @@ import pytest
 
 from launch.errors import LocalFleetError
 from launch.localfleet import FAULT_CRASH_AFTER, LocalFleet, _pid_alive
-from tests.conftest import REPO, needs_root
+from tests.conftest import REPO, needs_root, fleet_prefix, fleet_subnet
 
 
 def test_not_root_gets_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(LocalFleetError, match="needs root: each node is a network namespace"):
-        LocalFleet(prefix="frx").up(2)
+        LocalFleet(prefix=fleet_prefix("x")).up(2)
 
 
 def test_bad_prefix_and_subnet() -> None:
@@ -48,10 +48,10 @@ def test_fleet_nodes_are_separate_machines(fleet: LocalFleet) -> None:
 
 @needs_root()
 def test_down_after_crash_half_way_through_up(fleetrun_home: object) -> None:
-    crashing = LocalFleet(prefix="frc", subnet=2)
+    crashing = LocalFleet(prefix=fleet_prefix("c"), subnet=fleet_subnet(2))
     code = (
         "from launch.localfleet import LocalFleet; "
-        "LocalFleet(prefix='frc', subnet=2).up(3, say=lambda m: None)"
+        "LocalFleet(prefix='" + fleet_prefix("c") + "', subnet=" + str(fleet_subnet(2)) + ").up(3, say=lambda m: None)"
     )
     env = {**os.environ, FAULT_CRASH_AFTER: "2"}
     proc = subprocess.run(
@@ -66,7 +66,7 @@ def test_down_after_crash_half_way_through_up(fleetrun_home: object) -> None:
 
 @needs_root()
 def test_up_down_cycle_leaves_nothing(fleetrun_home: object) -> None:
-    other = LocalFleet(prefix="frd", subnet=3)
+    other = LocalFleet(prefix=fleet_prefix("d"), subnet=fleet_subnet(3))
     inv = other.up(2, say=lambda _m: None)
     assert len(inv.hosts) == 2
     pids = subprocess.run(
