@@ -1,3 +1,3 @@
 """fleetrun's Fabric entry point: ``fab -l`` lists the tasks. All logic lives in ``launch``."""
 
-from launch.tasks import ns  # noqa: F401
+from launch.cli.tasks import ns  # noqa: F401

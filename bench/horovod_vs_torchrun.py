@@ -38,8 +38,8 @@ ENTRYPOINTS = {
 
 
 def one_run(playbook: Path, prefix: str) -> dict[str, Any]:
-    from launch import app
-    from launch.wrapup import RunResult
+    from launch.cli import app
+    from launch.run.wrapup import RunResult
 
     console = Console(file=io.StringIO(), width=200)
     started = time.monotonic()
@@ -70,7 +70,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="fleetrun-bench-"))
     os.environ["FLEETRUN_HOME"] = str(home)
     os.environ["FLEETRUN_RUNS"] = str(home / "runs")
-    from launch.localfleet import LocalFleet
+    from launch.fleets.localfleet import LocalFleet
 
     fleet = LocalFleet(prefix="bhv", subnet=9)
     fleet.up(args.nodes, say=lambda _m: None)

@@ -4,7 +4,7 @@ For each fleet size N (one local fleet per size, prefix frp):
   * `true` on every node: the whole `fab exec true --inventory local:frp` process, next to
     `pdsh -R ssh -f N -w user@host,... true` with the same strict OpenSSH options;
   * syncing a tree of small files (default 5,000, plus a .gitignore), first time and unchanged:
-    `fab train`'s sync step (`launch.sync_relay.sync_fleet` over the run's open connections, the
+    `fab train`'s sync step (`launch.transport.sync_relay.sync_fleet` over the run's open connections, the
     node library skipped where the connect step found it current, through the head above the
     playbook default `relay_sync_above: 16`) next to a plain loop of `rsync -az`, one per node,
     all in parallel;
@@ -44,14 +44,14 @@ from rich.console import Console
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launch.inventory import Host, Inventory  # noqa: E402
-from launch.localfleet import LocalFleet  # noqa: E402
+from launch.fleets.localfleet import LocalFleet  # noqa: E402
+from launch.job.inventory import Host, Inventory  # noqa: E402
+from launch.job.spec import JobSpec, StopRules  # noqa: E402
 from launch.paths import known_hosts_file, runs_dir  # noqa: E402
-from launch.spec import JobSpec, StopRules  # noqa: E402
-from launch.ssh import Fleet, openssh_command  # noqa: E402
-from launch.sync import LIB_VERSION, SyncResult, lib_is_current  # noqa: E402
-from launch.sync_relay import sync_fleet  # noqa: E402
-from launch.watch import Watcher, WatchTarget  # noqa: E402
+from launch.run.watch import Watcher, WatchTarget  # noqa: E402
+from launch.transport.ssh import Fleet, openssh_command  # noqa: E402
+from launch.transport.sync import LIB_VERSION, SyncResult, lib_is_current  # noqa: E402
+from launch.transport.sync_relay import sync_fleet  # noqa: E402
 
 PREFIX, SUBNET = "frp", 10
 TRAIN_PREFIX, TRAIN_SUBNET = "frq", 11

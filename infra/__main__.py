@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 # Pulumi runs this directory as a script with infra/ as the working directory and first on
-# sys.path. Import from the repository root instead (``infra.*``, ``launch.stack_outputs``), and
+# sys.path. Import from the repository root instead (``infra.*``, ``launch.job.stack_outputs``), and
 # keep infra/'s module names (config, settings...) from shadowing anything else's.
 _ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "infra"]

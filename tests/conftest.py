@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from launch.inventory import Host, Inventory
-from launch.localfleet import LocalFleet
+from launch.fleets.localfleet import LocalFleet
+from launch.job.inventory import Host, Inventory
 
 REPO = Path(__file__).resolve().parent.parent
 # Several checkouts may run fleet tests on one machine at once (parallel work): each sets

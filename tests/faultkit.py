@@ -11,9 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launch import app
-from launch.localfleet import LocalFleet
-from launch.wrapup import RunResult
+from launch.cli import app
+from launch.fleets.localfleet import LocalFleet
+from launch.run.wrapup import RunResult
 
 
 def quiet() -> Console:

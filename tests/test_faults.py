@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from launch import history
-from launch.localfleet import LocalFleet
-from launch.records import RunRecords
-from launch.wrapup import RunResult
-from tests.conftest import REPO, needs_root, fleet_prefix, fleet_subnet, user_processes, write_playbook
+from launch.cli import runs as history
+from launch.fleets.localfleet import LocalFleet
+from launch.run.records import RunRecords
+from launch.run.wrapup import RunResult
+from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, user_processes, write_playbook
 from tests.faultkit import first_metrics, quiet, run_with_fault, wait_for, worker_pids
 
 pytestmark = needs_root()

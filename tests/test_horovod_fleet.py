@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from launch import app, cluster_ssh
-from launch.localfleet import LocalFleet, image_python
-from launch.wrapup import RunResult
+from launch.cli import app
+from launch.fleets.localfleet import LocalFleet, image_python
+from launch.run.wrapup import RunResult
+from launch.transport import cluster_ssh
 from tests.conftest import (
     REPO,
     assert_nothing_running,

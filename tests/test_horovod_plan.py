@@ -15,14 +15,14 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from launch import cluster_ssh
-from launch.app import make_plan
+from launch.cli.app import make_plan
 from launch.errors import SpecError
-from launch.inventory import Host, Inventory
-from launch.launchers import get_launcher
-from launch.launchers.horovod import HorovodLauncher, rank_command
-from launch.plan import LaunchPlan
-from launch.spec import JobSpec
+from launch.job.inventory import Host, Inventory
+from launch.job.spec import JobSpec
+from launch.planning.launchers import get_launcher
+from launch.planning.launchers.horovod import HorovodLauncher, rank_command
+from launch.planning.plan import LaunchPlan
+from launch.transport import cluster_ssh
 from tests.conftest import SAMPLE_HOST_KEYS, sample_inventory
 
 FAKE_KEY = cluster_ssh.ClusterKey(

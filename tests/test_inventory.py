@@ -9,7 +9,7 @@ import paramiko
 import pytest
 
 from launch.errors import SpecError
-from launch.inventory import Inventory
+from launch.job.inventory import Inventory
 
 KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOvhipRqRG6pVVv2ReJ6BqUyaR82FT9Wa5PVWfYDKj6l"
 KEY_B = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH3ENAj6vRFYnzbm3iOpU9jEnRh9WI4cXMQxfHrT4EAP"

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from launch.metrics_stream import MAX_LINE_BYTES, MetricsStream, is_event, parse_status
+from launch.rules.metrics_stream import MAX_LINE_BYTES, MetricsStream, is_event, parse_status
 
 
 def line(obj: dict[str, object]) -> bytes:

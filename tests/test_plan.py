@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from launch.app import make_plan
+from launch.cli.app import make_plan
 from launch.errors import SpecError
-from launch.inventory import Inventory
-from launch.launchers import get_launcher
-from launch.launchers.torchrun import entrypoint_tail
-from launch.run_folder import new_run_id
-from launch.spec import JobSpec
+from launch.job.inventory import Inventory
+from launch.job.spec import JobSpec
+from launch.planning.launchers import get_launcher
+from launch.planning.launchers.torchrun import entrypoint_tail
+from launch.run.run_folder import new_run_id
 from tests.conftest import sample_inventory
 
 

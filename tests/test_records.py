@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.records import SCHEMA_VERSION, RunRecords, file_sha256, git_commit_of, new_run_id, pid_alive
+from launch.run.records import SCHEMA_VERSION, RunRecords, file_sha256, git_commit_of, new_run_id, pid_alive
 
 T0 = 1_700_000_000.0
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +189,7 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, sys.argv[2])
-    from launch.records import RunRecords
+    from launch.run.records import RunRecords
     db = RunRecords(sys.argv[1])
     rid = db.start(playbook_name="crash", run_id="crash-run").id
     print(rid, flush=True)

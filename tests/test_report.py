@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from launch.metrics_stream import LossPoint, MetricsStream
-from launch.records import RunRecords
-from launch.report import (
+from launch.reports.report import (
     TensorBoardWriter,
     crc32c,
     live_table,
@@ -24,7 +22,9 @@ from launch.report import (
     summary_panel,
     write_tensorboard,
 )
-from launch.stoprules import NodeObservation, Observation, StopDecision
+from launch.rules.metrics_stream import LossPoint, MetricsStream
+from launch.rules.stoprules import NodeObservation, Observation, StopDecision
+from launch.run.records import RunRecords
 
 T0 = 1_764_000_000.0
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -7,8 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from launch.localfleet import LocalFleet
-from launch.run_everywhere import run_everywhere
+from launch.fleets.localfleet import LocalFleet
+from launch.transport.run_everywhere import run_everywhere
 from tests.conftest import REPO, TEST_PREFIX, needs_root
 
 pytestmark = needs_root()

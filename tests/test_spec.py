@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from launch.errors import SpecError
-from launch.spec import load_job_spec
+from launch.job.spec import load_job_spec
 
 REPO = Path(__file__).resolve().parent.parent
 

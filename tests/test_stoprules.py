@@ -10,9 +10,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from launch import pricing
-from launch.metrics_stream import FinalStatus, MetricsStream, MetricsSummary
-from launch.stoprules import (
+from launch.rules import pricing
+from launch.rules.metrics_stream import FinalStatus, MetricsStream, MetricsSummary
+from launch.rules.stoprules import (
     RULES,
     NodeObservation,
     Observation,

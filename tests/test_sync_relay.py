@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.inventory import Host, Inventory
-from launch.localfleet import LocalFleet
+from launch.fleets.localfleet import LocalFleet
+from launch.job.inventory import Host, Inventory
 from launch.paths import known_hosts_file
-from launch.ssh import Fleet
-from launch.sync import SyncResult, nodelib_source
-from launch.sync_relay import RelayKey, relay_config, revoke_command, sync_fleet
+from launch.transport.ssh import Fleet
+from launch.transport.sync import SyncResult, nodelib_source
+from launch.transport.sync_relay import RelayKey, relay_config, revoke_command, sync_fleet
 from tests.conftest import needs_root
 
 pytestmark = needs_root()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from launch import app
-from launch.localfleet import LocalFleet
-from launch.runner import RunResult
+from launch.cli import app
+from launch.fleets.localfleet import LocalFleet
+from launch.run.runner import RunResult
 from tests.conftest import (
     REPO,
     TEST_PREFIX,

@@ -1,4 +1,4 @@
-"""launch.cloud_stack without the Pulumi CLI: the clear error, output conversion, teardown check.
+"""launch.fleets.cloud_stack without the Pulumi CLI: the clear error, output conversion, teardown check.
 
 The Automation API calls themselves need the CLI and credentials (docs/cloud.md lists what was
 checked only against real clouds). Here a fake ``Stack`` stands in for ``pulumi.automation``'s,
@@ -19,8 +19,9 @@ import pytest
 from infra_cases import evaluate
 from pulumi.automation import ConfigValue, OutputValue
 
-from launch import cloud_stack
-from launch.cloud_stack import (
+from launch.errors import FleetrunError
+from launch.fleets import cloud_stack
+from launch.fleets.cloud_stack import (
     ClusterLocation,
     TeardownIncomplete,
     outputs_to_contract,
@@ -29,8 +30,7 @@ from launch.cloud_stack import (
     stack_up,
     write_outputs_json,
 )
-from launch.errors import FleetrunError
-from launch.inventory import Inventory
+from launch.job.inventory import Inventory
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def test_missing_cli_is_a_clear_error(no_pulumi_on_path: None, call: Any) -> Non
 
 def test_importing_the_module_loads_no_pulumi_or_cloud_sdk() -> None:
     code = (
-        "import sys, launch.cloud_stack; "
+        "import sys, launch.fleets.cloud_stack; "
         "bad = [m for m in ('pulumi', 'pulumi.automation', 'boto3', 'google.cloud') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

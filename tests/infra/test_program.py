@@ -11,8 +11,8 @@ from infra_cases import aws_config, evaluate, gcp_config
 
 from infra.bootstrap import parse_user_data
 from infra.mocks import Registered, Snapshot
-from launch.inventory import Inventory
-from launch.stack_outputs import StackOutputs
+from launch.job.inventory import Inventory
+from launch.job.stack_outputs import StackOutputs
 
 INSTANCE_TYPES = {"aws": "aws:ec2/instance:Instance", "gcp": "gcp:compute/instance:Instance"}
 OPERATOR_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeOperatorKeyForTestsOnly0000000000000 ana@laptop"

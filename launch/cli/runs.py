@@ -1,0 +1,181 @@
+"""Commands over past and running runs: list, show, logs, and re-attaching a watcher.
+
+Run records live in ``$FLEETRUN_HOME/runs.db``; each record points at its run folder, whose
+``watch.json`` holds what a new watcher needs (inventory, rules, teardown policy). A watcher that
+died (laptop closed, process killed) leaves a ``running`` record with a dead pid: listing marks it
+``interrupted``, and ``fab watch RUN`` takes over where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from launch.errors import FleetrunError
+from launch.fleets.teardown import tear_down
+from launch.paths import fleetrun_home, known_hosts_file
+from launch.planning import remote_layout as layout
+from launch.reports.report import runs_table, show_run
+from launch.rules.stoprules import should_teardown
+from launch.run.records import RunRecord, RunRecords, pid_alive
+from launch.run.run_folder import RunFolder
+from launch.run.watch import Watcher, WatchTarget
+from launch.run.wrapup import RunResult, pull, wrap_up, write_reports
+from launch.transport.ssh import Fleet
+
+
+def open_records() -> RunRecords:
+    return RunRecords(fleetrun_home() / "runs.db")
+
+
+def find_run(records: RunRecords, run: str) -> RunRecord:
+    """A run by id or by unique prefix; 'last' is the most recent run."""
+    if run == "last":
+        latest = records.list(limit=1)
+        if not latest:
+            raise FleetrunError("no runs recorded yet")
+        return latest[0]
+    exact = records.get(run)
+    if exact is not None:
+        return exact
+    matches = [r for r in records.list(limit=10_000) if r.id.startswith(run)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise FleetrunError(f"no run {run!r} (see 'fab runs')")
+    raise FleetrunError(f"run prefix {run!r} is ambiguous: {', '.join(r.id for r in matches[:5])}")
+
+
+def list_runs(console: Console, limit: int = 20) -> list[RunRecord]:
+    with open_records() as records:
+        records.mark_stale_as_interrupted(time.time())
+        runs = records.list(limit=limit)
+    console.print(runs_table(runs))
+    return runs
+
+
+def show(run: str, console: Console) -> RunRecord:
+    with open_records() as records:
+        records.mark_stale_as_interrupted(time.time())
+        record = find_run(records, run)
+    console.print(show_run(record))
+    return record
+
+
+def logs(
+    run: str, console: Console, node: str | None = None, follow: bool = False, poll: float = 1.0
+) -> None:
+    """Per-node logs: the pulled copies once a run ended, or live from the nodes while it runs."""
+    with open_records() as records:
+        records.mark_stale_as_interrupted(time.time())
+        record = find_run(records, run)
+    folder = Path(record.run_dir or "")
+    ended = record.state not in ("running", "interrupted")
+    if ended or not follow:
+        nodes_dir = folder / "nodes"
+        names = sorted(p.name for p in nodes_dir.iterdir()) if nodes_dir.exists() else []
+        if node:
+            names = [n for n in names if n == node]
+            if not names:
+                raise FleetrunError(f"run {record.id} has no pulled log for node {node!r}")
+        for name in names:
+            log = nodes_dir / name / "node.log"
+            console.rule(f"{name}")
+            console.print(log.read_text() if log.exists() else "(no log)", markup=False, highlight=False)
+        if ended or not follow:
+            return
+    target = WatchTarget.load(folder)
+    hosts = [h for h in target.inventory.hosts if node is None or h.name == node]
+    if not hosts:
+        raise FleetrunError(f"run {record.id} has no node {node!r}")
+    known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
+    offsets = {h.name: 0 for h in hosts}
+    log_path = f"{layout.rundir(target.run_id)}/node.log"
+    with Fleet(hosts, known_hosts) as fleet:
+        while True:
+            results = fleet.map(
+                lambda c: c.run(
+                    f'tail -c +{offsets[c.host.name] + 1} "$HOME/{log_path}" 2>/dev/null; '
+                    f'test -e "$HOME/{layout.rundir(target.run_id)}/rc" && echo "\\n#FLEETRUN-ENDED"',
+                    timeout=30,
+                )
+            )
+            done = True
+            for name, res in results.items():
+                if isinstance(res, BaseException):
+                    console.print(f"[yellow]{name}: {res}[/]")
+                    done = False
+                    continue
+                text = res.stdout
+                ended_here = text.endswith("#FLEETRUN-ENDED\n")
+                if ended_here:
+                    text = text[: -len("\n#FLEETRUN-ENDED\n")]
+                done = done and ended_here
+                offsets[name] += len(text.encode())
+                for line in text.splitlines():
+                    console.print(f"[dim]{name}[/] {line}", highlight=False)
+            if done:
+                return
+            time.sleep(poll)
+
+
+def reattach(run: str, console: Console, poll_interval: float = 1.0) -> RunResult:
+    """Watch an interrupted run again, and wrap it up (stop, pull, teardown) when a rule fires."""
+    with open_records() as records:
+        records.mark_stale_as_interrupted(time.time())
+        record = find_run(records, run)
+        if record.state == "running" and record.watcher_pid and pid_alive(record.watcher_pid):
+            raise FleetrunError(f"run {record.id} is already watched by pid {record.watcher_pid}")
+        if record.state not in ("running", "interrupted"):
+            raise FleetrunError(
+                f"run {record.id} already ended ({record.state}): see 'fab show {shlex.quote(record.id)}'"
+            )
+        target = WatchTarget.load(Path(record.run_dir or ""))
+        records.reattach(record.id, now=time.time())
+        known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
+        fleet = Fleet(target.inventory.hosts, known_hosts)
+        console.print(f"[bold]fleetrun[/] re-attached to run {record.id}")
+        watcher = Watcher(
+            target,
+            fleet,
+            console,
+            poll_interval=poll_interval,
+            on_poll=lambda obs: records.heartbeat(
+                record.id, obs.now, last_metrics=dict(obs.metrics.last_metrics)
+            ),
+        )
+        decision = watcher.run()
+        return wrap_up(target, fleet, decision, records, known_hosts, console, watcher=watcher)
+
+
+def pull_again(run: str, console: Console) -> str:
+    """Pull a finished run's artifacts again (after a failed pull blocked its teardown), then apply
+    the playbook's teardown if every node's run directory is now safe. Returns the teardown state."""
+    with open_records() as records:
+        record = find_run(records, run)
+        if record.state in ("running", "interrupted"):
+            raise FleetrunError(f"run {record.id} is {record.state}: use 'fab watch {record.id}' first")
+        folder = RunFolder(Path(record.run_dir or ""))
+        target = WatchTarget.load(folder.path)
+        known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
+        with Fleet(target.inventory.hosts, known_hosts) as fleet:
+            errors = pull(fleet, target.run_id, folder, known_hosts, console)
+        folder.collect_rank0_files()
+        write_reports(folder, console)
+        if errors:
+            teardown = f"blocked: artifacts of {', '.join(sorted(errors))} are still not safe"
+        elif not should_teardown(target.teardown, record.state):  # type: ignore[arg-type]
+            teardown = f"skipped (teardown: {target.teardown}, outcome {record.state})"
+        else:
+            teardown = tear_down(target.inventory, say=lambda m: console.print(f"  {m}"))
+        summary_path = folder.path / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        summary.update({"pull_errors": errors, "teardown": teardown})
+        folder.write_json("summary.json", summary)
+        records.update(record.id, artifacts=folder.artifacts())
+    console.print(f"  teardown: {teardown}")
+    return teardown

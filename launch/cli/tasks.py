@@ -1,0 +1,249 @@
+"""Fabric tasks: ``fab -l`` lists them. Thin wrappers over ``launch.cli.app``; no logic lives here.
+
+The launch pipeline is imported inside each task, not here: ``fab`` loads this module for every
+command, and a light command (``fab exec`` on 64 nodes) should not pay for importing all of it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from fabric import task
+from invoke import Collection
+from invoke.exceptions import Exit
+
+from launch.errors import FleetrunError
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A ``FleetrunError`` becomes one clear line on stderr and exit code 2, not a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FleetrunError as exc:
+            print(f"fleetrun: error: {exc}", file=sys.stderr)
+            raise Exit(code=2) from None
+
+    return wrapper
+
+
+@task(
+    help={
+        "playbook": "job file, e.g. playbooks/digits-ddp.yaml",
+        "inventory": "'local' (default), 'local:<prefix>', 'stack:<name>', stack outputs .json, or inventory .yaml",
+        "dry-run": "print, per node, exactly what would run; connect to nothing",
+        "teardown": "override the playbook: always, on_success or never",
+    }
+)
+@_friendly
+def train(c: Any, playbook: str, inventory: str = "local", dry_run: bool = False, teardown: str = "") -> None:
+    """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded."""
+    from launch.cli import app
+    from launch.run.wrapup import RunResult
+
+    result = app.train(playbook, inventory=inventory, dry_run=dry_run, teardown=teardown or None)
+    if isinstance(result, RunResult) and not result.ok:
+        raise Exit(code=1)
+
+
+@task(help={"playbook": "job file", "inventory": "as for train"})
+@_friendly
+def plan(c: Any, playbook: str, inventory: str = "local") -> None:
+    """Print the launch plan (same as train --dry-run)."""
+    from launch.cli import app
+
+    app.train(playbook, inventory=inventory, dry_run=True)
+
+
+@task(
+    help={"nodes": "number of nodes", "prefix": "name prefix (default fr)", "subnet": "198.18.<subnet>.0/24"}
+)
+@_friendly
+def local_up(c: Any, nodes: int = 3, prefix: str = "", subnet: int = -1) -> None:
+    """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
+    from launch.cli import app
+
+    fleet = app.local_fleet(prefix or None, None if subnet < 0 else subnet)
+    inventory = fleet.up(nodes)
+    for host in inventory.hosts:
+        print(f"  {host.name}  {host.user}@{host.address}  {host.host_key[:40]}...")
+
+
+@task(help={"prefix": "name prefix (default fr)"})
+@_friendly
+def local_down(c: Any, prefix: str = "") -> None:
+    """Stop the local fleet and remove every namespace, link, user, process and file it made."""
+    from launch.cli import app
+
+    left = app.local_fleet(prefix or None).down()
+    if any(left.values()):
+        raise Exit(code=1)
+
+
+@task(help={"prefix": "name prefix (default fr)"})
+@_friendly
+def local_status(c: Any, prefix: str = "") -> None:
+    """Show the local fleet's nodes and anything of it that exists."""
+    from launch.cli import app
+
+    fleet = app.local_fleet(prefix or None)
+    for kind, items in fleet.leftovers().items():
+        print(f"{kind:>10}: {', '.join(items) if items else '-'}")
+
+
+@task(help={"nodes": "number of nodes", "playbook": "job file"})
+@_friendly
+def demo(c: Any, nodes: int = 3, playbook: str = "playbooks/digits-ddp.yaml") -> None:
+    """The README's demo: local fleet up, train the example across it, fleet down."""
+    from launch.cli import app
+    from launch.run.wrapup import RunResult
+
+    fleet = app.local_fleet()
+    fleet.up(nodes)
+    try:
+        result = app.train(playbook, inventory="local")
+    finally:
+        fleet.down()
+    if isinstance(result, RunResult) and not result.ok:
+        raise Exit(code=1)
+
+
+@task(help={"limit": "how many runs, newest first"})
+@_friendly
+def runs(c: Any, limit: int = 20) -> None:
+    """List recorded runs: outcome, stop reason, elapsed time, cost."""
+    from rich.console import Console
+
+    from launch.cli import runs as history
+
+    history.list_runs(Console(), limit=limit)
+
+
+@task(help={"run": "run id, a unique prefix of one, or 'last'"})
+@_friendly
+def show(c: Any, run: str) -> None:
+    """Print one run's record: playbook, commit, nodes, exit codes, metrics, artifacts."""
+    from rich.console import Console
+
+    from launch.cli import runs as history
+
+    history.show(run, Console())
+
+
+@task(help={"run": "run id, prefix or 'last'", "node": "only this node", "follow": "stream while it runs"})
+@_friendly
+def logs(c: Any, run: str, node: str = "", follow: bool = False) -> None:
+    """Per-node logs of a run (pulled copies, or live from the nodes with --follow)."""
+    from rich.console import Console
+
+    from launch.cli import runs as history
+
+    history.logs(run, Console(), node=node or None, follow=follow)
+
+
+@task(help={"run": "run id, prefix or 'last'"})
+@_friendly
+def watch(c: Any, run: str) -> None:
+    """Re-attach to a run whose watcher was lost; stop, pull and tear down when a rule fires."""
+    from rich.console import Console
+
+    from launch.cli import app
+    from launch.cli import runs as history
+
+    result = history.reattach(run, Console())
+    app.report(result, Console())
+    if not result.ok:
+        raise Exit(code=1)
+
+
+@task(
+    help={
+        "stack": "Pulumi stack name (its config is Pulumi.<stack>.yaml)",
+        "outputs": "also write outputs JSON here",
+    }
+)
+@_friendly
+def up(c: Any, stack: str, outputs: str = "") -> None:
+    """Stand up (or update) a cloud GPU cluster with Pulumi; print its nodes and pinned keys."""
+    from pathlib import Path
+
+    from launch.fleets import cloud_stack
+
+    cloud_stack.stack_up(stack, outputs_path=Path(outputs) if outputs else None)
+
+
+@task(help={"stack": "Pulumi stack name"})
+@_friendly
+def down(c: Any, stack: str) -> None:
+    """Destroy a cloud cluster (buckets are kept) and confirm that no instance of it remains."""
+    from launch.fleets import cloud_stack
+
+    cloud_stack.stack_down(stack)
+
+
+@task(help={"run": "run id, prefix or 'last'"})
+@_friendly
+def pull(c: Any, run: str) -> None:
+    """Pull a finished run's artifacts again; tear down as the playbook says once all are safe."""
+    from rich.console import Console
+
+    from launch.cli import runs as history
+
+    teardown = history.pull_again(run, Console())
+    if teardown.startswith("blocked"):
+        raise Exit(code=1)
+
+
+@task(
+    name="exec",
+    help={
+        "command": "shell command to run on every node, e.g. 'nvidia-smi -L'",
+        "inventory": "as for train",
+        "timeout": "seconds per node before it is reported as failed",
+        "parallel": "at most this many nodes at once",
+        "quiet": "print only failures",
+    },
+)
+@_friendly
+def exec_(
+    c: Any,
+    command: str,
+    inventory: str = "local",
+    timeout: float = 60.0,
+    parallel: int = 64,
+    quiet: bool = False,
+) -> None:
+    """Run a shell command on every node (pdsh-style output); exit 1 if any node failed."""
+    from launch.fleets.select import load_inventory
+    from launch.transport.run_everywhere import run_everywhere
+
+    result = run_everywhere(
+        load_inventory(inventory), command, timeout=timeout, max_parallel=parallel, quiet=quiet
+    )
+    if not result.all_ok:
+        raise Exit(code=1)
+
+
+local = Collection("local")
+local.add_task(local_up, "up")
+local.add_task(local_down, "down")
+local.add_task(local_status, "status")
+
+ns = Collection()
+ns.add_task(train)
+ns.add_task(plan)
+ns.add_task(demo)
+ns.add_task(up)
+ns.add_task(down)
+ns.add_task(runs)
+ns.add_task(show)
+ns.add_task(logs)
+ns.add_task(watch)
+ns.add_task(pull)
+ns.add_task(exec_)
+ns.add_collection(local)

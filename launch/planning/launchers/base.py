@@ -1,0 +1,231 @@
+"""What every launcher shares: per-node environment conventions, the setup script, the launch script.
+
+A launcher subclass only decides the command each node runs (``node_command``) and which nodes
+run it. Everything users rely on across launchers (``MASTER_ADDR``, ``NODE_RANK``, ``TF_CONFIG``,
+``GLOO_SOCKET_IFNAME``, the run directory, the metrics helper on ``PYTHONPATH``) is set here once.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from abc import ABC, abstractmethod
+
+from launch.fleets.teardown import POWEROFF_HOOKS
+from launch.job.inventory import Host, Inventory
+from launch.job.spec import JobSpec
+from launch.planning import remote_layout as layout
+from launch.planning.plan import LaunchPlan, NodePlan, RemoteFile
+
+TF_PORT = 2222
+# fleetrun's own variables whose values start with $HOME and are expanded by the node's shell.
+# Everything else, the playbook's env included, is exported literally.
+HOME_RELATIVE_KEYS = frozenset({"FLEETRUN_RUN_DIR", "FLEETRUN_OUTPUT_DIR", "SM_MODEL_DIR"})
+
+
+def sh_quote(value: str) -> str:
+    return shlex.quote(value)
+
+
+def iface_line(host: Host) -> str:
+    """Shell that sets ``IFACE`` to the cluster interface: known from the inventory, or the
+    interface holding the host's private address (NCCL/Gloo must not pick the wrong one)."""
+    if host.interface:
+        return f"IFACE={sh_quote(host.interface)}"
+    return (
+        "IFACE=$(ip -o -4 addr show | awk -v ip="
+        + sh_quote(host.private_address)
+        + " '{split($4, a, \"/\"); if (a[1] == ip) print $2}' | head -n 1)"
+    )
+
+
+def resolved_procs(spec: JobSpec, host: Host) -> int | None:
+    """Processes on this host, or None when ``auto`` must be resolved on the node itself."""
+    if spec.procs_per_node != "auto":
+        return spec.procs_per_node
+    if host.gpus is None:
+        return None
+    return host.gpus if host.gpus > 0 else 1
+
+
+class Launcher(ABC):
+    """Turns (job spec, inventory, run id) into a ``LaunchPlan``. Pure: no I/O."""
+
+    name: str = ""
+
+    @classmethod
+    def for_inventory(cls, inventory: Inventory) -> Launcher:
+        """The launcher with whatever I/O its plan needs done up front (keys, scripts).
+
+        Called by the application layer, never by ``plan``, so plans stay pure.
+        """
+        return cls()
+
+    @abstractmethod
+    def node_command(self, spec: JobSpec, inventory: Inventory, node_rank: int, procs: int | None) -> str:
+        """Shell command line run on node ``node_rank`` (in the job's environment and workdir).
+
+        Words fleetrun adds are quoted by the launcher; the playbook's entrypoint stays the shell
+        text the user wrote.
+        """
+
+    def plan(self, spec: JobSpec, inventory: Inventory, run_id: str) -> LaunchPlan:
+        inventory = inventory.first(spec.nodes)
+        procs = [resolved_procs(spec, h) for h in inventory.hosts]
+        total = None if any(p is None for p in procs) else sum(p for p in procs if p is not None)
+        # One setup (hash and script) per interpreter, not per host: the hash reads the
+        # requirements file, and a 64-node fleet usually has one interpreter.
+        setups: dict[str, tuple[str, str]] = {}
+        for python in {spec.python or h.python for h in inventory.hosts}:
+            setup_hash = spec.setup_hash(python)
+            setups[python] = (setup_hash, setup_script(spec, python, setup_hash))
+        hook = POWEROFF_HOOKS.get(inventory.teardown, POWEROFF_HOOKS["none"])
+        files = (RemoteFile(f"{layout.ROOT}/poweroff", hook, 0o755),)
+        nodes = []
+        for rank, host in enumerate(inventory.hosts):
+            env = self.node_env(spec, inventory, run_id, rank, procs[rank], total)
+            command = self.node_command(spec, inventory, rank, procs[rank])
+            setup_hash, script = setups[spec.python or host.python]
+            nodes.append(
+                NodePlan(
+                    host=host,
+                    node_rank=rank,
+                    env=env,
+                    command=command,
+                    launch_script=self.launch_script(spec, host, run_id, env, command, procs[rank]),
+                    setup_script=script,
+                    setup_hash=setup_hash,
+                    role="head" if rank == 0 else "worker",
+                    files=files,
+                )
+            )
+        notes = []
+        if total is None:
+            notes.append(
+                "procs_per_node is 'auto' and some hosts' GPU counts are unknown: nvidia-smi decides on the node"
+            )
+        if len(nodes) > spec.relay_sync_above:
+            notes.append(
+                f"code sync: {len(nodes)} nodes > relay_sync_above ({spec.relay_sync_above}): uploaded once to "
+                f"{nodes[0].host.name}, which copies it to the other {len(nodes) - 1} over the private network"
+            )
+        return LaunchPlan(
+            run_id=run_id, job=spec.name, launcher=self.name, nodes=nodes, total_processes=total, notes=notes
+        )
+
+    def node_env(
+        self,
+        spec: JobSpec,
+        inventory: Inventory,
+        run_id: str,
+        rank: int,
+        procs: int | None,
+        total: int | None,
+    ) -> dict[str, str]:
+        """The environment conventions of SkyPilot, dstack, Kubeflow and TF multi-worker, at once.
+
+        Values of ``HOME_RELATIVE_KEYS`` are expanded by the node's shell; everything else is literal.
+        """
+        head = inventory.head
+        ips = [h.private_address for h in inventory.hosts]
+        run_dir = layout.home(layout.rundir(run_id))
+        tf_config = {
+            "cluster": {"worker": [f"{ip}:{TF_PORT}" for ip in ips]},
+            "task": {"type": "worker", "index": rank},
+        }
+        env = {
+            "FLEETRUN_RUN_ID": run_id,
+            "FLEETRUN_JOB": spec.name,
+            "FLEETRUN_RUN_DIR": run_dir,
+            "FLEETRUN_OUTPUT_DIR": f"{run_dir}/{spec.outputs}",
+            "SM_MODEL_DIR": f"{run_dir}/{spec.outputs}",
+            "FLEETRUN_NODE_RANK": str(rank),
+            "FLEETRUN_NUM_NODES": str(len(ips)),
+            "FLEETRUN_NODE_IPS": ",".join(ips),
+            "FLEETRUN_HEAD_IP": head.private_address,
+            "MASTER_ADDR": head.private_address,
+            "MASTER_PORT": str(spec.rdzv_port),
+            "NODE_RANK": str(rank),
+            "NNODES": str(len(ips)),
+            "TF_CONFIG": json.dumps(tf_config, separators=(",", ":")),
+        }
+        if total is not None:
+            env["WORLD_SIZE"] = str(total)
+        if procs is not None:
+            env["FLEETRUN_PROCS_PER_NODE"] = str(procs)
+        if spec.data_dir:
+            env["FLEETRUN_DATA_DIR"] = spec.data_dir
+            env["SM_CHANNEL_TRAINING"] = spec.data_dir
+        env.update(spec.env)
+        return env
+
+    def launch_script(
+        self, spec: JobSpec, host: Host, run_id: str, env: dict[str, str], command: str, procs: int | None
+    ) -> str:
+        """The POSIX sh script a node runs. Started detached by the node agent, so it outlives SSH."""
+        lines = [
+            "#!/bin/sh",
+            f"# fleetrun: job {spec.name}, run {run_id}, node {host.name}",
+            "set -e",
+        ]
+        expanded = HOME_RELATIVE_KEYS - spec.env.keys()
+        for key, value in env.items():
+            if key in expanded:
+                lines.append(f'export {key}="{value}"')
+            else:
+                lines.append(f"export {key}={sh_quote(value)}")
+        lines.append(f'export PYTHONPATH="$HOME/{layout.LIB}${{PYTHONPATH:+:$PYTHONPATH}}"')
+        lines.append(iface_line(host))
+        lines.append('[ -n "$IFACE" ] && export GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"')
+        if procs is None:
+            lines.append(
+                "NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
+                '[ "${NPROC:-0}" -gt 0 ] || NPROC=1; export FLEETRUN_PROCS_PER_NODE="$NPROC"'
+            )
+        lines.append(f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"')
+        lines.append('mkdir -p "$FLEETRUN_OUTPUT_DIR"')
+        lines.append(f'cd "$HOME/{layout.workdir(spec.name)}"')
+        lines.append(f"exec {command}")
+        return "\n".join(lines) + "\n"
+
+
+def setup_script(spec: JobSpec, python: str, setup_hash: str) -> str:
+    """Build the job's Python environment and run its setup commands, unless nothing changed.
+
+    The environment is a venv with ``--system-site-packages`` built from the node's interpreter,
+    so what the machine image provides (torch in a deep-learning image) is used, not reinstalled.
+    When that interpreter is itself a venv (the local fleet's image), its site-packages are layered
+    in with a ``.pth`` file, since ``--system-site-packages`` would skip them.
+    Prints ``FLEETRUN_SETUP=skipped|ran`` and the previous hash so the laptop can say why.
+    """
+    env_dir = f"$HOME/{layout.envdir(spec.name)}"
+    work = f"$HOME/{layout.workdir(spec.name)}"
+    lines = [
+        "set -e",
+        f'ENV="{env_dir}"',
+        f"WANT={setup_hash}",
+        'OLD=$(cat "$ENV/.fleetrun-setup-hash" 2>/dev/null || true)',
+        'echo "FLEETRUN_OLD_HASH=$OLD"',
+        'if [ "$OLD" = "$WANT" ] && [ -x "$ENV/bin/python" ]; then echo FLEETRUN_SETUP=skipped; exit 0; fi',
+        'rm -f "$ENV/.fleetrun-setup-hash"',
+        # Without pip when the base already has it (a few seconds saved per node and run): the
+        # venv's `pip` then runs the base's pip module, which installs into this venv.
+        f"if {sh_quote(python)} -c 'import pip' 2>/dev/null; then NOPIP=--without-pip; else NOPIP=; fi",
+        f'{sh_quote(python)} -m venv --system-site-packages $NOPIP "$ENV"',
+        'if [ -n "$NOPIP" ]; then printf \'#!/bin/sh\\nexec "%s/bin/python" -m pip "$@"\\n\' "$ENV" > "$ENV/bin/pip"; '
+        'chmod 755 "$ENV/bin/pip"; fi',
+        f"BASE_SITE=$({sh_quote(python)} -c 'import sys, sysconfig; "
+        'print(sysconfig.get_paths()["purelib"] if sys.prefix != sys.base_prefix else "")\')',
+        'if [ -n "$BASE_SITE" ]; then '
+        '"$ENV/bin/python" -c \'import sys, sysconfig; print(sysconfig.get_paths()["purelib"])\' '
+        '| { read -r SITE; echo "$BASE_SITE" > "$SITE/fleetrun-base.pth"; }; fi',
+        '. "$ENV/bin/activate"',
+        f'cd "{work}"',
+    ]
+    if spec.requirements:
+        lines.append(f"python -m pip install --disable-pip-version-check -q -r {sh_quote(spec.requirements)}")
+    for command in spec.setup:
+        lines.append(command)
+    lines.append('echo "$WANT" > "$ENV/.fleetrun-setup-hash"')
+    lines.append("echo FLEETRUN_SETUP=ran")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,302 @@
+"""horovodrun with Gloo (no MPI), started on the head node only; it SSHes to the workers itself.
+
+The shape is SageMaker's ``mpi`` distribution with ``processes_per_host``: one launcher on the
+head, ``horovodrun -np <total> -H <ip>:<slots>,...``, over the cluster's private addresses.
+fleetrun still syncs, sets up, watches and stops every node; only the head has a launch script.
+
+How a remote rank comes to run in the job's own environment: horovodrun runs, on each host,
+``cd <head's cwd>; env <the head's whole environment> HOROVOD_RANK=... <command>``. The head's
+environment carries the run id (so ``stop`` finds every rank by ``FLEETRUN_RUN_ID``) and the
+playbook's variables, but also the head's ``HOME``, ``PATH``, ``PYTHONPATH`` and run directory,
+which are wrong on a worker when its user differs (the local fleet) or its home does. So the
+command is a tiny ``sh -c`` that finds the node user's real home from the password database and
+runs that node's ``rank.sh`` (a plan file in the run directory): it restores the node's own
+fleetrun environment, interface and venv, enters the workdir, runs the playbook's entrypoint,
+and keeps a per-rank log. On a worker, a failing rank also records its exit code as the run
+directory's ``rc``, so the node agent reports which node failed and with what code.
+
+SSH from the head uses the cluster key (``launch.transport.cluster_ssh``): passed to horovodrun with
+``-i``/``-p`` explicitly, and a wrapper first on ``PATH`` that makes host-key checking strict
+against the workers' pinned keys. ``--network-interfaces`` skips horovodrun's interface probe
+(which would start task services on every host); each rank then sets ``HOROVOD_GLOO_IFACE`` to its
+own node's interface, so nodes whose NICs are named differently still work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from launch.errors import SpecError
+from launch.job.inventory import Host, Inventory
+from launch.job.spec import JobSpec
+from launch.planning import remote_layout as layout
+from launch.planning.launchers.base import HOME_RELATIVE_KEYS, Launcher, iface_line, resolved_procs, sh_quote
+from launch.planning.plan import LaunchPlan, NodePlan, RemoteFile
+from launch.transport import cluster_ssh
+
+INSTALL_SCRIPT = ".fleetrun/horovod/install.sh"
+INSTALL_ORIGIN = "images/horovod/install.sh"
+START_TIMEOUT_S = 120
+GLOO_TIMEOUT_S = 120
+# Node-specific variables the head's environment brings along; rank.sh sets them for its node.
+NODE_KEYS = ("PATH", "PYTHONPATH", "VIRTUAL_ENV")
+
+
+@dataclass(frozen=True)
+class ShippedScript(RemoteFile):
+    """A RemoteFile that ``--dry-run`` names by origin and digest instead of printing in full.
+
+    The install script is the same long file on every node; the plan shows where it comes from
+    and its hash (which is also part of the setup hash), so the dry run stays readable.
+    """
+
+    origin: str = ""
+
+    def describe(self) -> str:
+        digest = hashlib.sha256(self.content.encode()).hexdigest()[:12]
+        return (
+            f"~/{self.path} (mode {self.mode:o}): {self.origin}, {len(self.content)} bytes, sha256 {digest}"
+        )
+
+
+def rank_script_path(run_id: str) -> str:
+    return f"{layout.rundir(run_id)}/rank.sh"
+
+
+def rank_command() -> str:
+    """What horovodrun runs for every rank: this node's ``rank.sh`` for this run, found from the real home.
+
+    ``HOME`` came from the head, so the home is looked up by user name (``~user``), not trusted;
+    the run id did come from the head, and is the same everywhere. The home is passed on as ``$1``.
+    """
+    script = (
+        'eval "node_home=~$(id -un)" && '
+        f'exec sh "$node_home/{layout.ROOT}/runs/$FLEETRUN_RUN_ID/rank.sh" "$node_home"'
+    )
+    return f"sh -c {sh_quote(script)}"
+
+
+def hosts_arg(hosts: list[Host], procs: list[int | None]) -> str:
+    """``-H ip:slots,...`` over private addresses; unknown slots take the head's ``$NPROC``."""
+    return ",".join(
+        f"{h.private_address}:{p if p is not None else '$NPROC'}" for h, p in zip(hosts, procs, strict=True)
+    )
+
+
+class HorovodLauncher(Launcher):
+    """``horovodrun`` on the head over Gloo. Pure: the cluster key and install script are passed in.
+
+    ``app.make_plan`` loads (or creates) the inventory's cluster key and reads
+    ``images/horovod/install.sh``; tests pass their own.
+    """
+
+    name = "horovod"
+
+    def __init__(self, cluster_key: cluster_ssh.ClusterKey | None = None, install_script: str = "") -> None:
+        self.cluster_key = cluster_key
+        self.install_script = install_script
+
+    @classmethod
+    def for_inventory(cls, inventory: Inventory) -> HorovodLauncher:
+        return load_horovod_launcher(inventory)
+
+    # -- the head's command -----------------------------------------------------------------------
+    def node_command(self, spec: JobSpec, inventory: Inventory, node_rank: int, procs: int | None) -> str:
+        hosts = inventory.hosts
+        all_procs = [resolved_procs(spec, h) for h in hosts]
+        if any(p is None for p in all_procs):
+            # Unknown GPU counts: every host is taken to match the head (nvidia-smi on the head).
+            all_procs = [None] * len(hosts)
+            np_arg = f'"$(({len(hosts)} * NPROC))"'
+        else:
+            np_arg = str(sum(p for p in all_procs if p is not None))
+        words = [
+            "python",
+            "-m",
+            "horovod.runner.launch",
+            "--gloo",
+            "--disable-cache",
+            "-np",
+            np_arg,
+            "-H",
+            f'"{hosts_arg(hosts, all_procs)}"' if None in all_procs else hosts_arg(hosts, all_procs),
+        ]
+        if len(hosts) > 1:
+            # With every host local, horovodrun insists on the loopback interface; name none then.
+            words += ["--network-interfaces", '"$IFACE"']
+        ports = {h.port for h in hosts[1:]}
+        if len(ports) == 1:
+            # One port for all workers: say it explicitly. Otherwise each Port is in ssh_config.
+            words += ["-p", str(ports.pop())]
+        if len(hosts) > 1:
+            words += ["-i", f'"$HOME/{cluster_ssh.PRIVATE_KEY}"']
+        words += [
+            "--start-timeout",
+            str(START_TIMEOUT_S),
+            "--gloo-timeout-seconds",
+            str(GLOO_TIMEOUT_S),
+            rank_command(),
+        ]
+        return " ".join(words)
+
+    # -- the plan --------------------------------------------------------------------------------
+    def plan(self, spec: JobSpec, inventory: Inventory, run_id: str) -> LaunchPlan:
+        if self.cluster_key is None:
+            raise SpecError(
+                "the horovod launcher needs the cluster's SSH key; plans are made by launch.cli.app.make_plan"
+            )
+        inventory = inventory.first(spec.nodes)
+        base = super().plan(self.setup_spec(spec), inventory, run_id)
+        head_host = inventory.head
+        workers = inventory.hosts[1:]
+        head_files = cluster_ssh.head_files(self.cluster_key, workers) if workers else ()
+        nodes: list[NodePlan] = []
+        for node in base.nodes:
+            files: tuple[RemoteFile, ...] = (
+                *node.files,
+                ShippedScript(INSTALL_SCRIPT, self.install_script, mode=0o755, origin=INSTALL_ORIGIN),
+                RemoteFile(rank_script_path(run_id), self.rank_script(spec, node, run_id), mode=0o755),
+            )
+            if node.node_rank == 0:
+                nodes.append(
+                    dataclasses.replace(
+                        node,
+                        files=files + head_files,
+                        launch_script=self.head_launch_script(spec, node.launch_script or ""),
+                    )
+                )
+            else:
+                nodes.append(
+                    dataclasses.replace(
+                        node,
+                        command=None,
+                        launch_script=None,
+                        files=files,
+                        setup_script=cluster_ssh.authorize_script(self.cluster_key, head_host)
+                        + node.setup_script,
+                    )
+                )
+        notes = list(base.notes)
+        slots = [resolved_procs(spec, h) for h in inventory.hosts]
+        notes.append(
+            "horovodrun slots: "
+            + ", ".join(
+                f"{h.name} {h.private_address}:{p if p is not None else '$NPROC'}"
+                for h, p in zip(inventory.hosts, slots, strict=True)
+            )
+            + f" (-np {base.total_processes if base.total_processes is not None else 'nodes x $NPROC'})"
+        )
+        if base.total_processes is None:
+            notes.append("horovodrun gives every host as many slots as the head has GPUs ($NPROC)")
+        notes.append(
+            f"horovodrun runs on {head_host.name} and SSHes to "
+            + (", ".join(f"{h.user}@{h.private_address}" for h in workers) or "no other host")
+            + " with the cluster key; workers' host keys pinned in ~/"
+            + cluster_ssh.KNOWN_HOSTS
+        )
+        return dataclasses.replace(base, nodes=nodes, notes=notes)
+
+    def setup_spec(self, spec: JobSpec) -> JobSpec:
+        """The spec with Horovod's install as its first setup command.
+
+        Part of the setup hash (the script's own hash is in the line), so a changed install
+        script reruns setup; the install itself is a no-op when the environment imports horovod.
+        """
+        digest = hashlib.sha256(self.install_script.encode()).hexdigest()[:12]
+        line = f'sh "$HOME/{INSTALL_SCRIPT}" python  # install.sh {digest}'
+        return spec.model_copy(update={"setup": [line, *spec.setup]})
+
+    def head_launch_script(self, spec: JobSpec, script: str) -> str:
+        """The base launch script with the cluster ``ssh`` wrapper first on horovodrun's PATH.
+
+        horovodrun copies its whole environment onto every remote rank's command line, where any
+        user on the worker can read it in ``ps``. The playbook's variables (API keys, say) need
+        not travel that way: every rank's ``rank.sh`` exports them itself, so they are unset for
+        horovodrun. ``HOROVOD_*`` ones stay, since horovodrun itself reads some of them.
+        """
+        lines = script.rstrip("\n").split("\n")
+        extra = [f'export PATH="$HOME/{cluster_ssh.BIN_DIR}:$PATH"']
+        private = sorted(k for k in spec.env if not k.startswith("HOROVOD_"))
+        if private:
+            extra.append("unset " + " ".join(private))
+        return "\n".join([*lines[:-1], *extra, lines[-1]]) + "\n"
+
+    def rank_script(self, spec: JobSpec, node: NodePlan, run_id: str) -> str:
+        """The script every rank on ``node`` runs (see the module docstring for why it exists)."""
+        host = node.host
+        run_dir = f"$HOME/{layout.rundir(run_id)}"
+        lines = [
+            "#!/bin/sh",
+            f"# fleetrun: one Horovod rank on {host.name} (job {spec.name}, run {run_id}).",
+            "# Started by horovodrun with the head's environment; this node's own values are set here.",
+            "set -e",
+            'HOME="$1"',
+            "USER=$(id -un); LOGNAME=$USER",
+            "export HOME USER LOGNAME",
+            "# Drop the head's fleetrun paths (its venv, its node library) from the inherited search paths.",
+            "keep_foreign() {",
+            "    out=; old_ifs=$IFS; IFS=:",
+            '    for d in $1; do case "$d" in */.fleetrun/*) ;; *) out="${out:+$out:}$d" ;; esac; done',
+            '    IFS=$old_ifs; printf "%s" "$out"',
+            "}",
+            'PATH=$(keep_foreign "$PATH"); PYTHONPATH=$(keep_foreign "${PYTHONPATH:-}")',
+            "export PATH PYTHONPATH",
+            "unset VIRTUAL_ENV",
+        ]
+        expanded = HOME_RELATIVE_KEYS - spec.env.keys()
+        for key, value in node.env.items():
+            if key in expanded:
+                lines.append(f'export {key}="{value}"')
+            else:
+                lines.append(f"export {key}={sh_quote(value)}")
+        lines += [
+            "# torch.distributed's names for what Horovod assigned, so either API finds its rank.",
+            'export RANK="$HOROVOD_RANK" LOCAL_RANK="$HOROVOD_LOCAL_RANK" WORLD_SIZE="$HOROVOD_SIZE"',
+            'export LOCAL_WORLD_SIZE="$HOROVOD_LOCAL_SIZE" FLEETRUN_PROCS_PER_NODE="$HOROVOD_LOCAL_SIZE"',
+            f'export PYTHONPATH="$HOME/{layout.LIB}${{PYTHONPATH:+:$PYTHONPATH}}"',
+        ]
+        lines.append(iface_line(host))
+        lines += [
+            'if [ -n "$IFACE" ]; then',
+            '    export HOROVOD_GLOO_IFACE="$IFACE" GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"',
+            "fi",
+            f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"',
+            f'RUN_DIR="{run_dir}"',
+            'mkdir -p "$FLEETRUN_OUTPUT_DIR"',
+            f'cd "$HOME/{layout.workdir(spec.name)}"',
+            "# The entrypoint as the playbook wrote it; output to horovodrun (the head's log) and a rank log.",
+            'RC_FILE="$RUN_DIR/.rank-$HOROVOD_RANK.rc"',
+            "set +e",
+            "{",
+            spec.entrypoint.strip(),
+            'echo "$?" > "$RC_FILE"',
+            '} 2>&1 | tee -a "$RUN_DIR/rank-$HOROVOD_RANK.log"',
+            'rc=$(cat "$RC_FILE" 2>/dev/null || echo 1)',
+        ]
+        if node.node_rank != 0:
+            # The head's rc is its launch script's (horovodrun's); a worker's is its first failed rank's.
+            lines.append(
+                'if [ "$rc" != 0 ] && [ ! -e "$RUN_DIR/rc" ]; then '
+                'echo "$rc" > "$RUN_DIR/rc.$HOROVOD_RANK" && mv "$RUN_DIR/rc.$HOROVOD_RANK" "$RUN_DIR/rc"; fi'
+            )
+        lines.append('exit "$rc"')
+        return "\n".join(lines) + "\n"
+
+
+INSTALL_SCRIPT_SOURCE = Path(__file__).resolve().parents[3] / INSTALL_ORIGIN
+
+
+def load_horovod_launcher(inventory: Inventory) -> HorovodLauncher:
+    """The launcher with what its plan ships: the inventory's cluster key and the install script.
+
+    The I/O the pure ``plan`` must not do: the key is created on first use under
+    ``fleetrun_home()/cluster_keys/<inventory fingerprint>`` and reused after.
+    """
+    try:
+        install = INSTALL_SCRIPT_SOURCE.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read the Horovod install script {INSTALL_SCRIPT_SOURCE}: {exc}") from None
+    return HorovodLauncher(cluster_ssh.load_or_create_cluster_key(inventory), install)

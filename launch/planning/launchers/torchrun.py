@@ -1,0 +1,54 @@
+"""torchrun (as ``python -m torch.distributed.run``, which works whichever environment layer
+holds torch's console scripts) with a c10d rendezvous at the head node's private address (TorchX's DDP shape).
+
+Every node runs the same torchrun; ranks are agreed in the rendezvous. ``--local-addr`` pins the
+address each agent advertises, so a hostname that resolves to 127.0.1.1 (common on lab machines)
+cannot break the rendezvous; ``is_host`` marks which agent hosts the store.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from launch.job.inventory import Inventory
+from launch.job.spec import JobSpec
+from launch.planning.launchers.base import Launcher
+
+PYTHON_PREFIX = re.compile(r"^\s*python3?\s+")
+
+
+def entrypoint_tail(entrypoint: str) -> str:
+    """torchrun's view of the entrypoint: ``-m pkg.mod args``, ``script.py args`` or ``--no-python cmd``.
+
+    The tail stays shell text, exactly as the user wrote it, so ``$FLEETRUN_OUTPUT_DIR`` and quoting
+    in a playbook's entrypoint mean what they would mean in a terminal.
+    """
+    argv = shlex.split(entrypoint)
+    if argv[0] in ("python", "python3") and len(argv) >= 2:
+        return PYTHON_PREFIX.sub("", entrypoint, count=1).strip()
+    if argv[0].endswith(".py"):
+        return entrypoint.strip()
+    return "--no-python " + entrypoint.strip()
+
+
+class TorchrunLauncher(Launcher):
+    name = "torchrun"
+
+    def node_command(self, spec: JobSpec, inventory: Inventory, node_rank: int, procs: int | None) -> str:
+        head = inventory.head
+        host = inventory.hosts[node_rank]
+        words = [
+            "python",
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={len(inventory.hosts)}",
+            "--nproc-per-node=" + (str(procs) if procs is not None else '"$NPROC"'),
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={head.private_address}:{spec.rdzv_port}",
+            '--rdzv-id="$FLEETRUN_RUN_ID"',
+            f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}",
+            f"--local-addr={host.private_address}",
+            f"--max-restarts={spec.max_restarts}",
+        ]
+        return " ".join(words) + " " + entrypoint_tail(spec.entrypoint)

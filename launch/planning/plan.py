@@ -1,0 +1,98 @@
+"""A launch plan: exactly what will run on each node, as data.
+
+A launcher turns a job spec plus an inventory into a ``LaunchPlan``; a task runs that plan.
+Because the plan is plain data, ``--dry-run`` prints it and tests assert on it without a network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from launch.job.inventory import Host
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A small file fleetrun writes on a node before setup (path relative to the node user's home).
+
+    ``secret`` files (a cluster-internal private key) are never printed by ``--dry-run``.
+    """
+
+    path: str
+    content: str
+    mode: int = 0o644
+    secret: bool = False
+
+    def describe(self) -> str:
+        if self.secret:
+            return f"~/{self.path} (mode {self.mode:o}, secret: {len(self.content)} bytes, not shown)"
+        return f"~/{self.path} (mode {self.mode:o}):\n{self.content.rstrip()}"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What one node runs: its launch script, and the setup that must precede it.
+
+    ``launch_script`` is None on nodes whose processes are started by the head node's launcher
+    (``horovodrun`` SSHes to the workers itself); fleetrun still syncs, sets up, watches and stops them.
+    """
+
+    host: Host
+    node_rank: int
+    env: dict[str, str]
+    command: str | None
+    launch_script: str | None
+    setup_script: str
+    setup_hash: str
+    role: str = "worker"
+    files: tuple[RemoteFile, ...] = ()
+
+    @property
+    def starts_processes(self) -> bool:
+        return self.launch_script is not None
+
+    def describe(self) -> str:
+        return f"{self.host.name} ({self.host.user}@{self.host.address}:{self.host.port}, node rank {self.node_rank}, {self.role})"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The whole job: run id, nodes (head first), and which launcher made it."""
+
+    run_id: str
+    job: str
+    launcher: str
+    nodes: list[NodePlan]
+    total_processes: int | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def head(self) -> NodePlan:
+        return self.nodes[0]
+
+    def render(self) -> str:
+        """The dry-run text: per node, the exact setup and launch scripts that would run."""
+        out = [
+            f"# fleetrun plan for job {self.job!r}, run {self.run_id}",
+            f"# launcher: {self.launcher}; nodes: {len(self.nodes)}; "
+            f"processes: {self.total_processes if self.total_processes is not None else 'resolved on the nodes'}",
+        ]
+        out += [f"# note: {n}" for n in self.notes]
+        for node in self.nodes:
+            out.append("")
+            out.append(f"## {node.describe()}")
+            out.append(
+                f"### setup (skipped when ~/.fleetrun/envs/{self.job}/.fleetrun-setup-hash = {node.setup_hash})"
+            )
+            for remote_file in node.files:
+                out.append(f"### file {remote_file.describe()}")
+            out.append(node.setup_script.rstrip())
+            if node.launch_script is None:
+                out.append(
+                    "### launch.sh: none; this node's processes are started by the head node's launcher"
+                )
+                continue
+            out.append("### launch.sh (started detached by ~/.fleetrun/lib/fleetrun_node.py start)")
+            out.append(node.launch_script.rstrip())
+            out.append(f"### command: {node.command}")
+        return "\n".join(out) + "\n"

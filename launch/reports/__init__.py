@@ -1,0 +1,1 @@
+"""What the user sees of a run: console views, the loss plot, TensorBoard event files."""

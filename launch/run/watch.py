@@ -1,0 +1,296 @@
+"""Watching a running job: poll every node, fold what comes back into an ``Observation``, decide.
+
+The watcher keeps one SSH connection per node (reused across polls) and asks the node agent for
+an incremental answer: process state, exit code, the metrics bytes since the last offset, the
+final status record. Concurrency is bounded (``Fleet.max_parallel``) so it holds at 64+ nodes.
+Stop decisions come from ``launch.rules.stoprules``; this module only gathers facts and draws the table.
+
+Everything needed to watch a run is saved as ``watch.json`` in the run folder, so a watcher that
+died (laptop closed, Ctrl-C) can be re-attached with ``fab watch RUN``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from launch.errors import HostError
+from launch.job.inventory import Inventory
+from launch.planning import remote_layout as layout
+from launch.reports.report import live_table
+from launch.rules.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
+from launch.rules.pricing import price_per_node_hour
+from launch.rules.stoprules import (
+    NodeObservation,
+    Observation,
+    RuleState,
+    StopDecision,
+    StopRules,
+    Teardown,
+    evaluate,
+)
+from launch.transport.ssh import Fleet, NodeConnection
+
+AGENT = f'python3 "$HOME/{layout.AGENT}"'
+POLL_DEADLINE_S = 20.0
+POLL_ANSWER_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class WatchTarget:
+    """What a watcher needs to know about a run; saved as ``watch.json`` for re-attaching."""
+
+    run_id: str
+    job: str
+    inventory: Inventory
+    starters: tuple[str, ...]
+    rules: StopRules
+    teardown: Teardown
+    started_at: float
+    folder: Path
+    instance_type: str | None = None
+    cloud: str | None = None
+
+    def save(self) -> Path:
+        data = {
+            "run_id": self.run_id,
+            "job": self.job,
+            "inventory": self.inventory.to_yaml_data(),
+            "starters": list(self.starters),
+            "rules": self.rules.model_dump(),
+            "teardown": self.teardown,
+            "started_at": self.started_at,
+            "instance_type": self.instance_type,
+            "cloud": self.cloud,
+        }
+        path = self.folder / "watch.json"
+        path.write_text(json.dumps(data, indent=2, default=str))
+        return path
+
+    def guard_config(self, node: str) -> dict[str, Any]:
+        """``guard.json`` for the on-node watchdog of ``node`` (``fleetrun_guard.py``)."""
+        head = self.inventory.head
+        rules = self.rules
+        return {
+            "run_id": self.run_id,
+            "node": node,
+            "is_head": node == head.name,
+            "head_addr": head.private_address,
+            "peers": [h.private_address for h in self.inventory.hosts if h.name != node],
+            "peer_port": head.port,
+            "starts_processes": node in self.starters,
+            "started_at": self.started_at,
+            "watcher_lost_after_s": rules.watcher_lost_after_s,
+            "nan_loss": rules.nan_loss,
+            "stall_timeout_s": rules.stall_timeout_s,
+            "startup_timeout_s": rules.startup_timeout_s,
+            "max_wall_time_s": rules.max_wall_time_s,
+            "unreachable_timeout_s": rules.unreachable_timeout_s,
+            "bucket": self.inventory.bucket,
+            "cloud": self.cloud,
+        }
+
+    @classmethod
+    def load(cls, folder: Path) -> WatchTarget:
+        data = json.loads((folder / "watch.json").read_text())
+        return cls(
+            run_id=data["run_id"],
+            job=data["job"],
+            inventory=Inventory.model_validate(data["inventory"]),
+            starters=tuple(data["starters"]),
+            rules=StopRules.model_validate(data["rules"]),
+            teardown=data["teardown"],
+            started_at=data["started_at"],
+            folder=folder,
+            instance_type=data.get("instance_type"),
+            cloud=data.get("cloud"),
+        )
+
+
+@dataclass
+class NodeWatch:
+    """What the watcher knows about one node, updated every poll."""
+
+    name: str
+    starts_processes: bool
+    state: str = "running"
+    rc: int | None = None
+    exited_at: float | None = None
+    offset: int = 0
+    last_reachable_at: float | None = None
+    log_tail: str = ""
+    gpu_util: float | None = None
+    error: str = ""
+    stream: MetricsStream = field(default_factory=MetricsStream)
+
+
+class Watcher:
+    """Polls a run until a stop rule decides; the decision is returned, nothing is stopped here."""
+
+    def __init__(
+        self,
+        target: WatchTarget,
+        fleet: Fleet,
+        console: Console,
+        poll_interval: float = 1.0,
+        completion_grace_s: float = 30.0,
+        on_poll: Callable[[Observation], object] | None = None,
+    ) -> None:
+        self.target = target
+        self.fleet = fleet
+        self.console = console
+        self.poll_interval = poll_interval
+        self.completion_grace_s = completion_grace_s
+        self.on_poll = on_poll
+        self.nodes = {h.name: NodeWatch(h.name, h.name in target.starters) for h in target.inventory.hosts}
+        self.final_status: FinalStatus | None = None
+        self.rule_state = RuleState()
+        self.price = price_per_node_hour(target.instance_type or "", target.rules.price_per_node_hour)
+        self.first_step_at: float | None = None
+        self.serve_command = f'exec {AGENT} serve "$HOME/{layout.rundir(target.run_id)}"'
+
+    # -- one poll --------------------------------------------------------------------------------
+    def _poll_node(self, conn: NodeConnection) -> dict[str, Any]:
+        """Ask the node's agent over its persistent poll channel (``NodeConnection.ask``)."""
+        name = conn.host.name
+        line = conn.ask(self.serve_command, f"poll {self.nodes[name].offset}", timeout=POLL_ANSWER_TIMEOUT_S)
+        try:
+            answer: dict[str, Any] = json.loads(line)
+        except ValueError:
+            conn.close_sessions()
+            raise HostError(name, f"poll answer is not JSON: {line[:200]!r}") from None
+        if "error" in answer:
+            raise HostError(name, f"poll failed: {answer['error']}")
+        return answer
+
+    def close(self) -> None:
+        """Close the poll channels; each node's agent exits on end of input."""
+        for conn in self.fleet.connections.values():
+            conn.close_sessions()
+
+    def _absorb(self, node: NodeWatch, answer: dict[str, Any] | BaseException, now: float) -> None:
+        if isinstance(answer, BaseException):
+            node.error = str(answer)
+            if node.state not in ("exited", "vanished"):
+                node.state = "unreachable"
+            return
+        node.error = ""
+        node.last_reachable_at = now
+        node.log_tail = answer.get("log_tail") or ""
+        node.gpu_util = answer.get("gpu_util")
+        state = answer.get("state", "absent")
+        node.state = "vanished" if state == "absent" else state
+        node.rc = answer.get("rc")
+        node.exited_at = answer.get("exited_at")
+        chunk = base64.b64decode(answer.get("metrics_b64") or "")
+        if chunk:
+            node.stream.feed(chunk)
+            node.offset = int(answer.get("offset", node.offset + len(chunk)))
+        status = parse_status(answer.get("status"))
+        if status is not None:
+            self.final_status = status
+
+    def metrics(self) -> MetricsSummary:
+        """Rank 0's metrics: the one node whose metrics file has records (rank 0 lands anywhere)."""
+        streams = sorted(self.nodes.values(), key=lambda n: n.stream.records + n.stream.events, reverse=True)
+        return streams[0].stream.summary() if streams else MetricsSummary()
+
+    def observation(self, now: float) -> Observation:
+        """Nodes whose processes the head's launcher started follow the head's state.
+
+        Exited-with-failure nodes come first, earliest exit first: the node that failed first is
+        usually the cause, the others fail because their peers went away.
+        """
+        starters = [n for n in self.nodes.values() if n.starts_processes]
+        head = starters[0] if starters else None
+        observed: list[NodeObservation] = []
+        for node in self.nodes.values():
+            state, rc = node.state, node.rc
+            if not node.starts_processes and state != "unreachable":
+                # a rank that failed on a head-started node records its own exit code (horovod's rank.sh)
+                own_failure = state == "exited" and rc not in (0, None)
+                if not own_failure:
+                    state, rc = (
+                        (head.state, head.rc) if head and head.state == "exited" else ("running", None)
+                    )
+            observed.append(
+                NodeObservation(
+                    node=node.name,
+                    state=state,  # type: ignore[arg-type]
+                    exit_code=rc if state == "exited" else None,
+                    last_reachable_at=node.last_reachable_at,
+                    gpu_util=node.gpu_util,
+                )
+            )
+        exits = {
+            n.name: n.exited_at if n.exited_at is not None else float("inf") for n in self.nodes.values()
+        }
+        observed.sort(key=lambda o: (0, exits[o.node]) if o.state == "exited" and o.exit_code else (1, 0.0))
+        return Observation(
+            now=now,
+            started_at=self.target.started_at,
+            nodes=tuple(observed),
+            metrics=self.metrics(),
+            final_status=self.final_status,
+            node_count=len(self.target.inventory.hosts),
+            price_per_node_hour=self.price,
+        )
+
+    def poll_once(self) -> Observation:
+        answers = self.fleet.map(self._poll_node, deadline=POLL_DEADLINE_S)
+        now = time.time()
+        for name, answer in answers.items():
+            node = self.nodes[name]
+            before = node.state
+            self._absorb(node, answer, now)
+            if node.state != before and (node.starts_processes or node.state in ("unreachable", "exited")):
+                rc = f" (exit {node.rc})" if node.rc is not None else ""
+                why = f": {node.error}" if node.error else ""
+                self.console.print(f"  {name}: {before} -> {node.state}{rc}{why}")
+        obs = self.observation(now)
+        if self.first_step_at is None and obs.metrics.records:
+            first = obs.metrics.history[0].time if len(obs.metrics.history) else None
+            self.first_step_at = first or now
+            self.console.print(
+                f"  first step logged {self.first_step_at - self.target.started_at:.1f} s after launch"
+            )
+        return obs
+
+    # -- the loop --------------------------------------------------------------------------------
+    def title(self) -> str:
+        return f"run {self.target.run_id}"
+
+    def run(self) -> StopDecision:
+        """Poll until a rule fires. A success reported before every process exited gets a grace
+        period, so processes finishing their teardown are not killed into a non-zero exit."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> StopDecision:
+        grace_until: float | None = None
+        with Live(console=self.console, refresh_per_second=4, transient=False) as live:
+            while True:
+                obs = self.poll_once()
+                decision = evaluate(self.target.rules, obs, self.rule_state)
+                live.update(live_table(obs, title=self.title(), decision=decision))
+                if self.on_poll is not None:
+                    self.on_poll(obs)
+                if decision is not None:
+                    still_running = [n for n in obs.nodes if n.state == "running"]
+                    if decision.outcome == "succeeded" and still_running:
+                        grace_until = grace_until or obs.now + self.completion_grace_s
+                        if obs.now < grace_until:
+                            time.sleep(self.poll_interval)
+                            continue
+                    return decision
+                time.sleep(self.poll_interval)
