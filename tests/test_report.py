@@ -10,18 +10,9 @@ from typing import Any
 
 import pytest
 
-from launch.reports.report import (
-    TensorBoardWriter,
-    crc32c,
-    live_table,
-    masked_crc32c,
-    plot_loss,
-    render_text,
-    runs_table,
-    show_run,
-    summary_panel,
-    write_tensorboard,
-)
+from launch.reports.plot import plot_loss
+from launch.reports.tensorboard import TensorBoardWriter, crc32c, masked_crc32c, write_tensorboard
+from launch.reports.views import live_table, render_text, runs_table, show_run, summary_panel
 from launch.rules.metrics_stream import LossPoint, MetricsStream
 from launch.rules.stoprules import NodeObservation, Observation, StopDecision
 from launch.run.records import RunRecords

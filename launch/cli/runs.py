@@ -19,12 +19,13 @@ from launch.errors import FleetrunError
 from launch.fleets.teardown import tear_down
 from launch.paths import fleetrun_home, known_hosts_file
 from launch.planning import remote_layout as layout
-from launch.reports.report import runs_table, show_run
+from launch.reports.views import runs_table, show_run
 from launch.rules.stoprules import should_teardown
+from launch.run.artifacts import pull
 from launch.run.records import RunRecord, RunRecords, pid_alive
 from launch.run.run_folder import RunFolder
 from launch.run.watch import Watcher, WatchTarget
-from launch.run.wrapup import RunResult, pull, wrap_up, write_reports
+from launch.run.wrapup import RunResult, wrap_up, write_reports
 from launch.transport.ssh import Fleet
 
 

@@ -25,7 +25,7 @@ from rich.live import Live
 from launch.errors import HostError
 from launch.job.inventory import Inventory
 from launch.planning import remote_layout as layout
-from launch.reports.report import live_table
+from launch.reports.views import live_table
 from launch.rules.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import (
