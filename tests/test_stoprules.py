@@ -359,11 +359,11 @@ def test_unknown_price_cannot_fire_and_is_warned_about() -> None:
 
 
 def test_price_table_lookup() -> None:
-    assert pricing.price_per_node_hour("P5.48XLARGE") == pricing.PRICES["p5.48xlarge"].usd_per_hour
+    assert pricing.price_per_node_hour("P5.48XLARGE") == pricing.PRICES["p5.48xlarge"]
     assert pricing.price_per_node_hour("no-such-type") == 0.0
     assert pricing.price_per_node_hour(None) == 0.0
     assert pricing.price_per_node_hour("no-such-type", override=2.5) == 2.5
-    assert all(p.usd_per_hour > 0 and p.gpus > 0 for p in pricing.PRICES.values())
+    assert all(p > 0 for p in pricing.PRICES.values())
 
 
 # ------------------------------------------------------------------ priorities and helpers
@@ -400,3 +400,12 @@ def test_should_teardown(teardown: str, outcome: str | None, expected: bool) -> 
 def test_node_exit_codes() -> None:
     nodes = (NodeObservation("node0", "exited", 0), NodeObservation("node1", "running"))
     assert node_exit_codes(nodes) == {"node0": 0, "node1": None}
+
+
+def test_every_priced_machine_type_is_in_a_cloud_catalog() -> None:
+    """One machine table: prices name only types the clouds' catalogs know (GPUs live there)."""
+    from infra.clouds.aws_catalog import INSTANCE_TYPES
+    from infra.clouds.gcp_catalog import GPU_MACHINE_TYPES
+
+    unknown = sorted(set(pricing.PRICES) - set(INSTANCE_TYPES) - set(GPU_MACHINE_TYPES))
+    assert not unknown, f"priced but not in any catalog: {unknown}"
