@@ -160,7 +160,9 @@ def test_efa_on_every_network_card_and_an_elastic_ip_per_node(machine_type: str,
     assert not any("associatePublicIpAddress" in n for n in nics)  # refused with several interfaces
     assert template["tagSpecifications"][0]["resourceType"] == "network-interface"  # the leak audit sees them
     eips = {r.inputs["networkInterface"]: r for r in snap.of_type("aws:ec2/eip:Eip")}
-    for instance, node in zip(sorted(snap.of_type(INSTANCE), key=lambda i: i.name), snap.outputs["nodes"]):
+    for instance, node in zip(
+        sorted(snap.of_type(INSTANCE), key=lambda i: i.name), snap.outputs["nodes"], strict=True
+    ):
         assert "subnetId" not in instance.inputs and instance.inputs["launchTemplate"]["version"] == "$Latest"
         eip = eips[instance.outputs["primaryNetworkInterfaceId"]]
         assert (
