@@ -1,0 +1,1 @@
+"""Fleets: where a run's machines come from and how they go away."""
