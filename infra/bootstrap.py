@@ -41,7 +41,6 @@ class NodeBootstrap:
     cloud: str
     node_name: str
     rank: int
-    node_count: int
     gpus: int
     ssh_user: str
     authorized_key: str
@@ -75,13 +74,19 @@ def _image_file(path: Path) -> str:
 
 
 def node_env(b: NodeBootstrap) -> str:
-    """``/etc/fleetrun/node.env``: what a job on this node may need to know about the cluster."""
+    """``/etc/fleetrun/node.env``: what a job on this node may need to know about the cluster.
+
+    Only what never changes for this node. The cluster's size is deliberately absent: user data
+    is read once, at first boot, and changing it rewrites the instance (AWS stops and starts it,
+    which a one-time spot instance cannot survive), so anything that depends on the node count
+    would restart every node when the cluster grows. The launcher passes the size at run time
+    (``NNODES``, ``WORLD_SIZE``, ``FLEETRUN_NODE_IPS``).
+    """
     values = {
         "FLEETRUN_CLUSTER_ID": b.cluster_id,
         "FLEETRUN_CLOUD": b.cloud,
         "FLEETRUN_NODE_NAME": b.node_name,
         "FLEETRUN_NODE_RANK": str(b.rank),
-        "FLEETRUN_NUM_NODES": str(b.node_count),
         "FLEETRUN_GPUS_PER_NODE": str(b.gpus),
         "FLEETRUN_SSH_USER": b.ssh_user,
         "FLEETRUN_BUCKET": b.bucket,

@@ -20,7 +20,7 @@ def raw_fleet_config() -> dict[str, Any]:
     """Every ``fleet:*`` key set in the stack (known or not, so that typos are reported)."""
     raw: dict[str, Any] = {}
     prefix = NAMESPACE + ":"
-    for full_key in _all_config_keys():
+    for full_key in all_config_keys():
         if full_key.startswith(prefix):
             raw[full_key[len(prefix) :]] = pulumi.runtime.get_config(full_key)
     config = pulumi.Config(NAMESPACE)
@@ -43,7 +43,7 @@ def load_settings() -> FleetSettings:
         raise pulumi.RunError(str(exc)) from None
 
 
-def _all_config_keys() -> list[str]:
+def all_config_keys() -> list[str]:
     """All config keys the engine passed to the program (both ways the SDK may receive them)."""
     from pulumi.runtime import config as runtime_config
 

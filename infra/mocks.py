@@ -14,6 +14,8 @@ against a real cloud. Resource options (``retain_on_delete``, ``ignore_changes``
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import itertools
 import threading
 from collections import Counter
@@ -88,8 +90,16 @@ def reveal(value: Any) -> Any:
     return value
 
 
-def _ed25519_openssh() -> tuple[str, str]:
-    key = ed25519.Ed25519PrivateKey.generate()
+def _digest(name: str) -> bytes:
+    return hashlib.sha256(name.encode()).digest()
+
+
+@functools.cache
+def _ed25519_openssh(name: str) -> tuple[str, str]:
+    """A key derived from the resource's name, and the same text every time (OpenSSH's format
+    carries a random check word): evaluating the program twice gives an existing key back, as
+    the real state does for an existing ``tls.PrivateKey`` (update tests compare inputs)."""
+    key = ed25519.Ed25519PrivateKey.from_private_bytes(_digest(name))
     private = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
     ).decode()
@@ -102,7 +112,14 @@ def _ed25519_openssh() -> tuple[str, str]:
 
 
 class FleetMocks(pulumi.runtime.Mocks):
-    """Synthesises what the clouds would compute: ids, ARNs, addresses, generated keys."""
+    """Synthesises what the clouds would compute: ids, ARNs, addresses, generated keys.
+
+    Ids and keys are derived from resource names (not from registration order), so two
+    evaluations of the program (N and N+1 nodes) give an unchanged resource the same inputs.
+    """
+
+    IMAGE_SIZE_GB = 100
+    """The size both image lookups report (the real deep-learning images are of this order)."""
 
     def __init__(self, project: str = "my-gcp-project") -> None:
         self.project = project
@@ -121,16 +138,25 @@ class FleetMocks(pulumi.runtime.Mocks):
         rid = f"{args.name}-id"
         typ = args.typ
         if typ == "tls:index/privateKey:PrivateKey":
-            private, public = _ed25519_openssh()
+            private, public = _ed25519_openssh(args.name)
             outputs.update(privateKeyOpenssh=private, publicKeyOpenssh=public, privateKeyPem=private)
         elif typ == "aws:ec2/instance:Instance":
-            rid = f"i-{n:017x}"
+            rid = "i-" + _digest(args.name).hex()[:17]
             outputs.update(
                 id=rid,
                 arn=f"arn:aws:ec2:us-east-1:123456789012:instance/{rid}",
+                primaryNetworkInterfaceId="eni-" + _digest(args.name).hex()[:17],
                 privateIp=f"10.0.{n // 250}.{n % 250 + 4}",
                 publicIp=f"54.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}",
             )
+        elif typ == "aws:ec2/eip:Eip":
+            rid = "eipalloc-" + _digest(args.name).hex()[:17]
+            outputs.update(
+                id=rid, allocationId=rid, publicIp=f"3.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
+            )
+        elif typ == "gcp:projects/iAMCustomRole:IAMCustomRole":
+            role_id = inputs.get("roleId") or f"{args.name}_a1b2c3d"
+            outputs.update(roleId=role_id, name=f"projects/{self.project}/roles/{role_id}")
         elif typ == "aws:s3/bucket:Bucket":
             rid = inputs.get("bucket") or f"{args.name}-a1b2c3d"
             outputs.update(bucket=rid, arn=f"arn:aws:s3:::{rid}")
@@ -149,7 +175,7 @@ class FleetMocks(pulumi.runtime.Mocks):
             rid = inputs.get("name") or f"{args.name}-a1b2c3d"
             outputs.update(name=rid, url=f"gs://{rid}")
         elif typ == "gcp:compute/instance:Instance":
-            rid = str(7_000_000_000_000_000_000 + n)
+            rid = str(7_000_000_000_000_000_000 + int.from_bytes(_digest(args.name)[:6], "big"))
             interfaces = [dict(i) for i in inputs.get("networkInterfaces", [])]
             if interfaces:
                 interfaces[0]["networkIp"] = f"10.0.{n // 250}.{n % 250 + 4}"
@@ -176,7 +202,23 @@ class FleetMocks(pulumi.runtime.Mocks):
     def _answer(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         token = args.token
         if token == "aws:ec2/getAmi:getAmi":
-            return {"id": "ami-0123456789abcdef0", "imageId": "ami-0123456789abcdef0", "name": "DLAMI"}
+            pinned = [f["values"][0] for f in args.args.get("filters", []) if f.get("name") == "image-id"]
+            ami = pinned[0] if pinned else "ami-0123456789abcdef0"
+            return {
+                "id": ami,
+                "imageId": ami,
+                "name": "DLAMI",
+                "rootDeviceName": "/dev/sda1",
+                "blockDeviceMappings": [
+                    {
+                        "deviceName": "/dev/sda1",
+                        "ebs": {"volume_size": str(self.IMAGE_SIZE_GB)},
+                        "noDevice": "",
+                        "virtualName": "",
+                    },
+                    {"deviceName": "/dev/sdb", "ebs": {}, "noDevice": "", "virtualName": "ephemeral0"},
+                ],
+            }
         if token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
             return {"locations": ["us-east-1c", "us-east-1a"], "instanceTypes": [], "locationTypes": []}
         if token == "aws:index/getPartition:getPartition":
@@ -188,7 +230,7 @@ class FleetMocks(pulumi.runtime.Mocks):
             return {"id": name, "bucket": name, "arn": f"arn:aws:s3:::{name}"}
         if token == "gcp:compute/getImage:getImage":
             link = f"https://www.googleapis.com/compute/v1/projects/{args.args.get('project')}/global/images/dlvm-1"
-            return {"selfLink": link, "name": "dlvm-1"}
+            return {"selfLink": link, "name": "dlvm-1", "diskSizeGb": self.IMAGE_SIZE_GB}
         if token == "gcp:storage/getBucket:getBucket":
             return {"name": args.args["name"]}
         return {}

@@ -25,6 +25,7 @@ from infra.clouds.rules import (
     MachineRequest,
     MachineSpec,
     Problem,
+    Provisioning,
     known_clouds,
     rules_for,
 )
@@ -47,7 +48,8 @@ KEYS: dict[str, str] = {
     "cloud": "aws or gcp (required)",
     "preset": "a named tier that fills in node_count and machine_type: " + ", ".join(PRESETS),
     "region": "AWS region (required on AWS); on GCP derived from zone",
-    "zone": "AWS availability zone (default: first zone offering the type); GCP zone (required)",
+    "zone": "AWS availability zone (default: first zone offering the type); GCP zone (required unless zones)",
+    "zones": "ordered zones `fab up` tries on a capacity error (AWS: one region; GCP: any regions)",
     "project": "GCP project id (or gcp:project)",
     "node_count": f"number of nodes, 1 to {MAX_NODES}",
     "machine_type": "instance / machine type, e.g. p4d.24xlarge or a2-highgpu-8g",
@@ -55,6 +57,8 @@ KEYS: dict[str, str] = {
     "accelerator_type": "GCP N1 only: accelerator to attach, e.g. nvidia-tesla-t4",
     "spot": "true for spot (AWS) / spot-preemptible (GCP) capacity; default false",
     "reservation": "capacity reservation (AWS cr-... id, GCP reservation name); not with spot",
+    "capacity_block": "AWS: the reservation is an EC2 Capacity Block for ML (market type capacity-block)",
+    "placement_group": "an existing placement group (AWS) / compact policy (GCP) to launch into, e.g. the reservation's",
     "disk_size_gb": f"root disk size in GB, default {DEFAULT_DISK_GB}",
     "image": "'auto' (the cloud's current deep-learning image) or an image id",
     "ssh_cidr": "operator CIDR(s) allowed to SSH, e.g. your.ip.address/32 (required)",
@@ -64,7 +68,7 @@ KEYS: dict[str, str] = {
     "bucket": "'auto' or a bucket name for data, checkpoints and metrics",
     "bucket_existing": "true: use an existing bucket (e.g. retained from an earlier stack) as is",
     "tags": "tags (AWS) / labels (GCP) added to every resource",
-    "efa": "AWS: 'auto' (EFA when the type has it and node_count > 1), true or false",
+    "efa": "AWS: 'auto' (EFA, on every network card, when the type has it), true or false",
     "placement": "cluster placement group / compact placement when the type supports it; default true",
     "network_cidr": f"private CIDR of the cluster network, default {DEFAULT_NETWORK_CIDR}",
     "allow_unlisted": "accept machine types and regions missing from fleetrun's tables",
@@ -104,6 +108,12 @@ class FleetSettings:
     disk_type: str
     spot: bool = False
     reservation: str | None = None
+    capacity_block: bool = False
+    zones: tuple[str, ...] = ()
+    """Ordered failover zones (``fab up`` sets ``fleet:zone`` to the one in use)."""
+    bucket_region: str = ""
+    """Where the bucket lives: the first failover zone's region, so failing over never moves it."""
+    placement_group: str | None = None
     gcp_project: str | None = None
     ssh_public_key: str | None = None
     bucket_name: str | None = None
@@ -125,6 +135,20 @@ class FleetSettings:
 
     def node_name(self, rank: int) -> str:
         return f"{self.cluster_id}-node{rank}"
+
+
+def image_disk_problem(disk_size_gb: int, image_size_gb: float | None, image: str) -> str | None:
+    """Why the root disk cannot hold the image (the lookup's own size), or None.
+
+    ``MIN_DISK_GB`` only catches nonsense; the deep-learning images are far bigger and grow, so
+    the program compares with the size the image lookup returns before any node is created.
+    """
+    if image_size_gb is not None and disk_size_gb < image_size_gb:
+        return (
+            f"fleet:disk_size_gb: {disk_size_gb} GB is smaller than the image {image} "
+            f"({image_size_gb:g} GB); set at least {int(-(-image_size_gb // 1))}"
+        )
+    return None
 
 
 def cluster_id_for(project: str, stack: str) -> str:
@@ -202,7 +226,7 @@ class _Parser:
                 return None
         return value
 
-    def str_list(self, key: str) -> list[str] | None:
+    def str_list(self, key: str, what: str = "a CIDR or a list of CIDRs") -> list[str] | None:
         value = self.structured(key)
         if value is None:
             return None
@@ -210,7 +234,7 @@ class _Parser:
             return [part.strip() for part in value.split(",") if part.strip()]
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return [v.strip() for v in value]
-        self.problem(key, f"expected a CIDR or a list of CIDRs, got {value!r}")
+        self.problem(key, f"expected {what}, got {value!r}")
         return None
 
     def str_map(self, key: str) -> dict[str, str]:
@@ -238,8 +262,19 @@ class _Parser:
         self.check_cloud_only_keys(rules)
         allow_unlisted = self.boolean("allow_unlisted")
 
-        location = rules.location(self.text("region"), self.text("zone"), allow_unlisted)
+        zones = self.str_list("zones", what="a zone or a list of zones") or []
+        explicit_zone = self.text("zone")
+        if explicit_zone and zones and explicit_zone not in zones:
+            self.problem("zone", f"{explicit_zone!r} is not one of fleet:zones {zones}")
+        location = rules.location(
+            self.text("region"), explicit_zone or (zones[0] if zones else None), allow_unlisted
+        )
         location = self.collect(location)
+        if zones:
+            for key, message in rules.failover_zones(
+                location.region if location else None, zones, allow_unlisted
+            ):
+                self.problem(key, message)
         gcp_project = self.text("project")
         project_problem = rules.project_problem(gcp_project)
         if project_problem:
@@ -255,6 +290,8 @@ class _Parser:
         machine = self.machine(rules, allow_unlisted)
         spot = self.boolean("spot")
         reservation = self.reservation(rules, spot)
+        capacity_block = self.boolean("capacity_block")
+        placement_group = self.text("placement_group")
         disk_size = self.disk_size()
         image = self.collect(rules.image(self.text("image", "auto") or "auto"))
         ssh_cidrs = self.ssh_cidrs()
@@ -264,9 +301,24 @@ class _Parser:
         tags = self.str_map("tags")
         for key, message in rules.tag_problems(tags):
             self.problem(key, message)
-        efa = self.efa(machine, node_count)
-        placement = self.placement(machine, node_count)
+        efa = self.efa(machine)
+        placement = self.placement(machine, reservation, placement_group)
         network_cidr = self.network_cidr(node_count)
+        if machine and image and node_count:
+            combination = Provisioning(
+                machine=machine,
+                image=image,
+                node_count=node_count,
+                spot=spot,
+                reservation=reservation,
+                capacity_block=capacity_block,
+                zone=explicit_zone,
+                zones=tuple(zones),
+                placement=placement,
+                placement_group=placement_group,
+            )
+            for key, message in rules.combination_problems(combination):
+                self.problem(key, message)
 
         if self.problems:
             raise ConfigError(self.problems)
@@ -284,6 +336,10 @@ class _Parser:
             disk_type=machine.boot_disk_type or rules.default_disk_type,
             spot=spot,
             reservation=reservation,
+            capacity_block=capacity_block,
+            zones=tuple(zones),
+            bucket_region=rules.region_of(zones[0]) if zones else location.region,
+            placement_group=placement_group,
             gcp_project=gcp_project,
             ssh_public_key=ssh_public_key,
             bucket_name=bucket_name,
@@ -448,13 +504,16 @@ class _Parser:
             self.problem("bucket", problem)
         return name, existing
 
-    def efa(self, machine: MachineSpec | None, node_count: int | None) -> bool:
+    def efa(self, machine: MachineSpec | None) -> bool:
+        """EFA wherever the type has it, whatever the node count: a launch template that appears
+        when a cluster grows from 1 to 2 nodes would replace node0 (launch_template forces a new
+        instance), so node resources never depend on the node count."""
         value = self.values.get("efa", "auto")
         if machine is None:
             return False
         supported = machine.efa_interfaces > 0
         if str(value).strip().lower() == "auto":
-            return supported and (node_count or 0) > 1
+            return supported
         wanted = self.boolean("efa")
         if wanted and not supported:
             self.problem(
@@ -463,7 +522,16 @@ class _Parser:
             return False
         return wanted
 
-    def placement(self, machine: MachineSpec | None, node_count: int | None) -> bool:
+    def placement(
+        self, machine: MachineSpec | None, reservation: str | None, placement_group: str | None
+    ) -> bool:
+        """Whether fleetrun creates its own placement group / compact policy.
+
+        Independent of the node count: a group that appears at 2 nodes (or vanishes at 1) would
+        replace node0 on both clouds, and deleting a placement group still holding node0 fails.
+        Not with a reservation: the reservation's capacity has its own placement (name it with
+        fleet:placement_group), and an instance cannot target a reservation from another group.
+        """
         explicit = "placement" in self.explicit
         wanted = self.boolean("placement", True)
         if machine is None:
@@ -473,7 +541,9 @@ class _Parser:
                 "placement", f"{machine.machine_type} cannot be placed compactly; set fleet:placement: false"
             )
             return False
-        return wanted and machine.compact_placement and (node_count or 0) > 1
+        if placement_group or reservation:
+            return False
+        return wanted and machine.compact_placement
 
     def network_cidr(self, node_count: int | None) -> str | None:
         text = self.text("network_cidr", DEFAULT_NETWORK_CIDR) or DEFAULT_NETWORK_CIDR

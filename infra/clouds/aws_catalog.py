@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infra.clouds.rules import ImageChoice, Location, MachineRequest, MachineSpec, Problem
+from infra.clouds.rules import ImageChoice, Location, MachineRequest, MachineSpec, Problem, Provisioning
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,15 @@ class AwsInstanceType:
     """Network cards that can carry an EFA interface (0: no EFA on this type)."""
     cluster_placement: bool = True
     """Burstable (T) types cannot join a cluster placement group."""
+    current_dlami: bool = True
+    """The current Deep Learning AMI supports this type. Its release notes list G4dn, G5, G6,
+    G6e, P4, P4de, P5, P5e, P5en: not P3, whose V100 (Volta) the newer drivers dropped."""
 
 
-def _types(names: str, gpus: int, gpu_type: str | None, efa: int = 0, cluster: bool = True) -> dict:
-    return {n: AwsInstanceType(n, gpus, gpu_type, efa, cluster) for n in names.split()}
+def _types(
+    names: str, gpus: int, gpu_type: str | None, efa: int = 0, cluster: bool = True, dlami: bool = True
+) -> dict:
+    return {n: AwsInstanceType(n, gpus, gpu_type, efa, cluster, dlami) for n in names.split()}
 
 
 INSTANCE_TYPES: dict[str, AwsInstanceType] = {
@@ -43,10 +48,10 @@ INSTANCE_TYPES: dict[str, AwsInstanceType] = {
     **_types("p4d.24xlarge", 8, "nvidia-a100-40gb", efa=4),
     **_types("p4de.24xlarge", 8, "nvidia-a100-80gb", efa=4),
     # V100
-    **_types("p3.2xlarge", 1, "nvidia-tesla-v100"),
-    **_types("p3.8xlarge", 4, "nvidia-tesla-v100"),
-    **_types("p3.16xlarge", 8, "nvidia-tesla-v100"),
-    **_types("p3dn.24xlarge", 8, "nvidia-tesla-v100", efa=1),
+    **_types("p3.2xlarge", 1, "nvidia-tesla-v100", dlami=False),
+    **_types("p3.8xlarge", 4, "nvidia-tesla-v100", dlami=False),
+    **_types("p3.16xlarge", 8, "nvidia-tesla-v100", dlami=False),
+    **_types("p3dn.24xlarge", 8, "nvidia-tesla-v100", efa=1, dlami=False),
     # L40S
     **_types("g6e.xlarge g6e.2xlarge g6e.4xlarge", 1, "nvidia-l40s"),
     **_types("g6e.8xlarge g6e.16xlarge", 1, "nvidia-l40s", efa=1),
@@ -85,6 +90,7 @@ _REGION_NAMES = """
     """
 REGIONS: frozenset[str] = frozenset(_REGION_NAMES.split())
 REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+ZONE_REGION_RE = re.compile(r"^([a-z]{2}(-gov)?-[a-z]+-\d)")
 INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
 
 # The Deep Learning AMI: Ubuntu with cloud-init, PyTorch, NVIDIA driver, EFA and aws-ofi-nccl.
@@ -93,13 +99,110 @@ DLAMI_OWNER = "amazon"
 DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu *)"
 AMI_RE = re.compile(r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$")
 
-# Tags fleetrun puts on every resource; the teardown check and the watchdog's IAM condition use them.
+# Tags fleetrun puts on every resource; the leak audit of `fab down` (launch.fleets.clouds.aws)
+# lists what is left by the first. This is the one definition both sides import.
 CLUSTER_TAG = "fleetrun:cluster"
 RANK_TAG = "fleetrun:node-rank"
 
 TAG_CHARS_RE = re.compile(r"^[\w .:/=+\-@]*$")
 RESERVED_TAG_PREFIXES = ("aws:", "fleetrun:")
 MAX_USER_TAGS = 40  # AWS allows 50 per resource; fleetrun sets a few of its own.
+
+# The explicit provider (pinned to fleet:region) reads no aws:* stack config by itself, so every
+# aws:* key a user may set is forwarded here, by its Pulumi config name -> provider argument.
+# Structured keys are JSON in the config; a key missing from this table is refused by name
+# rather than silently dropped (an ignored assume-role would deploy into the wrong account).
+AWS_PROVIDER_SCALARS: dict[str, str] = {
+    "profile": "profile",
+    "sharedConfigFiles": "shared_config_files",
+    "sharedCredentialsFiles": "shared_credentials_files",
+    "allowedAccountIds": "allowed_account_ids",
+    "forbiddenAccountIds": "forbidden_account_ids",
+    "accessKey": "access_key",
+    "secretKey": "secret_key",
+    "token": "token",
+    "maxRetries": "max_retries",
+    "retryMode": "retry_mode",
+    "stsRegion": "sts_region",
+    "skipCredentialsValidation": "skip_credentials_validation",
+    "skipMetadataApiCheck": "skip_metadata_api_check",
+    "skipRegionValidation": "skip_region_validation",
+    "skipRequestingAccountId": "skip_requesting_account_id",
+}
+AWS_PROVIDER_STRUCTURED = (
+    "assumeRole",
+    "assumeRoles",
+    "assumeRoleWithWebIdentity",
+    "defaultTags",
+    "ignoreTags",
+)
+AWS_PROVIDER_IGNORED = ("region",)
+"""fleet:region wins: the cluster's region is part of fleetrun's own config."""
+
+
+_BOOL_ARGS = {
+    "skip_credentials_validation",
+    "skip_metadata_api_check",
+    "skip_region_validation",
+    "skip_requesting_account_id",
+}
+_LIST_ARGS = {
+    "shared_config_files",
+    "shared_credentials_files",
+    "allowed_account_ids",
+    "forbidden_account_ids",
+}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _json_or_text(value: str) -> object:
+    import json
+
+    text = value.strip()
+    if text[:1] in "[{":
+        return json.loads(text)
+    return text
+
+
+def aws_provider_arguments(raw: Mapping[str, str]) -> tuple[dict[str, object], list[str]]:
+    """``aws:*`` stack config (keys without the namespace) -> provider keyword arguments.
+
+    Structured values come back as plain dicts with snake_case field names (the caller wraps
+    them in the SDK's ``Provider*Args``); keys of user maps (tags) are left as written. The
+    second value names every key that would be dropped, so the program can refuse it.
+    """
+    arguments: dict[str, object] = {}
+    unknown: list[str] = []
+    for key, value in raw.items():
+        if key in AWS_PROVIDER_IGNORED:
+            continue
+        if key in AWS_PROVIDER_SCALARS:
+            name = AWS_PROVIDER_SCALARS[key]
+            parsed = _json_or_text(value)
+            if name in _BOOL_ARGS:
+                parsed = str(parsed).lower() == "true"
+            elif name == "max_retries":
+                parsed = int(str(parsed))
+            elif name in _LIST_ARGS and isinstance(parsed, str):
+                parsed = [part.strip() for part in parsed.split(",") if part.strip()]
+            arguments[name] = parsed
+        elif key in AWS_PROVIDER_STRUCTURED:
+            parsed = _json_or_text(value)
+            items = parsed if isinstance(parsed, list) else [parsed]
+            converted = [
+                {_snake(k): v for k, v in item.items()} if isinstance(item, dict) else item for item in items
+            ]
+            if key in ("assumeRole", "assumeRoles"):
+                existing = arguments.get("assume_roles")
+                arguments["assume_roles"] = [*(existing if isinstance(existing, list) else []), *converted]
+            else:
+                arguments[_snake(key)] = converted[0]
+        else:
+            unknown.append(key)
+    return arguments, sorted(unknown)
 
 
 def gpu_type_names() -> list[str]:
@@ -112,7 +215,7 @@ class AwsRules:
 
     name = "aws"
     display_name = "AWS"
-    only_keys = frozenset({"efa"})
+    only_keys = frozenset({"efa", "capacity_block"})
     default_ssh_user = "ubuntu"
     default_disk_type = "gp3"
 
@@ -220,6 +323,55 @@ class AwsRules:
 
     def project_problem(self, project: str | None) -> str | None:
         return None  # the AWS account comes from the credentials
+
+    def region_of(self, zone: str) -> str:
+        match = ZONE_REGION_RE.match(zone)
+        return match.group(1) if match else zone
+
+    def failover_zones(self, region: str | None, zones: list[str], allow_unlisted: bool) -> list[Problem]:
+        problems: list[Problem] = []
+        for zone in zones:
+            if not region or self.region_of(zone) != region or zone == region:
+                problems.append(
+                    (
+                        "zones",
+                        f"{zone!r} is not an availability zone of {region}; on AWS every zone of "
+                        "fleet:zones must be in fleet:region (the VPC, the bucket and the provider are "
+                        "regional); use another stack for another region",
+                    )
+                )
+        return problems
+
+    def combination_problems(self, p: Provisioning) -> list[Problem]:
+        problems: list[Problem] = []
+        known = INSTANCE_TYPES.get(p.machine.machine_type)
+        if known is not None and not known.current_dlami and p.image.lookup:
+            problems.append(
+                (
+                    "image",
+                    f"{p.machine.machine_type} has V100 (Volta) GPUs, which the current Deep Learning AMI "
+                    "no longer supports (its driver would not see them); pin an AMI whose driver "
+                    "supports Volta with fleet:image: ami-..., or pick a newer type (g5, g6, p4d)",
+                )
+            )
+        if p.reservation and (not p.zone or len(p.zones) > 1):
+            problems.append(
+                (
+                    "zone",
+                    "a capacity reservation lives in one availability zone: set fleet:zone to the "
+                    "reservation's zone (and no fleet:zones failover); otherwise instances launch "
+                    "elsewhere and the reservation is not used",
+                )
+            )
+        if p.capacity_block and not p.reservation:
+            problems.append(
+                ("capacity_block", "needs fleet:reservation: the Capacity Block's reservation id (cr-...)")
+            )
+        if p.capacity_block and p.spot:
+            problems.append(
+                ("capacity_block", "a Capacity Block is not spot capacity; set fleet:spot: false")
+            )
+        return problems
 
 
 def s3_bucket_name_problem(name: str) -> str | None:

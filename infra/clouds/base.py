@@ -83,6 +83,7 @@ def node_user_data(
 ) -> pulumi.Output[str]:
     """The cloud-init user data of one node; secret, since it carries the private host key.
 
+    Depends on this node alone (never on the node count): see ``infra.bootstrap.node_env``.
     Rendering text inside ``apply`` is fine; no resource is created here.
     """
 
@@ -94,7 +95,6 @@ def node_user_data(
                 cloud=settings.cloud,
                 node_name=settings.node_name(rank),
                 rank=rank,
-                node_count=settings.node_count,
                 gpus=settings.machine.gpus,
                 ssh_user=settings.ssh_user,
                 authorized_key=authorized,

@@ -8,11 +8,23 @@ Security choices, each enforced in tests/infra:
 * a new VPC has no ingress rules (GCP denies ingress by default); fleetrun adds SSH from the
   operator CIDRs and all traffic between the cluster's VMs. Both rules target the cluster's
   service account, which (unlike a network tag) only IAM can attach to a VM.
-* the service account's only role is ``roles/storage.objectUser`` on the job bucket.
+* the service account's roles: ``roles/storage.objectUser`` on the job bucket, and a custom role
+  holding only ``compute.instances.delete``, granted on each node's own instance (never on the
+  project): the watchdog ends billing by deleting its node (a guest shutdown only stops a GCP
+  VM, whose disk keeps billing). All nodes share one service account (firewall rules target it),
+  and GCP IAM has no condition on the calling instance, so a node can delete itself or a sibling
+  node of its cluster, and nothing else.
 * the bucket is versioned, uniformly private (public access prevention enforced), encrypted
   (Google-managed keys, always on) and retained by ``pulumi destroy``.
 * VMs are Shielded VMs (vTPM, integrity monitoring), TERMINATE on host maintenance (required
   for GPUs), block project-wide SSH keys and OS Login, and take only the operator's key.
+* a preempted spot VM is deleted, not stopped: a stopped VM keeps billing for its disk, loses its
+  ephemeral address (the exported ``public_ip`` goes stale) and nothing restarts it. The next
+  ``fab up`` refreshes the state and recreates it with the same pinned host key.
+
+Stable under scaling (tests compare the program at N and N+1 nodes): a node's inputs, its
+``resource_policies`` included ("modifying this list will cause the instance to recreate"),
+never depend on the node count.
 """
 
 from __future__ import annotations
@@ -25,12 +37,21 @@ import pulumi_gcp as gcp
 
 from infra.bootstrap import CloudFile
 from infra.clouds.base import ClusterArgs, ClusterOutputs, NodeOutputs, node_user_data
-from infra.clouds.gcp_catalog import CLUSTER_LABEL, DLVM_FAMILY, DLVM_PROJECT, RANK_LABEL
-from infra.settings import FleetSettings
+from infra.clouds.gcp_catalog import CLUSTER_LABEL, DATA_NETWORK_MTU, DLVM_FAMILY, DLVM_PROJECT, RANK_LABEL
+from infra.clouds.rules import nodes_component_type
+from infra.settings import FleetSettings, image_disk_problem
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 BUCKET_ROLE = "roles/storage.objectUser"
 """Read, write, list and delete objects; no bucket settings, no IAM."""
+SELF_DELETE_PERMISSIONS = ["compute.instances.delete"]
+"""The watchdog's power-off on GCP: the node deletes its own instance (boot disk auto-deleted)."""
+
+
+def data_subnet_cidr(index: int) -> str:
+    """The range of GPU data network ``index`` (A3: 4 or 8 of them), apart from fleet:network_cidr."""
+    return f"172.{16 + index}.0.0/16"
+
 
 # The guest agent regenerates SSH host keys on a new instance unless told not to; that would
 # replace the pinned key cloud-init installed. cloud-init writes this before the agent starts.
@@ -50,6 +71,7 @@ def cluster_labels(settings: FleetSettings, **extra: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class GcpNodeIdentityArgs:
     cluster_id: str
+    project: str | None
 
 
 class GcpNodeIdentity(pulumi.ComponentResource):
@@ -68,7 +90,18 @@ class GcpNodeIdentity(pulumi.ComponentResource):
         )
         self.email: pulumi.Output[str] = account.email
         self.member: pulumi.Output[str] = account.email.apply(lambda e: f"serviceAccount:{e}")
-        self.register_outputs({"email": self.email})
+        # Granted per instance by GcpGpuNodes. The role id is left to Pulumi's auto-naming (a
+        # random suffix): GCP keeps a deleted custom role's id reserved for weeks, so a fixed id
+        # would make the `fab up` after a `fab down` fail.
+        self.self_delete_role = gcp.projects.IAMCustomRole(
+            args.cluster_id.replace("-", "_") + "_self_delete",
+            title=f"fleetrun {args.cluster_id}: a node deletes its own VM",
+            description="Only compute.instances.delete; bound on each node's instance, never the project",
+            permissions=SELF_DELETE_PERMISSIONS,
+            project=args.project,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({"email": self.email, "self_delete_role": self.self_delete_role.name})
 
 
 # -- network ------------------------------------------------------------------------------------
@@ -82,6 +115,8 @@ class GcpNetworkArgs:
     ssh_cidrs: Sequence[str]
     service_account: pulumi.Input[str]
     """The nodes' service account email: firewall rules target it."""
+    data_nics: int = 0
+    """GPU data networks to create (A3: one VPC per extra gVNIC, GPUDirect-TCPX/TCPXO)."""
 
 
 class GcpNetwork(pulumi.ComponentResource):
@@ -96,13 +131,15 @@ class GcpNetwork(pulumi.ComponentResource):
             description=f"fleetrun {args.cluster_id}",
             opts=child,
         )
+        # Region failover moves the subnet; a replacement created first would overlap it.
+        replace_first = pulumi.ResourceOptions(parent=self, delete_before_replace=True)
         subnet = gcp.compute.Subnetwork(
             f"{name}-subnet",
             network=network.id,
             region=args.region,
             ip_cidr_range=args.cidr,
             private_ip_google_access=True,
-            opts=child,
+            opts=replace_first,
         )
         self.ssh_firewall = gcp.compute.Firewall(
             f"{name}-ssh",
@@ -124,6 +161,35 @@ class GcpNetwork(pulumi.ComponentResource):
             target_service_accounts=[args.service_account],
             opts=child,
         )
+        # A3: GPUDirect-TCPX(O) needs one more gVNIC per GPU pair, each on its own VPC network,
+        # open only between the cluster's VMs. Without them NCCL shares the single host NIC.
+        self.data_subnet_ids: list[pulumi.Output[str]] = []
+        for index in range(args.data_nics):
+            data_network = gcp.compute.Network(
+                f"{name}-data{index}",
+                auto_create_subnetworks=False,
+                mtu=DATA_NETWORK_MTU,
+                description=f"fleetrun {args.cluster_id}: GPU data network {index}",
+                opts=child,
+            )
+            data_subnet = gcp.compute.Subnetwork(
+                f"{name}-data{index}-subnet",
+                network=data_network.id,
+                region=args.region,
+                ip_cidr_range=data_subnet_cidr(index),
+                opts=replace_first,
+            )
+            gcp.compute.Firewall(
+                f"{name}-data{index}-internal",
+                network=data_network.id,
+                description=f"fleetrun {args.cluster_id}: GPU data network {index}, cluster VMs only",
+                direction="INGRESS",
+                allows=[gcp.compute.FirewallAllowArgs(protocol="all")],
+                source_service_accounts=[args.service_account],
+                target_service_accounts=[args.service_account],
+                opts=child,
+            )
+            self.data_subnet_ids.append(data_subnet.id)
         self.subnet_id: pulumi.Output[str] = subnet.id
         self.register_outputs({"network": network.id, "subnet": subnet.id})
 
@@ -184,17 +250,26 @@ class GcpGpuNodesArgs:
     settings: FleetSettings
     subnet_id: pulumi.Input[str]
     service_account: pulumi.Input[str]
+    member: pulumi.Input[str]
+    """``serviceAccount:...``: granted delete on each node's own instance."""
+    self_delete_role: pulumi.Input[str]
     image: pulumi.Input[str]
     user_data: Sequence[pulumi.Output[str]]
     """One per node, in rank order."""
+    data_subnet_ids: Sequence[pulumi.Input[str]] = ()
 
 
 class GcpGpuNodes(pulumi.ComponentResource):
+    """The VMs and, per VM, the grant that lets it delete itself.
+
+    ``fab up``'s zone failover destroys this component's subtree when a fleet comes up partial.
+    """
+
     def __init__(self, name: str, args: GcpGpuNodesArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("fleetrun:gcp:GpuNodes", name, None, opts)
+        super().__init__(nodes_component_type("gcp"), name, None, opts)
         s = args.settings
         zone = s.zone or ""
-        placement = None
+        placement_policy: pulumi.Input[str] | None = s.placement_group
         if s.placement:
             placement = gcp.compute.ResourcePolicy(
                 f"{name}-compact",
@@ -205,6 +280,7 @@ class GcpGpuNodes(pulumi.ComponentResource):
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
+            placement_policy = placement.self_link
 
         accelerators = (
             [gcp.compute.InstanceGuestAcceleratorArgs(type=s.machine.gpu_type or "", count=s.machine.gpus)]
@@ -251,7 +327,11 @@ class GcpGpuNodes(pulumi.ComponentResource):
                             subnetwork=args.subnet_id,
                             nic_type="GVNIC" if s.machine.gvnic else None,
                             access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()],
-                        )
+                        ),
+                        *(
+                            gcp.compute.InstanceNetworkInterfaceArgs(subnetwork=data_subnet, nic_type="GVNIC")
+                            for data_subnet in args.data_subnet_ids
+                        ),
                     ],
                     guest_accelerators=accelerators,
                     scheduling=gcp.compute.InstanceSchedulingArgs(
@@ -259,8 +339,9 @@ class GcpGpuNodes(pulumi.ComponentResource):
                         automatic_restart=not s.spot,
                         preemptible=s.spot,
                         provisioning_model="SPOT" if s.spot else "STANDARD",
-                        # A preempted node stops (disk, IP and host key kept) and can be restarted.
-                        instance_termination_action="STOP" if s.spot else None,
+                        # A preempted node is deleted: stopped, its disk would bill and its address
+                        # change; `fab up` (which refreshes) recreates it with its pinned key.
+                        instance_termination_action="DELETE" if s.spot else None,
                     ),
                     shielded_instance_config=gcp.compute.InstanceShieldedInstanceConfigArgs(
                         # Secure Boot refuses unsigned kernel modules, which first-boot GPU driver
@@ -272,7 +353,7 @@ class GcpGpuNodes(pulumi.ComponentResource):
                     service_account=gcp.compute.InstanceServiceAccountArgs(
                         email=args.service_account, scopes=[CLOUD_PLATFORM_SCOPE]
                     ),
-                    resource_policies=placement.self_link if placement else None,  # one policy max
+                    resource_policies=placement_policy,  # one policy max
                     reservation_affinity=reservation,
                     metadata=metadata,
                     tags=[s.cluster_id],
@@ -289,6 +370,15 @@ class GcpGpuNodes(pulumi.ComponentResource):
                     ),
                 )
             )
+            gcp.compute.InstanceIAMMember(
+                f"{node_name}-self-delete",
+                instance_name=self.instances[-1].name,
+                zone=zone,
+                project=s.gcp_project,
+                role=args.self_delete_role,
+                member=args.member,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
         self.register_outputs({"instance_ids": [i.instance_id for i in self.instances]})
 
 
@@ -300,22 +390,33 @@ class GcpGpuCluster(pulumi.ComponentResource):
         super().__init__("fleetrun:gcp:GpuCluster", name, None, opts)
         s = args.settings
         child = pulumi.ResourceOptions(parent=self)
-        identity = GcpNodeIdentity(f"{name}-node", GcpNodeIdentityArgs(s.cluster_id), opts=child)
+        identity = GcpNodeIdentity(
+            f"{name}-node", GcpNodeIdentityArgs(s.cluster_id, s.gcp_project), opts=child
+        )
         network = GcpNetwork(
             f"{name}-net",
-            GcpNetworkArgs(s.cluster_id, s.region, s.network_cidr, s.ssh_cidrs, identity.email),
+            GcpNetworkArgs(
+                s.cluster_id, s.region, s.network_cidr, s.ssh_cidrs, identity.email, s.machine.data_nics
+            ),
             opts=child,
         )
         bucket = GcpArtifactBucket(
             f"{name}-artifacts",
-            GcpBucketArgs(s.bucket_name, s.bucket_existing, s.region, cluster_labels(s), identity.member),
+            # The first failover zone's region: failing over to another region never moves data.
+            GcpBucketArgs(
+                s.bucket_name, s.bucket_existing, s.bucket_region, cluster_labels(s), identity.member
+            ),
             opts=child,
         )
         image: pulumi.Input[str]
         if s.image.lookup:
-            image = gcp.compute.get_image_output(
+            found = gcp.compute.get_image_output(
                 family=DLVM_FAMILY, project=DLVM_PROJECT, opts=pulumi.InvokeOutputOptions(parent=self)
-            ).self_link
+            )
+            # The lookup knows the image's size: a disk too small fails here, naming the key.
+            image = pulumi.Output.all(found.self_link, found.disk_size_gb).apply(
+                lambda v: _checked_image(s, v[0], v[1])
+            )
         else:
             image = s.image.image_id or ""
         user_data = [
@@ -324,7 +425,16 @@ class GcpGpuCluster(pulumi.ComponentResource):
         ]
         nodes = GcpGpuNodes(
             f"{name}-nodes",
-            GcpGpuNodesArgs(s, network.subnet_id, identity.email, image, user_data),
+            GcpGpuNodesArgs(
+                s,
+                network.subnet_id,
+                identity.email,
+                identity.member,
+                identity.self_delete_role.name,
+                image,
+                user_data,
+                network.data_subnet_ids,
+            ),
             opts=child,
         )
         self.outputs = ClusterOutputs(
@@ -342,6 +452,13 @@ class GcpGpuCluster(pulumi.ComponentResource):
             ],
         )
         self.register_outputs({"bucket": bucket.bucket_name})
+
+
+def _checked_image(s: FleetSettings, self_link: str, size_gb: int | None) -> str:
+    problem = image_disk_problem(s.disk_size_gb, float(size_gb) if size_gb else None, self_link)
+    if problem:
+        raise pulumi.RunError(problem)
+    return self_link
 
 
 def _nat_ip(access_configs: Sequence[gcp.compute.outputs.InstanceNetworkInterfaceAccessConfig] | None) -> str:

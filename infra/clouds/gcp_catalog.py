@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from infra.clouds.rules import ImageChoice, Location, MachineRequest, MachineSpec, Problem
+from infra.clouds.rules import ImageChoice, Location, MachineRequest, MachineSpec, Problem, Provisioning
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,18 @@ class GcpFamily:
     boot_disk_type: str = "pd-balanced"
     attachable: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Accelerators that can be attached (N1 only): accelerator type -> allowed counts."""
+    data_nics: int = 0
+    """Extra gVNIC interfaces, each on its own VPC network, that GPUDirect-TCPX (A3 High: 4) and
+    TCPXO (A3 Mega: 8) use for GPU-to-GPU traffic; without them NCCL shares the one host NIC."""
 
 
 FAMILIES: tuple[GcpFamily, ...] = (
     # Longest prefixes first: the first match wins.
     GcpFamily("a3-ultragpu", compact_placement=True, gvnic=True, boot_disk_type="hyperdisk-balanced"),
-    GcpFamily("a3-megagpu", compact_placement=True, gvnic=True, boot_disk_type="hyperdisk-balanced"),
-    GcpFamily("a3-highgpu", compact_placement=True, gvnic=True),
+    GcpFamily(
+        "a3-megagpu", compact_placement=True, gvnic=True, boot_disk_type="hyperdisk-balanced", data_nics=8
+    ),
+    GcpFamily("a3-highgpu", compact_placement=True, gvnic=True, data_nics=4),
     GcpFamily("a2", compact_placement=True),
     GcpFamily("g2", compact_placement=True, gvnic=True),
     GcpFamily(
@@ -55,6 +60,22 @@ FAMILIES: tuple[GcpFamily, ...] = (
     GcpFamily("c3", compact_placement=True),
     GcpFamily("e2", compact_placement=False),
 )
+
+
+N1_MAX_VCPUS: dict[str, dict[int, int]] = {
+    # Compute Engine's GPU table for N1: the most vCPUs a VM may have per attached GPU count.
+    # n1-standard-96 with one V100 is refused by the API; here it is refused at preview.
+    "nvidia-tesla-t4": {1: 48, 2: 48, 4: 96},
+    "nvidia-tesla-p4": {1: 24, 2: 48, 4: 96},
+    "nvidia-tesla-v100": {1: 12, 2: 24, 4: 48, 8: 96},
+    "nvidia-tesla-p100": {1: 16, 2: 32, 4: 64},
+}
+SPOT_ONLY_TYPES = frozenset({"a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g"})
+"""A3 High with fewer than 8 GPUs is offered as Spot (or flex-start) capacity only."""
+COMPACT_PLACEMENT_MAX_VMS = 150
+"""Compute Engine documents at most 150 VMs per compact placement policy."""
+DATA_NETWORK_MTU = 8244
+"""The MTU Google documents for the GPUDirect-TCPX/TCPXO data networks."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +250,16 @@ class GcpRules:
                         f"{name} with {accel} takes {', '.join(map(str, counts))} GPUs; got {count}",
                     )
                 ]
+            vcpus = int(name.rsplit("-", 1)[1])
+            most = N1_MAX_VCPUS.get(accel, {}).get(count)
+            if most is not None and vcpus > most:
+                return [
+                    (
+                        "machine_type",
+                        f"{name} has {vcpus} vCPUs; with {count} x {accel} an N1 VM may have at most "
+                        f"{most}; pick a smaller N1 type or attach more GPUs",
+                    )
+                ]
             return self._spec(name, count, accel, True, family)
         if request.allow_unlisted and MACHINE_TYPE_RE.match(name):
             if count is None:
@@ -256,6 +287,8 @@ class GcpRules:
             compact_placement=family.compact_placement if family else False,
             gvnic=family.gvnic if family else False,
             boot_disk_type=family.boot_disk_type if family else "pd-balanced",
+            data_nics=family.data_nics if family else 0,
+            placement_max_nodes=COMPACT_PLACEMENT_MAX_VMS,
         )
 
     def image(self, value: str) -> ImageChoice | list[Problem]:
@@ -299,6 +332,49 @@ class GcpRules:
                 problems.append(
                     ("tags", f"label {key!r}: value {value!r} must be at most 63 of a-z, 0-9, _ and -")
                 )
+        return problems
+
+    def region_of(self, zone: str) -> str:
+        match = ZONE_RE.match(zone)
+        return match.group(1) if match else zone
+
+    def failover_zones(self, region: str | None, zones: list[str], allow_unlisted: bool) -> list[Problem]:
+        """GCP zones may span regions (the network is global; the bucket stays in the first
+        zone's region, the subnet and placement policy follow the zone in use)."""
+        problems: list[Problem] = []
+        for zone in zones:
+            found = self.location(None, zone, allow_unlisted)
+            if isinstance(found, list):
+                problems.extend(("zones", message) for _key, message in found)
+        return problems
+
+    def combination_problems(self, p: Provisioning) -> list[Problem]:
+        problems: list[Problem] = []
+        if p.machine.machine_type in SPOT_ONLY_TYPES and not p.spot:
+            problems.append(
+                (
+                    "machine_type",
+                    f"{p.machine.machine_type} is offered only as Spot (or flex-start) capacity; set "
+                    "fleet:spot: true, or use a3-highgpu-8g for standard provisioning",
+                )
+            )
+        limit = p.machine.placement_max_nodes
+        if p.placement and limit is not None and p.node_count > limit:
+            problems.append(
+                (
+                    "placement",
+                    f"one compact placement policy holds at most {limit} VMs; {p.node_count} nodes need "
+                    "fleet:placement: false (or fewer nodes)",
+                )
+            )
+        if p.reservation and len(p.zones) > 1:
+            problems.append(
+                (
+                    "zones",
+                    "a reservation lives in one zone: remove fleet:zones (failover) when using "
+                    "fleet:reservation, and set fleet:zone to the reservation's zone",
+                )
+            )
         return problems
 
     def project_problem(self, project: str | None) -> str | None:

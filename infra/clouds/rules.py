@@ -42,6 +42,10 @@ class MachineSpec:
     """The type supports a cluster placement group / compact placement policy."""
     gvnic: bool = False
     boot_disk_type: str = ""
+    data_nics: int = 0
+    """GCP A3: extra gVNIC interfaces, one per GPU-to-GPU data network (GPUDirect-TCPX/TCPXO)."""
+    placement_max_nodes: int | None = None
+    """Most VMs one compact placement policy / cluster placement group may hold (None: no limit known)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,22 @@ class ImageChoice:
 
     lookup: bool
     image_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Provisioning:
+    """The already parsed keys whose combination only the cloud can judge (``combination_problems``)."""
+
+    machine: MachineSpec
+    image: ImageChoice
+    node_count: int
+    spot: bool
+    reservation: str | None
+    capacity_block: bool
+    zone: str | None
+    zones: tuple[str, ...]
+    placement: bool
+    placement_group: str | None
 
 
 @dataclass(frozen=True)
@@ -103,12 +123,35 @@ class CloudRules(Protocol):
         """Why the cloud project/account key is missing or malformed, or None."""
         ...
 
+    def failover_zones(self, region: str | None, zones: list[str], allow_unlisted: bool) -> list[Problem]:
+        """Problems with ``fleet:zones`` (the ordered zones ``fab up`` tries); [] when usable.
+
+        Each cloud decides how far a failover may move: AWS keeps one region (the provider, the
+        bucket and the VPC are regional), GCP may cross regions (the network is global).
+        """
+        ...
+
+    def region_of(self, zone: str) -> str:
+        """The region a zone belongs to."""
+        ...
+
+    def combination_problems(self, p: Provisioning) -> list[Problem]:
+        """Combinations of otherwise valid keys that this cloud refuses (or silently mishandles)."""
+        ...
+
 
 # Module paths, imported on first use: the pure rules and the Pulumi builders of each cloud.
 CLOUD_CATALOGS: dict[str, str] = {
     "aws": "infra.clouds.aws_catalog",
     "gcp": "infra.clouds.gcp_catalog",
 }
+
+
+def nodes_component_type(cloud: str) -> str:
+    """The Pulumi type of the component holding a cloud's node resources (instances, their
+    addresses and per-node grants). ``fab up`` destroys exactly this subtree of a failed partial
+    fleet before trying the next zone; the Pulumi programs register their nodes under it."""
+    return f"fleetrun:{cloud}:GpuNodes"
 
 
 def known_clouds() -> list[str]:

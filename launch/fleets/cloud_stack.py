@@ -1,21 +1,25 @@
 """Drive a fleetrun Pulumi stack from Python: the engine behind ``fab up`` and ``fab down``.
 
-``stack_up`` runs ``pulumi up`` for a stack of the project in ``project_dir`` (the repository,
-where ``Pulumi.yaml`` is) and returns its outputs in the contract shape of
-``launch.job.stack_outputs`` (what ``pulumi stack output --json --show-secrets`` prints), ready for
-``Inventory.from_stack_outputs``; ``stack_inventory`` returns that inventory directly (for
-``--inventory stack:<name>``). ``stack_down`` runs ``pulumi destroy`` and then *confirms*, by
-asking the cloud itself, that no instance of the cluster remains; the buckets are retained by
-design. ``stack_outputs`` reads the outputs of a deployed stack. ``project_dir`` defaults to
-``$FLEETRUN_PROJECT_DIR`` or the checkout this module lives in.
+``stack_up`` refreshes the stack (nodes that a watchdog or a spot interruption removed leave the
+state, so ``up`` recreates them and the outputs list live addresses only), runs ``pulumi up``
+for a stack of the project in ``project_dir`` (the repository, where ``Pulumi.yaml`` is) and
+returns its outputs in the contract shape of ``launch.job.stack_outputs`` (what ``pulumi stack output
+--json --show-secrets`` prints), ready for ``Inventory.from_stack_outputs``. A new cluster with an
+ordered ``fleet:zones`` list fails over: when the provider reports no capacity in a zone (or, for
+a quota, in a region), the partial fleet is destroyed at once and the next zone is tried, the
+whole group in one zone. ``stack_inventory`` returns the inventory directly (for ``--inventory
+stack:<name>``). ``stack_down`` runs ``pulumi destroy`` and then *audits* the cloud itself: no
+instance (running or stopped), disk, address or network interface of the cluster may remain;
+the buckets are retained by design. ``project_dir`` defaults to ``$FLEETRUN_PROJECT_DIR`` or the
+checkout this module lives in.
 
 Why ask the cloud rather than Pulumi: after ``destroy`` the Pulumi state is empty by definition,
-so refreshing it proves nothing. Instances that Pulumi lost track of (an interrupted ``up``, a
-node started by hand into the cluster) are exactly the ones that keep billing. Every fleetrun
-instance carries its cluster id as a tag (AWS ``fleetrun:cluster``) or label (GCP
-``fleetrun-cluster``), so listing by it finds them whatever the state says. The cluster id is
-derived from the project and stack names (``infra.settings.cluster_id_for``), so the check works
-even when a failed ``up`` never exported any output.
+so refreshing it proves nothing. Resources that Pulumi lost track of (an interrupted ``up``, a
+node started by hand into the cluster, a stopped VM) are exactly the ones that keep billing.
+Every fleetrun resource carries its cluster id as a tag (AWS) or label (GCP), so listing by it
+finds them whatever the state says. The cluster id is derived from the project and stack names
+(``infra.settings.cluster_id_for``), so the audit works even when a failed ``up`` never exported
+any output. Everything cloud-specific is behind ``launch.fleets.clouds.CLOUDS``.
 
 Imports are lazy: ``pulumi.automation`` (which needs the ``pulumi`` CLI on PATH), boto3 and
 google-cloud-compute load inside the functions that use them, so importing this module costs
@@ -27,14 +31,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from launch.errors import FleetrunError
+from launch.fleets.clouds import CLOUDS, CloudOps, ClusterLocation, ErrorKind
 from launch.job.stack_outputs import StackOutputs
 
 if TYPE_CHECKING:
@@ -42,46 +48,36 @@ if TYPE_CHECKING:
 
     from launch.job.inventory import Inventory
 
+__all__ = ["ClusterLocation", "stack_down", "stack_inventory", "stack_outputs", "stack_up"]
+
 PULUMI_INSTALL_URL = "https://www.pulumi.com/docs/install/"
-AWS_CLUSTER_TAG = "fleetrun:cluster"  # infra.clouds.aws_catalog.CLUSTER_TAG
-GCP_CLUSTER_LABEL = "fleetrun-cluster"  # infra.clouds.gcp_catalog.CLUSTER_LABEL
-AWS_LIVE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
+PARTIAL_FLEET_LIMIT_S = 120.0
+"""A failed attempt's nodes must be gone (destroy issued) within this long of the first one
+coming up. ``pulumi up`` starts no new resource after the first failure, and the failover
+destroys the rest the moment ``up`` returns; a longer life is reported as a warning."""
 
 OnOutput = Callable[[str], Any]
+Leftovers = Callable[[ClusterLocation], list[str]]
+Clock = Callable[[], float]
 
 
 def default_project_dir() -> Path:
     """Where ``Pulumi.yaml`` is: ``$FLEETRUN_PROJECT_DIR``, else the checkout this module is in."""
-    return Path(os.environ.get("FLEETRUN_PROJECT_DIR") or Path(__file__).resolve().parents[2])
+    return Path(os.environ.get("FLEETRUN_PROJECT_DIR") or Path(__file__).resolve().parent.parent)
 
 
 class TeardownIncomplete(FleetrunError):
-    """``pulumi destroy`` finished, but the cloud still lists instances of the cluster."""
+    """``pulumi destroy`` finished, but the cloud still lists resources of the cluster."""
 
     def __init__(self, cluster_id: str, where: str, leftovers: list[str]) -> None:
         self.cluster_id = cluster_id
         self.leftovers = leftovers
         super().__init__(
-            f"cluster {cluster_id} is not gone: {len(leftovers)} instance(s) still exist in {where}: "
-            f"{', '.join(leftovers)}. They are billing. Run `fab down` again, or terminate them in the "
-            "cloud console (they carry the cluster's tag/label)."
+            f"cluster {cluster_id} is not gone: {len(leftovers)} resource(s) still exist in {where}:\n  "
+            + "\n  ".join(leftovers)
+            + "\nThey are billing. Run `fab down` again, or delete them in the cloud console (they carry "
+            "the cluster's tag/label)."
         )
-
-
-@dataclass(frozen=True)
-class ClusterLocation:
-    """Where to look for a cluster's instances, independent of the Pulumi state."""
-
-    cloud: str
-    cluster_id: str
-    region: str
-    project: str | None = None
-    """GCP project id."""
-    profile: str | None = None
-    """AWS named profile (aws:profile in the stack config), if any."""
-
-
-InstanceLister = Callable[[ClusterLocation], list[str]]
 
 
 # -- public API -----------------------------------------------------------------------------------
@@ -92,15 +88,22 @@ def stack_up(
     project_dir: Path | None = None,
     on_output: OnOutput = print,
     outputs_path: Path | None = None,
+    clock: Clock = time.monotonic,
 ) -> dict[str, Any]:
     """Create or update the stack's cluster; return its outputs (contract shape).
 
     The stack's config is ``Pulumi.<stack_name>.yaml`` in ``project_dir`` (see docs/cloud.md).
+    The state is refreshed first. A new cluster fails over along ``fleet:zones`` (``up_with_failover``).
     With ``outputs_path``, the outputs are also written there as JSON, mode 0600 (they may hold
     the generated operator private key, which is also saved by ``save_operator_key``).
     """
     stack = _open_stack(stack_name, project_dir, create=True)
-    result = _run(lambda: stack.up(on_output=on_output, show_secrets=False, suppress_outputs=True), "up")
+    config = _config(stack)
+    ops = cloud_ops(config, stack_name)
+    # Nodes terminated by their watchdog or by a spot interruption are still in the state until
+    # a refresh: without it `up` would recreate nothing and export dead addresses.
+    _run(lambda: stack.refresh(on_output=on_output, show_secrets=False), "refresh")
+    result = up_with_failover(stack, ops, failover_zones(config), config.get("fleet:zone"), on_output, clock)
     outputs = outputs_to_contract(result.outputs, source=f"stack {stack_name}")
     if outputs_path is not None:
         write_outputs_json(outputs, outputs_path)
@@ -121,21 +124,25 @@ def stack_down(
     stack_name: str,
     project_dir: Path | None = None,
     on_output: OnOutput = print,
-    list_instances: InstanceLister | None = None,
+    leftovers: Leftovers | None = None,
 ) -> None:
-    """Destroy the stack's cluster, then confirm that no instance of it remains.
+    """Destroy the stack's cluster, then audit the cloud: nothing of it may remain.
 
     Buckets survive (``retain_on_delete``): data, checkpoints and metrics are never lost by a
-    teardown. Raises ``TeardownIncomplete`` naming every instance the cloud still lists.
-    ``list_instances`` replaces the cloud query (tests, or a custom check).
+    teardown. Raises ``TeardownIncomplete`` naming every instance (running or stopped), disk,
+    address and network interface the cloud still lists. ``leftovers`` replaces the cloud query
+    (tests, or a custom check).
     """
     stack = _open_stack(stack_name, project_dir, create=False)
     location = cluster_location(stack, stack_name)
     bucket = _bucket_of(stack)
     _run(lambda: stack.destroy(on_output=on_output, show_secrets=False, suppress_outputs=True), "destroy")
-    confirm_no_instances(location, list_instances or INSTANCE_LISTERS[location.cloud])
+    confirm_nothing_left(location, leftovers or CLOUDS[location.cloud].leftovers)
     kept = f"; bucket {bucket} was kept (retained on purpose)" if bucket else ""
-    on_output(f"confirmed: no instance of cluster {location.cluster_id} remains in {_where(location)}{kept}")
+    on_output(
+        f"confirmed: no instance, disk, address or network interface of cluster {location.cluster_id} "
+        f"remains in {_where(location)}{kept}"
+    )
 
 
 def stack_inventory(stack_name: str, project_dir: Path | None = None) -> Inventory:
@@ -225,17 +232,13 @@ def describe_cluster(outputs: Mapping[str, Any]) -> str:
 
 def cluster_location(stack: Stack, stack_name: str) -> ClusterLocation:
     """Cloud, region and cluster id from the stack's config and project name (not its state)."""
-    config = {key: value.value for key, value in _run(stack.get_all_config, "config").items()}
-    cloud = config.get("fleet:cloud")
-    if cloud not in INSTANCE_LISTERS:
-        raise FleetrunError(
-            f"stack {stack_name}: fleet:cloud is {cloud!r}; expected one of {sorted(INSTANCE_LISTERS)}"
-        )
+    config = _config(stack)
+    cloud = cloud_ops(config, stack_name).name
     from infra.settings import cluster_id_for
 
     project_name = stack.workspace.project_settings().name
-    zone = config.get("fleet:zone") or ""
-    region = config.get("fleet:region") or zone.rsplit("-", 1)[0]
+    zone = config.get("fleet:zone") or (failover_zones(config) or [""])[0]
+    region = config.get("fleet:region") or (CLOUDS[cloud].region_of(zone) if zone else "")
     return ClusterLocation(
         cloud=cloud,
         cluster_id=cluster_id_for(project_name, short_stack_name(stack_name)),
@@ -250,66 +253,183 @@ def short_stack_name(stack_name: str) -> str:
     return stack_name.rsplit("/", 1)[-1]
 
 
-def confirm_no_instances(location: ClusterLocation, list_instances: InstanceLister) -> None:
-    leftovers = list_instances(location)
-    if leftovers:
-        raise TeardownIncomplete(location.cluster_id, _where(location), leftovers)
+def confirm_nothing_left(location: ClusterLocation, leftovers: Leftovers) -> None:
+    found = leftovers(location)
+    if found:
+        raise TeardownIncomplete(location.cluster_id, _where(location), found)
 
 
-# -- cloud queries (lazy imports) -----------------------------------------------------------------
+def cloud_ops(config: Mapping[str, str], stack_name: str) -> CloudOps:
+    cloud = config.get("fleet:cloud")
+    if cloud not in CLOUDS:
+        raise FleetrunError(f"stack {stack_name}: fleet:cloud is {cloud!r}; expected one of {sorted(CLOUDS)}")
+    return CLOUDS[cloud]
 
 
-def list_aws_instances(location: ClusterLocation) -> list[str]:
-    """Instances tagged with the cluster id that are not terminated, as ``id (state)``."""
-    try:
-        import boto3  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        raise FleetrunError(
-            "cannot confirm the teardown: boto3 is not installed (pip install boto3, or the 'aws' extra). "
-            "`pulumi destroy` itself finished."
-        ) from None
-    session = boto3.Session(profile_name=location.profile, region_name=location.region)
-    pages = (
-        session.client("ec2")
-        .get_paginator("describe_instances")
-        .paginate(
-            Filters=[
-                {"Name": f"tag:{AWS_CLUSTER_TAG}", "Values": [location.cluster_id]},
-                {"Name": "instance-state-name", "Values": AWS_LIVE_STATES},
-            ]
-        )
-    )
+def failover_zones(config: Mapping[str, str]) -> list[str]:
+    """``fleet:zones`` as stored by Pulumi (a JSON list, or text with commas)."""
+    raw = (config.get("fleet:zones") or "").strip()
+    if not raw:
+        return []
+    if raw.startswith("["):
+        return [str(z).strip() for z in json.loads(raw)]
+    return [z.strip() for z in raw.split(",") if z.strip()]
+
+
+# -- zone failover --------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeWatch:
+    """Engine events of one ``up``: when the attempt's first node resource came into being."""
+
+    nodes_type: str
+    clock: Clock
+    first_node_at: float | None = None
+    failures: list[str] = field(default_factory=list)
+
+    def __call__(self, event: Any) -> None:
+        created = getattr(getattr(event, "res_outputs_event", None), "metadata", None)
+        if (
+            created is not None
+            and getattr(getattr(created, "op", None), "value", None) == "create"
+            and is_node_urn(str(created.urn), self.nodes_type)
+            and self.first_node_at is None
+        ):
+            self.first_node_at = self.clock()
+        diagnostic = getattr(event, "diagnostic_event", None)
+        if diagnostic is not None and getattr(diagnostic, "severity", "") == "error":
+            self.failures.append(str(diagnostic.message))
+
+
+def is_node_urn(urn: str, nodes_type: str) -> bool:
+    """A resource under the nodes component (``...$fleetrun:aws:GpuNodes$aws:ec2/instance:...``)."""
+    parts = urn.split("::")
+    chain = parts[2].split("$") if len(parts) > 3 else []
+    return nodes_type in chain[:-1]
+
+
+def node_urns(stack: Stack, nodes_type: str) -> list[str]:
+    """The node resources (instances, their addresses and grants) in the stack's state."""
+    deployment = stack.export_stack().deployment or {}
     return [
-        f"{instance['InstanceId']} ({instance['State']['Name']})"
-        for page in pages
-        for reservation in page.get("Reservations", [])
-        for instance in reservation.get("Instances", [])
+        str(r["urn"])
+        for r in deployment.get("resources", [])
+        if is_node_urn(str(r.get("urn", "")), nodes_type)
     ]
 
 
-def list_gcp_instances(location: ClusterLocation) -> list[str]:
-    """Instances labelled with the cluster id in any zone of the project (stopped ones included:
-    their disks still bill), as ``name (status, zone)``."""
-    try:
-        from google.cloud import compute_v1  # type: ignore[import-not-found, import-untyped, unused-ignore]
-    except ImportError:
+def up_with_failover(
+    stack: Stack,
+    ops: CloudOps,
+    zones: list[str],
+    current_zone: str | None,
+    on_output: OnOutput = print,
+    clock: Clock = time.monotonic,
+) -> Any:
+    """``pulumi up``, trying ``zones`` in order while the provider reports no capacity.
+
+    Only for a cluster with no live node (after the refresh): an existing cluster is updated in
+    its zone, never moved (that would destroy running nodes). After a failed attempt its partial
+    fleet (every resource under the nodes component) is destroyed before anything else happens,
+    so nodes of a failed zone never wait for the next zone's attempt. CAPACITY tries the next
+    zone; QUOTA the next zone in another region (the limit is regional); anything else stops.
+    ``fab up`` records the zone in use in the stack config (``fleet:zone``).
+    """
+    from pulumi import automation as auto
+
+    from infra.clouds.rules import nodes_component_type
+
+    nodes_type = nodes_component_type(ops.name)
+    existing = node_urns(stack, nodes_type)
+    if existing or not zones:
+        candidates: list[str | None] = [current_zone or (zones[0] if zones else None)]
+    else:
+        candidates = list(zones)
+    fail_over = len(candidates) > 1
+    tried: list[str] = []
+    exhausted_regions: set[str] = set()
+    for zone in candidates:
+        if zone and ops.region_of(zone) in exhausted_regions:
+            tried.append(f"{zone}: skipped (quota exhausted in {ops.region_of(zone)})")
+            continue
+        if zones and zone and zone != current_zone:
+            stack.set_config("fleet:zone", auto.ConfigValue(zone))
+            current_zone = zone
+        if fail_over:
+            on_output(f"fab up: trying zone {zone}")
+        watch = NodeWatch(nodes_type, clock)
+        try:
+            return stack.up(on_output=on_output, on_event=watch, show_secrets=False, suppress_outputs=True)
+        except auto.errors.ConcurrentUpdateError:
+            raise FleetrunError("pulumi up: another update of this stack is running; wait for it") from None
+        except auto.errors.CommandError as exc:
+            message = "\n".join([*watch.failures, str(exc)])
+            kind = ops.classify_error(message)
+        where = zone or "the configured zone"
+        if existing:
+            raise FleetrunError(
+                f"pulumi up failed ({kind.value}) while updating the running cluster in {where}; its "
+                f"nodes were left as they are (a running cluster is never moved): {_tail_text(message)}"
+            )
+        _destroy_partial(stack, nodes_type, watch, where, on_output, clock)
+        tried.append(f"{where}: {kind.value}")
+        if kind is ErrorKind.CAPACITY and fail_over:
+            continue
+        if kind is ErrorKind.QUOTA and fail_over and zone:
+            exhausted_regions.add(ops.region_of(zone))
+            continue
         raise FleetrunError(
-            "cannot confirm the teardown: google-cloud-compute is not installed (pip install "
-            "google-cloud-compute, or the 'gcp' extra). `pulumi destroy` itself finished."
-        ) from None
-    if not location.project:
-        raise FleetrunError("cannot confirm the teardown: the stack config has no fleet:project")
-    request = compute_v1.AggregatedListInstancesRequest(
-        project=location.project, filter=f'labels.{GCP_CLUSTER_LABEL} = "{location.cluster_id}"'
+            f"pulumi up failed in {where}: a {kind.value} error"
+            + (", which another zone would not fix" if fail_over else "")
+            + f"; the partial fleet was destroyed. {_advice(kind)}\n{_tail_text(message)}"
+        )
+    raise FleetrunError(
+        "pulumi up: no zone of fleet:zones could hold the cluster ("
+        + "; ".join(tried)
+        + "); each partial fleet was destroyed. Add zones, lower fleet:node_count, use a reservation, "
+        "or try again later."
     )
-    leftovers: list[str] = []
-    for zone, scoped in compute_v1.InstancesClient().aggregated_list(request=request):
-        for instance in scoped.instances:
-            leftovers.append(f"{instance.name} ({instance.status}, {zone.removeprefix('zones/')})")
-    return leftovers
 
 
-INSTANCE_LISTERS: dict[str, InstanceLister] = {"aws": list_aws_instances, "gcp": list_gcp_instances}
+def _destroy_partial(
+    stack: Stack, nodes_type: str, watch: NodeWatch, where: str, on_output: OnOutput, clock: Clock
+) -> None:
+    partial = node_urns(stack, nodes_type)
+    if not partial:
+        return
+    age = None if watch.first_node_at is None else clock() - watch.first_node_at
+    _run(
+        lambda: stack.destroy(
+            target=partial,
+            target_dependents=True,
+            on_output=on_output,
+            show_secrets=False,
+            suppress_outputs=True,
+        ),
+        "destroy (partial fleet)",
+    )
+    lived = "" if age is None else f", destroy issued {age:.0f} s after its first node came up"
+    on_output(f"fab up: destroyed the partial fleet in {where} ({len(partial)} resources{lived})")
+    if age is not None and age > PARTIAL_FLEET_LIMIT_S:
+        on_output(
+            f"fab up: WARNING: that partial fleet lived {age:.0f} s before its destroy (limit "
+            f"{PARTIAL_FLEET_LIMIT_S:.0f} s); check the cloud console for anything still billing"
+        )
+
+
+def _advice(kind: ErrorKind) -> str:
+    return {
+        ErrorKind.CAPACITY: "Add zones to fleet:zones, lower fleet:node_count, or use a reservation.",
+        ErrorKind.QUOTA: "Request more quota (docs/cloud.md, step 2), or add zones in another region (GCP).",
+        ErrorKind.BAD_CONFIG: "Fix the stack config (see the provider's message below).",
+        ErrorKind.PERMISSION: "Grant the deploying identity the roles listed in docs/cloud.md, step 2.",
+        ErrorKind.OTHER: "",
+    }[kind]
+
+
+def _tail_text(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -350,6 +470,10 @@ def _run(call: Callable[[], Any], what: str) -> Any:
         raise FleetrunError(f"pulumi {what}: another update of this stack is running; wait for it") from None
     except auto.errors.CommandError as exc:
         raise FleetrunError(f"pulumi {what} failed: {_tail(exc)}") from None
+
+
+def _config(stack: Stack) -> dict[str, str]:
+    return {key: value.value for key, value in _run(stack.get_all_config, "config").items()}
 
 
 def _bucket_of(stack: Stack) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pulumi
 import pytest
 from infra_cases import OPERATOR_CIDR, evaluate
 
@@ -14,8 +15,11 @@ WORLD = {"0.0.0.0/0", "::/0"}
 
 
 def expected_counts(nodes: int) -> dict[str, int]:
-    """Every custom resource the program creates for a p4d cluster of ``nodes`` nodes."""
-    multi = 1 if nodes > 1 else 0
+    """Every custom resource the program creates for a p4d cluster of ``nodes`` nodes.
+
+    The placement group and the EFA launch template exist at any size (one appearing at 2
+    nodes would replace node0); p4d has 4 network cards, so each node gets an Elastic IP.
+    """
     return {
         "tls:index/privateKey:PrivateKey": nodes + 1,  # a host key per node + the operator key
         "aws:ec2/vpc:Vpc": 1,
@@ -34,8 +38,9 @@ def expected_counts(nodes: int) -> dict[str, int]:
         "aws:iam/role:Role": 1,
         "aws:iam/rolePolicy:RolePolicy": 1,
         "aws:iam/instanceProfile:InstanceProfile": 1,
-        "aws:ec2/placementGroup:PlacementGroup": multi,
-        "aws:ec2/launchTemplate:LaunchTemplate": multi,  # EFA on p4d, multi-node only
+        "aws:ec2/placementGroup:PlacementGroup": 1,
+        "aws:ec2/launchTemplate:LaunchTemplate": 1,  # EFA on p4d's 4 cards
+        "aws:ec2/eip:Eip": nodes,
         INSTANCE: nodes,
     }
 
@@ -72,24 +77,19 @@ def test_intra_cluster_rule_present() -> None:
     assert any(r.get("self") and r["protocol"] == "-1" for r in sg["egress"])  # EFA needs it outbound too
 
 
-def test_iam_policy_is_scoped_to_the_bucket_and_the_cluster() -> None:
+def test_iam_policy_is_the_job_bucket_only() -> None:
+    """No EC2 permission at all: the watchdog's shutdown terminates its own node, and the old
+    grant (terminate any node of the cluster) let one node stop all the others."""
     snap = evaluate("aws")
     bucket_arn = snap.one("aws:s3/bucket:Bucket").outputs["arn"]
     policy = json.loads(snap.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
-    cluster_id = snap.outputs["cluster_id"]
     for statement in policy["Statement"]:
         assert statement["Effect"] == "Allow"
         actions = statement["Action"]
         assert all(not a.endswith("*") for a in actions), statement
-        resources = statement["Resource"]
-        assert "*" not in resources
-        if all(a.startswith("s3:") for a in actions):
-            assert set(resources) <= {bucket_arn, f"{bucket_arn}/*"}
-        else:
-            assert set(actions) <= {"ec2:TerminateInstances", "ec2:StopInstances"}
-            assert statement["Condition"] == {
-                "StringEquals": {"aws:ResourceTag/fleetrun:cluster": cluster_id}
-            }
+        assert all(a.startswith("s3:") for a in actions), statement
+        assert set(statement["Resource"]) <= {bucket_arn, f"{bucket_arn}/*"}
+    assert "ec2:" not in json.dumps(policy)
     assert "s3:DeleteObjectVersion" not in json.dumps(policy)  # nothing on the cluster can purge data
     # Nothing else is attached to the role.
     assert not snap.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
@@ -140,17 +140,43 @@ def test_instances_require_imdsv2_and_encrypt_their_volumes() -> None:
         assert i["placementGroup"]  # 4 nodes: cluster placement group
         assert "instanceMarketOptions" not in i  # on-demand unless fleet:spot
         assert instance.secret_inputs == ["userData"] and "userData" in instance.additional_secret_outputs
-        assert instance.ignore_changes == ["ami"]  # a newer DLAMI does not replace running nodes
+        # user data is read once at first boot (an update would stop/start the node); a newer
+        # DLAMI does not replace running nodes.
+        assert sorted(instance.ignore_changes) == ["ami", "userData"]
     assert sorted(ranks) == [0, 1, 2, 3]
 
 
-def test_efa_rides_on_the_primary_interface_via_a_launch_template() -> None:
-    snap = evaluate("aws")
+@pytest.mark.parametrize(("machine_type", "cards"), [("p4d.24xlarge", 4), ("p5.48xlarge", 32)])
+def test_efa_on_every_network_card_and_an_elastic_ip_per_node(machine_type: str, cards: int) -> None:
+    """One EFA interface per card (p4d: 4, p5: 32), not one in total: the inter-node bandwidth
+    paid for. Several interfaces get no automatic public IPv4, so each node has an EIP on its
+    primary interface, and that is the address exported for SSH."""
+    snap = evaluate("aws", machine_type=machine_type, node_count="2")
     template = snap.one("aws:ec2/launchTemplate:LaunchTemplate").inputs
-    (nic,) = template["networkInterfaces"]
+    nics = template["networkInterfaces"]
+    assert [n["networkCardIndex"] for n in nics] == list(range(cards))
+    assert [n["deviceIndex"] for n in nics] == [0] + [1] * (cards - 1)
+    assert {n["interfaceType"] for n in nics} == {"efa"}
+    assert not any("associatePublicIpAddress" in n for n in nics)  # refused with several interfaces
+    assert template["tagSpecifications"][0]["resourceType"] == "network-interface"  # the leak audit sees them
+    eips = {r.inputs["networkInterface"]: r for r in snap.of_type("aws:ec2/eip:Eip")}
+    for instance, node in zip(
+        sorted(snap.of_type(INSTANCE), key=lambda i: i.name), snap.outputs["nodes"], strict=True
+    ):
+        assert "subnetId" not in instance.inputs and instance.inputs["launchTemplate"]["version"] == "$Latest"
+        eip = eips[instance.outputs["primaryNetworkInterfaceId"]]
+        assert (
+            eip.inputs["domain"] == "vpc"
+            and eip.inputs["tags"]["fleetrun:cluster"] == snap.outputs["cluster_id"]
+        )
+        assert node["public_ip"] == eip.outputs["publicIp"] != instance.outputs["publicIp"]
+
+
+def test_single_card_efa_keeps_the_automatic_public_address() -> None:
+    snap = evaluate("aws", machine_type="g6.12xlarge", node_count="2")
+    (nic,) = snap.one("aws:ec2/launchTemplate:LaunchTemplate").inputs["networkInterfaces"]
     assert (nic["interfaceType"], nic["deviceIndex"], nic["associatePublicIpAddress"]) == ("efa", 0, "true")
-    instance = snap.of_type(INSTANCE)[0].inputs
-    assert "subnetId" not in instance and instance["launchTemplate"]["version"] == "$Latest"
+    assert not snap.of_type("aws:ec2/eip:Eip")
     plain = evaluate("aws", machine_type="g6.xlarge", node_count="2")
     assert not plain.of_type("aws:ec2/launchTemplate:LaunchTemplate")
     assert plain.of_type(INSTANCE)[0].inputs["subnetId"]
@@ -160,18 +186,63 @@ def test_spot_and_reservation_options() -> None:
     spot = evaluate("aws", spot="true").of_type(INSTANCE)[0].inputs
     assert spot["instanceMarketOptions"]["marketType"] == "spot"
     assert spot["instanceMarketOptions"]["spotOptions"]["instanceInterruptionBehavior"] == "terminate"
-    reserved = evaluate("aws", reservation="cr-0123456789abcdef0").of_type(INSTANCE)[0].inputs
+    reserved_snap = evaluate("aws", reservation="cr-0123456789abcdef0", zone="us-east-1b")
+    reserved = reserved_snap.of_type(INSTANCE)[0].inputs
     target = reserved["capacityReservationSpecification"]["capacityReservationTarget"]
     assert target["capacityReservationId"] == "cr-0123456789abcdef0"
+    # The reservation's capacity has its own placement: no fleetrun placement group to clash with.
+    assert (
+        not reserved_snap.of_type("aws:ec2/placementGroup:PlacementGroup")
+        and "placementGroup" not in reserved
+    )
+    in_group = evaluate(
+        "aws", reservation="cr-0123456789abcdef0", zone="us-east-1b", placement_group="team-p4d-cluster"
+    ).of_type(INSTANCE)[0]
+    assert in_group.inputs["placementGroup"] == "team-p4d-cluster"
+    block = evaluate(
+        "aws", reservation="cr-0123456789abcdef0", zone="us-east-1b", capacity_block="true"
+    ).of_type(INSTANCE)[0]
+    assert block.inputs["instanceMarketOptions"] == {"marketType": "capacity-block"}
 
 
 def test_image_lookup_and_pinned_image() -> None:
     looked_up = evaluate("aws")
     assert "aws:ec2/getAmi:getAmi" in looked_up.invokes
     pinned = evaluate("aws", image="ami-0fedcba9876543210")
-    assert "aws:ec2/getAmi:getAmi" not in pinned.invokes
     instance = pinned.of_type(INSTANCE)[0]
-    assert instance.inputs["ami"] == "ami-0fedcba9876543210" and instance.ignore_changes == []
+    assert instance.inputs["ami"] == "ami-0fedcba9876543210" and instance.ignore_changes == ["userData"]
+
+
+@pytest.mark.parametrize("image", ["auto", "ami-0fedcba9876543210"])
+def test_a_disk_smaller_than_the_image_fails_naming_the_key(image: str) -> None:
+    """The lookup reports the image's root volume (mocks: 100 GB); 30 GB passed the old check."""
+    with pytest.raises(
+        pulumi.RunError, match=r"^fleet:disk_size_gb: 60 GB is smaller than the image .*100 GB"
+    ):
+        evaluate("aws", disk_size_gb="60", image=image)
+    assert evaluate("aws", disk_size_gb="100", image=image).of_type(INSTANCE)
+
+
+def test_aws_stack_config_reaches_the_explicit_provider() -> None:
+    """assume-role and default tags were silently dropped (only aws:profile was forwarded)."""
+    from infra.clouds.aws import provider_arguments
+
+    arguments = provider_arguments(
+        {
+            "profile": "lab",
+            "assumeRoles": '[{"roleArn": "arn:aws:iam::210987654321:role/deployer", "sessionName": "fr"}]',
+            "defaultTags": '{"tags": {"CostCenter": "ml-42"}}',
+            "skipMetadataApiCheck": "true",
+            "region": "eu-west-1",  # fleet:region wins
+        }
+    )
+    assert arguments["profile"] == "lab" and arguments["skip_metadata_api_check"] is True
+    (role,) = arguments["assume_roles"]
+    assert role.role_arn == "arn:aws:iam::210987654321:role/deployer" and role.session_name == "fr"
+    assert arguments["default_tags"].tags == {"CostCenter": "ml-42"}
+    assert "region" not in arguments
+    with pytest.raises(pulumi.RunError, match=r"aws:useFipsEndpoint: set in the stack config, but"):
+        provider_arguments({"useFipsEndpoint": "true"})
 
 
 def test_zone_is_looked_up_or_taken_from_config() -> None:

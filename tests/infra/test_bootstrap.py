@@ -40,7 +40,6 @@ def _node(**overrides: object) -> NodeBootstrap:
         cloud="aws",
         node_name="fr-dev-abc123-node3",
         rank=3,
-        node_count=8,
         gpus=8,
         ssh_user="ubuntu",
         authorized_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorKey op@laptop",
@@ -77,7 +76,9 @@ def test_user_data_authorizes_only_the_operator_key() -> None:
 def test_node_env_carries_rank_and_cluster() -> None:
     doc = parse_user_data(render_user_data(_node()))
     env = {f["path"]: f["content"] for f in doc["write_files"]}["/etc/fleetrun/node.env"]
-    assert "FLEETRUN_NODE_RANK=3\n" in env and "FLEETRUN_NUM_NODES=8\n" in env
+    assert "FLEETRUN_NODE_RANK=3\n" in env
+    # The size of the cluster changes; user data must not (the launcher passes NNODES at run time).
+    assert "NUM_NODES" not in env
     assert (
         "FLEETRUN_GPUS_PER_NODE=8\n" in env and "FLEETRUN_BUCKET_URL=s3://fr-dev-abc123-artifacts-x1\n" in env
     )

@@ -1,8 +1,11 @@
-"""launch.fleets.cloud_stack without the Pulumi CLI: the clear error, output conversion, teardown check.
+"""launch.fleets.cloud_stack without the Pulumi CLI: the clear error, output conversion, teardown
+audit, refresh, and zone failover.
 
 The Automation API calls themselves need the CLI and credentials (docs/cloud.md lists what was
-checked only against real clouds). Here a fake ``Stack`` stands in for ``pulumi.automation``'s,
-so the flow of ``stack_down`` (destroy, then ask the cloud, then report) is exercised.
+checked only against real clouds). Here a fake ``Stack`` stands in for ``pulumi.automation``'s:
+it keeps a state of resource URNs, fails ``up`` in chosen zones with real provider messages
+(after some nodes came up, as a real partial failure does), and advances a fake clock, so the
+flows of ``stack_up`` (refresh, failover) and ``stack_down`` (destroy, audit, report) run whole.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from typing import Any
 
 import pytest
 from infra_cases import evaluate
-from pulumi.automation import ConfigValue, OutputValue
+from pulumi.automation import ConfigValue, Deployment, OutputValue
+from pulumi.automation._cmd import CommandResult
+from pulumi.automation.errors import CommandError
+from pulumi.automation.events import OpType
 
 from launch.errors import FleetrunError
 from launch.fleets import cloud_stack
@@ -30,6 +36,7 @@ from launch.fleets.cloud_stack import (
     stack_up,
     write_outputs_json,
 )
+from launch.fleets.clouds import CLOUDS
 from launch.job.inventory import Inventory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,23 +98,125 @@ def test_outputs_json_is_private_and_loads_into_the_inventory(tmp_path: Path) ->
     assert len(Inventory.from_stack_outputs_file(path).hosts) == 4
 
 
-class FakeStack:
-    """The part of ``pulumi.automation.Stack`` that ``stack_down`` uses."""
+CAPACITY_AWS = (
+    "creating EC2 Instance: operation error EC2: RunInstances, https response error StatusCode: 500, api error "
+    "InsufficientInstanceCapacity: We currently do not have sufficient p4d.24xlarge capacity in the "
+    "Availability Zone you requested (us-east-1a)."
+)
+QUOTA_GCP = "Error: Error waiting for instance to create: Quota 'NVIDIA_A100_GPUS' exceeded.  Limit: 8.0 in region us-central1."
+BAD_CONFIG_AWS = (
+    "Error: creating EC2 Instance: InvalidParameterValue: Value () for parameter groupId is invalid."
+)
 
-    def __init__(self, config: dict[str, str], outputs: dict[str, Any]) -> None:
-        self.config = config
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeStack:
+    """The part of ``pulumi.automation.Stack`` that ``stack_up`` and ``stack_down`` use.
+
+    ``fail`` maps a zone to the provider message its ``up`` fails with, after ``nodes_before_failure``
+    nodes came up there (each taking ``node_seconds`` on the fake clock).
+    """
+
+    def __init__(
+        self,
+        config: dict[str, str],
+        outputs: dict[str, Any],
+        fail: dict[str, str] | None = None,
+        existing_nodes: int = 0,
+        clock: FakeClock | None = None,
+        nodes_before_failure: int = 2,
+        node_seconds: float = 20.0,
+    ) -> None:
+        self.config = dict(config)
         self._outputs = outputs
+        self.fail = fail or {}
+        self.clock = clock or FakeClock()
+        self.nodes_before_failure = nodes_before_failure
+        self.node_seconds = node_seconds
         self.destroyed = False
+        self.calls: list[tuple[Any, ...]] = []
+        self.resources: list[str] = []
+        self.partial_lifetimes: list[float] = []
+        self._first_node_at: float | None = None
         self.workspace = SimpleNamespace(project_settings=lambda: SimpleNamespace(name="fleetrun"))
+        if existing_nodes:
+            self.resources += [self.network_urn()] + [self.node_urn(r) for r in range(existing_nodes)]
+
+    def cloud(self) -> str:
+        return self.config["fleet:cloud"]
+
+    def node_urn(self, rank: int, typ: str = "") -> str:
+        cloud = self.cloud()
+        typ = typ or {"aws": "aws:ec2/instance:Instance", "gcp": "gcp:compute/instance:Instance"}[cloud]
+        return f"urn:pulumi:test::fleetrun::fleetrun:{cloud}:GpuCluster$fleetrun:{cloud}:GpuNodes${typ}::node{rank}"
+
+    def network_urn(self) -> str:
+        cloud = self.cloud()
+        return (
+            f"urn:pulumi:test::fleetrun::fleetrun:{cloud}:GpuCluster$fleetrun:{cloud}:Network$x:subnet::net"
+        )
 
     def get_all_config(self) -> dict[str, ConfigValue]:
         return {k: ConfigValue(v) for k, v in self.config.items()}
 
+    def set_config(self, key: str, value: ConfigValue) -> None:
+        self.calls.append(("set_config", key, value.value))
+        self.config[key] = value.value
+
+    def refresh(self, **_: Any) -> None:
+        self.calls.append(("refresh",))
+
+    def export_stack(self) -> Deployment:
+        return Deployment(version=3, deployment={"resources": [{"urn": u} for u in self.resources]})
+
+    def up(self, on_event: Any = None, **_: Any) -> Any:
+        zone = self.config.get("fleet:zone")
+        self.calls.append(("up", zone))
+        if self.network_urn() not in self.resources:
+            self.resources.append(self.network_urn())
+        count = self.nodes_before_failure if zone in self.fail else 4
+        for rank in range(count):
+            self.clock.now += self.node_seconds
+            urn = self.node_urn(rank)
+            if urn not in self.resources:
+                self.resources += [urn, self.node_urn(rank, "aws:ec2/eip:Eip")]
+                self._first_node_at = self._first_node_at or self.clock.now
+                if on_event:
+                    on_event(
+                        SimpleNamespace(
+                            res_outputs_event=SimpleNamespace(
+                                metadata=SimpleNamespace(op=OpType.CREATE, urn=urn)
+                            )
+                        )
+                    )
+        if zone in self.fail:
+            self.clock.now += 30  # in-flight creates finish; pulumi starts nothing new
+            raise CommandError(CommandResult(stdout=f"error: {self.fail[zone]}", stderr="", code=255))
+        return SimpleNamespace(outputs=_as_output_values(self._outputs, {"ssh_private_key"}))
+
     def outputs(self) -> dict[str, OutputValue]:
         return {} if self.destroyed else _as_output_values(self._outputs, set())
 
-    def destroy(self, **_: Any) -> None:
-        self.destroyed = True
+    def destroy(
+        self, target: list[str] | None = None, target_dependents: bool | None = None, **_: Any
+    ) -> None:
+        self.calls.append(("destroy", tuple(target or ()), target_dependents))
+        if target:
+            assert self._first_node_at is not None
+            self.partial_lifetimes.append(self.clock.now - self._first_node_at)
+            self.resources = [r for r in self.resources if r not in target]
+            self._first_node_at = None
+        else:
+            self.resources = []
+            self.destroyed = True
+        self.clock.now += 40
 
 
 def _fake(monkeypatch: pytest.MonkeyPatch, stack: FakeStack) -> None:
@@ -126,10 +235,12 @@ def test_down_destroys_then_confirms_with_the_cloud(monkeypatch: pytest.MonkeyPa
         return []
 
     said: list[str] = []
-    stack_down("test", REPO, on_output=said.append, list_instances=lister)
+    stack_down("test", REPO, on_output=said.append, leftovers=lister)
     # The id is derived from project + stack name, and equals the one the program tags with.
     assert asked == [ClusterLocation("aws", snap.outputs["cluster_id"], "us-east-1")]
-    assert said[-1].startswith(f"confirmed: no instance of cluster {snap.outputs['cluster_id']} remains")
+    assert said[-1].startswith(
+        f"confirmed: no instance, disk, address or network interface of cluster {snap.outputs['cluster_id']} remains"
+    )
     assert snap.outputs["bucket"] in said[-1]
 
 
@@ -163,24 +274,164 @@ def test_down_names_every_leftover(monkeypatch: pytest.MonkeyPatch) -> None:
     def lister(location: ClusterLocation) -> list[str]:
         assert (location.region, location.project) == ("us-central1", "p-123456")
         return [
-            "fr-test-868a60-node0 (RUNNING, us-central1-a)",
-            "fr-test-868a60-node1 (TERMINATED, us-central1-a)",
+            "instance fr-test-868a60-node0 (RUNNING, us-central1-a)",
+            "instance fr-test-868a60-node1 (TERMINATED, us-central1-a)",
+            "disk fr-test-868a60-node1 (200 GB, us-central1-a)",
         ]
 
     with pytest.raises(TeardownIncomplete) as info:
-        stack_down("org/test", REPO, on_output=lambda _m: None, list_instances=lister)
+        stack_down("org/test", REPO, on_output=lambda _m: None, leftovers=lister)
     message = str(info.value)
-    assert "fr-test-868a60-node0" in message and "fr-test-868a60-node1" in message and "billing" in message
+    assert "instance fr-test-868a60-node1 (TERMINATED" in message and "disk fr-test-868a60-node1" in message
+    assert "3 resource(s)" in message and "billing" in message
     assert info.value.cluster_id == "fr-test-868a60"  # org/test -> the program sees stack "test"
 
 
-def test_cloud_queries_explain_a_missing_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "boto3", None)
-    monkeypatch.setitem(sys.modules, "google.cloud", None)
-    with pytest.raises(FleetrunError, match="boto3 is not installed"):
-        cloud_stack.list_aws_instances(ClusterLocation("aws", "fr-x-1", "us-east-1"))
-    with pytest.raises(FleetrunError, match="google-cloud-compute is not installed"):
-        cloud_stack.list_gcp_instances(ClusterLocation("gcp", "fr-x-1", "us-central1", "p-123456"))
+def test_down_uses_the_clouds_own_audit_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(monkeypatch, FakeStack({"fleet:cloud": "aws", "fleet:region": "us-east-1"}, {}))
+    asked: list[ClusterLocation] = []
+    monkeypatch.setattr(
+        CLOUDS["aws"], "leftovers", lambda loc: asked.append(loc) or ["volume vol-1 (available)"]
+    )
+    with pytest.raises(TeardownIncomplete, match="volume vol-1"):
+        stack_down("test", REPO, on_output=lambda _m: None)
+    assert [loc.cloud for loc in asked] == ["aws"]
+
+
+# -- refresh and zone failover ----------------------------------------------------------------------
+
+
+def _up(monkeypatch: pytest.MonkeyPatch, stack: FakeStack) -> tuple[dict[str, Any], list[str]]:
+    _fake(monkeypatch, stack)
+    monkeypatch.setattr(cloud_stack, "save_operator_key", lambda outputs: None)
+    said: list[str] = []
+    outputs = stack_up("test", REPO, on_output=said.append, clock=stack.clock)
+    return outputs, said
+
+
+def test_up_refreshes_the_state_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes a watchdog or a spot interruption removed must leave the state before `up`."""
+    snap = evaluate("aws")
+    stack = FakeStack({"fleet:cloud": "aws", "fleet:region": "us-east-1"}, snap.outputs)
+    outputs, _said = _up(monkeypatch, stack)
+    assert stack.calls == [("refresh",), ("up", None)]
+    assert outputs["cluster_id"] == snap.outputs["cluster_id"]
+
+
+def test_no_capacity_fails_over_to_the_next_zone_destroying_the_partial_fleet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    snap = evaluate("aws")
+    zones = '["us-east-1a", "us-east-1b", "us-east-1c"]'
+    stack = FakeStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:zones": zones},
+        snap.outputs,
+        fail={"us-east-1a": CAPACITY_AWS},
+    )
+    outputs, said = _up(monkeypatch, stack)
+    partial = (
+        stack.node_urn(0),
+        stack.node_urn(0, "aws:ec2/eip:Eip"),
+        stack.node_urn(1),
+        stack.node_urn(1, "aws:ec2/eip:Eip"),
+    )
+    assert stack.calls == [
+        ("refresh",),
+        ("set_config", "fleet:zone", "us-east-1a"),
+        ("up", "us-east-1a"),
+        ("destroy", partial, True),  # only the nodes and what hangs off them, before anything else
+        ("set_config", "fleet:zone", "us-east-1b"),
+        ("up", "us-east-1b"),
+    ]
+    assert stack.network_urn() in stack.resources  # network, bucket, IAM are kept and reused
+    assert stack.config["fleet:zone"] == "us-east-1b"  # the zone in use is recorded
+    assert stack.partial_lifetimes and max(stack.partial_lifetimes) <= cloud_stack.PARTIAL_FLEET_LIMIT_S
+    assert any(
+        "destroyed the partial fleet in us-east-1a (4 resources, destroy issued 50 s after its first node"
+        in m
+        for m in said
+    )
+    assert outputs["cluster_id"] == snap.outputs["cluster_id"]
+
+
+def test_a_long_lived_partial_fleet_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = FakeStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:zones": "us-east-1a, us-east-1b"},
+        evaluate("aws").outputs,
+        fail={"us-east-1a": CAPACITY_AWS},
+        nodes_before_failure=6,
+        node_seconds=30,
+    )
+    _outputs, said = _up(monkeypatch, stack)
+    assert max(stack.partial_lifetimes) > cloud_stack.PARTIAL_FLEET_LIMIT_S
+    assert any("WARNING: that partial fleet lived" in m for m in said)
+
+
+def test_quota_skips_the_rest_of_its_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = FakeStack(
+        {
+            "fleet:cloud": "gcp",
+            "fleet:project": "p-123456",
+            "fleet:zones": '["us-central1-a", "us-central1-b", "us-east4-b"]',
+        },
+        evaluate("gcp").outputs,
+        fail={"us-central1-a": QUOTA_GCP},
+    )
+    _outputs, said = _up(monkeypatch, stack)
+    ups = [c[1] for c in stack.calls if c[0] == "up"]
+    assert ups == ["us-central1-a", "us-east4-b"]  # a regional quota: us-central1-b would refuse too
+    assert stack.config["fleet:zone"] == "us-east4-b"
+
+
+def test_a_bad_config_stops_without_trying_other_zones(monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = FakeStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:zones": "us-east-1a, us-east-1b"},
+        evaluate("aws").outputs,
+        fail={"us-east-1a": BAD_CONFIG_AWS},
+    )
+    with pytest.raises(
+        FleetrunError, match=r"us-east-1a: a bad-config error, which another zone would not fix"
+    ):
+        _up(monkeypatch, stack)
+    assert [c[1] for c in stack.calls if c[0] == "up"] == ["us-east-1a"]
+    assert [c[0] for c in stack.calls][-1] == "destroy"  # the partial fleet does not stay up
+    assert not [r for r in stack.resources if "GpuNodes" in r]
+
+
+def test_every_zone_without_capacity_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = FakeStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:zones": "us-east-1a, us-east-1b"},
+        evaluate("aws").outputs,
+        fail={"us-east-1a": CAPACITY_AWS, "us-east-1b": CAPACITY_AWS},
+    )
+    with pytest.raises(
+        FleetrunError, match=r"no zone of fleet:zones .*us-east-1a: capacity; us-east-1b: capacity"
+    ):
+        _up(monkeypatch, stack)
+    assert not [r for r in stack.resources if "GpuNodes" in r]
+    assert len(stack.partial_lifetimes) == 2
+
+
+def test_a_running_cluster_is_never_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scaling a live cluster that hits a capacity error: its nodes stay, no other zone is tried."""
+    stack = FakeStack(
+        {
+            "fleet:cloud": "aws",
+            "fleet:region": "us-east-1",
+            "fleet:zones": "us-east-1a, us-east-1b",
+            "fleet:zone": "us-east-1b",
+        },
+        evaluate("aws").outputs,
+        fail={"us-east-1b": CAPACITY_AWS},
+        existing_nodes=2,
+    )
+    before = list(stack.resources)
+    with pytest.raises(
+        FleetrunError, match=r"updating the running cluster in us-east-1b; its nodes were left"
+    ):
+        _up(monkeypatch, stack)
+    assert stack.calls == [("refresh",), ("up", "us-east-1b")]
+    assert set(before) <= set(stack.resources)
 
 
 def test_missing_stack_config_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

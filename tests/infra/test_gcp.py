@@ -12,17 +12,26 @@ FIREWALL = "gcp:compute/firewall:Firewall"
 WORLD = {"0.0.0.0/0", "::/0"}
 
 
+SELF_DELETE = "gcp:compute/instanceIAMMember:InstanceIAMMember"
+CUSTOM_ROLE = "gcp:projects/iAMCustomRole:IAMCustomRole"
+
+
 def expected_counts(nodes: int) -> dict[str, int]:
-    """Every custom resource the program creates for an a2-highgpu-8g cluster of ``nodes`` nodes."""
+    """Every custom resource the program creates for an a2-highgpu-8g cluster of ``nodes`` nodes.
+
+    The compact placement policy exists at any size: added at 2 nodes, it would recreate node0.
+    """
     return {
         "tls:index/privateKey:PrivateKey": nodes + 1,
         "gcp:serviceaccount/account:Account": 1,
+        CUSTOM_ROLE: 1,
+        SELF_DELETE: nodes,
         "gcp:compute/network:Network": 1,
         "gcp:compute/subnetwork:Subnetwork": 1,
         FIREWALL: 2,
         "gcp:storage/bucket:Bucket": 1,
         "gcp:storage/bucketIAMMember:BucketIAMMember": 1,
-        "gcp:compute/resourcePolicy:ResourcePolicy": 1 if nodes > 1 else 0,
+        "gcp:compute/resourcePolicy:ResourcePolicy": 1,
         INSTANCE: nodes,
     }
 
@@ -73,9 +82,25 @@ def test_service_account_has_a_bucket_scoped_binding_only() -> None:
     broader = [
         r.typ
         for r in snap.custom_resources
-        if "IAM" in r.typ and r.typ != "gcp:storage/bucketIAMMember:BucketIAMMember"
+        if "IAM" in r.typ
+        and r.typ not in ("gcp:storage/bucketIAMMember:BucketIAMMember", SELF_DELETE, CUSTOM_ROLE)
     ]
     assert broader == []  # no project, folder or organisation bindings
+
+
+def test_each_node_may_delete_its_own_instance_and_nothing_else() -> None:
+    """A guest shutdown only stops a GCP VM (its disk keeps billing): the watchdog deletes its
+    node instead, with a role holding delete alone, bound on each node's instance."""
+    snap = evaluate("gcp")
+    email = snap.one("gcp:serviceaccount/account:Account").outputs["email"]
+    role = snap.one(CUSTOM_ROLE)
+    assert role.inputs["permissions"] == ["compute.instances.delete"]
+    assert "roleId" not in role.inputs  # auto-named: a deleted role's id stays reserved for weeks
+    grants = {g.inputs["instanceName"]: g.inputs for g in snap.of_type(SELF_DELETE)}
+    assert set(grants) == {i.inputs["name"] for i in snap.of_type(INSTANCE)}
+    for grant in grants.values():
+        assert grant["role"] == role.outputs["name"] and grant["member"] == f"serviceAccount:{email}"
+        assert grant["zone"] == "us-central1-a" and grant["project"] == "my-gcp-project"
 
 
 def test_bucket_is_retained_versioned_encrypted_and_private() -> None:
@@ -133,6 +158,8 @@ def test_spot_preemptible_and_attached_gpus() -> None:
     assert (
         i["scheduling"]["automaticRestart"] is False and i["scheduling"]["onHostMaintenance"] == "TERMINATE"
     )
+    # Preempted: deleted, not stopped (a stopped VM's disk bills and its address goes stale).
+    assert i["scheduling"]["instanceTerminationAction"] == "DELETE"
     assert i["guestAccelerators"] == [{"type": "nvidia-tesla-t4", "count": 4}]
     assert not snap.of_type("gcp:compute/resourcePolicy:ResourcePolicy")  # N1: no compact placement
     assert snap.outputs["nodes"][0]["gpus"] == 4 and snap.outputs["nodes"][0]["gpu_type"] == "nvidia-tesla-t4"
@@ -150,6 +177,52 @@ def test_image_lookup_and_gvnic() -> None:
     i = snap.of_type(INSTANCE)[0].inputs
     assert "deeplearning-platform-release" in i["bootDisk"]["initializeParams"]["image"]
     assert i["networkInterfaces"][0]["nicType"] == "GVNIC"
+
+
+@pytest.mark.parametrize(("machine_type", "data_nics"), [("a3-highgpu-8g", 4), ("a3-megagpu-8g", 8)])
+def test_a3_gets_a_gvnic_per_gpu_data_network(machine_type: str, data_nics: int) -> None:
+    """GPUDirect-TCPX (A3 High) / TCPXO (A3 Mega) need one extra gVNIC per data network; with
+    a single NIC, NCCL shares the host NIC (a fraction of the bandwidth paid for)."""
+    snap = evaluate("gcp", machine_type=machine_type, node_count="2")
+    networks = [n for n in snap.of_type("gcp:compute/network:Network") if "-data" in n.name]
+    assert len(networks) == data_nics and {n.inputs["mtu"] for n in networks} == {8244}
+    subnets = {
+        s.outputs.get("id", f"{s.name}-id"): s for s in snap.of_type("gcp:compute/subnetwork:Subnetwork")
+    }
+    email = snap.one("gcp:serviceaccount/account:Account").outputs["email"]
+    data_firewalls = [f for f in snap.of_type(FIREWALL) if "-data" in f.name]
+    assert len(data_firewalls) == data_nics
+    assert all(
+        f.inputs["sourceServiceAccounts"] == [email] == f.inputs["targetServiceAccounts"]
+        for f in data_firewalls
+    )
+    for instance in snap.of_type(INSTANCE):
+        nics = instance.inputs["networkInterfaces"]
+        assert len(nics) == 1 + data_nics and all(n["nicType"] == "GVNIC" for n in nics)
+        assert all("accessConfigs" not in n for n in nics[1:])  # data NICs have no public address
+        data_ranges = sorted(subnets[n["subnetwork"]].inputs["ipCidrRange"] for n in nics[1:])
+        assert len(set(data_ranges)) == data_nics
+    assert not [n for n in evaluate("gcp").of_type("gcp:compute/network:Network") if "-data" in n.name]
+
+
+def test_a_disk_smaller_than_the_image_fails_naming_the_key() -> None:
+    import pulumi
+
+    with pytest.raises(pulumi.RunError, match=r"^fleet:disk_size_gb: 50 GB is smaller than the image"):
+        evaluate("gcp", disk_size_gb="50")
+
+
+def test_failover_across_regions_keeps_the_bucket_home() -> None:
+    """GCP zones may span regions; the bucket stays in the first zone's region (moving it would
+    create a new, empty bucket) while the subnet and placement policy follow the zone in use."""
+    snap = evaluate("gcp", zones='["us-central1-a", "us-east4-b"]', zone="us-east4-b")
+    assert snap.one("gcp:storage/bucket:Bucket").inputs["location"] == "US-CENTRAL1"
+    subnet = [s for s in snap.of_type("gcp:compute/subnetwork:Subnetwork") if s.name.endswith("-net-subnet")][
+        0
+    ]
+    assert subnet.inputs["region"] == "us-east4" and subnet.delete_before_replace
+    assert {i.inputs["zone"] for i in snap.of_type(INSTANCE)} == {"us-east4-b"}
+    assert snap.outputs["zone"] == "us-east4-b"
     pinned = evaluate("gcp", image="projects/my-proj/global/images/family/my-baked-image")
     assert "gcp:compute/getImage:getImage" not in pinned.invokes
     assert pinned.of_type(INSTANCE)[0].ignore_changes == []

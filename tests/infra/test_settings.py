@@ -119,6 +119,53 @@ BAD_CONFIGS = {
     ),
     "public network CIDR": (aws_config(network_cidr="8.8.0.0/16"), "network_cidr", "private"),
     "root login": (gcp_config(ssh_user="root"), "ssh_user", "not a valid login"),
+    # -- issue 13, item 7: combinations the provider refuses (or mishandles) minutes into `up`
+    "N1 with more vCPUs than one V100 allows": (
+        gcp_config(machine_type="n1-standard-96", accelerator_type="nvidia-tesla-v100", gpus_per_node="1"),
+        "machine_type",
+        "at most 12",
+    ),
+    "A3 High below 8 GPUs on demand": (
+        gcp_config(machine_type="a3-highgpu-4g"),
+        "machine_type",
+        "only as Spot",
+    ),
+    "more VMs than one compact placement policy holds": (
+        gcp_config(node_count="151"),
+        "placement",
+        "at most 150 VMs",
+    ),
+    "AWS reservation without its zone": (
+        aws_config(reservation="cr-0123456789abcdef0"),
+        "zone",
+        "one availability zone",
+    ),
+    "Capacity Block without its reservation": (
+        aws_config(capacity_block="true"),
+        "capacity_block",
+        "needs fleet:reservation",
+    ),
+    "P3 (Volta) with the current Deep Learning AMI": (
+        aws_config(machine_type="p3.16xlarge"),
+        "image",
+        "Volta",
+    ),
+    "failover zone in another AWS region": (
+        aws_config(zones='["us-east-1a", "us-west-2a"]'),
+        "zones",
+        "not an availability zone of us-east-1",
+    ),
+    "zone not among the failover zones": (
+        aws_config(zone="us-east-1c", zones="us-east-1a, us-east-1b"),
+        "zone",
+        "not one of fleet:zones",
+    ),
+    "GCP reservation with failover zones": (
+        gcp_config(reservation="a100-block", zones='["us-central1-a", "us-central1-b"]', zone=None),
+        "zones",
+        "a reservation lives in one zone",
+    ),
+    "bad GCP failover zone": (gcp_config(zones='["us-central1-a", "mars-1x"]'), "zones", "not a GCP zone"),
 }
 
 
@@ -131,6 +178,40 @@ def test_bad_config_fails_naming_the_key(case: str) -> None:
     text = str(error)
     assert f"fleet:{key}:" in text
     assert fragment in text, f"{case}: {fragment!r} not in {text!r}"
+
+
+def test_node_resources_do_not_depend_on_the_node_count() -> None:
+    """EFA and placement are decided by the type, not the size: appearing at 2 nodes, they
+    replaced node0 (a launch template or placement group forces a new instance)."""
+    for nodes in ("1", "2", "64"):
+        aws = parse(aws_config(node_count=nodes))
+        assert aws.efa and aws.placement
+        gcp = parse(gcp_config(node_count=nodes))
+        assert gcp.placement and not gcp.efa
+    reserved = parse(aws_config(reservation="cr-0123456789abcdef0", zone="us-east-1b"))
+    assert not reserved.placement  # the reservation's own placement (fleet:placement_group) applies
+
+
+def test_failover_zones_and_the_zone_in_use() -> None:
+    aws = parse(aws_config(zones='["us-east-1b", "us-east-1a"]'))
+    assert aws.zones == ("us-east-1b", "us-east-1a") and aws.zone == "us-east-1b"
+    assert aws.bucket_region == "us-east-1"
+    moved = parse(gcp_config(zone="europe-west4-a", zones="us-central1-a, europe-west4-a"))
+    assert (moved.zone, moved.region, moved.bucket_region) == (
+        "europe-west4-a",
+        "europe-west4",
+        "us-central1",
+    )
+    assert parse(gcp_config(zone=None, zones='["us-east4-c"]')).zone == "us-east4-c"
+
+
+def test_p3_with_a_pinned_image_and_a3_small_on_spot_are_accepted() -> None:
+    assert parse(aws_config(machine_type="p3.16xlarge", image="ami-0123456789abcdef0")).machine.gpus == 8
+    assert parse(gcp_config(machine_type="a3-highgpu-4g", spot="true")).machine.gpus == 4
+    n1 = parse(
+        gcp_config(machine_type="n1-standard-8", accelerator_type="nvidia-tesla-v100", gpus_per_node="1")
+    )
+    assert n1.machine.attach_accelerators
 
 
 def test_message_example_from_the_brief() -> None:
@@ -164,11 +245,11 @@ def test_ssh_cidr_forms() -> None:
 def test_aws_defaults_and_derived_settings() -> None:
     s = parse(aws_config())
     assert (s.machine.gpus, s.machine.gpu_type) == (8, "nvidia-a100-40gb")
-    assert s.efa and s.placement  # p4d has EFA; 4 nodes -> placement group
+    assert s.efa and s.placement  # p4d has EFA and joins a cluster placement group
     assert s.image.lookup and s.bucket_name is None and s.zone is None
     assert (s.disk_size_gb, s.disk_type, s.ssh_user) == (200, "gp3", "ubuntu")
     single = parse(aws_config(node_count="1"))
-    assert not single.efa and not single.placement
+    assert single.efa and single.placement  # at any size, so growing replaces nothing
     assert not parse(aws_config(machine_type="t3.xlarge", node_count="2")).placement  # T types: no cluster PG
 
 

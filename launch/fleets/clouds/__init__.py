@@ -1,0 +1,104 @@
+"""Everything cloud-specific on the laptop side, one module per cloud behind ``CloudOps``.
+
+``CLOUDS["aws"]`` / ``CLOUDS["gcp"]`` answer what the rest of ``launch`` must not decide by
+switching on a cloud's name: which tag marks a cluster's resources, what is still billing after a
+teardown (the leak audit), how a node copies its run directory to the bucket, how a node ends its
+own billing (the watchdog's power-off hook), and what a provider error means for ``fab up``'s
+zone failover. The modules import only the standard library and infra's pure catalogs at import
+time; boto3 and google-cloud-compute load inside ``leftovers``, when a teardown is checked.
+
+The tag/label keys come from ``infra.clouds.<cloud>_catalog``, the one place the Pulumi programs
+take them from too, so what the audit looks for is what the program wrote.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+
+class ErrorKind(str, Enum):
+    """What a failed ``pulumi up`` means for the next attempt (``fab up``'s zone failover)."""
+
+    CAPACITY = "capacity"
+    """The zone has no capacity for the type now, or does not offer it: another zone may work."""
+    QUOTA = "quota"
+    """An account or project limit: the same region will refuse again; another region may not."""
+    BAD_CONFIG = "bad-config"
+    """The request itself is wrong: no zone will take it; fix the stack config."""
+    PERMISSION = "permission"
+    """The credentials may not do this: no zone will take it; fix IAM."""
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class ClusterLocation:
+    """Where to look for a cluster's resources, independent of the Pulumi state."""
+
+    cloud: str
+    cluster_id: str
+    region: str
+    project: str | None = None
+    """GCP project id."""
+    profile: str | None = None
+    """AWS named profile (aws:profile in the stack config), if any."""
+
+
+class CloudOps(Protocol):
+    name: str
+    """``aws`` or ``gcp``: the value of ``fleet:cloud``."""
+    cluster_tag: str
+    """The tag (AWS) / label (GCP) key whose value is the cluster id on every resource."""
+
+    def region_of(self, zone: str) -> str:
+        """The region a zone belongs to (quota failover skips zones of an exhausted region)."""
+        ...
+
+    def leftovers(self, location: ClusterLocation) -> list[str]:
+        """The cost and leak audit: every instance (running or stopped), disk, address and
+        network interface carrying the cluster's tag that still exists, one readable line each."""
+        ...
+
+    def upload_argv(self, bucket: str, dest: str) -> list[str]:
+        """The command a node runs to copy a run directory to ``<bucket>/<dest>`` with its own
+        role; ``{src}`` stands for the local directory."""
+        ...
+
+    def poweroff_hook(self) -> str:
+        """The shell script the on-node watchdog runs to end its own node's billing."""
+        ...
+
+    def classify_error(self, message: str) -> ErrorKind:
+        """What a provider error (as ``pulumi up`` prints it) means for failover."""
+        ...
+
+
+Rules = Sequence[tuple[ErrorKind, re.Pattern[str]]]
+
+
+def classify(message: str, rules: Rules) -> ErrorKind:
+    """The kind of the first rule whose pattern occurs in ``message``; rules are ordered from
+    the most specific (a capacity code) to the most general (a 400), since one message often
+    matches several (GCP's "machine type does not exist in zone" is also an "Invalid value").
+    Whitespace is normalised first: CLIs and YAML dumps wrap long messages mid-sentence."""
+    flat = " ".join(message.split())
+    for kind, pattern in rules:
+        if pattern.search(flat):
+            return kind
+    return ErrorKind.OTHER
+
+
+def missing_sdk(package: str, extra: str) -> str:
+    return (
+        f"cannot audit the cloud for leftovers: {package} is not installed (pip install {package}, or "
+        f"the '{extra}' extra). The Pulumi operation itself finished."
+    )
+
+
+from launch.fleets.clouds.aws import AWS  # noqa: E402  (the modules import the names above)
+from launch.fleets.clouds.gcp import GCP  # noqa: E402
+
+CLOUDS: dict[str, CloudOps] = {ops.name: ops for ops in (AWS, GCP)}
