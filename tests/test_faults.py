@@ -21,7 +21,7 @@ from launch import history
 from launch.localfleet import LocalFleet
 from launch.records import RunRecords
 from launch.wrapup import RunResult
-from tests.conftest import REPO, needs_root, fleet_prefix, fleet_subnet, user_processes, write_playbook
+from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, user_processes, write_playbook
 from tests.faultkit import first_metrics, quiet, run_with_fault, wait_for, worker_pids
 
 pytestmark = needs_root()

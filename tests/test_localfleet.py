@@ -10,7 +10,7 @@ import pytest
 
 from launch.errors import LocalFleetError
 from launch.localfleet import FAULT_CRASH_AFTER, LocalFleet, _pid_alive
-from tests.conftest import REPO, needs_root, fleet_prefix, fleet_subnet
+from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root
 
 
 def test_not_root_gets_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,7 +51,11 @@ def test_down_after_crash_half_way_through_up(fleetrun_home: object) -> None:
     crashing = LocalFleet(prefix=fleet_prefix("c"), subnet=fleet_subnet(2))
     code = (
         "from launch.localfleet import LocalFleet; "
-        "LocalFleet(prefix='" + fleet_prefix("c") + "', subnet=" + str(fleet_subnet(2)) + ").up(3, say=lambda m: None)"
+        "LocalFleet(prefix='"
+        + fleet_prefix("c")
+        + "', subnet="
+        + str(fleet_subnet(2))
+        + ").up(3, say=lambda m: None)"
     )
     env = {**os.environ, FAULT_CRASH_AFTER: "2"}
     proc = subprocess.run(

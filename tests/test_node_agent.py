@@ -87,8 +87,20 @@ def test_vanished_when_killed_without_exit_code(tmp_path: Path) -> None:
 
 
 def test_upload_without_bucket_is_reported_not_raised(tmp_path: Path) -> None:
-    answer = agent("upload", str(tmp_path), "", "aws", "r", "n0")
+    answer = agent("upload", str(tmp_path), '{"argv": []}')
     assert answer == {"upload": "no bucket configured; artifacts stay on the node's disk", "ok": False}
+
+
+def test_upload_runs_the_laptops_command_with_the_run_dir(tmp_path: Path) -> None:
+    """The node knows no cloud: it runs the command it was given, ``{src}`` = its run directory."""
+    target = tmp_path / "bucket"
+    request = json.dumps({"argv": ["cp", "-r", "{src}", str(target)]})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "node.log").write_text("hello")
+    answer = agent("upload", str(run_dir), request)
+    assert answer == {"upload": f"uploaded to {target}", "ok": True}
+    assert (target / "node.log").read_text() == "hello"
 
 
 def test_watchdog_takes_over_when_the_watcher_is_silent(tmp_path: Path) -> None:
@@ -100,6 +112,7 @@ def test_watchdog_takes_over_when_the_watcher_is_silent(tmp_path: Path) -> None:
     (run_dir / "guard.json").write_text(
         json.dumps(
             {
+                "expects_metrics": True,
                 "run_id": "r-guard",
                 "node": "n0",
                 "started_at": time.time(),
@@ -147,10 +160,10 @@ def test_serve_answers_each_poll_line_incrementally_and_exits_on_eof(tmp_path: P
         text=True,
     )
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write("poll 0\n")
+    proc.stdin.write('{"op": "poll", "offset": 0}\n')
     proc.stdin.flush()
     whole = json.loads(proc.stdout.readline())
-    proc.stdin.write(f"poll {first_len}\nnonsense\n")
+    proc.stdin.write(f'{{"op": "poll", "offset": {first_len}}}\nnonsense\n')
     proc.stdin.flush()
     rest = json.loads(proc.stdout.readline())
     bad = json.loads(proc.stdout.readline())
