@@ -33,7 +33,7 @@ from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from launch.nodelib.protocol import MAX_INT, ProtocolError, StatusRecord, parse_metrics_line
+from launch.nodelib.fleetrun_protocol import MAX_INT, ProtocolError, StatusRecord, parse_metrics_line
 
 #: Keys of a metric record that are bookkeeping, not metrics to plot or compare.
 RESERVED_KEYS = frozenset({"step", "time", "elapsed", "event"})

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from launch import remote_layout as layout
 from launch.errors import HostError
 from launch.inventory import Host, Inventory
-from launch.nodelib.protocol import FileBundle, ProtocolError, StartAnswer
+from launch.nodelib.fleetrun_protocol import FileBundle, ProtocolError, StartAnswer
 from launch.plan import LaunchPlan, NodePlan
 from launch.records import RunRecords
 from launch.run_folder import RunFolder

@@ -28,7 +28,7 @@ from launch import remote_layout as layout
 from launch.cluster_ssh import known_hosts_text, new_ed25519_keypair
 from launch.errors import HostError
 from launch.inventory import Host
-from launch.nodelib.protocol import ProtocolError, RelayResult
+from launch.nodelib.fleetrun_protocol import ProtocolError, RelayResult
 from launch.ssh import CommandResult, Fleet, NodeConnection, parallel_map
 from launch.sync import SyncResult, rsync_filters, sync_all, sync_host
 

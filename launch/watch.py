@@ -25,7 +25,13 @@ from launch import remote_layout as layout
 from launch.errors import HostError
 from launch.inventory import Inventory
 from launch.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
-from launch.nodelib.protocol import GuardConfig, PollAnswer, PollRequest, ProtocolError, UploadRequest
+from launch.nodelib.fleetrun_protocol import (
+    GuardConfig,
+    PollAnswer,
+    PollRequest,
+    ProtocolError,
+    UploadRequest,
+)
 from launch.pricing import price_per_node_hour
 from launch.report import live_table
 from launch.ssh import Fleet, NodeConnection

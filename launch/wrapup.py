@@ -18,7 +18,7 @@ from rich.console import Console
 
 from launch import remote_layout as layout
 from launch.errors import FleetrunError, HostError
-from launch.nodelib.protocol import StopAnswer, UploadAnswer
+from launch.nodelib.fleetrun_protocol import StopAnswer, UploadAnswer
 from launch.records import RunRecords
 from launch.report import plot_loss, write_tensorboard
 from launch.run_folder import RunFolder

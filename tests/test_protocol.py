@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
-from launch.nodelib import protocol
-from launch.nodelib.protocol import (
+from launch.nodelib import fleetrun_protocol as protocol
+from launch.nodelib.fleetrun_protocol import (
     MAX_DEPTH,
     FileBundle,
     GuardConfig,

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from launch.errors import HostError
 from launch.inventory import Host
-from launch.nodelib.protocol import GuardConfig, PollAnswer, UploadRequest
+from launch.nodelib.fleetrun_protocol import GuardConfig, PollAnswer, UploadRequest
 from launch.ssh import MAX_ANSWER_BYTES, LineSession
 from launch.stoprules import RuleState, StopRules, evaluate
 from launch.watch import Watcher, WatchTarget, bucket_upload_argv

@@ -23,7 +23,7 @@ a peer dies, this node's ranks fail and exit, and the node then counts as comple
 
 It must never die silently: it is the only thing left when the laptop is gone. Everything it
 reads is untrusted (the job writes ``metrics.jsonl`` and can write anything there), so lines are
-read with a bound and parsed through ``protocol.py``; a line that does not parse is counted. And
+read with a bound and parsed through ``fleetrun_protocol.py``; a line that does not parse is counted. And
 any unexpected error of its own makes it fall back to the safe end: stop the run, upload, power
 off (rule ``guard_error``), with the traceback in ``guard.log``.
 """
@@ -42,10 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
-    from launch.nodelib import fleetrun_node, protocol
+    from launch.nodelib import fleetrun_node
+    from launch.nodelib import fleetrun_protocol as protocol
 else:
     import fleetrun_node  # noqa: E402 - beside this file in ~/.fleetrun/lib
-    import protocol  # noqa: E402
+    import fleetrun_protocol as protocol  # noqa: E402
 
 TICK = 1.0
 PEER_PROBE_S = 3.0

@@ -3,7 +3,7 @@
 
 The laptop calls it over SSH. Keeping this logic on the node makes each poll one short command
 with one short JSON answer, whatever the number of files or processes involved. Every message
-in and out is a record of ``protocol.py`` (shipped beside this file).
+in and out is a record of ``fleetrun_protocol.py`` (shipped beside this file).
 
   fleetrun_node.py receive RUN_DIR        write the files of a bundle read on stdin into RUN_DIR
                                           (mode 0600, RUN_DIR and ~/.fleetrun 0700): scripts and
@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, BinaryIO
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
-    from launch.nodelib import protocol
+    from launch.nodelib import fleetrun_protocol as protocol
 else:
-    import protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 WRAPPER = 'sh ./launch.sh; rc=$?; echo "$rc" > rc.tmp; mv rc.tmp rc; exit "$rc"'
 MAX_CHUNK = protocol.MAX_CHUNK

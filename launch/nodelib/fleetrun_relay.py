@@ -13,7 +13,7 @@ host keys), ``parallel``, ``timeout``, ``transfers`` (``source`` under the head'
 under the worker's home, rsync ``filters``, ``lib``: only for workers with ``ship_lib``) and
 ``targets`` (``name``, ``user``, ``address``, ``port``, ``ship_lib``).
 Output: ``{"name", "ok", "files", "bytes", "error"}`` per worker, one line each. Both are
-records of ``protocol.py`` (``RelayConfig``, ``RelayResult``): a config that does not parse is
+records of ``fleetrun_protocol.py`` (``RelayConfig``, ``RelayResult``): a config that does not parse is
 refused whole, with one line on stderr, and the laptop then syncs every worker directly.
 """
 
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
-    from launch.nodelib import protocol
+    from launch.nodelib import fleetrun_protocol as protocol
 else:
-    import protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 _print_lock = threading.Lock()
 

@@ -7,8 +7,10 @@ shape of what came in, so one odd line written by a training job (a 200 KB run o
 makes ``json.loads`` raise ``RecursionError``) killed the watcher and the watchdog alike.
 
 Here each message has one writer (``to_json``) and one reader (``from_json``) shared by both ends:
-the laptop imports this file as ``launch.nodelib.protocol``, nodes as ``protocol`` from
-``~/.fleetrun/lib`` next to the agent. Everything that comes from a node, a job or a file on a node
+the laptop imports this file as ``launch.nodelib.fleetrun_protocol``, nodes as
+``fleetrun_protocol`` from ``~/.fleetrun/lib`` next to the agent. (The ``fleetrun_`` prefix,
+like the other shipped modules': ``~/.fleetrun/lib`` is first on the job's ``PYTHONPATH``, so a
+plain ``protocol`` would shadow any module of that name the job imports.) Everything that comes from a node, a job or a file on a node
 is untrusted, so ``from_json``:
 
 * bounds the input before parsing it (bytes, JSON nesting depth found by a cheap scan *before*
