@@ -238,3 +238,94 @@ def test_watcher_crash_then_reattach(
     assert final is not None and final.state == "succeeded"
     assert (result.folder / "metrics.jsonl").exists()
     assert_torn_down(fresh_fleet, result)
+
+
+HOSTILE_JOB = r'''
+"""Rank 0 writes what breaks naive readers: a 200 KB nesting bomb and invalid UTF-8 in
+metrics.jsonl, a deeply nested status.json; then good steps. "nan-when-unwatched": once the
+watcher's heartbeat is stale, a NaN loss (only the watchdog can see it), then it hangs."""
+import os
+import sys
+import time
+
+from fleetrun_metrics import Metrics
+
+mode = sys.argv[1]
+run_dir = os.environ["FLEETRUN_RUN_DIR"]
+metrics = Metrics()
+if metrics.enabled:
+    with open(os.path.join(run_dir, "metrics.jsonl"), "ab") as fh:
+        fh.write(b"[" * 200_000 + b"\n" + b'{"step": "\xff\xfe"}\n')
+    for step in range(1, 6):
+        metrics.log(step=step, loss=1.0 / step)
+    with open(os.path.join(run_dir, "status.json"), "w") as fh:
+        fh.write("[" * 60_000)
+    if mode == "nan-when-unwatched":
+        beat = os.path.join(run_dir, "watcher-heartbeat")
+        while True:
+            try:
+                if time.time() - os.stat(beat).st_mtime > 3:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        metrics.log(step=6, loss=float("nan"))
+if mode == "nan-when-unwatched":
+    time.sleep(600)
+'''
+
+
+def hostile_playbook(tmp_path: Path, mode: str, **stop: object) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hostile.py").write_text(HOSTILE_JOB)
+    return write_playbook(
+        tmp_path / "job.yaml",
+        work,
+        name="t-hostile",
+        nodes=2,
+        teardown="always",
+        entrypoint=f"python hostile.py {mode}",
+        stop={"watcher_lost_after_s": 300, **stop},
+    )
+
+
+def test_hostile_metrics_and_status_still_end_with_a_recorded_outcome(
+    fresh_fleet: LocalFleet, tmp_path: Path
+) -> None:
+    """The bombs neither kill the watcher nor hide the good steps; the run ends by its exit
+    codes, recorded, pulled and torn down; the node's run dir and launch.sh were private."""
+    result = run_with_fault(hostile_playbook(tmp_path, "finish"), fresh_fleet, None)
+    assert result.outcome == "succeeded" and result.rule == "completed", result.reason
+    record = record_of(result)
+    assert record.state == "succeeded" and record.last_metrics.get("loss") == 0.2
+    assert json.loads((result.folder / "summary.json").read_text())["outcome"] == "succeeded"
+    for i in range(2):
+        pulled = result.folder / "nodes" / fresh_fleet.node_name(i)
+        assert pulled.stat().st_mode & 0o777 == 0o700, "the run dir on the node was 0700"
+        assert (pulled / "launch.sh").stat().st_mode & 0o777 == 0o600
+        assert (pulled / "guard.json").stat().st_mode & 0o777 == 0o600
+    assert_torn_down(fresh_fleet, result)
+
+
+def test_watchdog_takes_over_a_hostile_run_when_the_watcher_is_killed(
+    fresh_fleet: LocalFleet, fleetrun_home: Path, tmp_path: Path
+) -> None:
+    """With the watcher SIGKILLed, rank 0's watchdog reads past the bombs to the NaN loss the job
+    logs once unwatched, stops and powers its node off; the other node follows."""
+    playbook = hostile_playbook(
+        tmp_path, "nan-when-unwatched", watcher_lost_after_s=5, unreachable_timeout_s=6
+    )
+    kill_watcher_after_first_step(playbook, fresh_fleet, fleetrun_home)
+    outcomes = []
+    for i in range(2):
+        wait_for(lambda i=i: fresh_fleet.powered_off(i), 240, f"node {i} to power itself off")
+        wait_for(lambda i=i: not user_processes(fresh_fleet.node_name(i)), 30, f"node {i}'s processes to end")
+        home = Path(f"/home/{fresh_fleet.node_name(i)}/.fleetrun")
+        assert home.stat().st_mode & 0o777 == 0o700
+        outcomes.append(json.loads(next((home / "runs").glob("*/guard-outcome.json")).read_text()))
+    nan = [o for o in outcomes if o["rule"] == "nan_loss"]
+    assert len(nan) == 1, outcomes
+    assert "at step 6" in nan[0]["reason"] and nan[0]["malformed_lines"] == 2, nan[0]
+    other = [o for o in outcomes if o["rule"] != "nan_loss"]
+    assert other[0]["rule"] in ("completed", "peer_lost"), other

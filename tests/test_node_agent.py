@@ -87,8 +87,20 @@ def test_vanished_when_killed_without_exit_code(tmp_path: Path) -> None:
 
 
 def test_upload_without_bucket_is_reported_not_raised(tmp_path: Path) -> None:
-    answer = agent("upload", str(tmp_path), "", "aws", "r", "n0")
+    answer = agent("upload", str(tmp_path), '{"argv": []}')
     assert answer == {"upload": "no bucket configured; artifacts stay on the node's disk", "ok": False}
+
+
+def test_upload_runs_the_laptops_command_with_the_run_dir(tmp_path: Path) -> None:
+    """The node knows no cloud: it runs the command it was given, ``{src}`` = its run directory."""
+    target = tmp_path / "bucket"
+    request = json.dumps({"argv": ["cp", "-r", "{src}", str(target)]})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "node.log").write_text("hello")
+    answer = agent("upload", str(run_dir), request)
+    assert answer == {"upload": f"uploaded to {target}", "ok": True}
+    assert (target / "node.log").read_text() == "hello"
 
 
 def test_watchdog_takes_over_when_the_watcher_is_silent(tmp_path: Path) -> None:
@@ -100,6 +112,7 @@ def test_watchdog_takes_over_when_the_watcher_is_silent(tmp_path: Path) -> None:
     (run_dir / "guard.json").write_text(
         json.dumps(
             {
+                "expects_metrics": True,
                 "run_id": "r-guard",
                 "node": "n0",
                 "started_at": time.time(),
@@ -147,10 +160,10 @@ def test_serve_answers_each_poll_line_incrementally_and_exits_on_eof(tmp_path: P
         text=True,
     )
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write("poll 0\n")
+    proc.stdin.write('{"op": "poll", "offset": 0}\n')
     proc.stdin.flush()
     whole = json.loads(proc.stdout.readline())
-    proc.stdin.write(f"poll {first_len}\nnonsense\n")
+    proc.stdin.write(f'{{"op": "poll", "offset": {first_len}}}\nnonsense\n')
     proc.stdin.flush()
     rest = json.loads(proc.stdout.readline())
     bad = json.loads(proc.stdout.readline())
@@ -161,3 +174,232 @@ def test_serve_answers_each_poll_line_incrementally_and_exits_on_eof(tmp_path: P
     assert rest["offset"] == whole["offset"]
     assert "unknown request" in bad["error"]
     assert (run_dir / "watcher-heartbeat").exists()
+
+
+# -- hostile files: the agent answers, the watchdog keeps going, the fallback is safe ------------
+
+BOMB = b"[" * 200_000
+
+
+def guard_config(run_id: str, **fields: object) -> str:
+    config: dict[str, object] = {
+        "run_id": run_id,
+        "node": "n0",
+        "started_at": time.time(),
+        "starts_processes": True,
+        "expects_metrics": True,
+        "watcher_lost_after_s": 1,
+        "nan_loss": True,
+        "peers": [],
+    }
+    config.update(fields)
+    return json.dumps(config)
+
+
+def wait_file(path: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not path.exists():
+        time.sleep(0.2)
+    assert path.exists(), f"{path.name} never appeared"
+
+
+def test_poll_answers_despite_garbage_rc_pid_and_status(tmp_path: Path) -> None:
+    """A job can overwrite every file the agent reads; the node must still answer, saying what
+    it could not read, or a healthy node would look unreachable."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "rc").write_text("garbage\n")
+    (run_dir / "pid").write_bytes(b"\xff" * 5000)
+    (run_dir / "status.json").write_bytes(b"[" * 60_000)  # within the size bound: the depth bound acts
+    (run_dir / "metrics.jsonl").write_bytes(BOMB + b"\n")
+    (run_dir / "node.log").write_bytes(b"\x1b]0;title\x07 \xff\xfe tail")
+    answer = agent("poll", str(run_dir), "0", "--no-heartbeat")
+    assert answer["state"] == "vanished" and answer["rc"] is None, "no readable exit code, no live pid"
+    notes = " | ".join(answer["malformed"])
+    assert "rc: 'garbage" in notes and "pid:" in notes and "nested deeper" in notes
+    assert answer["status"] is None
+    assert base64.b64decode(answer["metrics_b64"]) == BOMB + b"\n", "metrics bytes pass through raw"
+    (run_dir / "status.json").write_bytes(b"x" * 1_000_000)
+    (run_dir / "rc").write_text("3\n")
+    answer = agent("poll", str(run_dir), str(len(BOMB) + 1), "--no-heartbeat")
+    assert answer["state"] == "exited" and answer["rc"] == 3
+    assert any("status.json" in n and "over the limit" in n for n in answer["malformed"])
+
+
+def test_serve_survives_garbage_requests_and_files(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "status.json").write_bytes(b'{"status": "failed", "message": "' + b"[" * 50_000 + b'"}')
+    (run_dir / "pid").write_text("not-a-pid")
+    proc = subprocess.Popen(
+        [sys.executable, AGENT, "serve", str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    requests = [
+        b"[" * 3000,  # a nesting bomb (small enough to be a request)
+        b"x" * 100_000,  # longer than any request: dropped
+        b'{"op": "poll", "offset": "zz"}',
+        b"\xff\xfe",
+        b'{"op": "poll", "offset": 0}',
+    ]
+    proc.stdin.write(b"\n".join(requests) + b"\n")
+    proc.stdin.flush()
+    answers = [json.loads(proc.stdout.readline()) for _ in requests]
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+    assert [bool(a.get("error")) for a in answers] == [True, True, True, True, False]
+    assert "longer than" in answers[1]["error"]
+    last = answers[-1]
+    assert last["state"] == "vanished" and "pid: 'not-a-pid' is not a process id" in last["malformed"]
+    assert last["status"]["status"] == "failed", "brackets inside a string are data, not nesting"
+
+
+def test_start_receives_files_on_stdin_private(tmp_path: Path) -> None:
+    """launch.sh and guard.json arrive on stdin (never argv) and land 0600 in a 0700 run dir;
+    ~/.fleetrun becomes 0700 too. A bundle naming a path outside the run dir is refused whole."""
+    home = tmp_path / "home"
+    (home / ".fleetrun").mkdir(parents=True, mode=0o755)
+    run_dir = home / ".fleetrun" / "runs" / "r-stdin"
+    secret_script = "export FLEETRUN_RUN_ID=r-stdin\nexport API_TOKEN=s3cret\necho $API_TOKEN > out.txt\n"
+    bundle = {
+        "files": {"launch.sh": secret_script, "guard.json": guard_config("r-stdin", watcher_lost_after_s=300)}
+    }
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, AGENT, "start", str(run_dir), "--stdin"],
+        input=json.dumps(bundle),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    started = json.loads(out.stdout)
+    assert started["pid"] > 0 and started["guard"] > 0 and started["guard_error"] == ""
+    try:
+        assert wait_state(run_dir, "exited")["rc"] == 0
+        assert (run_dir / "out.txt").read_text() == "s3cret\n"
+        for path in (home / ".fleetrun", home / ".fleetrun" / "runs", run_dir):
+            assert path.stat().st_mode & 0o777 == 0o700, path
+        for name in ("launch.sh", "guard.json", "pid"):
+            assert (run_dir / name).stat().st_mode & 0o777 == 0o600, name
+    finally:
+        agent("stop", "r-stdin", "1")
+    for hostile in ({"files": {"../escape.sh": "x"}}, {"files": {"launch.sh": 1}}, ["launch.sh"]):
+        proc = subprocess.run(
+            [sys.executable, AGENT, "receive", str(tmp_path / "other")],
+            input=json.dumps(hostile),
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        assert proc.returncode == 2 and "file bundle" in proc.stderr
+        assert not (tmp_path / "other").exists() and not (tmp_path / "escape.sh").exists()
+
+
+def test_start_reports_a_malformed_guard_config_instead_of_starting_blind(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "r-badcfg", "true")
+    (run_dir / "guard.json").write_text('{"run_id": "$(reboot)", "node": "n0", "started_at": 1}')
+    answer = agent("start", str(run_dir))
+    assert answer["guard"] is None and "run_id" in answer["guard_error"]
+
+
+def test_watchdog_reads_past_metrics_bombs_to_the_nan_loss(tmp_path: Path) -> None:
+    """A nesting bomb, a 50 MB line, invalid UTF-8 and a list: each skipped and counted; the
+    NaN loss after them is still found and the run stopped for it."""
+    home = tmp_path / "home"
+    (home / ".fleetrun").mkdir(parents=True)
+    run_dir = make_run(tmp_path, "r-bombs", "sleep 300")
+    with (run_dir / "metrics.jsonl").open("wb") as fh:
+        fh.write(BOMB + b"\n")
+        fh.write(b'{"step": 1, "loss": "' + b"x" * 50_000_000 + b'"}\n')
+        fh.write(b'{"step": 2, "loss": "\xff"}\n[1, 2]\n{"step": 3, "loss": 0.5, "n": ' + b"9" * 50 + b"}\n")
+        fh.write(b'{"step": 4, "loss": NaN}\n')
+    (run_dir / "guard.json").write_text(guard_config("r-bombs", stall_timeout_s=600))
+    subprocess.run(
+        [sys.executable, AGENT, "start", str(run_dir)],
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        check=True,
+        capture_output=True,
+    )
+    wait_file(run_dir / "guard-outcome.json")
+    outcome = json.loads((run_dir / "guard-outcome.json").read_text())
+    assert outcome["rule"] == "nan_loss", outcome
+    assert "at step 4" in outcome["reason"]
+    assert outcome["malformed_lines"] == 5, "bomb, 50 MB line, invalid UTF-8, a list, a huge integer"
+    assert outcome["stopped"]["remaining"] == 0
+    assert wait_state(run_dir, "exited")["rc"] != 0
+
+
+def test_watchdog_startup_rule_fires_only_where_metrics_are_expected(tmp_path: Path) -> None:
+    """``expects_metrics`` (written by the laptop) arms the startup rule; a node whose ranks
+    said rank 0 is elsewhere (``metrics-elsewhere``) waits instead (here until the wall time)."""
+    home = tmp_path / "home"
+    (home / ".fleetrun").mkdir(parents=True)
+    outcomes = {}
+    for name, marker in (("r-startup", False), ("r-elsewhere", True)):
+        run_dir = make_run(tmp_path, name, "sleep 300")
+        if marker:
+            (run_dir / "metrics-elsewhere").touch()
+        (run_dir / "guard.json").write_text(guard_config(name, startup_timeout_s=1, max_wall_time_s=4))
+        subprocess.run(
+            [sys.executable, AGENT, "start", str(run_dir)],
+            env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+            check=True,
+            capture_output=True,
+        )
+        wait_file(run_dir / "guard-outcome.json")
+        outcomes[name] = json.loads((run_dir / "guard-outcome.json").read_text())
+    assert outcomes["r-startup"]["rule"] == "stalled"
+    assert "no metrics" in outcomes["r-startup"]["reason"]
+    assert outcomes["r-elsewhere"]["rule"] == "wall_time", outcomes["r-elsewhere"]
+
+
+FAULTY_GUARD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import fleetrun_guard
+
+def broken(*args, **kwargs):
+    raise RuntimeError("a bug in the watchdog's own rules")
+
+fleetrun_guard.decide = broken
+sys.exit(fleetrun_guard.main(sys.argv[2]))
+"""
+
+
+def test_watchdog_error_falls_back_to_stop_upload_and_power_off(tmp_path: Path) -> None:
+    """The real watchdog with its rule evaluation broken: it must not just exit; it stops the
+    run, uploads with the laptop's command, records ``guard_error`` and runs the power-off hook."""
+    home = tmp_path / "home"
+    (home / ".fleetrun").mkdir(parents=True)
+    (home / ".fleetrun" / "poweroff").write_text('touch "$HOME/powered-off"\n')
+    bucket = tmp_path / "bucket"
+    run_dir = make_run(tmp_path, "r-fault", "sleep 300")
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    started = subprocess.run(
+        [sys.executable, AGENT, "start", str(run_dir)], env=env, check=True, capture_output=True
+    )
+    assert json.loads(started.stdout)["guard"] is None, (
+        "no guard.json yet: only the faulty watchdog below runs"
+    )
+    wait_state(run_dir, "running")
+    (run_dir / "guard.json").write_text(
+        guard_config("r-fault", upload_argv=["cp", "-r", "{src}", str(bucket)])
+    )
+    guard = subprocess.run(
+        [sys.executable, "-c", FAULTY_GUARD, str(NODELIB), str(run_dir)],
+        env={**env, "FLEETRUN_RUN_ID": "r-fault", "FLEETRUN_GUARD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert guard.returncode == 0, guard.stdout + guard.stderr
+    outcome = json.loads((run_dir / "guard-outcome.json").read_text())
+    assert outcome["rule"] == "guard_error" and "a bug in the watchdog" in outcome["reason"]
+    assert outcome["stopped"]["remaining"] == 0 and outcome["stopped"]["terminated"] >= 1
+    assert outcome["upload"] == f"uploaded to {bucket}" and (bucket / "launch.sh").exists()
+    assert (home / "powered-off").exists(), "the power-off hook ran"
+    assert "Traceback" in guard.stdout and "RuntimeError" in guard.stdout, "the traceback is logged"
+    assert wait_state(run_dir, "exited")["rc"] != 0

@@ -8,38 +8,59 @@ rules it can see from this node, so no run is left burning money unwatched:
 
   completed     this node's processes exited: nothing left to do here
   nan_loss      rank 0's metrics (on this node) hold a NaN/Inf loss
-  stalled       no new metrics for stall_timeout_s (or none startup_timeout_s after launch)
+  stalled       no new metrics for stall_timeout_s, or none startup_timeout_s after launch (only
+                where ``expects_metrics`` and no rank of the job said that rank 0 is elsewhere)
   wall_time     the run is older than max_wall_time_s
   peer_lost     a peer's SSH port has not answered for unreachable_timeout_s (partition, or the
                 peer already powered itself off: power-offs propagate through the cluster)
 
 Then it stops every process of the run on this node, copies the run directory to the bucket
-when one is configured (``aws s3 sync`` / ``gcloud storage rsync``), writes ``guard-outcome.json``,
-and runs ``~/.fleetrun/poweroff`` if the fleet provides one (cloud: shut down, which terminates;
-local fleet: ask the fleet's power daemon to stop this node; lab machines: none, processes only).
-Failures elsewhere reach this node through torch itself: when a peer dies, this node's ranks
-fail and exit, and the node then counts as completed.
+with the command the laptop put in ``guard.json`` (``upload_argv``), writes
+``guard-outcome.json``, and runs ``~/.fleetrun/poweroff`` if the fleet provides one (cloud: shut
+down, which terminates; local fleet: ask the fleet's power daemon to stop this node; lab
+machines: none, processes only). Failures elsewhere reach this node through torch itself: when
+a peer dies, this node's ranks fail and exit, and the node then counts as completed.
+
+It must never die silently: it is the only thing left when the laptop is gone. Everything it
+reads is untrusted (the job writes ``metrics.jsonl`` and can write anything there), so lines are
+read with a bound and parsed through ``fleetrun_protocol.py``; a line that does not parse is counted. And
+any unexpected error of its own makes it fall back to the safe end: stop the run, upload, power
+off (rule ``guard_error``), with the traceback in ``guard.log``.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import os
 import socket
 import subprocess
 import sys
 import time
+import traceback
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fleetrun_node  # noqa: E402
+if TYPE_CHECKING:
+    from launch.nodelib import fleetrun_node
+    from launch.nodelib import fleetrun_protocol as protocol
+else:
+    import fleetrun_node  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_protocol as protocol  # noqa: E402
 
 TICK = 1.0
 PEER_PROBE_S = 3.0
+SCAN_CHUNK = 4 * protocol.MAX_METRICS_LINE_BYTES
+"""Bytes of ``metrics.jsonl`` read at a time: a line longer than a chunk is skipped, counted."""
+SCAN_CHUNKS_PER_TICK = 8
+ELSEWHERE = "metrics-elsewhere"
+"""Touched by the metrics helper of ranks other than 0: rank 0's metrics go to another node."""
 
 
 def log(message: str) -> None:
-    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} guard: {message}", flush=True)
+    """A line in ``guard.log``; a log that cannot be written (disk full) never stops the guard."""
+    with contextlib.suppress(OSError, ValueError):
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} guard: {message}", flush=True)
 
 
 def mtime(path: str) -> float | None:
@@ -53,69 +74,95 @@ def reachable(addr: str, port: int, timeout: float = 2.0) -> bool:
     try:
         with socket.create_connection((addr, port), timeout=timeout):
             return True
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 
-def nonfinite_loss(path: str, state: dict[str, int]) -> str | None:
-    """Scan new complete lines of metrics.jsonl for a NaN/Inf loss; remembers its offset."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(state.get("offset", 0))
-            data = fh.read()
-    except OSError:
-        return None
-    end = data.rfind(b"\n")
-    if end < 0:
-        return None
-    state["offset"] = state.get("offset", 0) + end + 1
-    for line in data[: end + 1].splitlines():
+def nonfinite_loss(path: str, state: dict[str, Any]) -> str | None:
+    """Scan new complete lines of metrics.jsonl for a NaN/Inf loss; remembers its offset.
+
+    Reads at most ``SCAN_CHUNKS_PER_TICK`` chunks a call, so a 50 MB line (or a job writing
+    faster than it can be read) costs bounded memory and time; such a line is skipped whole and
+    counted in ``state["malformed"]``, as is every line the protocol refuses.
+    """
+    for _ in range(SCAN_CHUNKS_PER_TICK):
+        offset = int(state.get("offset", 0))
         try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        loss = record.get("loss") if isinstance(record, dict) else None
-        if isinstance(loss, int | float) and not math.isfinite(loss):
-            return f"loss became {loss} at step {record.get('step')}"
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(SCAN_CHUNK)
+        except OSError:
+            return None
+        end = data.rfind(b"\n")
+        if end < 0:
+            if len(data) >= SCAN_CHUNK:  # inside a line longer than a chunk: skip to its end
+                state["offset"] = offset + len(data)
+                if not state.get("skipping"):
+                    state["malformed"] = state.get("malformed", 0) + 1
+                state["skipping"] = True
+                continue
+            return None
+        state["offset"] = offset + end + 1
+        lines = data[:end].split(b"\n")
+        if state.pop("skipping", False):
+            lines = lines[1:]  # the tail of the over-long line
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                record = protocol.parse_metrics_line(line)
+            except protocol.ProtocolError:
+                state["malformed"] = state.get("malformed", 0) + 1
+                continue
+            loss = record.get("loss")
+            if isinstance(loss, float) and not math.isfinite(loss):
+                step = record.get("step")
+                return f"loss became {loss} at step {step if isinstance(step, int) else '?'}"
+        if len(data) < SCAN_CHUNK:
+            return None
     return None
 
 
-def job_done(run_dir: str, cfg: dict[str, object], run_id: str) -> bool:
-    if cfg.get("starts_processes", True):
+def job_done(run_dir: str, cfg: protocol.GuardConfig) -> bool:
+    if cfg.starts_processes:
         return os.path.exists(os.path.join(run_dir, "rc"))
-    return not [p for p in fleetrun_node._run_pids(run_id) if p != os.getpid()]
+    return not [p for p in fleetrun_node._run_pids(cfg.run_id) if p != os.getpid()]
 
 
 def decide(
-    run_dir: str, cfg: dict[str, object], now: float, memory: dict[str, object]
+    run_dir: str, cfg: protocol.GuardConfig, now: float, memory: dict[str, Any]
 ) -> tuple[str, str] | None:
-    run_id = str(cfg["run_id"])
-    if job_done(run_dir, cfg, run_id):
-        rc = (fleetrun_node._read(os.path.join(run_dir, "rc")) or "").strip()
-        return "completed", f"this node's processes exited{f' with code {rc}' if rc else ''}"
+    if job_done(run_dir, cfg):
+        rc_text = fleetrun_node._read(os.path.join(run_dir, "rc"))
+        rc = protocol.parse_exit_code(rc_text)
+        if rc is not None:
+            return "completed", f"this node's processes exited with code {rc}"
+        if rc_text and rc_text.strip():
+            return "completed", "this node's processes exited (the rc file does not hold an exit code)"
+        return "completed", "this node's processes exited"
     metrics = os.path.join(run_dir, "metrics.jsonl")
     scan = memory.setdefault("scan", {})
-    assert isinstance(scan, dict)
-    if cfg.get("nan_loss", True):
+    if cfg.nan_loss:
         bad = nonfinite_loss(metrics, scan)
         if bad:
             return "nan_loss", bad
-    started = float(cfg["started_at"])  # type: ignore[arg-type]
     last_metric = mtime(metrics)
-    stall = cfg.get("stall_timeout_s")
-    startup = cfg.get("startup_timeout_s")
-    if last_metric is not None and stall and now - last_metric > float(stall):  # type: ignore[arg-type]
+    if last_metric is not None and cfg.stall_timeout_s and now - last_metric > cfg.stall_timeout_s:
         return "stalled", f"no new metrics for {now - last_metric:.0f} s"
-    if last_metric is None and startup and cfg.get("expects_metrics") and now - started > float(startup):  # type: ignore[arg-type]
-        return "stalled", f"no metrics {now - started:.0f} s after launch"
-    wall = cfg.get("max_wall_time_s")
-    if wall and now - started > float(wall):  # type: ignore[arg-type]
-        return "wall_time", f"run older than max_wall_time_s={wall}"
-    limit = cfg.get("unreachable_timeout_s")
-    if limit:
+    if (
+        last_metric is None
+        and cfg.expects_metrics
+        and cfg.startup_timeout_s
+        and now - cfg.started_at > cfg.startup_timeout_s
+        and not os.path.exists(os.path.join(run_dir, ELSEWHERE))
+    ):
+        return "stalled", f"no metrics {now - cfg.started_at:.0f} s after launch"
+    if cfg.max_wall_time_s and now - cfg.started_at > cfg.max_wall_time_s:
+        return "wall_time", f"run older than max_wall_time_s={cfg.max_wall_time_s:g}"
+    if cfg.unreachable_timeout_s:
         seen = check_peers(cfg, now, memory)
         for peer, last in sorted(seen.items()):
-            if now - last > float(limit):  # type: ignore[arg-type]
+            if now - last > cfg.unreachable_timeout_s:
                 return (
                     "peer_lost",
                     f"peer {peer} unreachable for {now - last:.0f} s (partitioned or powered off)",
@@ -123,79 +170,120 @@ def decide(
     return None
 
 
-def check_peers(cfg: dict[str, object], now: float, memory: dict[str, object]) -> dict[str, float]:
+def check_peers(cfg: protocol.GuardConfig, now: float, memory: dict[str, Any]) -> dict[str, float]:
     """When each peer's SSH port last answered. A powered-off peer refuses; a partitioned one times out.
 
     A distributed job cannot go on without a peer, so once the watcher is gone a lost peer ends
     the run here too, and power-offs propagate through the cluster.
     """
-    seen = memory.setdefault("peers_seen", {})
-    assert isinstance(seen, dict)
+    seen: dict[str, float] = memory.setdefault("peers_seen", {})
     # Probed only after a takeover, and at most every PEER_PROBE_S: each probe costs the peer's
     # sshd a fork, and a cluster-wide all-to-all every second would be N*(N-1) of them.
-    if now - float(memory.get("peers_probed_at", 0.0)) < PEER_PROBE_S:  # type: ignore[arg-type]
-        for peer in cfg.get("peers") or []:  # type: ignore[attr-defined]
+    if now - float(memory.get("peers_probed_at", 0.0)) < PEER_PROBE_S:
+        for peer in cfg.peers:
             seen.setdefault(peer, now)
         return seen
     memory["peers_probed_at"] = now
-    for peer in cfg.get("peers") or []:  # type: ignore[attr-defined]
+    for peer in cfg.peers:
         seen.setdefault(peer, now)
-        if reachable(str(peer), int(cfg.get("peer_port", 22)), timeout=1.0):  # type: ignore[call-overload]
+        if reachable(peer, cfg.peer_port, timeout=1.0):
             seen[peer] = now
     return seen
 
 
-def main(run_dir: str) -> int:
-    with open(os.path.join(run_dir, "guard.json"), encoding="utf-8") as fh:
-        cfg = json.load(fh)
-    run_id = str(cfg["run_id"])
-    lost_after = float(cfg.get("watcher_lost_after_s", 120))
+def _step(label: str, action: Any, fallback: Any) -> Any:
+    """Run one step of the shutdown; an error in it is logged and the next step still runs."""
+    try:
+        return action()
+    except Exception:  # noqa: BLE001 - the shutdown must reach the power-off whatever fails
+        log(f"{label} failed:\n{traceback.format_exc().rstrip()}")
+        return fallback
+
+
+def shut_down(
+    run_dir: str, run_id: str, upload_argv: tuple[str, ...], rule: str, reason: str, malformed: int = 0
+) -> None:
+    """Stop the run on this node, upload, record the outcome, run the power-off hook.
+
+    Each step is independent: a failed upload or a full disk does not keep the node running.
+    """
+    log(f"stopping: {rule}: {reason}")
+    stopped = _step("stopping the run", lambda: fleetrun_node.stop_run(run_id, 10.0, spare=os.getpid()), None)
+    uploaded = _step("the upload", lambda: fleetrun_node.upload(run_dir, upload_argv).upload, "upload failed")
+    log(uploaded)
+    outcome = protocol.GuardOutcome(
+        rule=rule,
+        reason=reason,
+        time=time.time(),
+        stopped=stopped,
+        upload=uploaded,
+        malformed_lines=malformed,
+    )
+
+    def record() -> None:
+        tmp = os.path.join(run_dir, "guard-outcome.json.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(outcome.to_json())
+        os.replace(tmp, os.path.join(run_dir, "guard-outcome.json"))
+
+    _step("recording the outcome", record, None)
+    hook = os.path.expanduser("~/.fleetrun/poweroff")
+    if os.path.exists(hook):
+        log("powering this node off")
+        _step("the power-off hook", lambda: subprocess.run(["sh", hook], check=False, timeout=120), None)
+    else:
+        log("no power-off hook on this node (lab machine): processes stopped, machine kept")
+
+
+def watch(run_dir: str, cfg: protocol.GuardConfig) -> tuple[str, str, int]:
+    """Wait for the watcher to go silent, then for a stop rule; returns (rule, reason, malformed)."""
     guard_started = time.time()
-    memory: dict[str, object] = {}
-    log(f"watching run {run_id}; takes over when the watcher is silent for {lost_after:.0f} s")
+    memory: dict[str, Any] = {}
     announced = False
+    reported_malformed = 0
     while True:
         now = time.time()
         beat = mtime(os.path.join(run_dir, "watcher-heartbeat")) or guard_started
-        watcher_alive = now - beat < lost_after
-        if watcher_alive:
+        if now - beat < cfg.watcher_lost_after_s:
             if announced:
                 log("the watcher is back; standing by")
                 announced = False
-            decide_now = None
         else:
             if not announced:
                 log(f"no watcher heartbeat for {now - beat:.0f} s: enforcing the stop rules here")
                 announced = True
                 memory.pop("peers_seen", None)  # peer timers run from the takeover
-            decide_now = decide(run_dir, cfg, now, memory)
-        if decide_now is not None:
-            rule, reason = decide_now
-            log(f"stopping: {rule}: {reason}")
-            stopped = fleetrun_node.stop_run(run_id, 10.0, spare=os.getpid())
-            uploaded = fleetrun_node.upload(
-                run_dir, cfg.get("bucket"), cfg.get("cloud"), str(cfg["run_id"]), str(cfg["node"])
-            )
-            log(uploaded)
-            outcome = {
-                "rule": rule,
-                "reason": reason,
-                "time": time.time(),
-                "stopped": stopped,
-                "upload": uploaded,
-            }
-            tmp = os.path.join(run_dir, "guard-outcome.json.tmp")
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(outcome, fh)
-            os.replace(tmp, os.path.join(run_dir, "guard-outcome.json"))
-            hook = os.path.expanduser("~/.fleetrun/poweroff")
-            if os.path.exists(hook):
-                log("powering this node off")
-                subprocess.run(["sh", hook], check=False, timeout=120)
-            else:
-                log("no power-off hook on this node (lab machine): processes stopped, machine kept")
-            return 0
+            decision = decide(run_dir, cfg, now, memory)
+            malformed = int(memory.get("scan", {}).get("malformed", 0))
+            if malformed > reported_malformed:
+                log(f"{malformed - reported_malformed} malformed metrics line(s) skipped")
+                reported_malformed = malformed
+            if decision is not None:
+                return decision[0], decision[1], malformed
         time.sleep(TICK)
+
+
+def main(run_dir: str) -> int:
+    """Watch, then shut down; on any error of its own, shut down anyway (rule ``guard_error``)."""
+    run_id = os.environ.get("FLEETRUN_RUN_ID", "")
+    upload_argv: tuple[str, ...] = ()
+    try:
+        cfg = fleetrun_node.read_guard_config(run_dir)
+        run_id, upload_argv = cfg.run_id, cfg.upload_argv
+        log(
+            f"watching run {run_id}; takes over when the watcher is silent for {cfg.watcher_lost_after_s:.0f} s"
+        )
+        rule, reason, malformed = watch(run_dir, cfg)
+    except Exception as exc:  # noqa: BLE001 - the dead man's switch falls back to the safe end
+        log(f"the watchdog failed; falling back to stopping the run:\n{traceback.format_exc().rstrip()}")
+        rule, reason, malformed = "guard_error", f"the watchdog failed: {type(exc).__name__}: {exc}", 0
+    if not run_id:
+        log(
+            "no run id (guard.json unreadable and FLEETRUN_RUN_ID unset): cannot tell which processes to stop"
+        )
+        return 1
+    shut_down(run_dir, run_id, upload_argv, rule, reason, malformed)
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Usage in a training script::
 
     from fleetrun_metrics import Metrics
-    metrics = Metrics()                # writes only on global rank 0; no-op elsewhere
+    metrics = Metrics()                # writes only on global rank 0 (elsewhere: one marker file)
     metrics.log(step=10, loss=0.42, lr=0.01)
     metrics.event("world", world_size=4, ranks=[...])
     metrics.finish("succeeded")        # or "failed", with a message
@@ -36,7 +36,7 @@ def _rank() -> int:
 def _scalar(name: str, value: Any) -> float | int:
     if hasattr(value, "item"):
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):  # a tuple: nodes may run 3.8
         raise TypeError(f"metric {name!r} must be a number, got {type(value).__name__}")
     return value
 
@@ -56,6 +56,20 @@ class Metrics:
         if self.enabled:
             os.makedirs(self.run_dir, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+        elif os.environ.get("FLEETRUN_RUN_DIR") and run_dir is None:
+            self._mark_elsewhere()
+
+    def _mark_elsewhere(self) -> None:
+        """Tell this node's watchdog that rank 0 (and so the metrics) runs on another node.
+
+        The watchdog's startup rule ("no metrics N s after launch") must only fire where metrics
+        are expected; which node gets rank 0 is decided by the rendezvous, not known beforehand.
+        """
+        try:
+            with open(os.path.join(self.run_dir, "metrics-elsewhere"), "a", encoding="utf-8"):
+                pass
+        except OSError:
+            pass  # only a hint to the watchdog; training goes on without it
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is None:

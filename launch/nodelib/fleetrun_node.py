@@ -2,20 +2,33 @@
 """fleetrun's node agent: starts, polls and stops one run on this node. Standard library only.
 
 The laptop calls it over SSH. Keeping this logic on the node makes each poll one short command
-with one short JSON answer, whatever the number of files or processes involved.
+with one short JSON answer, whatever the number of files or processes involved. Every message
+in and out is a record of ``fleetrun_protocol.py`` (shipped beside this file).
 
-  fleetrun_node.py start RUN_DIR          start RUN_DIR/launch.sh detached (and the watchdog,
-                                          fleetrun_guard.py, when RUN_DIR/guard.json exists)
+  fleetrun_node.py receive RUN_DIR        write the files of a bundle read on stdin into RUN_DIR
+                                          (mode 0600, RUN_DIR and ~/.fleetrun 0700): scripts and
+                                          secrets never travel in a command line, visible in ps
+  fleetrun_node.py start RUN_DIR [--stdin]
+                                          start RUN_DIR/launch.sh detached (and the watchdog,
+                                          fleetrun_guard.py, when RUN_DIR/guard.json exists);
+                                          --stdin: receive the files first, in the same call
   fleetrun_node.py poll RUN_DIR OFFSET [--no-heartbeat]
                                           state, exit code, new metrics bytes since OFFSET, status
-  fleetrun_node.py serve RUN_DIR          answer "poll OFFSET" lines on stdin with one JSON line
-                                          each, until EOF or 10 idle minutes (the watcher's
-                                          persistent poll channel: no interpreter start per poll)
-  fleetrun_node.py guard RUN_DIR          start only the watchdog (nodes whose ranks the head starts)
-  fleetrun_node.py upload RUN_DIR BUCKET CLOUD RUN_ID NODE
-                                          copy the run directory to the bucket (cloud fleets)
+  fleetrun_node.py serve RUN_DIR          answer poll requests (one JSON line each) on stdin with
+                                          one JSON line each, until EOF or 10 idle minutes (the
+                                          watcher's persistent poll channel: no interpreter start
+                                          per poll)
+  fleetrun_node.py guard RUN_DIR [--stdin]
+                                          start only the watchdog (nodes whose ranks the head starts)
+  fleetrun_node.py upload RUN_DIR REQUEST copy the run directory with the command in REQUEST (an
+                                          UploadRequest computed on the laptop: no cloud logic here)
   fleetrun_node.py stop RUN_ID [GRACE]    stop every process carrying FLEETRUN_RUN_ID=RUN_ID,
                                           the watchdog included (the watcher is wrapping up)
+
+Everything it reads on the node was written by the job or can be overwritten by it (``rc``,
+``pid``, ``status.json``, ``metrics.jsonl``), so it is read with a size bound and parsed through
+the protocol; what does not parse is reported in the answer's ``malformed`` list. A node whose
+files are garbage must still answer, or the watcher would take a healthy node for a lost one.
 
 Processes are found by the ``FLEETRUN_RUN_ID`` variable in their environment, not by pid or
 process group: torchrun starts its workers in sessions of their own, so killing torchrun alone
@@ -24,8 +37,7 @@ leaves them running (checked on the local fleet).
 
 from __future__ import annotations
 
-import base64
-import json
+import math
 import os
 import select
 import shutil
@@ -33,32 +45,74 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, BinaryIO
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if TYPE_CHECKING:
+    from launch.nodelib import fleetrun_protocol as protocol
+else:
+    import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 WRAPPER = 'sh ./launch.sh; rc=$?; echo "$rc" > rc.tmp; mv rc.tmp rc; exit "$rc"'
-MAX_CHUNK = 1 << 20
+MAX_CHUNK = protocol.MAX_CHUNK
 SERVE_IDLE_S = 600.0
+SMALL_FILE = 64
+"""``rc`` and ``pid`` hold one number; more than this many bytes is not one."""
+LOG_TAIL_BYTES = 2000
 
 
 def _alive(pid: int) -> bool:
     """True when the process exists and is not a zombie (``kill -0`` says yes to zombies)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-            stat = fh.read()
+            stat = fh.read(4096)
     except OSError:
         return False
-    state = stat.rsplit(")", 1)[-1].split()[0]
-    return state not in ("Z", "X")
+    fields = stat.rsplit(")", 1)[-1].split()
+    return bool(fields) and fields[0] not in ("Z", "X")
 
 
-def start_guard(run_dir: str) -> int | None:
-    """Start the watchdog beside the job when the run directory has a ``guard.json``."""
-    if not os.path.exists(os.path.join(run_dir, "guard.json")):
+def _read_bounded(path: str, limit: int) -> bytes | None:
+    """At most ``limit + 1`` bytes of a file (one more than allowed, so "too big" shows), or None."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit + 1)
+    except OSError:
         return None
+
+
+def _read(path: str, limit: int = SMALL_FILE) -> str | None:
+    data = _read_bounded(path, limit)
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def _shown(data: bytes | str) -> str:
+    return repr(data[:40]) + ("..." if len(data) > 40 else "")
+
+
+def read_guard_config(run_dir: str) -> protocol.GuardConfig:
+    """``guard.json``, parsed; a missing or malformed file is a ``ProtocolError``."""
+    data = _read_bounded(os.path.join(run_dir, "guard.json"), protocol.MAX_GUARD_CONFIG_BYTES)
+    if data is None:
+        raise protocol.ProtocolError("guard.json: cannot be read")
+    return protocol.GuardConfig.from_json(data)
+
+
+def start_guard(run_dir: str) -> tuple[int | None, str]:
+    """Start the watchdog beside the job when the run directory has a ``guard.json``.
+
+    Returns its pid and, when it could not be started (a malformed ``guard.json``), why.
+    """
+    if not os.path.exists(os.path.join(run_dir, "guard.json")):
+        return None, ""
+    try:
+        config = read_guard_config(run_dir)
+    except protocol.ProtocolError as exc:
+        return None, str(exc)
     guard = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fleetrun_guard.py")
-    with open(os.path.join(run_dir, "guard.json"), encoding="utf-8") as fh:
-        run_id = json.load(fh)["run_id"]
-    env = {**os.environ, "FLEETRUN_RUN_ID": run_id, "FLEETRUN_GUARD": "1"}
-    return _spawn([sys.executable, guard, run_dir], run_dir, "guard.log", env)
+    env = {**os.environ, "FLEETRUN_RUN_ID": config.run_id, "FLEETRUN_GUARD": "1"}
+    return _spawn([sys.executable, guard, run_dir], run_dir, "guard.log", env), ""
 
 
 def _spawn(argv: list[str], run_dir: str, log_name: str, env: dict[str, str] | None = None) -> int:
@@ -77,21 +131,55 @@ def _spawn(argv: list[str], run_dir: str, log_name: str, env: dict[str, str] | N
     return proc.pid
 
 
-def start(run_dir: str) -> int:
-    pid = _spawn(["sh", "-c", WRAPPER], run_dir, "node.log")
-    with open(os.path.join(run_dir, "pid.tmp"), "w") as fh:
-        fh.write(str(pid))
-    os.replace(os.path.join(run_dir, "pid.tmp"), os.path.join(run_dir, "pid"))
-    print(json.dumps({"pid": pid, "guard": start_guard(run_dir)}))
-    return 0
+def private_dir(run_dir: str) -> None:
+    """Create ``run_dir`` mode 0700, and make ``~/.fleetrun`` (and its ``runs``) 0700 too.
+
+    Other users of a lab machine must not read a run's ``launch.sh`` (environment values) or
+    its outputs; a directory they cannot enter protects every file in it, whatever its mode.
+    """
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    root = os.path.realpath(os.path.expanduser("~/.fleetrun"))
+    path = os.path.realpath(run_dir)
+    dirs = [path]
+    parent = os.path.dirname(path)
+    while (parent == root or parent.startswith(root + os.sep)) and parent not in dirs:
+        dirs.append(parent)
+        parent = os.path.dirname(parent)
+    for directory in dirs:
+        os.chmod(directory, 0o700)
 
 
-def _read(path: str) -> str | None:
+def write_private(path: str, content: str) -> None:
+    """Write a file that is 0600 from its creation on (never readable by others, not even briefly)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_TRUNC, 0o600)
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return None
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(content)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def receive(run_dir: str, stream: BinaryIO | None = None) -> list[str]:
+    """Write the ``FileBundle`` read from stdin into ``run_dir``; returns the names written."""
+    source = sys.stdin.buffer if stream is None else stream
+    data = source.read(protocol.MAX_BUNDLE_BYTES + 1)
+    bundle = protocol.FileBundle.from_json(data)
+    private_dir(run_dir)
+    for name, content in sorted(bundle.files.items()):
+        write_private(os.path.join(run_dir, name), content)
+    return sorted(bundle.files)
+
+
+def start(run_dir: str) -> protocol.StartAnswer:
+    private_dir(run_dir)
+    pid = _spawn(["sh", "-c", WRAPPER], run_dir, "node.log")
+    write_private(os.path.join(run_dir, "pid"), str(pid))
+    guard, error = start_guard(run_dir)
+    return protocol.StartAnswer(pid=pid, guard=guard, guard_error=error)
 
 
 def _tail(path: str, size: int) -> str:
@@ -100,7 +188,7 @@ def _tail(path: str, size: int) -> str:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - size))
-            return fh.read().decode("utf-8", errors="replace")
+            return fh.read(size).decode("utf-8", errors="replace")
     except OSError:
         return ""
 
@@ -111,105 +199,154 @@ def _touch(path: str) -> None:
     os.utime(path, None)
 
 
-def poll(run_dir: str, offset: int, heartbeat: bool = True) -> int:
-    print(json.dumps(poll_answer(run_dir, offset, heartbeat)))
-    return 0
-
-
 def serve(run_dir: str, idle_s: float = SERVE_IDLE_S) -> int:
     """Answer poll requests until the watcher goes away.
 
     Starting Python on every node at every poll cost ~20 ms of CPU per node: 1.4 s a round at 64
     local-fleet nodes. One long-lived agent per node answers a request in well under a millisecond.
     Exits on EOF (the watcher closed its channel) or when no request came for ``idle_s``.
+    A request line longer than ``MAX_REQUEST_BYTES`` is dropped and answered with an error; an
+    error while answering is an error answer, never the end of the channel.
     """
     fd = sys.stdin.fileno()
     out = sys.stdout
     pending = b""
+    oversized = False
     while True:
         # raw reads with our own buffer: select() cannot see lines a buffered reader already holds
         while b"\n" not in pending:
+            if len(pending) > protocol.MAX_REQUEST_BYTES:
+                oversized, pending = True, b""
             ready, _, _ = select.select([fd], [], [], idle_s)
             if not ready:
                 return 0
-            chunk = os.read(fd, 4096)
+            chunk = os.read(fd, 65536)
             if not chunk:
                 return 0
             pending += chunk
         line, pending = pending.split(b"\n", 1)
-        parts = line.decode("ascii", "replace").split()
-        if len(parts) >= 2 and parts[0] == "poll" and parts[1].isdigit():
-            answer = poll_answer(run_dir, int(parts[1]), heartbeat="--no-heartbeat" not in parts)
+        if oversized:
+            oversized = False
+            answer = protocol.PollAnswer(
+                error=f"request longer than {protocol.MAX_REQUEST_BYTES} bytes; dropped"
+            )
         else:
-            answer = {"error": f"unknown request {line[:60]!r}"}
-        out.write(json.dumps(answer) + "\n")
-        out.flush()
+            answer = answer_request(run_dir, line)
+        try:
+            out.write(answer.to_json() + "\n")
+            out.flush()
+        except OSError:
+            return 0  # the watcher is gone
 
 
-def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> dict[str, object]:
+def answer_request(run_dir: str, line: bytes) -> protocol.PollAnswer:
+    """One request line of the poll channel, answered; whatever goes wrong becomes an error answer."""
+    try:
+        request = protocol.PollRequest.from_json(line)
+    except protocol.ProtocolError as exc:
+        return protocol.PollAnswer(error=f"unknown request: {exc}")
+    try:
+        return poll_answer(run_dir, request.offset, request.heartbeat)
+    except Exception as exc:  # noqa: BLE001 - the channel must outlive any one bad answer
+        return protocol.PollAnswer(error=f"the node agent failed to answer: {type(exc).__name__}: {exc}")
+
+
+def _process_state(run_dir: str, notes: list[str]) -> tuple[str, int | None, float | None]:
+    """(state, exit code, exit time) from ``rc`` and ``pid``; unreadable values become notes.
+
+    An ``rc`` that is not a number is not an exit: the process state decides, and a process
+    gone without a readable exit code is ``vanished`` (the watcher fails the run for that).
+    """
+    rc_path = os.path.join(run_dir, "rc")
+    rc_text = _read(rc_path)
+    if rc_text is not None and rc_text.strip():
+        rc = protocol.parse_exit_code(rc_text)
+        if rc is not None:
+            try:
+                exited_at: float | None = os.stat(rc_path).st_mtime
+            except OSError:
+                exited_at = None
+            return "exited", rc, exited_at
+        notes.append(f"rc: {_shown(rc_text)} is not an exit code")
+    pid_text = _read(os.path.join(run_dir, "pid"))
+    if pid_text is not None and pid_text.strip():
+        pid = protocol.parse_pid(pid_text)
+        if pid is None:
+            notes.append(f"pid: {_shown(pid_text)} is not a process id")
+            return "vanished", None, None
+        return ("running" if _alive(pid) else "vanished"), None, None
+    if rc_text is not None and rc_text.strip():
+        return "vanished", None, None
+    return "absent", None, None
+
+
+def read_status(run_dir: str, notes: list[str]) -> protocol.StatusRecord | None:
+    """``status.json`` (the job's final record) parsed through the protocol, or None."""
+    data = _read_bounded(os.path.join(run_dir, "status.json"), protocol.MAX_STATUS_BYTES)
+    if not data:
+        return None
+    try:
+        return protocol.StatusRecord.from_json(data)
+    except protocol.ProtocolError as exc:
+        notes.append(str(exc))
+        return None
+
+
+def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.PollAnswer:
     """One short answer: process state, exit code, new metrics bytes, final status, log tail.
 
     Also refreshes ``watcher-heartbeat``: the on-node watchdog takes over when it goes stale.
     """
-    answer: dict[str, object] = {
-        "state": "absent",
-        "rc": None,
-        "offset": offset,
-        "metrics_b64": "",
-        "status": None,
-    }
     if not os.path.isdir(run_dir):
-        return answer
-    rc_text = _read(os.path.join(run_dir, "rc"))
-    pid_text = _read(os.path.join(run_dir, "pid"))
-    if rc_text is not None and rc_text.strip():
-        answer["state"] = "exited"
-        answer["rc"] = int(rc_text.strip())
-        answer["exited_at"] = os.stat(os.path.join(run_dir, "rc")).st_mtime
-    elif pid_text is not None and pid_text.strip():
-        answer["state"] = "running" if _alive(int(pid_text)) else "vanished"
-    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+        return protocol.PollAnswer(offset=offset)
+    notes: list[str] = []
+    state, rc, exited_at = _process_state(run_dir, notes)
+    chunk = b""
     try:
-        with open(metrics_path, "rb") as fh:
+        with open(os.path.join(run_dir, "metrics.jsonl"), "rb") as fh:
             fh.seek(offset)
+            # raw bytes: a chunk may end inside a multi-byte character; the laptop reassembles lines
             chunk = fh.read(MAX_CHUNK)
-        # raw bytes: a chunk may end inside a multi-byte character; the laptop reassembles lines
-        answer["metrics_b64"] = base64.b64encode(chunk).decode("ascii")
-        answer["offset"] = offset + len(chunk)
     except OSError:
         pass
     if heartbeat:
         _touch(os.path.join(run_dir, "watcher-heartbeat"))
-    status = _read(os.path.join(run_dir, "status.json"))
-    if status:
-        try:
-            answer["status"] = json.loads(status)
-        except ValueError:
-            answer["status"] = None
-    answer["log_tail"] = _tail(os.path.join(run_dir, "node.log"), 2000)
-    answer["gpu_util"] = gpu_utilization()
-    return answer
+    return protocol.PollAnswer(
+        state=state,
+        rc=rc,
+        offset=offset + len(chunk),
+        metrics=chunk,
+        status=read_status(run_dir, notes),
+        exited_at=exited_at,
+        log_tail=_tail(os.path.join(run_dir, "node.log"), LOG_TAIL_BYTES),
+        gpu_util=gpu_utilization(),
+        malformed=tuple(notes[: protocol.MAX_NOTES]),
+    )
 
 
-def upload(run_dir: str, bucket: object, cloud: object, run_id: str, node: str) -> str:
-    """Copy the run directory to ``<bucket>/runs/<run id>/<node>/`` with the node's own cloud role.
+def upload(run_dir: str, argv: Sequence[str]) -> protocol.UploadAnswer:
+    """Copy the run directory with ``argv`` (``{src}`` = the run directory), the node's own role.
 
+    The command comes from the laptop (``bucket_upload_argv``), so the node knows no cloud.
     Used by the watchdog before a power-off and by the watcher for cloud fleets; a missing CLI or
-    a failed copy is reported in the returned sentence, never raised.
+    a failed copy is reported in the answer, never raised.
     """
-    if not bucket:
-        return "no bucket configured; artifacts stay on the node's disk"
-    dest = f"runs/{run_id}/{node}"
-    if cloud == "gcp" and shutil.which("gcloud"):
-        argv = ["gcloud", "storage", "rsync", "--recursive", run_dir, f"gs://{bucket}/{dest}"]
-    elif shutil.which("aws"):
-        argv = ["aws", "s3", "sync", "--only-show-errors", run_dir, f"s3://{bucket}/{dest}"]
-    else:
-        return f"no aws/gcloud CLI on this node; could not upload to {bucket}"
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+    if not argv:
+        return protocol.UploadAnswer("no bucket configured; artifacts stay on the node's disk", False)
+    if shutil.which(argv[0]) is None:
+        return protocol.UploadAnswer(
+            f"no {argv[0]} CLI on this node; could not upload the run directory", False
+        )
+    command = [arg.replace("{src}", run_dir) for arg in argv]
+    try:
+        proc = subprocess.run(
+            command, capture_output=True, text=True, errors="replace", timeout=3600, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return protocol.UploadAnswer(f"upload to {command[-1]} failed: {exc}", False)
     if proc.returncode != 0:
-        return f"upload to {bucket} failed: {proc.stderr.strip()[-300:]}"
-    return f"uploaded to {bucket}/{dest}"
+        return protocol.UploadAnswer(f"upload to {command[-1]} failed: {proc.stderr.strip()[-300:]}", False)
+    return protocol.UploadAnswer(f"uploaded to {command[-1]}", True)
 
 
 def gpu_utilization() -> float | None:
@@ -221,13 +358,16 @@ def gpu_utilization() -> float | None:
             ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
+            errors="replace",
             timeout=10,
             check=False,
-        ).stdout
+        ).stdout[:4096]
         values = [float(v) for v in out.split() if v.strip()]
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
-    return sum(values) / len(values) if values else None
+    if not values or not all(math.isfinite(v) and 0 <= v <= 100 for v in values):
+        return None
+    return sum(values) / len(values)
 
 
 def _run_pids(run_id: str, watchdogs: bool | None = None) -> list[int]:
@@ -251,13 +391,7 @@ def _run_pids(run_id: str, watchdogs: bool | None = None) -> list[int]:
     return pids
 
 
-def stop(run_id: str, grace: float) -> int:
-    answer = stop_run(run_id, grace)
-    print(json.dumps(answer))
-    return 0 if not answer["remaining"] else 1
-
-
-def stop_run(run_id: str, grace: float, spare: int | None = None) -> dict[str, int]:
+def stop_run(run_id: str, grace: float, spare: int | None = None) -> protocol.StopAnswer:
     """SIGTERM everything of the run, wait ``grace`` seconds, then SIGKILL what is left.
 
     ``spare`` is a pid not to touch (the watchdog stopping the run it belongs to).
@@ -286,30 +420,58 @@ def stop_run(run_id: str, grace: float, spare: int | None = None) -> dict[str, i
             pass
     time.sleep(0.05)
     remaining = [p for p in _run_pids(run_id) if p != spare]
-    return {
-        "terminated": len(set(found) - set(guards)),
-        "watchdogs": len(guards),
-        "killed": len(killed),
-        "remaining": len(remaining),
-    }
+    return protocol.StopAnswer(
+        terminated=len(set(found) - set(guards)),
+        watchdogs=len(guards),
+        killed=len(killed),
+        remaining=len(remaining),
+    )
+
+
+def _say(line: str) -> int:
+    print(line, flush=True)
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"fleetrun_node.py: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) >= 2 and argv[0] == "start":
-        return start(argv[1])
-    if len(argv) >= 3 and argv[0] == "poll":
-        return poll(argv[1], int(argv[2]), heartbeat="--no-heartbeat" not in argv)
-    if len(argv) >= 2 and argv[0] == "serve":
-        return serve(argv[1])
-    if len(argv) >= 2 and argv[0] == "guard":
-        print(json.dumps({"guard": start_guard(argv[1])}))
-        return 0
-    if len(argv) >= 6 and argv[0] == "upload":
-        message = upload(argv[1], argv[2], argv[3], argv[4], argv[5])
-        print(json.dumps({"upload": message, "ok": message.startswith("uploaded")}))
-        return 0
-    if len(argv) >= 2 and argv[0] == "stop":
-        return stop(argv[1], float(argv[2]) if len(argv) > 2 else 10.0)
+    command, args = (argv[0], argv[1:]) if argv else ("", [])
+    from_stdin = "--stdin" in args
+    args = [a for a in args if a != "--stdin"]
+    try:
+        if command in ("start", "guard", "receive") and len(args) == 1:
+            if from_stdin or command == "receive":
+                receive(args[0])
+            if command == "receive":
+                return 0
+            if command == "start":
+                return _say(start(args[0]).to_json())
+            private_dir(args[0])
+            pid, error = start_guard(args[0])
+            return _say(protocol.StartAnswer(guard=pid, guard_error=error).to_json())
+        if command == "poll" and len(args) in (2, 3):
+            if not args[1].isdigit() or int(args[1]) > protocol.MAX_OFFSET:
+                return _fail(f"poll: OFFSET must be a byte offset, got {args[1][:40]!r}")
+            return _say(poll_answer(args[0], int(args[1]), heartbeat="--no-heartbeat" not in args).to_json())
+        if command == "serve" and len(args) == 1:
+            return serve(args[0])
+        if command == "upload" and len(args) == 2:
+            request = protocol.UploadRequest.from_json(args[1])
+            return _say(upload(args[0], request.argv).to_json())
+        if command == "stop" and len(args) in (1, 2):
+            try:
+                grace = float(args[1]) if len(args) > 1 else 10.0
+            except ValueError:
+                return _fail(f"stop: GRACE must be a number of seconds, got {args[1][:40]!r}")
+            answer = stop_run(args[0], min(max(grace, 0.0), 3600.0) if math.isfinite(grace) else 10.0)
+            _say(answer.to_json())
+            return 0 if not answer.remaining else 1
+    except protocol.ProtocolError as exc:
+        return _fail(str(exc))
     print(__doc__, file=sys.stderr)
     return 2
 

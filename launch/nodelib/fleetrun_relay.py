@@ -12,19 +12,26 @@ an ephemeral key that the workers accept from the head's address alone, and the 
 host keys), ``parallel``, ``timeout``, ``transfers`` (``source`` under the head's home, ``dest``
 under the worker's home, rsync ``filters``, ``lib``: only for workers with ``ship_lib``) and
 ``targets`` (``name``, ``user``, ``address``, ``port``, ``ship_lib``).
-Output: ``{"name", "ok", "files", "bytes", "error"}`` per worker, one line each.
+Output: ``{"name", "ok", "files", "bytes", "error"}`` per worker, one line each. Both are
+records of ``fleetrun_protocol.py`` (``RelayConfig``, ``RelayResult``): a config that does not parse is
+refused whole, with one line on stderr, and the laptop then syncs every worker directly.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if TYPE_CHECKING:
+    from launch.nodelib import fleetrun_protocol as protocol
+else:
+    import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 _print_lock = threading.Lock()
 
@@ -40,7 +47,7 @@ def _stat(output: str, label: str) -> int:
     return 0
 
 
-def ssh_command(config: dict[str, Any], port: int) -> list[str]:
+def ssh_command(config: protocol.RelayConfig, port: int) -> list[str]:
     """Strict OpenSSH: only the pinned worker keys, only the relay key, no config files."""
     return [
         "ssh",
@@ -49,13 +56,13 @@ def ssh_command(config: dict[str, Any], port: int) -> list[str]:
         "-p",
         str(port),
         "-i",
-        config["key"],
+        config.key,
         "-o",
         "IdentitiesOnly=yes",
         "-o",
         "StrictHostKeyChecking=yes",
         "-o",
-        f"UserKnownHostsFile={config['known_hosts']}",
+        f"UserKnownHostsFile={config.known_hosts}",
         "-o",
         "GlobalKnownHostsFile=/dev/null",
         "-o",
@@ -67,41 +74,40 @@ def ssh_command(config: dict[str, Any], port: int) -> list[str]:
     ]
 
 
-def copy_to(config: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+def copy_to(config: protocol.RelayConfig, target: protocol.RelayTarget) -> protocol.RelayResult:
     home = os.path.expanduser("~")
-    ssh = shlex.join(ssh_command(config, int(target.get("port", 22))))
+    ssh = shlex.join(ssh_command(config, target.port))
     files = sent = 0
-    for transfer in config["transfers"]:
-        if transfer.get("lib") and not target.get("ship_lib", True):
+    for transfer in config.transfers:
+        if transfer.lib and not target.ship_lib:
             continue
-        source = os.path.join(home, transfer["source"]).rstrip("/") + "/"
-        dest = f"{target['user']}@{target['address']}:{transfer['dest'].rstrip('/')}/"
-        argv = ["rsync", "-a", "--delete", "--mkpath", "--stats", *transfer.get("filters", []), "-e", ssh]
+        source = os.path.join(home, transfer.source).rstrip("/") + "/"
+        dest = f"{target.user}@{target.address}:{transfer.dest.rstrip('/')}/"
+        argv = ["rsync", "-a", "--delete", "--mkpath", "--stats", *transfer.filters, "-e", ssh]
         try:
             proc = subprocess.run(
                 [*argv, source, dest],
                 capture_output=True,
                 text=True,
-                timeout=float(config.get("timeout", 1800)),
+                errors="replace",
+                timeout=config.timeout,
                 check=False,
             )
         except subprocess.TimeoutExpired:
-            return {"name": target["name"], "ok": False, "error": f"rsync from the head timed out ({dest})"}
+            return protocol.RelayResult(target.name, False, error=f"rsync from the head timed out ({dest})")
         if proc.returncode != 0:
             tail = " / ".join(proc.stderr.strip().splitlines()[-3:])
-            return {
-                "name": target["name"],
-                "ok": False,
-                "error": f"rsync from the head exited {proc.returncode}: {tail}",
-            }
+            return protocol.RelayResult(
+                target.name, False, error=f"rsync from the head exited {proc.returncode}: {tail}"
+            )
         files += _stat(proc.stdout, "Number of regular files transferred")
         sent += _stat(proc.stdout, "Total transferred file size")
-    return {"name": target["name"], "ok": True, "files": files, "bytes": sent}
+    return protocol.RelayResult(target.name, True, files=files, sent_bytes=sent)
 
 
-def _report(answer: dict[str, Any]) -> None:
+def _report(answer: protocol.RelayResult) -> None:
     with _print_lock:
-        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.write(answer.to_json() + "\n")
         sys.stdout.flush()
 
 
@@ -109,18 +115,22 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    with open(argv[0], encoding="utf-8") as fh:
-        config = json.load(fh)
-    targets = config["targets"]
+    try:
+        with open(argv[0], "rb") as fh:
+            config = protocol.RelayConfig.from_json(fh.read(protocol.MAX_RELAY_CONFIG_BYTES + 1))
+    except (OSError, protocol.ProtocolError) as exc:
+        print(f"fleetrun_relay.py: {exc}", file=sys.stderr)
+        return 2
 
-    def one(target: dict[str, Any]) -> None:
+    def one(target: protocol.RelayTarget) -> None:
         try:
             answer = copy_to(config, target)
         except Exception as exc:  # noqa: BLE001 - reported per worker, never stops the others
-            answer = {"name": target["name"], "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            answer = protocol.RelayResult(target.name, False, error=f"{type(exc).__name__}: {exc}")
         _report(answer)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(int(config.get("parallel", 16)), len(targets)))) as pool:
+    targets = config.targets
+    with ThreadPoolExecutor(max_workers=max(1, min(config.parallel, len(targets)))) as pool:
         list(pool.map(one, targets))
     return 0
 

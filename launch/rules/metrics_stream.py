@@ -24,7 +24,6 @@ costs nothing and it never changes after it was taken.
 
 from __future__ import annotations
 
-import json
 import math
 from array import array
 from collections import deque
@@ -34,12 +33,19 @@ from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from launch.nodelib.fleetrun_protocol import MAX_INT, ProtocolError, StatusRecord, parse_metrics_line
+
 #: Keys of a metric record that are bookkeeping, not metrics to plot or compare.
 RESERVED_KEYS = frozenset({"step", "time", "elapsed", "event"})
 
 #: A line longer than this without a newline is treated as corrupt and dropped, so a
 #: runaway writer cannot make the watcher hold an unbounded buffer.
 MAX_LINE_BYTES = 1 << 20
+
+#: The latest value of at most this many metric names is kept (names of at most MAX_METRIC_NAME
+#: characters): a job logging a new name at every step must not grow every poll's snapshot.
+MAX_METRIC_NAMES = 1024
+MAX_METRIC_NAME = 200
 
 
 @dataclass(frozen=True)
@@ -127,15 +133,18 @@ def parse_status(data: bytes | str | Mapping[str, Any] | None) -> FinalStatus | 
     """Parse ``status.json`` (raw text, or the dict the node agent already decoded).
 
     ``None`` when it is missing, half-written or malformed: the watcher polls this file, so a
-    partial one simply means "ask again at the next poll", not an error.
+    partial one simply means "ask again at the next poll", not an error. The job writes it, so
+    it goes through the node protocol's bounds first (size, nesting depth, field types).
     """
     if not data:
         return None
     try:
         if isinstance(data, Mapping):
-            return FinalStatus.model_validate(dict(data))
-        return FinalStatus.model_validate_json(data)
-    except (ValidationError, ValueError):
+            record = StatusRecord.from_dict(dict(data))
+        else:
+            record = StatusRecord.from_json(data)
+        return FinalStatus.model_validate(record.to_dict())
+    except (ProtocolError, ValidationError, ValueError):
         return None
 
 
@@ -152,12 +161,13 @@ def _scalar(value: Any) -> float | None:
 
 
 def _step(value: Any) -> int | None:
+    """A step number, or None; steps must fit the loss history's signed 64-bit slots."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
+        value = int(value)
+    if isinstance(value, int) and -MAX_INT <= value <= MAX_INT:
         return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
     return None
 
 
@@ -230,11 +240,9 @@ class MetricsStream:
         if not line:
             return None
         try:
-            record = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            self.bad_lines += 1
-            return None
-        if not isinstance(record, dict):
+            # bounded: a nesting bomb or a huge integer is a bad line, not a crashed watcher
+            record = parse_metrics_line(line)
+        except ProtocolError:
             self.bad_lines += 1
             return None
         if is_event(record):
@@ -261,7 +269,9 @@ class MetricsStream:
         self.last_time = _scalar(record.get("time"))
         for key, value in record.items():
             number = _scalar(value)
-            if key not in RESERVED_KEYS and number is not None:
+            if key in RESERVED_KEYS or number is None or len(key) > MAX_METRIC_NAME:
+                continue
+            if key in self.last_metrics or len(self.last_metrics) < MAX_METRIC_NAMES:
                 self.last_metrics[key] = number
         loss = _scalar(record.get(self.loss_key))
         if loss is not None:

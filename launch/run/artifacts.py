@@ -5,7 +5,6 @@ errors per host and never raise for one bad node, because the wrap-up must decid
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from launch.errors import HostError
+from launch.nodelib.fleetrun_protocol import StopAnswer, UploadAnswer
 from launch.planning import remote_layout as layout
 from launch.run.run_folder import RunFolder
 from launch.run.watch import AGENT, WatchTarget
@@ -34,7 +34,7 @@ def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -
     def stop(conn: NodeConnection) -> dict[str, Any]:
         result = conn.run(f"{AGENT} stop {shlex.quote(run_id)} {grace}", timeout=grace + 30)
         try:
-            answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+            answer: dict[str, Any] = StopAnswer.from_json(result.stdout.strip().splitlines()[-1]).to_dict()
         except (ValueError, IndexError):
             raise HostError(conn.host.name, f"stop failed: {result.stderr.strip()[-200:]}") from None
         if answer.get("remaining"):
@@ -84,17 +84,10 @@ def upload_to_bucket(fleet: Fleet, target: WatchTarget, console: Console) -> dic
 
     The local pull is the copy teardown waits for; the bucket copy is reported, not blocking.
     """
-    run_dir = layout.rundir(target.run_id)
-    bucket = shlex.quote(target.inventory.bucket or "")
-    cloud = shlex.quote(target.cloud or "aws")
 
     def upload(conn: NodeConnection) -> str:
-        result = conn.run(
-            f'{AGENT} upload "$HOME/{run_dir}" {bucket} {cloud} {shlex.quote(target.run_id)} {shlex.quote(conn.host.name)}',
-            timeout=3600,
-        )
-        answer = json.loads(result.stdout.strip().splitlines()[-1])
-        return str(answer["upload"])
+        result = conn.run(target.upload_command(conn.host.name), timeout=3600)
+        return UploadAnswer.from_json(result.stdout.strip().splitlines()[-1]).upload
 
     messages: dict[str, str] = {}
     for name, res in fleet.map(upload, deadline=3700).items():

@@ -9,8 +9,6 @@ node stops the others and fails the run, naming the node. Watching and stop rule
 from __future__ import annotations
 
 import dataclasses
-import json
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from launch.errors import HostError
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
+from launch.nodelib.fleetrun_protocol import FileBundle, ProtocolError, StartAnswer
 from launch.planning import remote_layout as layout
 from launch.planning.plan import LaunchPlan, NodePlan
 from launch.rules.stoprules import StopDecision
@@ -172,11 +171,17 @@ class Runner:
     def setup(self) -> dict[str, str]:
         """Per-node environment + setup commands; skipped (with the reason) when unchanged."""
 
+        run_dir = layout.rundir(self.plan.run_id)
+
         def run_setup(conn: NodeConnection) -> str:
             node = self.nodes[conn.host.name]
             for remote_file in node.files:
                 conn.put_file(remote_file.path, remote_file.content, remote_file.mode)
-            result = conn.run(f"sh -c {shlex.quote(node.setup_script)}", timeout=3600)
+            # the script travels on stdin into a 0600 file of the 0700 run dir, never in argv
+            # (every user of a lab machine sees command lines in ps), and runs from there
+            bundle = FileBundle({"setup.sh": node.setup_script}).to_json().encode()
+            command = f'{AGENT} receive "$HOME/{run_dir}" && sh "$HOME/{run_dir}/setup.sh" </dev/null'
+            result = conn.run_with_input(command, bundle, timeout=3600)
             old = ""
             for line in result.stdout.splitlines():
                 if line.startswith("FLEETRUN_OLD_HASH="):
@@ -196,27 +201,36 @@ class Runner:
         return results
 
     def start(self, target: WatchTarget) -> None:
-        """One round trip per node: write launch.sh and guard.json, start both detached.
+        """One round trip per node: send launch.sh and guard.json, start both detached.
 
-        Nodes whose ranks the head's launcher starts get only the watchdog.
+        The files travel on the agent's stdin (a ``FileBundle``) and are written 0600 in the
+        0700 run directory: ``launch.sh`` holds the job's environment values, which a command
+        line would show to every user of the machine. Nodes whose ranks the head's launcher
+        starts get only the watchdog.
         """
         run_dir = layout.rundir(self.plan.run_id)
-        delimiter = f"FLEETRUN_EOF_{self.plan.run_id.replace('-', '_')}"
-
-        def heredoc(name: str, text: str) -> str:
-            return f"cat > \"$HOME/{run_dir}/{name}\" <<'{delimiter}'\n{text.rstrip()}\n{delimiter}\n"
 
         def start_node(conn: NodeConnection) -> None:
             node = self.nodes[conn.host.name]
-            guard = json.dumps(target.guard_config(node.host.name), indent=1)
-            command = f'mkdir -p "$HOME/{run_dir}" && ' + heredoc("guard.json", guard)
+            files = {"guard.json": target.guard_config(node.host.name).to_json()}
             if node.launch_script is not None:
-                command += heredoc("launch.sh", node.launch_script) + f'{AGENT} start "$HOME/{run_dir}"'
+                files["launch.sh"] = node.launch_script
+                command = f'{AGENT} start "$HOME/{run_dir}" --stdin'
             else:
-                command += f'{AGENT} guard "$HOME/{run_dir}"'
-            result = conn.run(command, timeout=60)
+                command = f'{AGENT} guard "$HOME/{run_dir}" --stdin'
+            result = conn.run_with_input(command, FileBundle(files).to_json().encode(), timeout=60)
             if not result.ok:
                 raise HostError(conn.host.name, f"could not start: {result.stderr.strip()[-300:]}")
+            try:
+                answer = StartAnswer.from_json(result.stdout.strip().splitlines()[-1])
+            except (ProtocolError, IndexError):
+                raise HostError(
+                    conn.host.name, f"could not start: no answer ({result.stdout[-200:]!r})"
+                ) from None
+            if answer.guard is None:
+                raise HostError(
+                    conn.host.name, f"the watchdog did not start: {answer.guard_error or 'no guard.json'}"
+                )
 
         others = [n.host for n in self.plan.nodes if not n.starts_processes]
         if others:

@@ -11,19 +11,25 @@ died (laptop closed, Ctrl-C) can be re-attached with ``fab watch RUN``.
 
 from __future__ import annotations
 
-import base64
 import json
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 
 from launch.errors import HostError
 from launch.job.inventory import Inventory
+from launch.nodelib.fleetrun_protocol import (
+    GuardConfig,
+    PollAnswer,
+    PollRequest,
+    ProtocolError,
+    UploadRequest,
+)
 from launch.planning import remote_layout as layout
 from launch.reports.views import live_table
 from launch.rules.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
@@ -42,6 +48,27 @@ from launch.transport.ssh import Fleet, NodeConnection
 AGENT = f'python3 "$HOME/{layout.AGENT}"'
 POLL_DEADLINE_S = 20.0
 POLL_ANSWER_TIMEOUT_S = 15.0
+
+
+def bucket_upload_argv(cloud: str | None, bucket: str | None, dest: str) -> list[str]:
+    """The node-side command that copies a run directory (``{src}``) to ``<bucket>/<dest>``.
+
+    Decided here, on the laptop, so the node agent and the watchdog carry no per-cloud logic:
+    they run what ``guard.json`` / the upload request says. Empty without a bucket.
+    """
+    if not bucket:
+        return []
+    if cloud == "gcp":
+        return ["gcloud", "storage", "rsync", "--recursive", "{src}", f"gs://{bucket}/{dest}"]
+    return ["aws", "s3", "sync", "--only-show-errors", "{src}", f"s3://{bucket}/{dest}"]
+
+
+class BadAnswer(HostError):
+    """The node answered, but not in the protocol (garbage, wrong types, an agent error).
+
+    Shown as its own state, ``bad answer``; for the stop rules the node is not reachable (no
+    good answer since ``last_reachable_at``), so only the existing unreachable rule can fail it.
+    """
 
 
 @dataclass(frozen=True)
@@ -75,28 +102,39 @@ class WatchTarget:
         path.write_text(json.dumps(data, indent=2, default=str))
         return path
 
-    def guard_config(self, node: str) -> dict[str, Any]:
-        """``guard.json`` for the on-node watchdog of ``node`` (``fleetrun_guard.py``)."""
+    def upload_argv(self, node: str) -> list[str]:
+        return bucket_upload_argv(self.cloud, self.inventory.bucket, f"runs/{self.run_id}/{node}")
+
+    def upload_command(self, node: str) -> str:
+        """The node agent command that copies ``node``'s run directory to the bucket."""
+        request = UploadRequest(tuple(self.upload_argv(node))).to_json()
+        return f'{AGENT} upload "$HOME/{layout.rundir(self.run_id)}" {shlex.quote(request)}'
+
+    def guard_config(self, node: str) -> GuardConfig:
+        """``guard.json`` for the on-node watchdog of ``node`` (``fleetrun_guard.py``).
+
+        ``expects_metrics`` holds on nodes that start the job's processes: the job logs its
+        metrics from rank 0, which runs on one of them (the head, for launchers whose head starts
+        every rank); ranks other than 0 tell their node's watchdog so, see ``fleetrun_metrics``.
+        """
         head = self.inventory.head
         rules = self.rules
-        return {
-            "run_id": self.run_id,
-            "node": node,
-            "is_head": node == head.name,
-            "head_addr": head.private_address,
-            "peers": [h.private_address for h in self.inventory.hosts if h.name != node],
-            "peer_port": head.port,
-            "starts_processes": node in self.starters,
-            "started_at": self.started_at,
-            "watcher_lost_after_s": rules.watcher_lost_after_s,
-            "nan_loss": rules.nan_loss,
-            "stall_timeout_s": rules.stall_timeout_s,
-            "startup_timeout_s": rules.startup_timeout_s,
-            "max_wall_time_s": rules.max_wall_time_s,
-            "unreachable_timeout_s": rules.unreachable_timeout_s,
-            "bucket": self.inventory.bucket,
-            "cloud": self.cloud,
-        }
+        return GuardConfig(
+            run_id=self.run_id,
+            node=node,
+            started_at=self.started_at,
+            peers=tuple(h.private_address for h in self.inventory.hosts if h.name != node),
+            peer_port=head.port,
+            starts_processes=node in self.starters,
+            expects_metrics=node in self.starters,
+            watcher_lost_after_s=rules.watcher_lost_after_s,
+            nan_loss=rules.nan_loss,
+            stall_timeout_s=rules.stall_timeout_s,
+            startup_timeout_s=rules.startup_timeout_s,
+            max_wall_time_s=rules.max_wall_time_s,
+            unreachable_timeout_s=rules.unreachable_timeout_s,
+            upload_argv=tuple(self.upload_argv(node)),
+        )
 
     @classmethod
     def load(cls, folder: Path) -> WatchTarget:
@@ -129,6 +167,10 @@ class NodeWatch:
     log_tail: str = ""
     gpu_util: float | None = None
     error: str = ""
+    bad_answers: int = 0
+    """Answers refused by the protocol (garbage, wrong types, agent errors)."""
+    malformed: tuple[str, ...] = ()
+    """What the node agent last reported unreadable on the node (an ``rc`` that is no number...)."""
     stream: MetricsStream = field(default_factory=MetricsStream)
 
 
@@ -158,17 +200,28 @@ class Watcher:
         self.serve_command = f'exec {AGENT} serve "$HOME/{layout.rundir(target.run_id)}"'
 
     # -- one poll --------------------------------------------------------------------------------
-    def _poll_node(self, conn: NodeConnection) -> dict[str, Any]:
-        """Ask the node's agent over its persistent poll channel (``NodeConnection.ask``)."""
+    def _poll_node(self, conn: NodeConnection) -> PollAnswer:
+        """Ask the node's agent over its persistent poll channel (``NodeConnection.ask``).
+
+        The answer is parsed through the node protocol; anything else is a ``BadAnswer``.
+        """
         name = conn.host.name
-        line = conn.ask(self.serve_command, f"poll {self.nodes[name].offset}", timeout=POLL_ANSWER_TIMEOUT_S)
+        offset = self.nodes[name].offset
+        line = conn.ask(self.serve_command, PollRequest(offset).to_json(), timeout=POLL_ANSWER_TIMEOUT_S)
         try:
-            answer: dict[str, Any] = json.loads(line)
-        except ValueError:
+            answer = PollAnswer.from_json(line)
+        except ProtocolError as exc:
+            conn.close_sessions()  # out of step with the protocol: the next poll starts a fresh agent
+            raise BadAnswer(name, f"bad answer: {exc}") from None
+        if answer.error:
+            raise BadAnswer(name, f"bad answer: the node agent said: {answer.error}")
+        if answer.offset != offset + len(answer.metrics):
             conn.close_sessions()
-            raise HostError(name, f"poll answer is not JSON: {line[:200]!r}") from None
-        if "error" in answer:
-            raise HostError(name, f"poll failed: {answer['error']}")
+            raise BadAnswer(
+                name,
+                f"bad answer: metrics offset {answer.offset} does not follow "
+                f"{offset} + {len(answer.metrics)} bytes",
+            )
         return answer
 
     def close(self) -> None:
@@ -176,27 +229,29 @@ class Watcher:
         for conn in self.fleet.connections.values():
             conn.close_sessions()
 
-    def _absorb(self, node: NodeWatch, answer: dict[str, Any] | BaseException, now: float) -> None:
+    def _absorb(self, node: NodeWatch, answer: PollAnswer | BaseException, now: float) -> None:
         if isinstance(answer, BaseException):
             node.error = str(answer)
+            if isinstance(answer, BadAnswer):
+                node.bad_answers += 1
             if node.state not in ("exited", "vanished"):
-                node.state = "unreachable"
+                node.state = "bad answer" if isinstance(answer, BadAnswer) else "unreachable"
             return
         node.error = ""
         node.last_reachable_at = now
-        node.log_tail = answer.get("log_tail") or ""
-        node.gpu_util = answer.get("gpu_util")
-        state = answer.get("state", "absent")
-        node.state = "vanished" if state == "absent" else state
-        node.rc = answer.get("rc")
-        node.exited_at = answer.get("exited_at")
-        chunk = base64.b64decode(answer.get("metrics_b64") or "")
-        if chunk:
-            node.stream.feed(chunk)
-            node.offset = int(answer.get("offset", node.offset + len(chunk)))
-        status = parse_status(answer.get("status"))
-        if status is not None:
-            self.final_status = status
+        node.log_tail = answer.log_tail
+        node.gpu_util = answer.gpu_util
+        node.state = "vanished" if answer.state == "absent" else answer.state
+        node.rc = answer.rc
+        node.exited_at = answer.exited_at
+        if answer.metrics:
+            node.stream.feed(answer.metrics)
+        node.offset = answer.offset
+        node.malformed = answer.malformed
+        if answer.status is not None:
+            status = parse_status(answer.status.to_dict())
+            if status is not None:
+                self.final_status = status
 
     def metrics(self) -> MetricsSummary:
         """Rank 0's metrics: the one node whose metrics file has records (rank 0 lands anywhere)."""
@@ -214,6 +269,8 @@ class Watcher:
         observed: list[NodeObservation] = []
         for node in self.nodes.values():
             state, rc = node.state, node.rc
+            if state == "bad answer":
+                state = "unreachable"  # no good answer since last_reachable_at; see BadAnswer
             if not node.starts_processes and state != "unreachable":
                 # a rank that failed on a head-started node records its own exit code (horovod's rank.sh)
                 own_failure = state == "exited" and rc not in (0, None)
@@ -249,12 +306,22 @@ class Watcher:
         now = time.time()
         for name, answer in answers.items():
             node = self.nodes[name]
-            before = node.state
+            before, malformed_before = node.state, node.malformed
             self._absorb(node, answer, now)
-            if node.state != before and (node.starts_processes or node.state in ("unreachable", "exited")):
+            shown = ("unreachable", "exited", "bad answer")
+            if node.state != before and (node.starts_processes or node.state in shown):
                 rc = f" (exit {node.rc})" if node.rc is not None else ""
                 why = f": {node.error}" if node.error else ""
-                self.console.print(f"  {name}: {before} -> {node.state}{rc}{why}")
+                # node text is data, not Rich markup: a '[' in it must not crash the watcher
+                self.console.print(
+                    f"  {name}: {before} -> {node.state}{rc}{why}", markup=False, highlight=False
+                )
+            if node.malformed and node.malformed != malformed_before:
+                self.console.print(
+                    f"  {name}: unreadable on the node: {'; '.join(node.malformed)}",
+                    markup=False,
+                    highlight=False,
+                )
         obs = self.observation(now)
         if self.first_step_at is None and obs.metrics.records:
             first = obs.metrics.history[0].time if len(obs.metrics.history) else None

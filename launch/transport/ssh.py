@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import secrets
+import select
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import paramiko
+import paramiko.sftp
 from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 
@@ -30,6 +34,10 @@ from launch.job.inventory import Host
 DEFAULT_CONNECT_TIMEOUT = 10
 DEFAULT_FANOUT = 32
 KEEPALIVE_S = 5
+MAX_ANSWER_BYTES = 4 << 20
+"""Longest answer line taken from a node's long-lived agent (a poll answer is at most ~1.5 MiB)."""
+MAX_OUTPUT_BYTES = 1 << 20
+"""Of a command's stdout/stderr sent input on stdin, this much of the start and of the end is kept."""
 T = TypeVar("T")
 
 
@@ -121,6 +129,53 @@ class NodeConnection:
             raise HostError(self.host.name, f"connection lost: {exc or type(exc).__name__}") from None
         return CommandResult(self.host.name, result.exited, result.stdout, result.stderr)
 
+    def run_with_input(self, command: str, data: bytes, timeout: float) -> CommandResult:
+        """Run ``command`` with ``data`` on its stdin (then end of input): one round trip.
+
+        How scripts and secrets reach a node: a command line is visible to every user of the
+        machine (``ps``), stdin is not. Fabric's ``in_stream`` copies a non-terminal stream one
+        byte per 10 ms, so this drives the channel itself. Output is bounded: the first and
+        last ``MAX_OUTPUT_BYTES`` of each stream are kept.
+        """
+        self.open()
+        transport = self.conn.transport
+        if transport is None or not transport.is_active():
+            raise HostError(self.host.name, "connection is not open")
+        deadline = time.monotonic() + timeout
+        out, err = _BoundedOutput(), _BoundedOutput()
+        try:
+            channel = transport.open_session(timeout=DEFAULT_CONNECT_TIMEOUT)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.close()
+            raise HostError(self.host.name, f"connection lost: {exc or type(exc).__name__}") from None
+        try:
+            channel.settimeout(max(0.1, timeout))
+            channel.exec_command(command)
+            channel.sendall(data)
+            channel.shutdown_write()
+            while True:
+                while channel.recv_ready():
+                    out.add(channel.recv(65536))
+                while channel.recv_stderr_ready():
+                    err.add(channel.recv_stderr(65536))
+                done = channel.eof_received or channel.closed
+                if done and not channel.recv_ready() and not channel.recv_stderr_ready():
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HostError(self.host.name, f"command timed out after {timeout} s: {command[:80]}")
+                select.select([channel], [], [], min(left, 1.0))
+            if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
+                raise HostError(self.host.name, f"command timed out after {timeout} s: {command[:80]}")
+            code = channel.recv_exit_status()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.close()
+            raise HostError(self.host.name, f"connection lost: {exc or type(exc).__name__}") from None
+        finally:
+            with contextlib.suppress(Exception):
+                channel.close()
+        return CommandResult(self.host.name, code, out.text(), err.text())
+
     def ask(self, command: str, request: str, timeout: float) -> str:
         """One request line to the long-lived ``command`` on this node, its answer line back.
 
@@ -163,22 +218,65 @@ class NodeConnection:
         self.sessions.clear()
 
     def put_file(self, remote_path: str, text: str, mode: int = 0o644) -> None:
-        """Write a small file on the node (path relative to the home directory), mode set before content."""
+        """Write a small file on the node (path relative to the home directory) with ``mode``.
+
+        The file is created under a fresh temporary name with ``mode`` in the SFTP open request
+        itself (the server's ``open(O_CREAT|O_EXCL, mode)``), written, then renamed over the
+        target. A plain ``open`` + ``chmod`` leaves a moment where the new file has the server's
+        default mode, and another user who opens it then can read what is written later.
+        """
         self.open()
         sftp = self.conn.sftp()
         parts = remote_path.split("/")[:-1]
         for i in range(1, len(parts) + 1):
             with contextlib.suppress(OSError):
                 sftp.mkdir("/".join(parts[:i]), 0o700)
-        with sftp.open(remote_path, "w") as fh:
-            fh.chmod(mode)
-            fh.write(text)
+        tmp = f"{remote_path}.fleetrun-{secrets.token_hex(6)}"
+        attrs = paramiko.SFTPAttributes()
+        attrs.st_mode = mode
+        flags = paramiko.sftp.SFTP_FLAG_WRITE | paramiko.sftp.SFTP_FLAG_CREATE | paramiko.sftp.SFTP_FLAG_EXCL
+        kind, msg = sftp._request(paramiko.sftp.CMD_OPEN, tmp, flags, attrs)
+        if kind != paramiko.sftp.CMD_HANDLE or msg is None:
+            raise HostError(self.host.name, f"could not create {remote_path} over SFTP")
+        try:
+            with paramiko.SFTPFile(sftp, msg.get_binary(), "w") as fh:
+                fh.chmod(mode)  # the server's umask may have narrowed the create mode; never widened
+                fh.write(text)
+            sftp.posix_rename(tmp, remote_path)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                sftp.remove(tmp)
+            raise
 
     def close(self) -> None:
         # Closing a dead connection must never mask the real error.
         self.close_sessions()
         with contextlib.suppress(Exception):
             self.conn.close()
+
+
+class _BoundedOutput:
+    """A command's output, of which the first and the last ``MAX_OUTPUT_BYTES`` are kept."""
+
+    def __init__(self) -> None:
+        self.head = b""
+        self.tail = b""
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = MAX_OUTPUT_BYTES - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > MAX_OUTPUT_BYTES:
+                self.dropped += len(self.tail) - MAX_OUTPUT_BYTES
+                self.tail = self.tail[-MAX_OUTPUT_BYTES:]
+
+    def text(self) -> str:
+        gap = f"\n[... {self.dropped} bytes of output not kept ...]\n".encode() if self.dropped else b""
+        return (self.head + gap + self.tail).decode("utf-8", "replace")
 
 
 class LineSession:
@@ -198,11 +296,21 @@ class LineSession:
         return self.channel.closed or self.channel.exit_status_ready()
 
     def ask(self, request: str, timeout: float) -> str:
-        """Send one line, return the answer line; a dead or silent channel is a ``HostError``."""
+        """Send one line, return the answer line; a dead or silent channel is a ``HostError``.
+
+        An answer line longer than ``MAX_ANSWER_BYTES`` is refused (and the channel closed, as
+        the rest of it would be read as the next answer): a node that streams without a newline
+        must not fill the laptop's memory until the deadline.
+        """
         try:
             self.channel.settimeout(timeout)
             self.channel.sendall((request + "\n").encode())
             while b"\n" not in self._pending:
+                if len(self._pending) > MAX_ANSWER_BYTES:
+                    self.close()
+                    raise HostError(
+                        self.host, f"answer on the poll channel longer than {MAX_ANSWER_BYTES} bytes; refused"
+                    )
                 chunk = self.channel.recv(65536)
                 if not chunk:
                     raise HostError(self.host, "the node agent's poll channel closed")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from launch.errors import HostError
 from launch.job.inventory import Host
+from launch.nodelib.fleetrun_protocol import ProtocolError, RelayResult
 from launch.planning import remote_layout as layout
 from launch.transport.cluster_ssh import known_hosts_text, new_ed25519_keypair
 from launch.transport.ssh import CommandResult, Fleet, NodeConnection, parallel_map
@@ -188,20 +189,20 @@ def _through_head(
 
         def on_line(text: str) -> None:
             try:
-                answer = json.loads(text)
-            except ValueError:
-                return
-            name = answer.get("name")
+                answer = RelayResult.from_json(text)
+            except ProtocolError:
+                return  # not a result line: that worker counts as missed and is synced directly
+            name = answer.name
             if name not in worker_names or name in relayed:
                 return
-            if answer.get("ok"):
+            if answer.ok:
                 value: SyncResult | BaseException = SyncResult(
-                    name, int(answer.get("files", 0)), int(answer.get("bytes", 0)), via=f"head {head.name}"
+                    name, answer.files, answer.sent_bytes, via=f"head {head.name}"
                 )
                 relayed[name] = value
                 finish(name, value)
             else:
-                relayed[name] = HostError(name, f"relay: {answer.get('error', 'failed')}")
+                relayed[name] = HostError(name, f"relay: {answer.error or 'failed'}")
 
         _run_relay(head_conn, relay_dir, _LineReader(on_line))
     except HostError:
