@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from launch.cli import app
-from launch.fleets.localfleet import LocalFleet, image_python
+from launch.fleets.local import LocalFleet, image_python
 from launch.run.wrapup import RunResult
 from launch.transport import cluster_ssh
 from tests.conftest import (

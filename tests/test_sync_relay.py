@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.fleets.localfleet import LocalFleet
+from launch.fleets.local import LocalFleet
 from launch.job.inventory import Host, Inventory
 from launch.paths import known_hosts_file
 from launch.transport.ssh import Fleet
