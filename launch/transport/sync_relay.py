@@ -47,7 +47,7 @@ def rsync_gate(dests: Sequence[str]) -> str:
     """The forced command on the workers: rsync's receiver into ``dests``, and nothing else.
 
     rsync's client runs ``rsync --server <flags> [--delete] [--stats] [--mkpath] . <dest>`` on
-    the far side (checked with rsync 3.2-3.5: the relay's filters travel inside the protocol, not
+    the far side (checked with rsync 3.5.0 here: the relay's filters travel inside the protocol, not
     in argv). The gate splits ``$SSH_ORIGINAL_COMMAND`` into words (no globbing), accepts exactly
     that shape with the short flags of ``-a`` and the capability letters after the dot, and
     executes those same words; anything else (a shell, ``--sender``, another path, options that
