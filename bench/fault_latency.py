@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
-from launch.fleets.localfleet import LocalFleet  # noqa: E402
+from launch.fleets.local import LocalFleet  # noqa: E402
 from tests.faultkit import first_metrics, run_with_fault, wait_for, worker_pids  # noqa: E402
 
 PREFIX, SUBNET = "frl", 7

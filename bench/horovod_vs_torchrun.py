@@ -70,7 +70,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="fleetrun-bench-"))
     os.environ["FLEETRUN_HOME"] = str(home)
     os.environ["FLEETRUN_RUNS"] = str(home / "runs")
-    from launch.fleets.localfleet import LocalFleet
+    from launch.fleets.local import LocalFleet
 
     fleet = LocalFleet(prefix="bhv", subnet=9)
     fleet.up(args.nodes, say=lambda _m: None)

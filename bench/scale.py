@@ -44,7 +44,7 @@ from rich.console import Console
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launch.fleets.localfleet import LocalFleet  # noqa: E402
+from launch.fleets.local import LocalFleet  # noqa: E402
 from launch.job.inventory import Host, Inventory  # noqa: E402
 from launch.job.spec import JobSpec, StopRules  # noqa: E402
 from launch.paths import known_hosts_file, runs_dir  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from launch.fleets.localfleet import LocalFleet
+from launch.fleets.local import LocalFleet
 from launch.job.inventory import Host, Inventory
 
 REPO = Path(__file__).resolve().parent.parent

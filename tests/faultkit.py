@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from launch.cli import app
-from launch.fleets.localfleet import LocalFleet
+from launch.fleets.local import LocalFleet
 from launch.run.wrapup import RunResult
 
 

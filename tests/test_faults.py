@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from launch.cli import runs as history
-from launch.fleets.localfleet import LocalFleet
+from launch.fleets.local import LocalFleet
 from launch.run.records import RunRecords
 from launch.run.wrapup import RunResult
 from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, user_processes, write_playbook

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from launch.cli import app
-from launch.fleets.localfleet import LocalFleet, image_python
+from launch.fleets.local import LocalFleet, image_python
 from launch.run.wrapup import RunResult
 from launch.transport import cluster_ssh
 from tests.conftest import (
@@ -66,14 +66,30 @@ def test_three_node_horovod_job_through_fab(
     )
     runs = tmp_path / "runs"
     env = {**os.environ, "FLEETRUN_HOME": str(fleetrun_home), "FLEETRUN_RUNS": str(runs)}
-    proc = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", f"local:{fleet.prefix}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    # Worker 1's authorized_keys lacks a trailing newline: the cluster key must not glue onto it.
+    keys = [Path(f"/home/{fleet.node_name(i)}/.ssh/authorized_keys") for i in range(3)]
+    saved = [k.read_bytes() for k in keys]
+    keys[1].write_bytes(saved[1].rstrip(b"\n"))
+    before = [k.read_bytes() for k in keys]
+    try:
+        proc = subprocess.run(
+            [
+                str(REPO / ".venv" / "bin" / "fab"),
+                "train",
+                str(playbook),
+                "--inventory",
+                f"local:{fleet.prefix}",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        after = [k.read_bytes() for k in keys]
+    finally:
+        for k, content in zip(keys, saved, strict=True):
+            k.write_bytes(content)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run,) = list(runs.iterdir())
     summary = json.loads((run / "summary.json").read_text())
@@ -112,21 +128,44 @@ def test_three_node_horovod_job_through_fab(
         assert not (worker / "rc").exists(), "no rank failed on this worker"
     assert_nothing_running(fleet)
 
-    # The head knows exactly the workers' pinned keys; workers accept the key from the head only.
-    known = Path(f"/home/{names[0]}/{cluster_ssh.KNOWN_HOSTS}").read_text()
-    inventory = fleet.inventory()
-    assert known == "".join(f"{h.private_address} {h.host_key}\n" for h in inventory.hosts[1:])
-    for i in (1, 2):
-        authorized = Path(f"/home/{names[i]}/.ssh/authorized_keys").read_text()
-        assert f'from="{addrs[0]}",no-agent-forwarding' in authorized
+    # The cluster key was revoked at the end of the run: every authorized_keys is byte for byte
+    # what it was (the unterminated one included), and the head's key files are gone.
+    assert after == before, "the operator's keys are intact and no fleetrun key remains"
+    assert not Path(f"/home/{names[0]}/{cluster_ssh.CLUSTER_DIR}").exists(), (
+        "the head's cluster key is deleted"
+    )
 
 
 def test_cluster_ssh_is_pinned_and_works_from_the_head_only(fleet: LocalFleet, horovod_image: Path) -> None:
-    """Uses what the previous test left on the nodes (the cluster key and files stay between runs)."""
+    """The plan's cluster SSH files, put on the nodes as the runner would, then revoked."""
     head_user, worker_user = fleet.node_name(0), fleet.node_name(1)
+    inventory = fleet.inventory()
+    key = cluster_ssh.new_cluster_key(inventory)
+    for f in cluster_ssh.head_files(key, inventory.hosts[1:]):
+        target = Path(f"/home/{head_user}/{f.path}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f.content)
+        target.chmod(f.mode)
+    subprocess.run(["chown", "-R", f"{head_user}:{head_user}", f"/home/{head_user}/.fleetrun"], check=True)
+    worker_keys = Path(f"/home/{worker_user}/.ssh/authorized_keys")
+    before = worker_keys.read_bytes()
+    known = Path(f"/home/{head_user}/{cluster_ssh.KNOWN_HOSTS}").read_text()
+    assert known == "".join(f"{h.private_address} {h.host_key}\n" for h in inventory.hosts[1:])
+    authorize = cluster_ssh.authorize_script(key, inventory.head)
+    subprocess.run(["runuser", "-u", worker_user, "--", "sh", "-c", authorize], check=True, cwd="/")
+    try:
+        _check_pinned_and_head_only(fleet, head_user, worker_user)
+    finally:
+        for user in (head_user, worker_user):
+            subprocess.run(
+                ["runuser", "-u", user, "--", "sh", "-c", cluster_ssh.revoke_command()], check=True, cwd="/"
+            )
+    assert worker_keys.read_bytes() == before
+    assert not Path(f"/home/{head_user}/{cluster_ssh.CLUSTER_DIR}").exists()
+
+
+def _check_pinned_and_head_only(fleet: LocalFleet, head_user: str, worker_user: str) -> None:
     wrapper = f"/home/{head_user}/{cluster_ssh.SSH_WRAPPER}"
-    if not Path(wrapper).exists():
-        pytest.skip("needs the cluster SSH files of test_three_node_horovod_job_through_fab")
     ok = in_node(fleet, 0, [wrapper, fleet.address(1), "id", "-un"], user=head_user)
     assert ok.returncode == 0 and ok.stdout.strip() == worker_user, ok.stderr
     # A worker host key that differs from the pinned one is refused, whatever horovodrun passes.

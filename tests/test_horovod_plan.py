@@ -6,6 +6,7 @@ also run for real with ``sh`` and ``ssh -G`` in temporary homes, since their beh
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import stat
@@ -176,17 +177,22 @@ def run_authorize(home: Path, key: cluster_ssh.ClusterKey, head: Host) -> str:
     return proc.stdout
 
 
-def test_authorize_step_is_idempotent_and_replaces_only_its_own_cluster_line(tmp_path: Path) -> None:
+def test_authorize_step_is_idempotent_and_keeps_every_other_line(tmp_path: Path) -> None:
     head = inventory(3).head
     (tmp_path / ".ssh").mkdir()
     ak = tmp_path / ".ssh" / "authorized_keys"
-    old = cluster_ssh.ClusterKey("", FAKE_KEY.public_key.replace("PublicPart", "OldPart"), FAKE_KEY.tag)
-    ak.write_text(f"ssh-ed25519 AAAAoperator operator\n{cluster_ssh.authorized_key_line(old, head)}\n")
-    assert "FLEETRUN_CLUSTER_KEY=installed" in run_authorize(tmp_path, FAKE_KEY, head)
+    other = cluster_ssh.ClusterKey("", FAKE_KEY.public_key.replace("PublicPart", "OldPart"), FAKE_KEY.tag)
+    ak.write_text(f"ssh-ed25519 AAAAoperator operator\n{cluster_ssh.authorized_key_line(other, head)}\n")
+    ak.chmod(0o644)
+    assert "FLEETRUN_KEY=installed" in run_authorize(tmp_path, FAKE_KEY, head)
     assert "installed" not in run_authorize(tmp_path, FAKE_KEY, head), "second run changes nothing"
     lines = ak.read_text().splitlines()
-    assert lines == ["ssh-ed25519 AAAAoperator operator", cluster_ssh.authorized_key_line(FAKE_KEY, head)]
-    assert stat.S_IMODE(ak.stat().st_mode) == 0o600
+    assert lines == [
+        "ssh-ed25519 AAAAoperator operator",
+        cluster_ssh.authorized_key_line(other, head),  # not noted by fleetrun: never removed
+        cluster_ssh.authorized_key_line(FAKE_KEY, head),
+    ]
+    assert stat.S_IMODE(ak.stat().st_mode) == 0o644, "the operator's file keeps its mode"
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client (ssh -G)")
@@ -241,24 +247,21 @@ def test_plan_needs_a_cluster_key_and_the_registry_knows_horovod(tmp_path: Path)
         launcher.plan(spec(tmp_path), inventory(3), "job-1")
 
 
-def test_make_plan_creates_the_cluster_key_once_per_inventory(
+def test_make_plan_writes_no_key_and_gives_each_run_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Planning (and so ``--dry-run``) writes nothing: the key exists only inside the plan."""
     monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
     inv = inventory(4)
     first = make_plan(spec(tmp_path), inv, run_id="job-1")
     second = make_plan(spec(tmp_path), inv, run_id="job-2")
-    key_file = tmp_path / "home" / "cluster_keys" / inv.first(3).fingerprint() / "id_ed25519"
-    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("*")), "no key on disk"
     shipped = files(first, 0)[cluster_ssh.PRIVATE_KEY].content
-    assert shipped == key_file.read_text() == files(second, 0)[cluster_ssh.PRIVATE_KEY].content, (
-        "kept, not regenerated"
-    )
-    loaded = paramiko.Ed25519Key.from_private_key_file(str(key_file))
+    assert shipped != files(second, 0)[cluster_ssh.PRIVATE_KEY].content, "a key per run"
+    loaded = paramiko.Ed25519Key.from_private_key(io.StringIO(shipped))
     public = f"{loaded.get_name()} {loaded.get_base64()}"
     assert public in first.nodes[1].setup_script, "the workers authorize this very key"
-    other = make_plan(spec(tmp_path, nodes=2), inv, run_id="job-3")
-    assert files(other, 0)[cluster_ssh.PRIVATE_KEY].content != shipped, "another inventory, another key"
+    assert 'expiry-time="' in first.nodes[1].setup_script
 
 
 def write_fake_node(home: Path, job: str) -> None:

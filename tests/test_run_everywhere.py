@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from launch.fleets.localfleet import LocalFleet
+from launch.fleets.local import LocalFleet
 from launch.transport.run_everywhere import run_everywhere
 from tests.conftest import REPO, TEST_PREFIX, needs_root
 

@@ -7,14 +7,16 @@ succeeds by falling back to direct uploads), and skip the node library where it 
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
-from launch.fleets.localfleet import LocalFleet
+from launch.fleets.local import LocalFleet
 from launch.job.inventory import Host, Inventory
 from launch.paths import known_hosts_file
+from launch.transport.authorized_keys import add_command, expiry_time, remove_command
 from launch.transport.ssh import Fleet
 from launch.transport.sync import SyncResult, nodelib_source
-from launch.transport.sync_relay import RelayKey, relay_config, revoke_command, sync_fleet
+from launch.transport.sync_relay import RelayKey, relay_config, relay_dests, sync_fleet
 from tests.conftest import needs_root
 
 pytestmark = needs_root()
@@ -59,6 +61,83 @@ def test_relay_delivers_the_tree_to_workers_and_revokes_its_key(fleet: LocalFlee
     assert not relay_dir.exists() or not any(relay_dir.iterdir()), "relay key material left on the head"
 
 
+def test_relay_keeps_an_authorized_keys_without_trailing_newline_byte_identical(
+    fleet: LocalFleet, tmp_path: Path
+) -> None:
+    """A worker whose authorized_keys does not end in a newline: the relay's line must not glue onto
+    the operator's, and afterwards the file is byte for byte what it was."""
+    inventory = fleet.inventory()
+    worker = inventory.hosts[1]
+    path = _home(worker) / ".ssh" / "authorized_keys"
+    saved = path.read_bytes()
+    unterminated = saved.rstrip(b"\n")
+    path.write_bytes(unterminated)
+    try:
+        kh = _known_hosts(inventory)
+        with Fleet(inventory.hosts, kh) as conns:
+            results = sync_fleet(conns, _make_tree(tmp_path / "code"), "t-relay-nl", kh, relay_above=1)
+        assert results[worker.name].via == f"head {inventory.hosts[0].name}", results  # type: ignore[union-attr]
+        assert path.read_bytes() == unterminated, "the operator's key is intact, byte for byte"
+        assert b"fleetrun-" not in path.read_bytes().replace(b"fleetrun-operator@", b""), (
+            "no fleetrun key left"
+        )
+    finally:
+        path.write_bytes(saved)
+
+
+def test_relay_key_runs_only_the_rsync_receiver(fleet: LocalFleet, tmp_path: Path) -> None:
+    """Through the real sshd: from the head, the relay key cannot run a command or write elsewhere."""
+    inventory = fleet.inventory()
+    head, worker = inventory.hosts[0], inventory.hosts[1]
+    key = RelayKey.generate()
+    line = key.authorized_line(head.private_address, relay_dests("t-gate"), expiry_time(600))
+    key_file = _home(head) / ".fleetrun" / "gate-test-key"
+    known = _home(head) / ".fleetrun" / "gate-test-known"
+    key_file.parent.mkdir(exist_ok=True)
+    key_file.write_text(key.private_openssh)
+    known.write_text(f"{worker.private_address} {worker.host_key}\n")
+    for f in (key_file, known):
+        f.chmod(0o600)
+        subprocess.run(["chown", f"{head.user}:{head.user}", str(f)], check=True)
+    ssh = (
+        f"ssh -F /dev/null -i {key_file} -o IdentitiesOnly=yes -o BatchMode=yes -o UserKnownHostsFile={known}"
+    )
+
+    def from_head(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ip", "netns", "exec", fleet.netns(0), "runuser", "-u", head.user, "--", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def as_worker(command: str) -> None:
+        subprocess.run(["runuser", "-u", worker.user, "--", "sh", "-c", command], check=True, cwd="/")
+
+    src = _home(head) / ".fleetrun" / "gate-src"
+    src.mkdir(exist_ok=True)
+    (src / "f.txt").write_text("relayed\n")
+    subprocess.run(["chown", "-R", f"{head.user}:{head.user}", str(src)], check=True)
+    target = f"{worker.user}@{worker.private_address}"
+    as_worker(add_command(line))
+    try:
+        shell = from_head([*ssh.split(), target, "id"])
+        assert shell.returncode != 0 and "only the rsync receiver" in shell.stderr, shell
+        elsewhere = from_head(["rsync", "-a", "-e", ssh, f"{src}/", f"{target}:.ssh/"])
+        assert elsewhere.returncode != 0, "writing outside the synced directories is refused"
+        allowed = from_head(
+            ["rsync", "-a", "--mkpath", "-e", ssh, f"{src}/", f"{target}:.fleetrun/work/t-gate/"]
+        )
+        assert allowed.returncode == 0, allowed.stderr
+        assert (_home(worker) / ".fleetrun" / "work" / "t-gate" / "f.txt").read_text() == "relayed\n"
+    finally:
+        as_worker(remove_command(line))
+        key_file.unlink()
+        known.unlink()
+    assert key.tag not in (_home(worker) / ".ssh" / "authorized_keys").read_text()
+
+
 def test_relay_key_is_refused_from_another_address_and_sync_falls_back(
     fleet: LocalFleet, tmp_path: Path
 ) -> None:
@@ -94,11 +173,11 @@ def test_unchanged_resync_skips_a_current_node_library(fleet: LocalFleet, tmp_pa
 def test_relay_key_and_config_shapes() -> None:
     """Pure parts: the authorized line restricts the key; the config skips the library where current."""
     key = RelayKey.generate()
-    line = key.authorized_line("198.18.9.10")
-    assert line.startswith('restrict,from="198.18.9.10" ssh-ed25519 ')
+    line = key.authorized_line("198.18.9.10", relay_dests("job"), "202701010000")
+    assert line.startswith('restrict,from="198.18.9.10",expiry-time="202701010000",command="sh -c ')
     assert line.endswith(key.tag)
     assert "OPENSSH PRIVATE KEY" in key.private_openssh
-    assert key.tag in revoke_command(key.tag)
+    assert line in remove_command(line).replace("'\"'\"'", "'"), "revoked by its exact line"
     hosts = [
         Host(
             name=f"n{i}",

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from launch.cli import app
-from launch.fleets.localfleet import LocalFleet
+from launch.fleets.local import LocalFleet
 from launch.run.runner import RunResult
 from tests.conftest import (
     REPO,

@@ -23,7 +23,7 @@ from launch.reports.views import runs_table, show_run
 from launch.rules.stoprules import should_teardown
 from launch.run.artifacts import pull
 from launch.run.records import RunRecord, RunRecords, pid_alive
-from launch.run.run_folder import RunFolder
+from launch.run.run_folder import RunFolder, read_log_text
 from launch.run.watch import Watcher, WatchTarget
 from launch.run.wrapup import RunResult, wrap_up, write_reports
 from launch.transport.ssh import Fleet
@@ -86,7 +86,7 @@ def logs(
         for name in names:
             log = nodes_dir / name / "node.log"
             console.rule(f"{name}")
-            console.print(log.read_text() if log.exists() else "(no log)", markup=False, highlight=False)
+            console.print(read_log_text(log), markup=False, highlight=False)
         if ended or not follow:
             return
     target = WatchTarget.load(folder)

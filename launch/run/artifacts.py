@@ -15,6 +15,7 @@ from rich.console import Console
 from launch.errors import HostError
 from launch.nodelib.fleetrun_protocol import StopAnswer, UploadAnswer
 from launch.planning import remote_layout as layout
+from launch.reports.safe_text import clean
 from launch.run.run_folder import RunFolder
 from launch.run.watch import AGENT, WatchTarget
 from launch.transport.ssh import Fleet, NodeConnection, openssh_command
@@ -51,31 +52,106 @@ def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -
     return errors
 
 
-def pull(fleet: Fleet, run_id: str, folder: RunFolder, known_hosts: Path, console: Console) -> dict[str, str]:
-    """Each node's run directory into the local run folder (rsync). Returns errors per host."""
+# What one pull may bring back from one node. A run directory is the job's to fill, and the job is
+# untrusted: past these caps nothing is pulled and the teardown is blocked, like any failed pull.
+PULL_MAX_TOTAL_BYTES = 32 * 1024**3
+PULL_MAX_FILE_BYTES = 8 * 1024**3
+MAX_SKIP_NOTES = 20
+
+
+def pull_argv(source: str, target: Path, rsh: str, max_file_bytes: int = PULL_MAX_FILE_BYTES) -> list[str]:
+    """rsync that takes a node's files as data, never as instructions for this machine.
+
+    ``--munge-links``: symlinks arrive neutered (``/rsyncd-munged/...``), never pointing at a file
+    here; ``--no-devices --no-specials``: no device nodes, FIFOs or sockets (even when run as root);
+    ``--no-owner --no-group``: files belong to the operator; ``--chmod=ug-s,go-w``: no setuid or
+    setgid bit, nothing writable by others; ``--max-size``: no single file above the cap (a sparse
+    file of a terabyte takes no disk on the node). ``--info=skip1`` names what was skipped.
+    """
+    return [
+        "rsync",
+        "-az",
+        "--munge-links",
+        "--no-devices",
+        "--no-specials",
+        "--no-owner",
+        "--no-group",
+        "--chmod=ug-s,go-w",
+        f"--max-size={max_file_bytes}",
+        "--info=skip1",
+        "-e",
+        rsh,
+        source,
+        f"{target}/",
+    ]
+
+
+def run_dir_bytes(conn: NodeConnection, run_dir: str) -> int:
+    """The run directory's size on the node (one ``du``), before anything is pulled."""
+    result = conn.run(f'du -sk -- "$HOME/{run_dir}"', timeout=120)
+    words = result.stdout.split()
+    if not result.ok or not words or not words[0].isdigit():
+        detail = clean(result.stderr.strip() or result.stdout.strip() or f"exit {result.exit_code}", 300)
+        raise HostError(conn.host.name, f"could not measure the run directory before pulling it: {detail}")
+    return int(words[0]) * 1024
+
+
+def pull(
+    fleet: Fleet,
+    run_id: str,
+    folder: RunFolder,
+    known_hosts: Path,
+    console: Console,
+    max_total_bytes: int = PULL_MAX_TOTAL_BYTES,
+    max_file_bytes: int = PULL_MAX_FILE_BYTES,
+) -> dict[str, str]:
+    """Each node's run directory into the local run folder (rsync, hardened). Returns errors per host.
+
+    A run directory above ``max_total_bytes`` is not pulled at all: an error, which blocks the
+    teardown (the node keeps the only copy) like any other failed pull.
+    """
     run_dir = layout.rundir(run_id)
 
-    def pull_one(conn: NodeConnection) -> None:
+    def pull_one(conn: NodeConnection) -> list[str]:
         host = conn.host
+        size = run_dir_bytes(conn, run_dir)
+        if size > max_total_bytes:
+            raise HostError(
+                host.name,
+                f"the run directory holds {size / 1024**3:.1f} GiB, more than the pull cap of "
+                f"{max_total_bytes / 1024**3:.1f} GiB: nothing pulled, the node is kept; "
+                f"copy what you need from ~/{run_dir} yourself",
+            )
         target = folder.node_dir(host.name)
         target.mkdir(parents=True, exist_ok=True)
-        argv = [
-            "rsync",
-            "-az",
-            "-e",
-            shlex.join(openssh_command(host, known_hosts)),
-            f"{host.user}@{host.address}:{run_dir}/",
-            f"{target}/",
-        ]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+        source = f"{host.user}@{host.address}:{run_dir}/"
+        rsh = shlex.join(openssh_command(host, known_hosts))
+        proc = subprocess.run(
+            pull_argv(source, target, rsh, max_file_bytes),
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=3600,
+            check=False,
+        )
         if proc.returncode != 0:
-            raise HostError(host.name, rsync_error(proc.stderr, proc.returncode))
+            raise HostError(host.name, clean(rsync_error(proc.stderr, proc.returncode), 600))
+        return [line for line in proc.stdout.splitlines() if line.endswith(" is over max-size")]
 
-    errors = {
-        name: str(r) for name, r in fleet.map(pull_one, deadline=3700).items() if isinstance(r, BaseException)
-    }
-    for name, err in errors.items():
-        console.print(f"  [red]pulling artifacts from {name} failed: {err}[/]")
+    errors: dict[str, str] = {}
+    for name, res in fleet.map(pull_one, deadline=3700).items():
+        if isinstance(res, BaseException):
+            errors[name] = str(res)
+            console.print(f"  pulling artifacts from {name} failed: {res}", style="red", markup=False)
+        elif res:
+            notes = ", ".join(
+                clean(line.removesuffix(" is over max-size"), 200) for line in res[:MAX_SKIP_NOTES]
+            )
+            more = f" and {len(res) - MAX_SKIP_NOTES} more" if len(res) > MAX_SKIP_NOTES else ""
+            console.print(
+                f"  {name}: not pulled, over the {max_file_bytes / 1024**3:.1f} GiB per-file cap: {notes}{more}",
+                markup=False,
+            )
     return errors
 
 

@@ -3,13 +3,19 @@
 ``<runs>/<run_id>/``: ``plan.txt`` (the exact scripts), ``nodes/<host>/`` (each node's run
 directory pulled back: ``node.log``, ``launch.sh``, ``rc``, outputs), ``metrics.jsonl`` and
 ``status.json`` (from whichever node held global rank 0), ``summary.json`` and ``loss.png``.
+
+Everything under ``nodes/`` came from a node and is read as untrusted: through ``open_pulled``
+(no symlink followed, regular files only, FIFOs never waited on) and never more than a cap, so a
+``metrics.jsonl -> ~/.aws/credentials`` link copies nothing and a ``node.log -> /dev/zero`` or a
+huge log cannot exhaust memory.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
-import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +23,87 @@ from typing import Any
 
 from launch.paths import runs_dir
 from launch.rules.metrics_stream import MetricsStream, MetricsSummary
+
+MAX_METRICS_BYTES = 512 * 1024**2
+MAX_STATUS_BYTES = 1024**2
+MAX_LOG_VIEW_BYTES = 4 * 1024**2
+CHUNK = 1024**2
+
+
+class UnsafePulledFile(Exception):
+    """A pulled path that is not a plain regular file (a symlink, device, FIFO, directory...)."""
+
+
+def open_pulled(path: Path) -> int | None:
+    """A read-only descriptor of the regular file at ``path``, or None when nothing is there.
+
+    ``O_NOFOLLOW``: a symlink is refused, not followed; ``O_NONBLOCK``: opening a FIFO does not
+    wait for a writer. Anything but a regular file raises ``UnsafePulledFile``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symlink; others: unreadable
+        raise UnsafePulledFile(f"{path.name}: not read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePulledFile(f"{path.name}: not a regular file, not read")
+    return fd
+
+
+def read_pulled(path: Path, limit: int) -> bytes | None:
+    """At most the first ``limit`` bytes of a pulled regular file (None when absent)."""
+    fd = open_pulled(path)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(limit)
+
+
+def read_pulled_tail(path: Path, limit: int) -> tuple[bytes, int] | None:
+    """The last ``limit`` bytes of a pulled regular file and how many bytes precede them."""
+    fd = open_pulled(path)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        skipped = max(0, size - limit)
+        fh.seek(skipped)
+        return fh.read(limit), skipped
+
+
+def read_log_text(path: Path, limit: int = MAX_LOG_VIEW_BYTES) -> str:
+    """A pulled log for display (``fab logs``): its tail, decoded leniently, or why there is none."""
+    try:
+        found = read_pulled_tail(path, limit)
+    except UnsafePulledFile as exc:
+        return f"({exc})"
+    if found is None:
+        return "(no log)"
+    data, skipped = found
+    head = f"[... first {skipped} bytes not shown ...]\n" if skipped else ""
+    return head + data.decode("utf-8", errors="replace")
+
+
+def copy_pulled(source: Path, dest: Path, limit: int) -> bool:
+    """Copy at most ``limit`` bytes of a pulled regular file to ``dest`` (written fresh, 0600)."""
+    fd = open_pulled(source)
+    if fd is None:
+        return False
+    tmp = dest.with_name(dest.name + ".tmp")
+    with os.fdopen(fd, "rb") as src:
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(out, "wb") as dst:
+            left = limit
+            while left > 0:
+                chunk = src.read(min(CHUNK, left))
+                if not chunk:
+                    break
+                dst.write(chunk)
+                left -= len(chunk)
+    tmp.replace(dest)
+    return True
 
 
 def new_run_id(job: str) -> str:
@@ -50,27 +137,41 @@ class RunFolder:
         return target
 
     def artifacts(self, limit: int = 500) -> list[str]:
-        """Files of the run folder, relative to it (for the run record)."""
-        return sorted(str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file())[:limit]
+        """Regular files of the run folder, relative to it (for the run record); links are not followed."""
+        return sorted(
+            str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file() and not p.is_symlink()
+        )[:limit]
 
     def read_metrics(self) -> tuple[list[dict[str, Any]], MetricsSummary]:
-        """Rank 0's ``metrics.jsonl`` as pulled back, parsed whole: its records and their summary."""
+        """Rank 0's ``metrics.jsonl`` as pulled back (capped), parsed whole: its records and their summary."""
         stream = MetricsStream()
-        metrics = self.path / "metrics.jsonl"
-        records = stream.feed(metrics.read_bytes()) + stream.flush() if metrics.exists() else []
+        try:
+            data = read_pulled(self.path / "metrics.jsonl", MAX_METRICS_BYTES)
+        except UnsafePulledFile:
+            data = None
+        records = stream.feed(data) + stream.flush() if data is not None else []
         return records, stream.summary()
 
     def collect_rank0_files(self) -> str | None:
-        """Copy metrics.jsonl/status.json from the node that held rank 0 to the top; return that node."""
+        """Copy metrics.jsonl/status.json from the node that held rank 0 to the top; return that node.
+
+        Only regular files count and are copied (capped); a symlink or device in their place is skipped.
+        """
         best: tuple[int, str] | None = None
-        for node_dir in sorted((self.path / "nodes").iterdir()) if (self.path / "nodes").exists() else []:
-            metrics = node_dir / "metrics.jsonl"
-            if metrics.exists() and (best is None or metrics.stat().st_size > best[0]):
-                best = (metrics.stat().st_size, node_dir.name)
+        nodes = self.path / "nodes"
+        for node_dir in sorted(nodes.iterdir()) if nodes.is_dir() and not nodes.is_symlink() else []:
+            try:
+                info = (node_dir / "metrics.jsonl").lstat()
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and (best is None or info.st_size > best[0]):
+                best = (info.st_size, node_dir.name)
         if best is None:
             return None
         source = self.node_dir(best[1])
-        for name in ("metrics.jsonl", "status.json"):
-            if (source / name).exists():
-                shutil.copyfile(source / name, self.path / name)
+        for name, cap in (("metrics.jsonl", MAX_METRICS_BYTES), ("status.json", MAX_STATUS_BYTES)):
+            try:
+                copy_pulled(source / name, self.path / name, cap)
+            except UnsafePulledFile:
+                continue
         return best[1]

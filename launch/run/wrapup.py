@@ -23,6 +23,7 @@ from launch.run.artifacts import pull, stop_all, upload_to_bucket
 from launch.run.records import RunRecords
 from launch.run.run_folder import RunFolder
 from launch.run.watch import Watcher, WatchTarget
+from launch.transport.cluster_ssh import revoke_cluster_keys
 from launch.transport.ssh import Fleet
 
 
@@ -90,6 +91,8 @@ def wrap_up(
             if target.inventory.bucket:
                 upload_to_bucket(fleet, target, console)
     finally:
+        for name, err in revoke_cluster_keys(fleet).items():
+            console.print(f"  {name}: could not revoke the run's cluster SSH key: {err}", markup=False)
         fleet.close()
     rank0_node = folder.collect_rank0_files() if started_job else None
     write_reports(folder, console)

@@ -1,16 +1,22 @@
 """Cluster-internal SSH: a key the head node uses to reach its workers, for launchers that SSH themselves.
 
 ``horovodrun`` starts the remote ranks by SSHing from the head to every other host. The operator's
-key never leaves the operator's machine, so each cluster (an inventory, by its fingerprint) gets a
-key pair of its own, generated once on the operator's machine under
-``fleetrun_home()/cluster_keys/<fingerprint>/`` and shipped as plan files:
+key never leaves the operator's machine, so each run gets a key pair of its own, made in memory
+when the plan is made and never written on the operator's machine (so ``--dry-run`` writes no
+key), and shipped as plan files:
 
 * the head gets the private key, a known_hosts file holding the workers' *pinned* host keys (the
   same keys the operator's connection pins, listed under the workers' private addresses), an
   ``ssh_config`` with each worker's user and port, and an ``ssh`` wrapper that forces strict
   checking. Nothing is learned by ``ssh-keyscan`` or trust on first use.
-* each worker authorizes the public key only from the head's private address, with forwarding,
-  PTYs and ``~/.ssh/rc`` disabled: the key can run commands from the head and nothing else.
+* each worker authorizes the public key only from the head's private address, until it expires
+  (``expiry-time``), with forwarding, PTYs and ``~/.ssh/rc`` disabled: the key can run commands
+  from the head and nothing else. The line goes on a line of its own and is noted in
+  ``~/.fleetrun/cluster/authorized-line``.
+* at the end of the run the wrap-up calls ``revoke_command`` on every node (``revoke_cluster_keys``):
+  the noted line is removed by exact match and the head's cluster files are deleted. A run that
+  never got there (the laptop lost power) leaves a line that expires by itself and that the next
+  run's authorize step removes first, so lines never pile up.
 
 Why a wrapper: horovodrun 0.28.1 builds its command as
 ``ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no HOST -p PORT -i KEY CMD``
@@ -20,21 +26,24 @@ no config file can undo ``StrictHostKeyChecking=no``. A wrapper named ``ssh`` fi
 known_hosts *before* horovodrun's options, so they win; the wrapper also selects fleetrun's config
 with ``-F``, so the head user's own ``~/.ssh/config`` plays no part.
 
-Everything but key generation and loading is pure: plans are built from these strings.
+Everything but key generation and ``revoke_cluster_keys`` is pure: plans are built from these strings.
 """
 
 from __future__ import annotations
 
-import os
+import secrets
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from launch.job.inventory import Host, Inventory
-from launch.paths import fleetrun_home
 from launch.planning.plan import RemoteFile
+from launch.transport.authorized_keys import add_command_for_variable, expiry_time, remove_recorded_command
+
+if TYPE_CHECKING:
+    from launch.transport.ssh import Fleet
 
 CLUSTER_DIR = ".fleetrun/cluster"
 PRIVATE_KEY = f"{CLUSTER_DIR}/id_ed25519"
@@ -42,17 +51,22 @@ KNOWN_HOSTS = f"{CLUSTER_DIR}/known_hosts"
 SSH_CONFIG = f"{CLUSTER_DIR}/ssh_config"
 BIN_DIR = f"{CLUSTER_DIR}/bin"
 SSH_WRAPPER = f"{BIN_DIR}/ssh"
+AUTHORIZED_NOTE = ".fleetrun/cluster-authorized-line"
 # Options on the workers' authorized_keys line: the key may run commands, from the head only.
 KEY_RESTRICTIONS = "no-agent-forwarding,no-port-forwarding,no-X11-forwarding,no-pty,no-user-rc"
+# horovodrun SSHes to the workers when it starts; the key outlives any sensible launch by far.
+CLUSTER_KEY_VALID_S = 24 * 3600
 
 
 @dataclass(frozen=True)
 class ClusterKey:
-    """An ed25519 key pair for one cluster. ``tag`` (the public key's comment) names the cluster."""
+    """An ed25519 key pair for one run. ``tag`` (the public key's comment) names the cluster and run;
+    ``expires`` is the ``expiry-time`` of the workers' line (none: no expiry, for hand-made keys)."""
 
     private_key: str
     public_key: str
     tag: str
+    expires: str = ""
 
 
 def new_ed25519_keypair() -> tuple[str, str]:
@@ -70,35 +84,53 @@ def new_ed25519_keypair() -> tuple[str, str]:
 
 
 def cluster_tag(inventory: Inventory) -> str:
-    return f"fleetrun-cluster:{inventory.fingerprint()}"
+    return f"fleetrun-cluster:{inventory.fingerprint()}:{secrets.token_hex(4)}"
 
 
-def cluster_key_dir(inventory: Inventory) -> Path:
-    return fleetrun_home() / "cluster_keys" / inventory.fingerprint()
+def new_cluster_key(inventory: Inventory, valid_for_s: float = CLUSTER_KEY_VALID_S) -> ClusterKey:
+    """A fresh key for one run, in memory only: nothing is written on this machine.
+
+    What the planner should call (the key then exists only inside the plan; the head receives it
+    as a 0600 plan file at setup, and the wrap-up deletes it). Generated in-process
+    (``cryptography``, which paramiko already needs), so no ``ssh-keygen``.
+    """
+    private_text, public_text = new_ed25519_keypair()
+    tag = cluster_tag(inventory)
+    return ClusterKey(private_text, f"{public_text} {tag}", tag, expires=expiry_time(valid_for_s))
 
 
 def load_or_create_cluster_key(inventory: Inventory) -> ClusterKey:
-    """The inventory's cluster key, generated on first use and kept (0600) for later runs.
+    """Kept for the planner's current call: now the same as ``new_cluster_key`` (writes nothing)."""
+    return new_cluster_key(inventory)
 
-    Kept, not regenerated per run, so a re-run finds the workers' authorized_keys already right.
-    Generated in-process (``cryptography``, which paramiko already needs), so no ``ssh-keygen``.
+
+def revoke_command() -> str:
+    """Shell, for every node at the end of a run: remove the noted cluster line, and the head's key files."""
+    return f'{remove_recorded_command(AUTHORIZED_NOTE)} && rm -rf "$HOME/{CLUSTER_DIR}"'
+
+
+def _is_connected(conn: object) -> bool:
+    """An open Fabric connection; a connection object without one (a test double) counts as open."""
+    return bool(getattr(getattr(conn, "conn", None), "is_connected", conn is not None))
+
+
+def revoke_cluster_keys(fleet: Fleet) -> dict[str, str]:
+    """Revoke this run's cluster key on every node this run is connected to; errors per node.
+
+    A no-op on nodes without one (other launchers), and one round trip on the open connections:
+    a node never reached this run never got a key, so no new connection is tried (which would
+    make a failed run's wrap-up wait for unreachable nodes). Never raises for a node: the
+    wrap-up calls it on every exit path and must go on.
     """
-    directory = cluster_key_dir(inventory)
-    private_path = directory / "id_ed25519"
-    public_path = directory / "id_ed25519.pub"
-    tag = cluster_tag(inventory)
-    if not (private_path.exists() and public_path.exists()):
-        directory.mkdir(parents=True, exist_ok=True)
-        directory.chmod(0o700)
-        private_text, public_text = new_ed25519_keypair()
-        tmp = private_path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(private_text)
-        tmp.replace(private_path)
-        public_path.write_text(f"{public_text} {tag}\n")
-    public = " ".join(public_path.read_text().split()[:2])
-    return ClusterKey(private_key=private_path.read_text(), public_key=f"{public} {tag}", tag=tag)
+    connected = [h for h in fleet.hosts if _is_connected(fleet.connections.get(h.name))]
+    results = fleet.map(lambda c: c.run(revoke_command(), timeout=30), hosts=connected, deadline=60)
+    errors: dict[str, str] = {}
+    for name, result in results.items():
+        if isinstance(result, BaseException):
+            errors[name] = str(result)
+        elif not result.ok:
+            errors[name] = (result.stderr.strip() or f"exit {result.exit_code}")[-300:]
+    return errors
 
 
 # -- pure pieces ---------------------------------------------------------------------------------
@@ -171,29 +203,24 @@ def head_files(key: ClusterKey, workers: list[Host]) -> tuple[RemoteFile, ...]:
 
 
 def authorized_key_line(key: ClusterKey, head: Host) -> str:
-    return f'from="{head.private_address}",{KEY_RESTRICTIONS} {key.public_key}'
+    expiry = f',expiry-time="{key.expires}"' if key.expires else ""
+    return f'from="{head.private_address}",{KEY_RESTRICTIONS}{expiry} {key.public_key}'
 
 
 def authorize_script(key: ClusterKey, head: Host) -> str:
     """Shell run on a worker before its setup: authorize the cluster key, idempotently.
 
     Runs on every run (not behind the setup hash), so a lost or edited authorized_keys is put
-    right. A line of the same cluster (same tag) with other content is replaced, others are kept.
+    right. The line an earlier run noted (and did not revoke) is removed first; every other line
+    is kept byte for byte (``launch.transport.authorized_keys``).
     """
     line = authorized_key_line(key, head).replace("'", "'\"'\"'")
-    tag = key.tag
     return "\n".join(
         [
             "# fleetrun: let the head node's launcher (horovodrun) in, from its private address only",
             "set -e",
             f"CLUSTER_KEY='{line}'",
-            'AK="$HOME/.ssh/authorized_keys"',
-            'mkdir -p "$HOME/.ssh" && chmod 700 "$HOME/.ssh" && touch "$AK" && chmod 600 "$AK"',
-            'if ! grep -qxF "$CLUSTER_KEY" "$AK"; then',
-            f'    {{ grep -vF " {tag}" "$AK" || true; echo "$CLUSTER_KEY"; }} > "$AK.fleetrun-tmp"',
-            '    chmod 600 "$AK.fleetrun-tmp" && mv "$AK.fleetrun-tmp" "$AK"',
-            "    echo FLEETRUN_CLUSTER_KEY=installed",
-            "fi",
+            add_command_for_variable("CLUSTER_KEY", AUTHORIZED_NOTE),
             "",
         ]
     )

@@ -8,9 +8,12 @@ over the private network (``nodelib/fleetrun_relay.py``), in parallel.
 The head needs a way into the workers. fleetrun never puts the operator's key on a node (Ray's
 launcher and SkyPilot copy it to the head). Instead, per sync: an ephemeral ed25519 key is made
 in memory, the workers accept it only from the head's private address and only without
-forwarding or a terminal (``restrict,from=...``), the head gets it with the workers' pinned host
-keys (strict checking, as everywhere), and afterwards the key is removed from the workers and
-deleted from the head, whatever happened. A worker the relay could not reach is synced directly
+forwarding or a terminal (``restrict,from=...``), only until it expires (``expiry-time``), and only
+to run rsync's receiver into the two synced directories (a forced ``command``: ``rsync_gate``).
+The head gets it with the workers' pinned host keys (strict checking, as everywhere), and
+afterwards the key's exact line is removed from every worker (``launch.transport.authorized_keys``:
+the operator's lines stay byte for byte) and the key deleted from the head, whatever happened,
+Ctrl-C included. A worker the relay could not reach is synced directly
 from the laptop, so the relay can only make a sync faster, never make it fail.
 """
 
@@ -18,9 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import secrets
-import shlex
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +31,50 @@ from launch.errors import HostError
 from launch.job.inventory import Host
 from launch.nodelib.fleetrun_protocol import ProtocolError, RelayResult
 from launch.planning import remote_layout as layout
+from launch.transport.authorized_keys import add_command, expiry_time, remove_command
 from launch.transport.cluster_ssh import known_hosts_text, new_ed25519_keypair
 from launch.transport.ssh import CommandResult, Fleet, NodeConnection, parallel_map
 from launch.transport.sync import SyncResult, rsync_filters, sync_all, sync_host
 
 RELAY_SCRIPT = f"{layout.LIB}/fleetrun_relay.py"
 OnDone = Callable[[str, SyncResult | BaseException], None]
+
+
+RELAY_VALID_S = 2 * 3600  # the relay's own timeout (1 h) and then some
+SAFE_DEST = re.compile(r"[A-Za-z0-9._/-]+/")
+
+
+def rsync_gate(dests: Sequence[str]) -> str:
+    """The forced command on the workers: rsync's receiver into ``dests``, and nothing else.
+
+    rsync's client runs ``rsync --server <flags> [--delete] [--stats] [--mkpath] . <dest>`` on
+    the far side (checked with rsync 3.5.0 here: the relay's filters travel inside the protocol, not
+    in argv). The gate splits ``$SSH_ORIGINAL_COMMAND`` into words (no globbing), accepts exactly
+    that shape with the short flags of ``-a`` and the capability letters after the dot, and
+    executes those same words; anything else (a shell, ``--sender``, another path, options that
+    write elsewhere such as ``--log-file`` or ``--backup-dir``) is refused.
+    """
+    for dest in dests:
+        if not SAFE_DEST.fullmatch(dest) or ".." in dest.split("/"):
+            raise ValueError(f"relay destination {dest!r}: expected a plain home-relative directory/")
+    refuse = 'refuse() { echo "fleetrun relay key: only the rsync receiver into the synced directories" >&2; exit 1; }'
+    return "; ".join(
+        [
+            "set -f",
+            "set -- $SSH_ORIGINAL_COMMAND",
+            refuse,
+            '[ "$#" -ge 5 ] || refuse',
+            '[ "$1" = rsync ] && [ "$2" = --server ] || refuse',
+            'flags=${3%%.*}; caps=${3#"$flags"}',
+            'case "$flags" in -*[!logDtpre]*|-|[!-]*) refuse;; esac',
+            'case "$caps" in *[!.A-Za-z]*) refuse;; esac',
+            "shift 3",
+            'while [ "$#" -gt 2 ]; do case "$1" in --delete|--stats|--mkpath) shift;; *) refuse;; esac; done',
+            '[ "$1" = . ] || refuse',
+            f'case "$2" in {"|".join(dests)}) ;; *) refuse;; esac',
+            "exec $SSH_ORIGINAL_COMMAND",
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -48,25 +89,17 @@ class RelayKey:
         private, public = new_ed25519_keypair()
         return cls(tag=tag, private_openssh=private, public_line=f"{public} {tag}")
 
-    def authorized_line(self, head_address: str) -> str:
-        """Accepted only from the head, with no forwarding, agent, X11 or terminal."""
-        return f'restrict,from="{head_address}" {self.public_line}'
+    def authorized_line(self, head_address: str, dests: Sequence[str], expires: str) -> str:
+        """From the head only, until ``expires``, rsync's receiver only; no forwarding, agent, X11 or terminal."""
+        command = f"sh -c '{rsync_gate(dests)}'".replace('"', '\\"')
+        return (
+            f'restrict,from="{head_address}",expiry-time="{expires}",command="{command}" {self.public_line}'
+        )
 
 
-def authorize_command(line: str) -> str:
-    return (
-        'umask 077 && mkdir -p "$HOME/.ssh" && '
-        f'printf "%s\\n" {shlex.quote(line)} >> "$HOME/.ssh/authorized_keys"'
-    )
-
-
-def revoke_command(tag: str) -> str:
-    """Remove the relay key's line; the file is rewritten in place (same inode, owner and mode)."""
-    path = '"$HOME/.ssh/authorized_keys"'
-    return (
-        f"if [ -f {path} ]; then grep -v -F {shlex.quote(tag)} {path} > {path}.fleetrun-tmp; "
-        f"cat {path}.fleetrun-tmp > {path}; rm -f {path}.fleetrun-tmp; fi"
-    )
+def relay_dests(job: str) -> tuple[str, str]:
+    """Where the relay writes on a worker (as ``fleetrun_relay.py`` names them): the workdir and the library."""
+    return (f"{layout.workdir(job)}/", f"{layout.LIB}/")
 
 
 def relay_config(
@@ -174,10 +207,9 @@ def _through_head(
     relay_dir = f"{layout.ROOT}/relay/{key.tag}"
     worker_names = {h.name for h in workers}
     relayed: dict[str, SyncResult | BaseException] = {}
-    authorized: list[Host] = []
+    line = key.authorized_line(head.private_address, relay_dests(job), expiry_time(RELAY_VALID_S))
     try:
-        line = key.authorized_line(head.private_address)
-        answers = fleet.map(lambda c: c.run(authorize_command(line), timeout=30), hosts=workers, deadline=60)
+        answers = fleet.map(lambda c: c.run(add_command(line), timeout=30), hosts=workers, deadline=60)
         authorized = [h for h in workers if _ok(answers[h.name])]
         if not authorized:
             return relayed
@@ -208,7 +240,8 @@ def _through_head(
     except HostError:
         pass  # the relay is an optimisation: whoever it missed is synced directly
     finally:
-        fleet.map(lambda c: c.run(revoke_command(key.tag), timeout=30), hosts=authorized, deadline=60)
+        # Every worker, not only those that answered: an interrupted authorize may still have written.
+        fleet.map(lambda c: c.run(remove_command(line), timeout=30), hosts=workers, deadline=60)
         with contextlib.suppress(HostError):
             fleet.connections[head.name].run(f'rm -rf "$HOME/{relay_dir}"', timeout=30)
     return relayed

@@ -1,0 +1,378 @@
+"""The local fleet's life cycle: ``up`` builds the nodes, ``down`` removes them, and only them.
+
+Each node is a network namespace with its own address (198.18.<subnet>.10+i, and 198.19.<subnet>.*
+past 240 nodes: the benchmarking range, so it never collides with a lab's 10/8, 172.16/12 or
+192.168/16), its own UTS hostname, its own user and home, and a real OpenSSH ``sshd`` with its own
+host key. The nodes reach each other over a bridge in the root namespace and have no default
+route. Faults are real: kill a node's processes, or take its link down (``ip link set <prefix>v<i> down``).
+
+Ownership: a fleet removes only what it recorded creating (``launch.fleets.local.state``, written
+ahead of each step, so ``down`` after a crash half-way through ``up`` still leaves nothing), and a
+user only when it also carries the fleet's GECOS marker. Things that merely match the fleet's names
+(a lab user called ``frnode0``, someone's ``/home/frnode0``) are reported and left alone, and ``up``
+refuses to build over them. ``up`` runs ``down`` first, so a crashed earlier run of the same fleet
+is cleared. The shared Python "image" (``/opt/fleetrun/image``) is kept, like a machine image.
+Needs root (namespaces, users); see ``require_root``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from launch.errors import LocalFleetError
+from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, FleetNames
+from launch.fleets.local.node import make_node, start_sshd
+from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
+from launch.fleets.local.state import Created, StateFile
+from launch.job.inventory import Host, Inventory
+
+POWER_MODULE = "launch.fleets.local.power"
+Say = Callable[[str], None]
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+def _gecos(user: str) -> str | None:
+    try:
+        return pwd.getpwnam(user).pw_gecos
+    except KeyError:
+        return None
+
+
+def _exists_user(name: str) -> bool:
+    return _gecos(name) is not None
+
+
+def _exists_group(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class LocalFleet(FleetNames):
+    """One local fleet: its names (``FleetNames``) and what it does with them."""
+
+    @property
+    def state(self) -> StateFile:
+        return StateFile(self.state_dir / "created.jsonl")
+
+    # -- discovery: what exists now that matches the fleet's names -------------------------------
+    def existing_netns(self) -> list[str]:
+        out = run(["ip", "netns", "list"], check=False).stdout
+        names = [line.split()[0] for line in out.splitlines() if line.split()]
+        return [n for n in names if self.netns_pattern.fullmatch(n)]
+
+    def existing_users(self) -> list[str]:
+        return sorted(p.pw_name for p in pwd.getpwall() if self.user_pattern.fullmatch(p.pw_name))
+
+    def existing_links(self) -> list[str]:
+        out = run(["ip", "-o", "link", "show"], check=False).stdout
+        names = []
+        for line in out.splitlines():
+            parts = line.split(":")
+            if len(parts) > 1:
+                name = parts[1].strip().split("@")[0]
+                if self.link_pattern.fullmatch(name):
+                    names.append(name)
+        return names
+
+    def _matching_paths(self, parent: Path, pattern_of: Callable[[str], bool]) -> list[str]:
+        if not parent.is_dir():
+            return []
+        return sorted(str(parent / p) for p in os.listdir(parent) if pattern_of(p))
+
+    def is_ours(self, user: str, created: Created | None = None) -> bool:
+        """Recorded by this fleet *and* marked as its own (GECOS)."""
+        created = created if created is not None else self.state.load()
+        return user in created["user"] and _gecos(user) == self.marker
+
+    def foreign(self, created: Created | None = None) -> dict[str, list[str]]:
+        """Things matching this fleet's names that it did not create: never touched, only reported."""
+        created = created if created is not None else self.state.load()
+        ours_users = {u for u in created["user"] if _gecos(u) == self.marker}
+        found = {
+            "users": [u for u in self.existing_users() if u not in ours_users],
+            "netns": [n for n in self.existing_netns() if n not in created["netns"]],
+            "links": [n for n in self.existing_links() if n not in created["link"]],
+            "homes": [
+                h
+                for h in self._matching_paths(HOMES, lambda n: bool(self.user_pattern.fullmatch(n)))
+                if h not in created["home"] or Path(h).name not in ours_users | self._gone_users(created)
+            ],
+            "netns_etc": [
+                p
+                for p in self._matching_paths(NETNS_ETC, lambda n: bool(self.netns_pattern.fullmatch(n)))
+                if p not in created["netns_etc"]
+            ],
+        }
+        return {k: v for k, v in found.items() if v}
+
+    @staticmethod
+    def _gone_users(created: Created) -> set[str]:
+        return {u for u in created["user"] if not _exists_user(u)}
+
+    def conflicts(self, nodes: int) -> list[str]:
+        """Names ``up`` would create that exist already (after ``down`` removed the fleet's own)."""
+        found = []
+        for i in range(nodes):
+            user = self.node_name(i)
+            if _exists_user(user):
+                found.append(
+                    f"user {user} ({'GECOS ' + repr(_gecos(user)) if _gecos(user) else 'no marker'})"
+                )
+            elif _exists_group(user):
+                found.append(f"group {user}")
+            for path in (self.home(i), self.netns_etc(i)):
+                if os.path.lexists(path):
+                    found.append(str(path))
+        netns = set(self.existing_netns())
+        links = set(self.existing_links())
+        found += [f"namespace {self.netns(i)}" for i in range(nodes) if self.netns(i) in netns]
+        wanted = [self.bridge] + [n for i in range(nodes) for n in (self.veth(i), self.peer(i))]
+        found += [f"link {n}" for n in wanted if n in links]
+        return found
+
+    def leftovers(self, created: Created | None = None) -> dict[str, list[str]]:
+        """What this fleet created that still exists; all lists empty after a clean ``down``."""
+        created = created if created is not None else self.state.load()
+        users = [u for u in created["user"] if _gecos(u) == self.marker]
+        owners = set(users) | self._gone_users(created)
+        procs = [f"power-daemon:{pid}" for pid in self.power_daemon_pids()]
+        for user in users:
+            procs += [f"{user}:{pid}" for pid in run(["pgrep", "-u", user], check=False).stdout.split()]
+        netns = set(self.existing_netns())
+        links = set(self.existing_links())
+        homes = [h for h in created["home"] if os.path.lexists(h) and Path(h).name in owners]
+        paths = homes + [p for p in created["netns_etc"] if os.path.lexists(p)]
+        return {
+            "netns": [n for n in created["netns"] if n in netns],
+            "links": [n for n in created["link"] if n in links],
+            "users": users,
+            "processes": procs,
+            "files": ([str(self.state_dir)] if self.state_dir.exists() else []) + paths,
+        }
+
+    # -- life cycle ------------------------------------------------------------------------------
+    def up(self, nodes: int, say: Say = print, build_image: bool = True) -> Inventory:
+        require_root()
+        if not 1 <= nodes <= MAX_NODES:
+            raise LocalFleetError(f"--nodes {nodes}: expected 1..{MAX_NODES}")
+        ensure_tools(say)
+        python = ensure_image(say) if build_image else image_python()
+        self.down(say=_quiet)
+        conflicts = self.conflicts(nodes)
+        if conflicts:
+            raise LocalFleetError(
+                f"local fleet {self.prefix}: will not build over things it did not create: "
+                f"{', '.join(conflicts)}. Remove them yourself or choose another prefix."
+            )
+        started = time.monotonic()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)
+        record = self.state.record
+        if not Path("/run/netns").exists():
+            record("run_netns", "/run/netns")
+        for stale in (self.key_path, self.key_path.with_suffix(".pub")):
+            stale.unlink(missing_ok=True)
+        comment = f"fleetrun-operator@{self.prefix}"
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(self.key_path)])
+        operator_pub = self.key_path.with_suffix(".pub").read_text().strip()
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        record("link", self.bridge)
+        run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
+        for block in range(1, self.blocks(nodes)):
+            run(["ip", "addr", "add", f"{self.block_prefix(block)}.1/24", "dev", self.bridge])
+        run(["ip", "link", "set", self.bridge, "up"])
+        hosts: list[Host] = [
+            make_node(self, i, nodes, operator_pub, str(python), record) for i in range(nodes)
+        ]
+        for i in range(nodes):
+            start_sshd(self, i)
+        self._wait_for_sshd(nodes)
+        self._start_power_daemon()
+        inventory = Inventory(
+            hosts=hosts, source=f"local fleet {self.prefix}", cluster_id=self.prefix, teardown="local-fleet"
+        )
+        self.inventory_path.write_text(yaml.safe_dump(inventory.to_yaml_data(), sort_keys=False))
+        say(
+            f"local fleet {self.prefix}: {nodes} node(s) up in {time.monotonic() - started:.1f} s; "
+            f"inventory {self.inventory_path}"
+        )
+        return inventory
+
+    def _wait_for_sshd(self, nodes: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        pending = set(range(nodes))
+        while pending and time.monotonic() < deadline:
+            for i in sorted(pending):
+                try:
+                    with socket.create_connection((self.address(i), 22), timeout=0.5):
+                        pending.discard(i)
+                except OSError:
+                    pass
+            if pending:
+                time.sleep(0.05)
+        if pending:
+            names = ", ".join(self.node_name(i) for i in sorted(pending))
+            raise LocalFleetError(f"sshd did not come up on {names}; see {self.state_dir}/nodes/*/sshd.log")
+
+    def inventory(self) -> Inventory:
+        if not self.inventory_path.exists():
+            raise LocalFleetError(
+                f"local fleet {self.prefix!r} is not up (no {self.inventory_path}); start it with: fab local.up --nodes 3"
+            )
+        return Inventory.from_static_yaml(self.inventory_path)
+
+    # -- power -----------------------------------------------------------------------------------
+    def _start_power_daemon(self) -> None:
+        """The root side of the nodes' power-off hook (see ``launch.fleets.local.power``)."""
+        log = open(self.state_dir / "power.log", "ab")  # noqa: SIM115 - handed to the daemon
+        proc = subprocess.Popen(
+            [sys.executable, "-m", POWER_MODULE, self.prefix, str(self.subnet)],
+            cwd=Path(__file__).resolve().parents[3],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        (self.state_dir / "power.pid").write_text(str(proc.pid))
+
+    def power_daemon_pids(self) -> list[int]:
+        """This fleet's power daemon, found by its pid file and confirmed by its command line."""
+        try:
+            pid = int((self.state_dir / "power.pid").read_text().strip())
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            return []
+        expected = [POWER_MODULE.encode(), self.prefix.encode()]
+        return [pid] if pid_alive(pid) and argv[2:4] == expected else []
+
+    def powered_off(self, i: int) -> bool:
+        return (self.node_dir(i) / "powered-off").exists()
+
+    def stop_node(self, i: int) -> None:
+        """Power a node off: every process of its user and its sshd end. The watchdog's local hook."""
+        created = self.state.load()
+        user = self.node_name(i)
+        if self.is_ours(user, created):
+            run(["pkill", "-KILL", "-u", user], check=False)
+        if self.netns(i) in created["netns"] and self.netns(i) in self.existing_netns():
+            for pid in run(["ip", "netns", "pids", self.netns(i)], check=False).stdout.split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+    # -- down ------------------------------------------------------------------------------------
+    def down(self, say: Say = print) -> dict[str, list[str]]:
+        """Remove what this fleet created; idempotent; returns what of it is left (empty when clean).
+
+        Anything that only matches the fleet's names is reported and left alone.
+        """
+        require_root()
+        created = self.state.load()
+        users = [u for u in created["user"] if self.is_ours(u, created)]
+        unmarked = [u for u in created["user"] if _exists_user(u) and u not in users]
+        self._kill(created, users)
+        for user in users:
+            gid = pwd.getpwnam(user).pw_gid
+            run(["userdel", "--force", "--remove", user], check=False)
+            with contextlib.suppress(KeyError):
+                if grp.getgrgid(gid).gr_name == user:
+                    run(["groupdel", user], check=False)
+        gone = self._gone_users(created)
+        for home in created["home"]:
+            path = Path(home)
+            if path.name in gone and path.is_dir() and not path.is_symlink() and self._orphaned(path):
+                shutil.rmtree(path, ignore_errors=True)
+        existing_links = set(self.existing_links())
+        for link in created["link"]:
+            if link in existing_links and link != self.bridge:
+                run(["ip", "link", "del", link], check=False)
+        existing_netns = set(self.existing_netns())
+        for ns in created["netns"]:
+            if ns in existing_netns:
+                run(["ip", "netns", "del", ns], check=False)
+        for etc in created["netns_etc"]:
+            if Path(etc).is_dir() and not Path(etc).is_symlink():
+                shutil.rmtree(etc, ignore_errors=True)
+        if self.bridge in created["link"] and self.bridge in self.existing_links():
+            run(["ip", "link", "del", self.bridge], check=False)
+        run_netns = Path("/run/netns")
+        if created["run_netns"] and run_netns.exists() and not any(run_netns.iterdir()):
+            run(["umount", str(run_netns)], check=False)
+            with contextlib.suppress(OSError):
+                run_netns.rmdir()
+        left = self.leftovers(created)
+        if not any(v for k, v in left.items() if k != "files") and left["files"] in (
+            [],
+            [str(self.state_dir)],
+        ):
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+            left = self.leftovers(Created())
+        remaining = {k: v for k, v in left.items() if v}
+        if unmarked:
+            say(
+                f"local fleet {self.prefix}: recorded users without the fleet's marker left alone: {unmarked}"
+            )
+        foreign = self.foreign(created)
+        if foreign:
+            say(f"local fleet {self.prefix}: not created by this fleet, left alone: {foreign}")
+        say(
+            f"local fleet {self.prefix}: left behind after down: {remaining}"
+            if remaining
+            else f"local fleet {self.prefix}: down, nothing of it left behind"
+        )
+        return left
+
+    def _kill(self, created: Created, users: list[str]) -> None:
+        """SIGKILL the power daemon, everything in the fleet's namespaces and of its users; wait."""
+        killed: list[int] = []
+        for daemon in self.power_daemon_pids():
+            with contextlib.suppress(OSError):
+                os.kill(daemon, signal.SIGKILL)
+                killed.append(daemon)
+        existing = set(self.existing_netns())
+        for ns in created["netns"]:
+            if ns not in existing:
+                continue
+            for text in run(["ip", "netns", "pids", ns], check=False).stdout.split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(text), signal.SIGKILL)
+                    killed.append(int(text))
+        for user in users:
+            run(["pkill", "-KILL", "-u", user], check=False)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (
+            any(pid_alive(p) for p in killed)
+            or any(run(["pgrep", "-u", u], check=False).stdout.strip() for u in users)
+        ):
+            time.sleep(0.05)
+
+    @staticmethod
+    def _orphaned(path: Path) -> bool:
+        """A home whose owner no longer exists: what ``userdel`` of the fleet's own user leaves."""
+        try:
+            pwd.getpwuid(path.lstat().st_uid)
+        except KeyError:
+            return True
+        return False

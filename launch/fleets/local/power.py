@@ -1,0 +1,67 @@
+"""The local fleet's power button: a root daemon that stops a node when the node asks.
+
+On a cloud, the on-node watchdog ends billing by shutting its own instance down (the instance is
+created with instance-initiated shutdown = terminate). A local-fleet node cannot stop its own
+sshd or namespace (it is an unprivileged user), so it writes ``~/.fleetrun/poweroff-request``
+and this daemon, started by ``LocalFleet.up`` and stopped by ``down``, powers the node off:
+every process of the node's user and the node's sshd are killed. The namespace and home stay
+(like a stopped VM's disk) until ``local.down``.
+
+The daemon runs as root and looks into homes its users control, so it follows no link: the
+request is looked up under ``~/.fleetrun`` only when that is a real directory owned by the user,
+and removed through that directory's descriptor. It serves only the fleet's own users.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import stat
+import sys
+import time
+
+from launch.fleets.local.fleet import LocalFleet
+
+REQUEST = "poweroff-request"
+
+
+def take_request(user: str) -> bool:
+    """True (and the request removed) when ``user`` asked for a power-off."""
+    try:
+        entry = pwd.getpwnam(user)
+        fd = os.open(os.path.join(entry.pw_dir, ".fleetrun"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except (KeyError, OSError):
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != entry.pw_uid:
+            return False
+        try:
+            os.lstat(REQUEST, dir_fd=fd)
+        except OSError:
+            return False
+        with contextlib.suppress(OSError):
+            os.unlink(REQUEST, dir_fd=fd)
+        return True
+    finally:
+        os.close(fd)
+
+
+def serve(fleet: LocalFleet, interval: float = 0.5) -> None:
+    while fleet.state_dir.exists():
+        created = fleet.state.load()
+        for user in created["user"]:
+            index = fleet.node_index(user)
+            if index is None or not fleet.is_ours(user, created) or not take_request(user):
+                continue
+            fleet.stop_node(index)
+            node_dir = fleet.node_dir(index)
+            if node_dir.exists():
+                (node_dir / "powered-off").write_text(f"{time.time()}\n")
+            print(f"{time.strftime('%H:%M:%S')} powered off {user}", flush=True)
+        time.sleep(interval)
+
+
+if __name__ == "__main__":
+    serve(LocalFleet(prefix=sys.argv[1], subnet=int(sys.argv[2]) if len(sys.argv) > 2 else 0))
