@@ -60,7 +60,7 @@ def test_good_minimal_playbook(tmp_path: Path) -> None:
         (GOOD + "env:\n  1BAD: x\n", "field 'env'"),
         (
             GOOD.replace("name: demo", "name: Demo Job"),
-            "field 'name': value error, expected a lowercase slug",
+            "field 'name': expected a lowercase slug",
         ),
         (GOOD + "outputs: ../../etc\n", "field 'outputs'"),
         (GOOD + "entrypoint2: x\nrequirements: missing.txt\n", "field 'entrypoint2'"),
