@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 
 from launch.errors import SpecError
 from launch.job.stack_outputs import StackOutputs
-from launch.job.validation import describe_validation_error, load_yaml_mapping
+from launch.job.validation import describe_validation_error, load_json_mapping, load_yaml_mapping, printable
 
 HOST_KEY_RE = re.compile(
     r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{1,4096}( [^\x00-\x1f\x7f]*)?"
@@ -232,7 +232,8 @@ class Inventory(BaseModel):
         """The first ``count`` hosts (head first), or a clear error when there are fewer."""
         if count > len(self.hosts):
             raise SpecError(
-                f"the job asks for {count} nodes but inventory {self.source} has only {len(self.hosts)} "
+                f"playbook field 'nodes': the job asks for {count} nodes but inventory {self.source} "
+                f"has only {len(self.hosts)} "
                 f"({', '.join(h.name for h in self.hosts)})"
             )
         return self.model_copy(update={"hosts": self.hosts[:count]})
@@ -297,39 +298,45 @@ class Inventory(BaseModel):
         except ValidationError as exc:
             raise SpecError(describe_validation_error("stack outputs", exc)) from None
         nodes = sorted(outputs.nodes, key=lambda n: n.rank)
-        hosts = [
-            Host(
-                name=n.name,
-                address=n.public_ip or n.private_ip,
-                private_address=n.private_ip,
-                user=n.user or outputs.ssh_user,
-                port=n.port,
-                key=key_path,
-                host_key=n.host_key,
-                gpus=n.gpus,
-                instance_type=n.instance_type,
+        hosts = []
+        for n in nodes:
+            try:  # each node is checked as a Host (user, addresses, host key), naming the node
+                hosts.append(
+                    Host(
+                        name=n.name,
+                        address=n.public_ip or n.private_ip,
+                        private_address=n.private_ip,
+                        user=n.user or outputs.ssh_user,
+                        port=n.port,
+                        key=key_path,
+                        host_key=n.host_key,
+                        gpus=n.gpus,
+                        instance_type=n.instance_type,
+                    )
+                )
+            except ValidationError as exc:
+                where = f"stack outputs, node {printable(n.name, 80)!r}"
+                raise SpecError(describe_validation_error(where, exc)) from None
+        try:
+            return cls(
+                hosts=hosts,
+                source=f"stack {outputs.cluster_id} ({outputs.cloud} {outputs.region})",
+                cloud=outputs.cloud,
+                bucket=outputs.bucket,
+                cluster_id=outputs.cluster_id,
+                teardown="pulumi-stack",
             )
-            for n in nodes
-        ]
-        return cls(
-            hosts=hosts,
-            source=f"stack {outputs.cluster_id} ({outputs.cloud} {outputs.region})",
-            cloud=outputs.cloud,
-            bucket=outputs.bucket,
-            cluster_id=outputs.cluster_id,
-            teardown="pulumi-stack",
-        )
+        except ValidationError as exc:
+            raise SpecError(describe_validation_error("stack outputs", exc)) from None
 
     @classmethod
     def from_stack_outputs_file(cls, path: str | Path, key_path: Path | None = None) -> Inventory:
         path = Path(path)
+        data = load_json_mapping(path, "stack outputs")
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SpecError(f"{path}: cannot read stack outputs JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise SpecError(f"{path}: expected a JSON object of stack outputs")
-        return cls.from_stack_outputs(data, key_path)
+            return cls.from_stack_outputs(data, key_path)
+        except SpecError as exc:
+            raise SpecError(f"{printable(path, 400)}: {exc}") from None
 
     def to_yaml_data(self) -> dict[str, Any]:
         return json.loads(self.model_dump_json())

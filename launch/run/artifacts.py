@@ -64,7 +64,7 @@ def pull(fleet: Fleet, run_id: str, folder: RunFolder, known_hosts: Path, consol
             "-az",
             "-e",
             shlex.join(openssh_command(host, known_hosts)),
-            f"{host.user}@{host.address}:{run_dir}/",
+            host.rsync_target(f"{run_dir}/"),
             f"{target}/",
         ]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
