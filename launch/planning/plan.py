@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from launch.job.inventory import Host
+from launch.job.inventory import Host, host_port
 
 MASK = "***"
 """What ``--dry-run`` and ``plan.txt`` show in place of a secret value."""
@@ -70,7 +70,8 @@ class NodePlan:
         return self.launch_script is not None
 
     def describe(self) -> str:
-        return f"{self.host.name} ({self.host.user}@{self.host.address}:{self.host.port}, node rank {self.node_rank}, {self.role})"
+        where = f"{self.host.user}@{host_port(self.host.address, self.host.port)}"
+        return f"{self.host.name} ({where}, node rank {self.node_rank}, {self.role})"
 
 
 @dataclass(frozen=True)

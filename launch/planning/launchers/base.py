@@ -29,11 +29,13 @@ def sh_quote(value: str) -> str:
 
 def iface_line(host: Host) -> str:
     """Shell that sets ``IFACE`` to the cluster interface: known from the inventory, or the
-    interface holding the host's private address (NCCL/Gloo must not pick the wrong one)."""
+    interface holding the host's private address (NCCL/Gloo must not pick the wrong one).
+
+    ``ip`` prints IPv6 addresses in their compressed form, which is how inventories keep them."""
     if host.interface:
         return f"IFACE={sh_quote(host.interface)}"
     return (
-        "IFACE=$(ip -o -4 addr show | awk -v ip="
+        f"IFACE=$(ip -o -{6 if ':' in host.private_address else 4} addr show | awk -v ip="
         + sh_quote(host.private_address)
         + " '{split($4, a, \"/\"); if (a[1] == ip) print $2}' | head -n 1)"
     )
