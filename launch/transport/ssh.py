@@ -144,7 +144,7 @@ class NodeConnection:
                 "rebuilt or something is impersonating it. Update the pinned key only if you know why it changed.",
             ) from None
         except paramiko.AuthenticationException:
-            transport = self.conn.transport
+            transport = self.conn.client.get_transport()
             if transport is None or not transport.is_active():
                 # paramiko reports a connection that died mid-handshake as "Authentication failed".
                 raise HostError(
@@ -157,6 +157,11 @@ class NodeConnection:
             if "not found in known_hosts" in str(exc):
                 raise HostError(
                     host.name, f"no pinned host key for {where}; refusing to trust on first use"
+                ) from None
+            transport = self.conn.client.get_transport()
+            if "banner" in str(exc) or (transport is not None and not transport.is_active()):
+                raise HostError(
+                    host.name, f"unreachable at {where} (connection closed during the SSH handshake: {exc})"
                 ) from None
             if host.key is not None and "key" in str(exc).lower() and "host key" not in str(exc).lower():
                 raise HostError(host.name, f"key file {host.key}: cannot be used: {exc}") from None
