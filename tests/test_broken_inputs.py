@@ -206,6 +206,7 @@ CASES: list[Case] = [
     Case("env-too-many", (F + "'env'", "at most 512"), job(env={f"V{i}": "x" for i in range(600)})),
     Case("secret-env-bad-name", (F + "'secret_env'",), job(secret_env=["NOT A NAME"])),
     Case("secret-env-not-list", (F + "'secret_env'",), job(secret_env="HF_TOKEN")),
+    Case("secret-env-misspelt", (F + "'secret_env'", "'DB_URLL' is not in env"), job(secret_env=["DB_URLL"])),
     # -- paths -----------------------------------------------------------------------------------
     Case("outputs-parent", (F + "'outputs'", "relative path"), job(outputs="../../etc")),
     Case("outputs-absolute", (F + "'outputs'",), job(outputs="/etc")),

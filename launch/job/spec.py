@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from launch.errors import SpecError
 from launch.job.shell_text import CONTROL_CHARS, control_operators
@@ -171,10 +171,14 @@ class JobSpec(BaseModel):
 
     @field_validator("secret_env")
     @classmethod
-    def _secret_names(cls, value: list[str]) -> list[str]:
+    def _secret_names(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        env = info.data.get("env", {})
         for name in value:
             if not ENV_NAME_RE.fullmatch(name):
                 raise ValueError(f"{printable(name, 80)!r} is not a valid environment variable name")
+            if name not in env:
+                # A misspelt name would leave the real variable unmasked: say so instead.
+                raise ValueError(f"{name!r} is not in env (a misspelling would leave the real one unmasked)")
         return value
 
     @field_validator("outputs")
