@@ -28,6 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
+from launch.job.validation import printable
+
 REPO = Path(__file__).resolve().parent.parent
 FAB = Path(sys.executable).parent / "fab"
 BATCH = Path(__file__).resolve().parent / "broken" / "cli_batch.py"
@@ -130,6 +132,7 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 )
 
 F = "field "
+NON_UTF8_DIR = "caf" + b"\xe9".decode("utf-8", "surrogateescape")
 CASES: list[Case] = [
     # -- types and ranges -------------------------------------------------------------------------
     Case("nodes-zero", (F + "'nodes'", "greater than or equal to 1"), job(nodes=0)),
@@ -247,6 +250,13 @@ CASES: list[Case] = [
         "playbook-100mb",
         ("larger than 1024 KiB",),
         prepare=lambda d: _sparse(d / "job.yaml", 100 * 1024 * 1024),
+    ),
+    Case(
+        "workdir-not-utf8-directory",
+        (F + "'workdir'", "not valid UTF-8"),
+        argv_playbook=NON_UTF8_DIR + "/job.yaml",
+        target=NON_UTF8_DIR + "/job.yaml",
+        prepare=lambda d: _copy_into(d, NON_UTF8_DIR),
     ),
     Case("playbook-missing", ("playbook file not found",), argv_playbook="nope.yaml", target="nope.yaml"),
     Case("playbook-directory", ("not a regular file",), argv_playbook="code", target="code"),
@@ -426,6 +436,12 @@ CASES: list[Case] = [
 ]
 
 
+def _copy_into(d: Path, name: str) -> None:
+    """The case's playbook and workdir again, inside a directory whose name is not UTF-8."""
+    (d / name / "code").mkdir(parents=True)
+    (d / name / "job.yaml").write_text(GOOD_JOB_TEXT)
+
+
 def _sparse(path: Path, size: int) -> None:
     with path.open("wb") as handle:
         handle.truncate(size)
@@ -517,7 +533,7 @@ def test_broken_input_gives_one_clear_line(
     outcomes: dict[str, tuple[Case, Path, list[dict[str, Any]]]], case_id: str
 ) -> None:
     case, fleetrun_home, results = outcomes[case_id]
-    target = str(fleetrun_home.parent / case.target)
+    target = printable(fleetrun_home.parent / case.target, 400)
     for result in results:
         stderr = result["stderr"]
         assert "Traceback" not in stderr, stderr
