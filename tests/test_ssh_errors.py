@@ -84,6 +84,8 @@ def connect(tmp_path: Path, port: int, key: Path | None, pinned: str = SERVER_PU
         conn.open()
     finally:
         conn.conn.close()
+        # A failed open must not leave paramiko's transport (and its thread) behind.
+        assert conn.conn.client.get_transport() is None
 
 
 @pytest.fixture

@@ -132,6 +132,17 @@ class NodeConnection:
             if problem:
                 raise HostError(host.name, f"key file {host.key}: {problem} (inventory field 'key')")
         try:
+            self._connect(where)
+        except BaseException:
+            # A failed connect can leave paramiko's transport thread running (Fabric only closes
+            # what it counts as connected): close it here so failures do not pile up threads.
+            with contextlib.suppress(Exception):
+                self.conn.client.close()
+            raise
+
+    def _connect(self, where: str) -> None:
+        host = self.host
+        try:
             self.conn.open()
             if self.conn.transport is not None:
                 self.conn.transport.set_keepalive(KEEPALIVE_S)
