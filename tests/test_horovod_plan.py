@@ -303,7 +303,7 @@ def run_rank(
 
 
 def test_rank_script_restores_the_nodes_own_environment(tmp_path: Path) -> None:
-    p = plan(tmp_path / "w", entrypoint='echo "cwd=$(pwd)" && env', env={"OMP_NUM_THREADS": "1"})
+    p = plan(tmp_path / "w", entrypoint="sh -c 'echo \"cwd=$(pwd)\" && env'", env={"OMP_NUM_THREADS": "1"})
     proc, home = run_rank(tmp_path, p, rank_node=1, horovod_rank=1)
     assert proc.returncode == 0, proc.stderr
     env = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)

@@ -134,3 +134,27 @@ def test_stack_outputs_bad_contract() -> None:
         SpecError, match=r"stack outputs: field 'nodes\[0\].host_key': this field is required"
     ):
         Inventory.from_stack_outputs(data)
+
+
+@pytest.mark.parametrize(
+    ("address", "error"),
+    [
+        ("fe80::1%eth0", "scope ids"),
+        ("fe80::1%x,*", "scope ids"),
+        ("[2001:db8::1]", "without brackets"),
+        ("2001:db8::1\n", "expected an IP address or a DNS name"),
+        ("gpu1.lab\n", "expected an IP address or a DNS name"),
+    ],
+)
+def test_addresses_full_match_and_no_ipv6_scope(tmp_path: Path, address: str, error: str) -> None:
+    path = write(tmp_path, GOOD.replace("address: 192.0.2.10", f"address: {json.dumps(address)}"))
+    with pytest.raises(SpecError, match=f"field 'hosts\\[0\\].address': .*{error}"):
+        Inventory.from_static_yaml(path)
+
+
+def test_ipv6_is_kept_compressed(tmp_path: Path) -> None:
+    inv = Inventory.from_static_yaml(
+        write(tmp_path, GOOD.replace("address: 192.0.2.10", "address: '2001:DB8:0:0::10'"))
+    )
+    assert inv.head.address == "2001:db8::10"
+    assert inv.head.rsync_target("x/") == "alice@[2001:db8::10]:x/"

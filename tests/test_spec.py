@@ -60,7 +60,7 @@ def test_good_minimal_playbook(tmp_path: Path) -> None:
         (GOOD + "env:\n  1BAD: x\n", "field 'env'"),
         (
             GOOD.replace("name: demo", "name: Demo Job"),
-            "field 'name': value error, expected a lowercase slug",
+            "field 'name': expected a lowercase slug",
         ),
         (GOOD + "outputs: ../../etc\n", "field 'outputs'"),
         (GOOD + "entrypoint2: x\nrequirements: missing.txt\n", "field 'entrypoint2'"),
@@ -97,3 +97,40 @@ def test_setup_hash_tracks_setup_and_requirements_only(tmp_path: Path) -> None:
     assert base.setup_hash("/usr/bin/python3.12") != before
     (tmp_path / "code" / "req.txt").write_text("numpy==2.0\n")
     assert base.setup_hash("python3") != before, "requirements contents are part of setup"
+
+
+def test_secret_values_by_name_pattern_or_listing(tmp_path: Path) -> None:
+    spec = load_job_spec(
+        write(
+            tmp_path,
+            GOOD
+            + "env: {HF_TOKEN: a, aws_secret_access_key: b, DB_PASSWORD: c, GCP_CREDENTIALS: d,"
+            + " DB_URL: e, OMP_NUM_THREADS: '1'}\nsecret_env: [DB_URL]\n",
+        )
+    )
+    assert spec.secret_values() == {
+        "HF_TOKEN": "a",
+        "aws_secret_access_key": "b",
+        "DB_PASSWORD": "c",
+        "GCP_CREDENTIALS": "d",
+        "DB_URL": "e",
+    }
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "operator"),
+    [
+        ("python t.py | tee log", "|"),
+        ("python t.py |& tee log", "|"),
+        ("a && b", "&&"),
+        ("a; b", ";"),
+        ("a & b", "&"),
+        ("a &> log", "&"),
+        ("(a)", "("),
+        ('python t.py "$(echo x)" ; b', ";"),
+    ],
+)
+def test_control_operators_found_outside_quotes(entrypoint: str, operator: str) -> None:
+    from launch.job.shell_text import control_operators
+
+    assert control_operators(entrypoint)[0] == operator

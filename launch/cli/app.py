@@ -27,8 +27,11 @@ from launch.run.wrapup import RunResult
 __all__ = ["load_inventory", "local_fleet", "make_plan", "report", "train"]
 
 
-def make_plan(spec: JobSpec, inventory: Inventory, run_id: str | None = None) -> LaunchPlan:
-    launcher = launcher_class(spec.launcher).for_inventory(inventory.first(spec.nodes))
+def make_plan(
+    spec: JobSpec, inventory: Inventory, run_id: str | None = None, dry_run: bool = False
+) -> LaunchPlan:
+    """``dry_run``: the launcher creates nothing on this machine (no cluster key is generated)."""
+    launcher = launcher_class(spec.launcher).for_inventory(inventory.first(spec.nodes), dry_run=dry_run)
     return launcher.plan(spec, inventory, run_id or new_run_id(spec.name))
 
 
@@ -48,8 +51,8 @@ def train(
         if teardown not in ("always", "on_success", "never"):
             raise SpecError(f"--teardown {teardown!r}: expected always, on_success or never")
         spec = spec.model_copy(update={"teardown": teardown})
-    inv = load_inventory(inventory).first(spec.nodes)
-    plan = make_plan(spec, inv)
+    inv = load_inventory(inventory, save_keys=not dry_run).first(spec.nodes)
+    plan = make_plan(spec, inv, dry_run=dry_run)
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
         return plan

@@ -11,21 +11,76 @@ connects with strict checking: no trust on first use, ever.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import ipaddress
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from launch.errors import SpecError
 from launch.job.stack_outputs import StackOutputs
-from launch.job.validation import describe_validation_error, load_yaml_mapping
+from launch.job.validation import describe_validation_error, load_json_mapping, load_yaml_mapping, printable
 
-HOST_KEY_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( .*)?$")
-HOSTNAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+HOST_KEY_RE = re.compile(
+    r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{1,4096}( [^\x00-\x1f\x7f]*)?"
+)
+HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+"""A POSIX user name (portable characters, not starting with '-'): it goes into ssh_config and argv."""
+INTERFACE_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
+PRINTABLE_RE = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,4096}")
+
+
+def bracketed(address: str) -> str:
+    """The address as it must be written when a port or path follows: IPv6 in brackets."""
+    return f"[{address}]" if ":" in address else address
+
+
+def host_port(address: str, port: int) -> str:
+    """``host:port`` (``[v6]:port`` for IPv6), for endpoints such as torchrun's ``--rdzv-endpoint``."""
+    return f"{bracketed(address)}:{port}"
+
+
+def _ssh_strings(blob: bytes) -> list[bytes]:
+    """The length-prefixed strings of an SSH public-key blob (RFC 4253 6.6); ValueError when malformed."""
+    fields, i = [], 0
+    while i < len(blob):
+        if i + 4 > len(blob):
+            raise ValueError("truncated")
+        size = int.from_bytes(blob[i : i + 4], "big")
+        if i + 4 + size > len(blob):
+            raise ValueError("truncated")
+        fields.append(blob[i + 4 : i + 4 + size])
+        i += 4 + size
+    return fields
+
+
+def check_host_key_blob(key_type: str, blob_b64: str) -> None:
+    """Refuse a pinned key whose blob is not a well-formed key of its declared type.
+
+    paramiko drops such a line from known_hosts without a word, and the host then reads as
+    having no pinned key at all; saying so here names the inventory line instead.
+    """
+    try:
+        blob = base64.b64decode(blob_b64, validate=True)
+        fields = _ssh_strings(blob)
+    except (binascii.Error, ValueError):
+        raise ValueError(
+            "the host key's base64 blob is truncated or corrupt (copy the whole line of the .pub file)"
+        ) from None
+    embedded = fields[0].decode("ascii", "replace") if fields else ""
+    if embedded != key_type:
+        raise ValueError(f"the host key is declared {key_type} but its blob holds a {embedded[:40]!r} key")
+    expected = {"ssh-ed25519": 2, "ssh-rsa": 3}.get(key_type, 3)
+    if len(fields) != expected or (key_type == "ssh-ed25519" and len(fields[1]) != 32):
+        raise ValueError("the host key's blob is truncated or corrupt (copy the whole line of the .pub file)")
+    if key_type.startswith("ecdsa-") and fields[1].decode("ascii", "replace") != key_type.rsplit("-", 1)[1]:
+        raise ValueError(f"the host key's blob names curve {fields[1][:20]!r}, not {key_type}'s")
 
 
 class Host(BaseModel):
@@ -44,41 +99,81 @@ class Host(BaseModel):
     address: str
     private_address: str = ""
     user: str
-    port: int = Field(default=22, ge=1, le=65535)
+    port: Annotated[int, Strict()] = Field(default=22, ge=1, le=65535)
     key: Path | None = None
     host_key: str
-    gpus: int | None = Field(default=None, ge=0)
+    gpus: Annotated[int, Strict()] | None = Field(default=None, ge=0, le=1024)
     interface: str | None = None
     python: str = "python3"
-    instance_type: str | None = None
+    instance_type: str | None = Field(default=None, max_length=128)
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not HOSTNAME_RE.match(value):
+        if not HOSTNAME_RE.fullmatch(value):
             raise ValueError("expected a host name (letters, digits, '.', '-')")
+        return value
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        if not USER_RE.fullmatch(value):
+            raise ValueError(
+                "expected a POSIX user name (letters, digits, '_', '.', '-'; at most 32 characters)"
+            )
         return value
 
     @field_validator("address", "private_address")
     @classmethod
     def _address(cls, value: str) -> str:
-        if value and not HOSTNAME_RE.match(value):
-            try:
-                ipaddress.ip_address(value)
-            except ValueError:
-                raise ValueError("expected an IP address or a DNS name") from None
+        """A DNS name, an IPv4 address, or an IPv6 address without scope id, written plainly.
+
+        A scope id (``fe80::1%eth0``) is free text that would reach torchrun's and horovodrun's
+        arguments and ``from="..."`` restrictions; link-local addresses are not a cluster network.
+        """
+        if not value or HOSTNAME_RE.fullmatch(value):
+            return value
+        if "%" in value:
+            raise ValueError(
+                "IPv6 scope ids ('%...') are not supported; use a global or unique-local address"
+            )
+        if value.startswith("["):
+            raise ValueError(
+                "write an IPv6 address without brackets; fleetrun adds them where a port follows"
+            )
+        try:
+            return ipaddress.ip_address(value).compressed
+        except ValueError:
+            raise ValueError("expected an IP address or a DNS name") from None
+
+    @field_validator("interface")
+    @classmethod
+    def _interface(cls, value: str | None) -> str | None:
+        if value is not None and not INTERFACE_RE.fullmatch(value):
+            raise ValueError(
+                "expected a network interface name (at most 15 letters, digits, '_', '.', ':', '@', '-')"
+            )
+        return value
+
+    @field_validator("python", "instance_type")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        if value is not None and not PRINTABLE_RE.fullmatch(value):
+            raise ValueError("expected printable text (no control characters), at most 4096 characters")
         return value
 
     @field_validator("host_key")
     @classmethod
     def _host_key(cls, value: str) -> str:
         value = value.strip()
-        if not HOST_KEY_RE.match(value):
+        if not HOST_KEY_RE.fullmatch(value):
             raise ValueError(
                 "expected an OpenSSH public host key such as 'ssh-ed25519 AAAA...' "
                 "(read it on the machine: cat /etc/ssh/ssh_host_ed25519_key.pub)"
             )
-        return " ".join(value.split()[:2])
+        key_type, blob = value.split()[:2]
+        check_host_key_blob(key_type, blob)
+        return f"{key_type} {blob}"
 
     @model_validator(mode="after")
     def _default_private(self) -> Host:
@@ -90,6 +185,10 @@ class Host(BaseModel):
     def known_hosts_name(self) -> str:
         """The name OpenSSH and paramiko look up in known_hosts for this address and port."""
         return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    def rsync_target(self, path: str) -> str:
+        """``user@host:path`` for rsync and scp (``user@[v6]:path`` for IPv6)."""
+        return f"{self.user}@{bracketed(self.address)}:{path}"
 
     def known_hosts_line(self) -> str:
         return f"{self.known_hosts_name} {self.host_key}"
@@ -133,7 +232,8 @@ class Inventory(BaseModel):
         """The first ``count`` hosts (head first), or a clear error when there are fewer."""
         if count > len(self.hosts):
             raise SpecError(
-                f"the job asks for {count} nodes but inventory {self.source} has only {len(self.hosts)} "
+                f"playbook field 'nodes': the job asks for {count} nodes but inventory {self.source} "
+                f"has only {len(self.hosts)} "
                 f"({', '.join(h.name for h in self.hosts)})"
             )
         return self.model_copy(update={"hosts": self.hosts[:count]})
@@ -198,39 +298,45 @@ class Inventory(BaseModel):
         except ValidationError as exc:
             raise SpecError(describe_validation_error("stack outputs", exc)) from None
         nodes = sorted(outputs.nodes, key=lambda n: n.rank)
-        hosts = [
-            Host(
-                name=n.name,
-                address=n.public_ip or n.private_ip,
-                private_address=n.private_ip,
-                user=n.user or outputs.ssh_user,
-                port=n.port,
-                key=key_path,
-                host_key=n.host_key,
-                gpus=n.gpus,
-                instance_type=n.instance_type,
+        hosts = []
+        for n in nodes:
+            try:  # each node is checked as a Host (user, addresses, host key), naming the node
+                hosts.append(
+                    Host(
+                        name=n.name,
+                        address=n.public_ip or n.private_ip,
+                        private_address=n.private_ip,
+                        user=n.user or outputs.ssh_user,
+                        port=n.port,
+                        key=key_path,
+                        host_key=n.host_key,
+                        gpus=n.gpus,
+                        instance_type=n.instance_type,
+                    )
+                )
+            except ValidationError as exc:
+                where = f"stack outputs, node {printable(n.name, 80)!r}"
+                raise SpecError(describe_validation_error(where, exc)) from None
+        try:
+            return cls(
+                hosts=hosts,
+                source=f"stack {outputs.cluster_id} ({outputs.cloud} {outputs.region})",
+                cloud=outputs.cloud,
+                bucket=outputs.bucket,
+                cluster_id=outputs.cluster_id,
+                teardown="pulumi-stack",
             )
-            for n in nodes
-        ]
-        return cls(
-            hosts=hosts,
-            source=f"stack {outputs.cluster_id} ({outputs.cloud} {outputs.region})",
-            cloud=outputs.cloud,
-            bucket=outputs.bucket,
-            cluster_id=outputs.cluster_id,
-            teardown="pulumi-stack",
-        )
+        except ValidationError as exc:
+            raise SpecError(describe_validation_error("stack outputs", exc)) from None
 
     @classmethod
     def from_stack_outputs_file(cls, path: str | Path, key_path: Path | None = None) -> Inventory:
         path = Path(path)
+        data = load_json_mapping(path, "stack outputs")
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SpecError(f"{path}: cannot read stack outputs JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise SpecError(f"{path}: expected a JSON object of stack outputs")
-        return cls.from_stack_outputs(data, key_path)
+            return cls.from_stack_outputs(data, key_path)
+        except SpecError as exc:
+            raise SpecError(f"{printable(path, 400)}: {exc}") from None
 
     def to_yaml_data(self) -> dict[str, Any]:
         return json.loads(self.model_dump_json())

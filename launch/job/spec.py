@@ -10,19 +10,44 @@ works the same from any current directory.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import shlex
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from launch.errors import SpecError
-from launch.job.validation import describe_validation_error, load_yaml_mapping
+from launch.job.shell_text import CONTROL_CHARS, control_operators
+from launch.job.validation import describe_validation_error, load_yaml_mapping, printable, read_text_bounded
 from launch.rules.stoprules import StopRules, Teardown
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+OUTPUTS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+"""Environment names whose values are masked in ``--dry-run`` and ``plan.txt``."""
+
+MAX_COMMAND_CHARS = 8192
+MAX_SETUP_LINES = 256
+MAX_ENV_VARS = 512
+MAX_ENV_VALUE_CHARS = 65536
+MAX_PATH_CHARS = 4096
+MAX_DURATION_S = 366 * 24 * 3600.0
+"""Longest timeout a stop rule may have (a year): past that, a number is a typo, and ``1e400`` is inf."""
+MAX_MONEY = 1e9
+
+
+def _no_controls(value: str, what: str) -> str:
+    if CONTROL_CHARS.search(value):
+        raise ValueError(f"{what} must not contain control characters (newline, NUL, ESC, ...)")
+    return value
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name says its value is a credential."""
+    return SECRET_NAME_RE.search(name) is not None
 
 
 class JobSpec(BaseModel):
@@ -38,6 +63,9 @@ class JobSpec(BaseModel):
         nodes: how many machines of the inventory to use (the first ``nodes`` hosts, head first).
         procs_per_node: processes per node, or ``auto``: GPUs on the node (``nvidia-smi``), else 1.
         env: extra environment variables for every process.
+        secret_env: names in ``env`` whose values are masked (``***``) in ``--dry-run`` and ``plan.txt``;
+            names containing TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL are masked without being listed.
+            The nodes still get the real values.
         outputs: directory, relative to the node's run directory, where the job writes artifacts
             (exported as ``FLEETRUN_OUTPUT_DIR`` and ``SM_MODEL_DIR``); pulled back after the run.
         data_dir: path on the nodes holding training data (exported as ``FLEETRUN_DATA_DIR`` and
@@ -58,26 +86,27 @@ class JobSpec(BaseModel):
 
     name: str
     workdir: Path
-    setup: list[str] = Field(default_factory=list)
+    setup: list[str] = Field(default_factory=list, max_length=MAX_SETUP_LINES)
     requirements: str | None = None
-    entrypoint: str
+    entrypoint: str = Field(max_length=MAX_COMMAND_CHARS)
     launcher: Literal["torchrun", "horovod"] = "torchrun"
     nodes: int = Field(default=1, ge=1, le=4096)
     procs_per_node: int | Literal["auto"] = "auto"
-    env: dict[str, str] = Field(default_factory=dict)
-    outputs: str = "outputs"
-    data_dir: str | None = None
-    python: str | None = None
+    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV_VARS)
+    secret_env: list[str] = Field(default_factory=list, max_length=MAX_ENV_VARS)
+    outputs: str = Field(default="outputs", max_length=255)
+    data_dir: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
+    python: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
     rdzv_port: int = Field(default=29500, ge=1024, le=65535)
     max_restarts: int = Field(default=0, ge=0, le=100)
     stop: StopRules = Field(default_factory=StopRules)
     teardown: Teardown = "always"
-    relay_sync_above: int = Field(default=16, ge=1)
+    relay_sync_above: int = Field(default=16, ge=1, le=100_000)
 
     @field_validator("name")
     @classmethod
     def _name_is_slug(cls, value: str) -> str:
-        if not NAME_RE.match(value):
+        if not NAME_RE.fullmatch(value):
             raise ValueError("expected a lowercase slug (letters, digits, '-'; at most 63 characters)")
         return value
 
@@ -88,9 +117,27 @@ class JobSpec(BaseModel):
             return [line for line in value.splitlines() if line.strip()]
         return value
 
+    @field_validator("setup")
+    @classmethod
+    def _setup_lines(cls, value: list[str]) -> list[str]:
+        for i, line in enumerate(value):
+            if "\0" in line or len(line) > MAX_COMMAND_CHARS:
+                raise ValueError(
+                    f"line {i}: expected shell text without NUL, at most {MAX_COMMAND_CHARS} characters"
+                )
+        return value
+
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint_parses(cls, value: str) -> str:
+        _no_controls(value, "the entrypoint is one command line; it")
+        operators = control_operators(value)
+        if operators:
+            raise ValueError(
+                f"shell control operator {operators[0]!r} in the entrypoint: fleetrun judges the run by the "
+                "entrypoint's exit code (with '| tee' that is tee's, so a failed rank reads as success); "
+                "put pipelines, '&&', ';' and '&' in a script and make the entrypoint run it (sh run.sh)"
+            )
         try:
             argv = shlex.split(value)
         except ValueError as exc:
@@ -102,31 +149,83 @@ class JobSpec(BaseModel):
     @field_validator("procs_per_node", mode="before")
     @classmethod
     def _procs_positive(cls, value: object) -> object:
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            raise ValueError("expected an integer >= 1 or 'auto'")
-        return value
+        if value == "auto" and isinstance(value, str):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024:
+            return value
+        raise ValueError("expected an integer from 1 to 1024 or 'auto'")
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not ENV_NAME_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+        for key, item in value.items():
+            if not ENV_NAME_RE.fullmatch(key):
+                raise ValueError(
+                    f"{printable(key, 80)!r} is not a valid environment variable name (letters, digits, '_')"
+                )
+            if "\0" in item or len(item) > MAX_ENV_VALUE_CHARS:
+                raise ValueError(
+                    f"{key}: a value must hold no NUL byte and at most {MAX_ENV_VALUE_CHARS} characters"
+                )
+        return value
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        env = info.data.get("env", {})
+        for name in value:
+            if not ENV_NAME_RE.fullmatch(name):
+                raise ValueError(f"{printable(name, 80)!r} is not a valid environment variable name")
+            if name not in env:
+                # A misspelt name would leave the real variable unmasked: say so instead.
+                raise ValueError(f"{name!r} is not in env (a misspelling would leave the real one unmasked)")
         return value
 
     @field_validator("outputs")
     @classmethod
     def _outputs_relative(cls, value: str) -> str:
-        p = Path(value)
-        if p.is_absolute() or ".." in p.parts or not value.strip():
-            raise ValueError("expected a relative path inside the run directory (no '..')")
+        parts = value.split("/")
+        if not OUTPUTS_RE.fullmatch(value) or any(part in (".", "..") for part in parts):
+            raise ValueError(
+                "expected a relative path inside the run directory: letters, digits, '.', '_', '-' and '/' "
+                "(no '..', not absolute)"
+            )
         return value
+
+    @field_validator("data_dir", "python", "requirements")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None:
+            _no_controls(value, "a path")
+            if not value.strip():
+                raise ValueError("expected a non-empty path")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_bounded(cls, value: StopRules) -> StopRules:
+        for name, item in value.model_dump().items():
+            if not isinstance(item, float | int) or isinstance(item, bool):
+                continue
+            bound = MAX_MONEY if name in ("max_cost_usd", "price_per_node_hour") else MAX_DURATION_S
+            if name == "plateau_patience":
+                bound = 1e9
+            if name == "gpu_idle_percent":
+                bound = 100.0
+            if not math.isfinite(item) or item > bound:
+                raise ValueError(f"{name}: expected a finite number at most {bound:g}, got {item!r}")
+        return value
+
+    def secret_values(self) -> dict[str, str]:
+        """The playbook's environment values that plans must never print (``secret_env`` or a secret-looking name)."""
+        listed = set(self.secret_env)
+        return {k: v for k, v in self.env.items() if k in listed or is_secret_name(k)}
 
     def requirements_text(self) -> str:
         """Contents of the requirements file (part of the setup hash), or '' when none."""
         if not self.requirements:
             return ""
-        return (self.workdir / self.requirements).read_text()
+        return read_text_bounded(self.workdir / self.requirements, "requirements")
 
     def setup_hash(self, python: str) -> str:
         """What decides whether a node's environment must be rebuilt.
@@ -149,20 +248,67 @@ class JobSpec(BaseModel):
 
 
 def load_job_spec(path: str | Path) -> JobSpec:
-    """Read and validate a playbook; every problem names the file and the field."""
+    """Read and validate a playbook; every problem names the file and the field.
+
+    Validated strictly (``procs_per_node: yes`` is not 1, ``nodes: "3"`` is not 3), then the
+    checks that need the file system: the workdir is a real directory that is not ``/`` or the
+    home directory (the whole of it would be synced to every node), the requirements file is
+    inside it, and the launcher's own limits (``launcher.check_spec``).
+    """
     path = Path(path)
+    shown = printable(path, 400)
     data = load_yaml_mapping(path, "playbook")
     workdir = data.get("workdir")
     if isinstance(workdir, str):
-        data["workdir"] = (path.parent / Path(workdir).expanduser()).resolve()
+        if not workdir.strip() or CONTROL_CHARS.search(workdir) or len(workdir) > MAX_PATH_CHARS:
+            raise SpecError(f"{shown}: field 'workdir': expected a directory path, got {workdir[:80]!r}")
+        try:
+            data["workdir"] = (path.parent / Path(workdir).expanduser()).resolve()
+        except (OSError, RuntimeError) as exc:
+            raise SpecError(
+                f"{shown}: field 'workdir': cannot resolve {workdir[:80]!r}: {printable(exc)}"
+            ) from None
     try:
-        spec = JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data, strict=True)
     except ValidationError as exc:
         raise SpecError(describe_validation_error(str(path), exc)) from None
+    where = printable(spec.workdir, 400)
     if not spec.workdir.is_dir():
-        raise SpecError(f"{path}: field 'workdir': directory {spec.workdir} does not exist")
-    if spec.requirements and not (spec.workdir / spec.requirements).is_file():
+        raise SpecError(f"{shown}: field 'workdir': directory {where} does not exist")
+    if spec.workdir in (Path("/"), Path.home().resolve()):
         raise SpecError(
-            f"{path}: field 'requirements': {spec.requirements} not found in workdir {spec.workdir}"
+            f"{shown}: field 'workdir': {where} is the root or home directory; it would be synced whole "
+            "to every node: point it at the project's directory"
         )
+    try:
+        str(spec.workdir).encode("utf-8")
+    except UnicodeEncodeError:
+        raise SpecError(f"{shown}: field 'workdir': the path {where} is not valid UTF-8") from None
+    if spec.requirements:
+        _check_requirements(spec, shown)
+    from launch.planning.launchers import launcher_class  # the launchers import this module
+
+    for field, problem in launcher_class(spec.launcher).check_spec(spec):
+        raise SpecError(f"{shown}: field '{field}': {problem}")
     return spec
+
+
+def _check_requirements(spec: JobSpec, shown: str) -> None:
+    """The requirements file must be a readable UTF-8 file inside the workdir (it is synced with it)."""
+    assert spec.requirements is not None
+    requirements = Path(spec.requirements)
+    target = (spec.workdir / requirements).resolve()
+    if requirements.is_absolute() or not target.is_relative_to(spec.workdir):
+        raise SpecError(
+            f"{shown}: field 'requirements': {printable(spec.requirements)!r} is outside workdir "
+            f"{printable(spec.workdir, 400)}; only the workdir is synced to the nodes"
+        )
+    if not target.is_file():
+        raise SpecError(
+            f"{shown}: field 'requirements': {printable(spec.requirements)} not found in workdir "
+            f"{printable(spec.workdir, 400)}"
+        )
+    try:
+        spec.requirements_text()
+    except SpecError as exc:
+        raise SpecError(f"{shown}: field 'requirements': {exc}") from None

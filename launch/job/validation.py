@@ -1,11 +1,19 @@
-"""Turn pydantic validation errors into one message that names the file, the field and the expectation.
+"""Read untrusted playbooks and inventories, and say what is wrong in one line per problem.
 
 A researcher who mistypes ``nodes: zero`` should read
 ``playbooks/job.yaml: field 'nodes': expected an integer >= 1, got 'zero'``, not a traceback.
+
+Files are untrusted input, so reading them is bounded before any parsing: a size cap (a
+100 MB "playbook" is refused unread), strict UTF-8, duplicate keys refused (YAML silently keeps
+the last one, so a reviewer and fleetrun would read different files), and a cap on the values
+an alias may expand to (the "billion laughs" file is a few hundred bytes that expand to 10**9
+values once a validator walks them). Everything echoed back (paths, field names, values) goes
+through ``printable`` so an error message stays one line and never carries control characters.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +22,31 @@ from pydantic import ValidationError
 
 from launch.errors import SpecError
 
+MAX_FILE_BYTES = 1024 * 1024
+"""Largest playbook, inventory or stack-outputs file read (1 MiB: real ones are a few KiB)."""
+
+MAX_VALUES = 100_000
+"""Most scalars, lists and mappings a file may hold once aliases are expanded."""
+
+MAX_ALIASES = 1_000
+MAX_SHOWN = 120
+"""Longest value quoted back in an error message."""
+
+
+def printable(value: object, limit: int = MAX_SHOWN) -> str:
+    """``value`` as one printable line: controls, newlines and undecodable bytes escaped, length capped."""
+    text = str(value)
+    cut = len(text) > limit
+    text = text[:limit]
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out + ("..." if cut else "")
+
+
+def shown_value(value: object) -> str:
+    """A value as Python would write it (quotes show where it starts and ends), capped."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "..."
+
 
 def _field_path(loc: tuple[Any, ...]) -> str:
     parts: list[str] = []
@@ -21,7 +54,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
         if isinstance(item, int):
             parts.append(f"[{item}]")
         else:
-            parts.append(("." if parts else "") + str(item))
+            parts.append(("." if parts else "") + printable(item, 80))
     return "".join(parts) or "(top level)"
 
 
@@ -37,7 +70,9 @@ def _expectation(err: Any) -> str:
     if kind == "literal_error":
         return f"expected one of {ctx.get('expected', '?')}"
     msg = str(err.get("msg", "invalid value"))
-    return msg[0].lower() + msg[1:] if msg else "invalid value"
+    if kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+    return printable(msg[0].lower() + msg[1:] if msg else "invalid value", 400)
 
 
 def describe_validation_error(source: str, exc: ValidationError) -> str:
@@ -49,22 +84,146 @@ def describe_validation_error(source: str, exc: ValidationError) -> str:
         if err.get("type") not in ("missing",) and "input" in err:
             value = err["input"]
             if not isinstance(value, dict | list):
-                got = f", got {value!r}"
-        lines.append(f"{source}: field '{path}': {_expectation(err)}{got}")
+                got = f", got {shown_value(value)}"
+        lines.append(f"{printable(source, 400)}: field '{path}': {_expectation(err)}{got}")
     return "\n".join(lines)
+
+
+def read_text_bounded(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str:
+    """The file's text, refused with one clear line when missing, not a file, too big or not UTF-8."""
+    shown = printable(path, 400)
+    try:
+        if not path.exists():
+            raise SpecError(f"{shown}: {what} file not found")
+        if not path.is_file():
+            raise SpecError(f"{shown}: {what} is not a regular file")
+        with path.open("rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise SpecError(f"{shown}: cannot read the {what}: {printable(exc.strerror or exc)}") from None
+    if len(data) > limit:
+        raise SpecError(f"{shown}: {what} file is larger than {limit // 1024} KiB; refusing to parse it")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{shown}: {what} is not valid UTF-8 (byte {exc.start})") from None
+
+
+class StrictSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate keys and counts aliases."""
+
+    aliases_seen = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases_seen += 1
+            if self.aliases_seen > MAX_ALIASES:
+                event = self.peek_event()
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"more than {MAX_ALIASES} aliases", event.start_mark
+                )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {shown_value(key)}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_expanded_size(data: Any, source: str) -> None:
+    """Refuse structures that hold more than ``MAX_VALUES`` values once shared references are expanded.
+
+    Iterative, with a budget: a self-referencing list or an alias bomb stops the walk early.
+    """
+    budget = MAX_VALUES
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise SpecError(
+                f"{printable(source, 400)}: more than {MAX_VALUES} values once YAML aliases are expanded "
+                "(an alias bomb?); refusing it"
+            )
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _yaml_error(source: str, exc: yaml.YAMLError) -> SpecError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    return SpecError(f"{printable(source, 400)}: not valid YAML{where}: {printable(problem, 200)}")
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text as data, bounded (see the module docstring); errors name the source and the line."""
+    loader = StrictSafeLoader(text)
+    try:
+        data = loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise _yaml_error(source, exc) from None
+    except RecursionError:
+        raise SpecError(f"{printable(source, 400)}: not valid YAML: nested too deeply") from None
+    finally:
+        loader.dispose()
+    _check_expanded_size(data, source)
+    return data
 
 
 def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; errors name the file and the line."""
-    if not path.exists():
-        raise SpecError(f"{path}: {what} file not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
+    data = parse_yaml(read_text_bounded(path, what), str(path))
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
+        raise SpecError(
+            f"{printable(path, 400)}: expected a mapping of fields at the top level, got {type(data).__name__}"
+        )
+    return data
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {shown_value(key)}")
+        result[key] = value
+    return result
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def load_json_mapping(path: Path, what: str) -> dict[str, Any]:
+    """Read a JSON file that must hold an object: bounded, UTF-8, no duplicate keys, no NaN/Infinity."""
+    text = read_text_bounded(path, what)
+    try:
+        data = json.loads(text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise SpecError(
+            f"{printable(path, 400)}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        problem = "nested too deeply" if isinstance(exc, RecursionError) else printable(exc, 200)
+        raise SpecError(f"{printable(path, 400)}: not valid JSON: {problem}") from None
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"{printable(path, 400)}: expected a JSON object of {what}, got {type(data).__name__}"
+        )
+    _check_expanded_size(data, str(path))
     return data

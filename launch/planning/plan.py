@@ -6,9 +6,27 @@ Because the plan is plain data, ``--dry-run`` prints it and tests assert on it w
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 
-from launch.job.inventory import Host
+from launch.job.inventory import Host, host_port
+
+MASK = "***"
+"""What ``--dry-run`` and ``plan.txt`` show in place of a secret value."""
+
+
+def export_line(key: str, value: str) -> str:
+    """``export KEY='value'``: how every script fleetrun writes sets a literal variable.
+
+    One function for the launchers and for ``LaunchPlan.render``'s masking, so the text that is
+    masked is exactly the text that was written.
+    """
+    return f"export {key}={shlex.quote(value)}"
+
+
+def home_export_line(key: str, home_relative: str) -> str:
+    """``export KEY="$HOME"/'rest'``: a path under the node user's home, the rest quoted literally."""
+    return f'export {key}="$HOME"/{shlex.quote(home_relative)}'
 
 
 @dataclass(frozen=True)
@@ -52,7 +70,8 @@ class NodePlan:
         return self.launch_script is not None
 
     def describe(self) -> str:
-        return f"{self.host.name} ({self.host.user}@{self.host.address}:{self.host.port}, node rank {self.node_rank}, {self.role})"
+        where = f"{self.host.user}@{host_port(self.host.address, self.host.port)}"
+        return f"{self.host.name} ({where}, node rank {self.node_rank}, {self.role})"
 
 
 @dataclass(frozen=True)
@@ -65,13 +84,18 @@ class LaunchPlan:
     nodes: list[NodePlan]
     total_processes: int | None
     notes: list[str] = field(default_factory=list)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    """Environment values that ``render`` masks (the nodes still get them): name -> value."""
 
     @property
     def head(self) -> NodePlan:
         return self.nodes[0]
 
     def render(self) -> str:
-        """The dry-run text: per node, the exact setup and launch scripts that would run."""
+        """The dry-run text: per node, the exact setup and launch scripts that would run.
+
+        Secret values (``secrets``) are replaced by ``***``: this text is printed and kept in ``plan.txt``.
+        """
         out = [
             f"# fleetrun plan for job {self.job!r}, run {self.run_id}",
             f"# launcher: {self.launcher}; nodes: {len(self.nodes)}; "
@@ -95,4 +119,10 @@ class LaunchPlan:
             out.append("### launch.sh (started detached by ~/.fleetrun/lib/fleetrun_node.py start)")
             out.append(node.launch_script.rstrip())
             out.append(f"### command: {node.command}")
-        return "\n".join(out) + "\n"
+        return self.masked("\n".join(out) + "\n")
+
+    def masked(self, text: str) -> str:
+        """``text`` with every secret's ``export`` line showing ``***`` instead of the value."""
+        for key, value in self.secrets.items():
+            text = text.replace(export_line(key, value), f"export {key}={MASK}")
+        return text

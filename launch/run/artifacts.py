@@ -124,7 +124,7 @@ def pull(
             )
         target = folder.node_dir(host.name)
         target.mkdir(parents=True, exist_ok=True)
-        source = f"{host.user}@{host.address}:{run_dir}/"
+        source = host.rsync_target(f"{run_dir}/")
         rsh = shlex.join(openssh_command(host, known_hosts))
         proc = subprocess.run(
             pull_argv(source, target, rsh, max_file_bytes),

@@ -119,6 +119,7 @@ class RunFolder:
     def create(cls, run_id: str, base: Path | None = None) -> RunFolder:
         path = (base or runs_dir()) / run_id
         (path / "nodes").mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)  # plan.txt, logs and outputs are the operator's alone
         return cls(path)
 
     def node_dir(self, host: str) -> Path:
@@ -132,8 +133,12 @@ class RunFolder:
         return target
 
     def write_text(self, name: str, text: str) -> Path:
+        """Written 0600 (``plan.txt`` holds the exact scripts)."""
         target = self.path / name
-        target.write_text(text)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
         return target
 
     def artifacts(self, limit: int = 500) -> list[str]:

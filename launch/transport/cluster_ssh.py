@@ -99,11 +99,6 @@ def new_cluster_key(inventory: Inventory, valid_for_s: float = CLUSTER_KEY_VALID
     return ClusterKey(private_text, f"{public_text} {tag}", tag, expires=expiry_time(valid_for_s))
 
 
-def load_or_create_cluster_key(inventory: Inventory) -> ClusterKey:
-    """Kept for the planner's current call: now the same as ``new_cluster_key`` (writes nothing)."""
-    return new_cluster_key(inventory)
-
-
 def revoke_command() -> str:
     """Shell, for every node at the end of a run: remove the noted cluster line, and the head's key files."""
     return f'{remove_recorded_command(AUTHORIZED_NOTE)} && rm -rf "$HOME/{CLUSTER_DIR}"'

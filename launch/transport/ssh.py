@@ -12,6 +12,7 @@ Fan-out uses our own thread pool with a bound and per-command timeouts, because 
 from __future__ import annotations
 
 import contextlib
+import errno
 import resource
 import secrets
 import select
@@ -53,6 +54,39 @@ class CommandResult:
         return self.exit_code == 0
 
 
+def key_file_problem(path: Path) -> str | None:
+    """Why the private key file cannot be read, or None when it can."""
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except FileNotFoundError:
+        return "no such file"
+    except PermissionError:
+        return "not readable (permission denied)"
+    except IsADirectoryError:
+        return "is a directory, not a key file"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return None
+
+
+def unreachable_reason(exc: BaseException) -> str:
+    """'connection refused', 'timed out', 'no route to host', ... for a failed TCP connect."""
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
+        exc = next(iter(exc.errors.values()))
+    if isinstance(exc, TimeoutError):
+        return "connection timed out"
+    if isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == errno.ECONNREFUSED:
+        return "connection refused"
+    if getattr(exc, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "no route to host"
+    if isinstance(exc, EOFError | ConnectionResetError):
+        return "connection closed by the host"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc) or type(exc).__name__
+
+
 def _fabric_config() -> Config:
     return Config(
         overrides={"load_ssh_configs": False, "run": {"hide": True, "warn": True, "in_stream": False}}
@@ -90,8 +124,32 @@ class NodeConnection:
         self.sessions: dict[str, LineSession] = {}
 
     def open(self) -> None:
+        """Connect and authenticate; every failure is a ``HostError`` that says which kind it is.
+
+        A missing or unreadable key file, an unreachable host (refused, timed out, no route, or
+        the connection dropped during the handshake), a rejected key and a changed host key are
+        told apart: each needs a different fix, and "authentication failed" for a host that went
+        away sends the operator chasing keys.
+        """
         host = self.host
         where = f"{host.user}@{host.address}:{host.port}"
+        if self.conn.is_connected:
+            return
+        if host.key is not None:
+            problem = key_file_problem(host.key)
+            if problem:
+                raise HostError(host.name, f"key file {host.key}: {problem} (inventory field 'key')")
+        try:
+            self._connect(where)
+        except BaseException:
+            # A failed connect can leave paramiko's transport thread running (Fabric only closes
+            # what it counts as connected): close it here so failures do not pile up threads.
+            with contextlib.suppress(Exception):
+                self.conn.client.close()
+            raise
+
+    def _connect(self, where: str) -> None:
+        host = self.host
         try:
             self.conn.open()
             if self.conn.transport is not None:
@@ -105,6 +163,12 @@ class NodeConnection:
                 "rebuilt or something is impersonating it. Update the pinned key only if you know why it changed.",
             ) from None
         except paramiko.AuthenticationException:
+            transport = self.conn.client.get_transport()
+            if transport is None or not transport.is_active():
+                # paramiko reports a connection that died mid-handshake as "Authentication failed".
+                raise HostError(
+                    host.name, f"unreachable at {where} (connection closed during authentication)"
+                ) from None
             raise HostError(
                 host.name, f"authentication failed at {where} with key {host.key or '(none given)'}"
             ) from None
@@ -113,9 +177,16 @@ class NodeConnection:
                 raise HostError(
                     host.name, f"no pinned host key for {where}; refusing to trust on first use"
                 ) from None
+            transport = self.conn.client.get_transport()
+            if "banner" in str(exc) or (transport is not None and not transport.is_active()):
+                raise HostError(
+                    host.name, f"unreachable at {where} (connection closed during the SSH handshake: {exc})"
+                ) from None
+            if host.key is not None and "key" in str(exc).lower() and "host key" not in str(exc).lower():
+                raise HostError(host.name, f"key file {host.key}: cannot be used: {exc}") from None
             raise HostError(host.name, f"SSH error at {where}: {exc}") from None
         except (TimeoutError, OSError, EOFError) as exc:
-            raise HostError(host.name, f"unreachable at {where}: {exc or type(exc).__name__}") from None
+            raise HostError(host.name, f"unreachable at {where} ({unreachable_reason(exc)})") from None
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run a shell command; a non-zero exit is a result, a broken connection is a ``HostError``."""

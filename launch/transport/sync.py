@@ -92,7 +92,7 @@ def rsync_argv(source: Path, host: Host, remote_dir: str, known_hosts: Path, fil
         "-e",
         ssh,
         f"{source}/",
-        f"{host.user}@{host.address}:{remote_dir}/",
+        host.rsync_target(f"{remote_dir}/"),
     ]
 
 

@@ -12,10 +12,10 @@ import shlex
 from abc import ABC, abstractmethod
 
 from launch.fleets.teardown import POWEROFF_HOOKS
-from launch.job.inventory import Host, Inventory
+from launch.job.inventory import Host, Inventory, host_port
 from launch.job.spec import JobSpec
 from launch.planning import remote_layout as layout
-from launch.planning.plan import LaunchPlan, NodePlan, RemoteFile
+from launch.planning.plan import LaunchPlan, NodePlan, RemoteFile, export_line, home_export_line
 
 TF_PORT = 2222
 # fleetrun's own variables whose values start with $HOME and are expanded by the node's shell.
@@ -29,14 +29,28 @@ def sh_quote(value: str) -> str:
 
 def iface_line(host: Host) -> str:
     """Shell that sets ``IFACE`` to the cluster interface: known from the inventory, or the
-    interface holding the host's private address (NCCL/Gloo must not pick the wrong one)."""
+    interface holding the host's private address (NCCL/Gloo must not pick the wrong one).
+
+    ``ip`` prints IPv6 addresses in their compressed form, which is how inventories keep them."""
     if host.interface:
         return f"IFACE={sh_quote(host.interface)}"
     return (
-        "IFACE=$(ip -o -4 addr show | awk -v ip="
+        f"IFACE=$(ip -o -{6 if ':' in host.private_address else 4} addr show | awk -v ip="
         + sh_quote(host.private_address)
         + " '{split($4, a, \"/\"); if (a[1] == ip) print $2}' | head -n 1)"
     )
+
+
+def env_export_lines(env: dict[str, str], expanded: frozenset[str] | set[str]) -> list[str]:
+    """``export`` lines for ``env``: keys in ``expanded`` hold ``$HOME/<path>`` and keep ``$HOME``
+    live; every other value (the playbook's included) is quoted and exported literally."""
+    lines = []
+    for key, value in env.items():
+        if key in expanded and value.startswith("$HOME/"):
+            lines.append(home_export_line(key, value.removeprefix("$HOME/")))
+        else:
+            lines.append(export_line(key, value))
+    return lines
 
 
 def resolved_procs(spec: JobSpec, host: Host) -> int | None:
@@ -54,12 +68,18 @@ class Launcher(ABC):
     name: str = ""
 
     @classmethod
-    def for_inventory(cls, inventory: Inventory) -> Launcher:
+    def for_inventory(cls, inventory: Inventory, dry_run: bool = False) -> Launcher:
         """The launcher with whatever I/O its plan needs done up front (keys, scripts).
 
-        Called by the application layer, never by ``plan``, so plans stay pure.
+        Called by the application layer, never by ``plan``, so plans stay pure. With ``dry_run``
+        nothing may be created on the operator's machine (no key is generated or written).
         """
         return cls()
+
+    @classmethod
+    def check_spec(cls, spec: JobSpec) -> list[tuple[str, str]]:
+        """(field, problem) for what this launcher cannot run; checked when the playbook loads."""
+        return []
 
     @abstractmethod
     def node_command(self, spec: JobSpec, inventory: Inventory, node_rank: int, procs: int | None) -> str:
@@ -110,7 +130,13 @@ class Launcher(ABC):
                 f"{nodes[0].host.name}, which copies it to the other {len(nodes) - 1} over the private network"
             )
         return LaunchPlan(
-            run_id=run_id, job=spec.name, launcher=self.name, nodes=nodes, total_processes=total, notes=notes
+            run_id=run_id,
+            job=spec.name,
+            launcher=self.name,
+            nodes=nodes,
+            total_processes=total,
+            notes=notes,
+            secrets=spec.secret_values(),
         )
 
     def node_env(
@@ -130,7 +156,7 @@ class Launcher(ABC):
         ips = [h.private_address for h in inventory.hosts]
         run_dir = layout.home(layout.rundir(run_id))
         tf_config = {
-            "cluster": {"worker": [f"{ip}:{TF_PORT}" for ip in ips]},
+            "cluster": {"worker": [host_port(ip, TF_PORT) for ip in ips]},
             "task": {"type": "worker", "index": rank},
         }
         env = {
@@ -168,12 +194,7 @@ class Launcher(ABC):
             f"# fleetrun: job {spec.name}, run {run_id}, node {host.name}",
             "set -e",
         ]
-        expanded = HOME_RELATIVE_KEYS - spec.env.keys()
-        for key, value in env.items():
-            if key in expanded:
-                lines.append(f'export {key}="{value}"')
-            else:
-                lines.append(f"export {key}={sh_quote(value)}")
+        lines += env_export_lines(env, HOME_RELATIVE_KEYS - spec.env.keys())
         lines.append(f'export PYTHONPATH="$HOME/{layout.LIB}${{PYTHONPATH:+:$PYTHONPATH}}"')
         lines.append(iface_line(host))
         lines.append('[ -n "$IFACE" ] && export GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"')

@@ -33,7 +33,14 @@ from launch.errors import SpecError
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.planning import remote_layout as layout
-from launch.planning.launchers.base import HOME_RELATIVE_KEYS, Launcher, iface_line, resolved_procs, sh_quote
+from launch.planning.launchers.base import (
+    HOME_RELATIVE_KEYS,
+    Launcher,
+    env_export_lines,
+    iface_line,
+    resolved_procs,
+    sh_quote,
+)
 from launch.planning.plan import LaunchPlan, NodePlan, RemoteFile
 from launch.transport import cluster_ssh
 
@@ -100,8 +107,8 @@ class HorovodLauncher(Launcher):
         self.install_script = install_script
 
     @classmethod
-    def for_inventory(cls, inventory: Inventory) -> HorovodLauncher:
-        return load_horovod_launcher(inventory)
+    def for_inventory(cls, inventory: Inventory, dry_run: bool = False) -> HorovodLauncher:
+        return load_horovod_launcher(inventory, dry_run=dry_run)
 
     # -- the head's command -----------------------------------------------------------------------
     def node_command(self, spec: JobSpec, inventory: Inventory, node_rank: int, procs: int | None) -> str:
@@ -149,6 +156,13 @@ class HorovodLauncher(Launcher):
                 "the horovod launcher needs the cluster's SSH key; plans are made by launch.cli.app.make_plan"
             )
         inventory = inventory.first(spec.nodes)
+        for i, host in enumerate(inventory.hosts):
+            if ":" in host.private_address:
+                raise SpecError(
+                    f"{inventory.source}: field 'hosts[{i}].private_address': horovodrun's -H host:slots "
+                    f"cannot carry an IPv6 address ({host.private_address}); use the torchrun launcher "
+                    "or IPv4 private addresses"
+                )
         base = super().plan(self.setup_spec(spec), inventory, run_id)
         head_host = inventory.head
         workers = inventory.hosts[1:]
@@ -227,7 +241,6 @@ class HorovodLauncher(Launcher):
     def rank_script(self, spec: JobSpec, node: NodePlan, run_id: str) -> str:
         """The script every rank on ``node`` runs (see the module docstring for why it exists)."""
         host = node.host
-        run_dir = f"$HOME/{layout.rundir(run_id)}"
         lines = [
             "#!/bin/sh",
             f"# fleetrun: one Horovod rank on {host.name} (job {spec.name}, run {run_id}).",
@@ -246,12 +259,7 @@ class HorovodLauncher(Launcher):
             "export PATH PYTHONPATH",
             "unset VIRTUAL_ENV",
         ]
-        expanded = HOME_RELATIVE_KEYS - spec.env.keys()
-        for key, value in node.env.items():
-            if key in expanded:
-                lines.append(f'export {key}="{value}"')
-            else:
-                lines.append(f"export {key}={sh_quote(value)}")
+        lines += env_export_lines(node.env, HOME_RELATIVE_KEYS - spec.env.keys())
         lines += [
             "# torch.distributed's names for what Horovod assigned, so either API finds its rank.",
             'export RANK="$HOROVOD_RANK" LOCAL_RANK="$HOROVOD_LOCAL_RANK" WORLD_SIZE="$HOROVOD_SIZE"',
@@ -264,7 +272,7 @@ class HorovodLauncher(Launcher):
             '    export HOROVOD_GLOO_IFACE="$IFACE" GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"',
             "fi",
             f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"',
-            f'RUN_DIR="{run_dir}"',
+            f'RUN_DIR="$HOME"/{sh_quote(layout.rundir(run_id))}',
             'mkdir -p "$FLEETRUN_OUTPUT_DIR"',
             f'cd "$HOME/{layout.workdir(spec.name)}"',
             "# The entrypoint as the playbook wrote it; output to horovodrun (the head's log) and a rank log.",
@@ -289,14 +297,31 @@ class HorovodLauncher(Launcher):
 INSTALL_SCRIPT_SOURCE = Path(__file__).resolve().parents[3] / INSTALL_ORIGIN
 
 
-def load_horovod_launcher(inventory: Inventory) -> HorovodLauncher:
+def load_horovod_launcher(inventory: Inventory, dry_run: bool = False) -> HorovodLauncher:
     """The launcher with what its plan ships: the inventory's cluster key and the install script.
 
-    The I/O the pure ``plan`` must not do: the key is created on first use under
-    ``fleetrun_home()/cluster_keys/<inventory fingerprint>`` and reused after.
+    The key is made for this run only and held in memory (``cluster_ssh.new_cluster_key``): nothing
+    is written on the laptop, and the wrap-up revokes it on the nodes. A dry run shows a
+    placeholder instead (``dry_run_cluster_key``), so no private key is ever printed.
     """
     try:
         install = INSTALL_SCRIPT_SOURCE.read_text()
     except OSError as exc:
         raise SpecError(f"cannot read the Horovod install script {INSTALL_SCRIPT_SOURCE}: {exc}") from None
-    return HorovodLauncher(cluster_ssh.load_or_create_cluster_key(inventory), install)
+    if dry_run:
+        return HorovodLauncher(dry_run_cluster_key(inventory), install)
+    return HorovodLauncher(cluster_ssh.new_cluster_key(inventory), install)
+
+
+def dry_run_cluster_key(inventory: Inventory) -> cluster_ssh.ClusterKey:
+    """A stand-in for a cluster key that does not exist yet: ``--dry-run`` writes no private key.
+
+    The plan shows where the real key goes; its public half reads as a placeholder, so the
+    printed authorize script cannot be mistaken for one that would work.
+    """
+    tag = cluster_ssh.cluster_tag(inventory)
+    return cluster_ssh.ClusterKey(
+        private_key="(generated for each real run; never by --dry-run)",
+        public_key=f"ssh-ed25519 <cluster-key-generated-for-each-run> {tag}",
+        tag=tag,
+    )

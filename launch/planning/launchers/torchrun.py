@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from launch.job.inventory import Inventory
+from launch.job.inventory import Inventory, host_port
 from launch.job.spec import JobSpec
 from launch.planning.launchers.base import Launcher
 
@@ -35,6 +35,30 @@ def entrypoint_tail(entrypoint: str) -> str:
 class TorchrunLauncher(Launcher):
     name = "torchrun"
 
+    @classmethod
+    def check_spec(cls, spec: JobSpec) -> list[tuple[str, str]]:
+        """torchrun runs a script or a module: ``python -c CODE`` and interpreter options cannot pass.
+
+        ``python -c 'print(1)'`` would become ``torchrun ... -c 'print(1)'``, which torchrun
+        refuses on every node with exit code 2; ``python -u x.py`` likewise (``-u`` is not a
+        torchrun option).
+        """
+        argv = shlex.split(spec.entrypoint)
+        if argv[0] not in ("python", "python3") or len(argv) < 2 or not argv[1].startswith("-"):
+            return []
+        if argv[1] == "-m":
+            return []
+        if argv[1] == "-c":
+            reason = (
+                "torchrun runs a Python script or module (-m), not 'python -c CODE'; put the code in a script"
+            )
+        else:
+            reason = (
+                f"torchrun runs a Python script or module (-m) and takes no interpreter option like "
+                f"{argv[1][:20]!r}; set it through env (PYTHONUNBUFFERED=1, PYTHONOPTIMIZE, ...) instead"
+            )
+        return [("entrypoint", reason)]
+
     def node_command(self, spec: JobSpec, inventory: Inventory, node_rank: int, procs: int | None) -> str:
         head = inventory.head
         host = inventory.hosts[node_rank]
@@ -45,7 +69,7 @@ class TorchrunLauncher(Launcher):
             f"--nnodes={len(inventory.hosts)}",
             "--nproc-per-node=" + (str(procs) if procs is not None else '"$NPROC"'),
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={head.private_address}:{spec.rdzv_port}",
+            f"--rdzv-endpoint={host_port(head.private_address, spec.rdzv_port)}",
             '--rdzv-id="$FLEETRUN_RUN_ID"',
             f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}",
             f"--local-addr={host.private_address}",

@@ -1,0 +1,150 @@
+"""SSH connection failures are named for what they are, against a real (in-process paramiko) SSH server.
+
+A missing key file is not "unreachable"; a host that drops the connection during the handshake
+is not "authentication failed"; a changed host key stays its own error (``HostKeyMismatch``).
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from launch.errors import HostError, HostKeyMismatch
+from launch.job.inventory import Host, Inventory
+from launch.transport.cluster_ssh import new_ed25519_keypair
+from launch.transport.ssh import NodeConnection
+
+SERVER_PRIVATE, SERVER_PUBLIC = new_ed25519_keypair()
+CLIENT_PRIVATE, _ = new_ed25519_keypair()
+_, OTHER_PUBLIC = new_ed25519_keypair()
+
+
+class Server(paramiko.ServerInterface):
+    """Offers public-key auth and refuses it; ``drop`` closes the TCP connection instead of answering."""
+
+    def __init__(self, conn: socket.socket, drop: bool) -> None:
+        self.conn = conn
+        self.drop = drop
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "publickey"
+
+    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+        if self.drop:
+            self.conn.shutdown(socket.SHUT_RDWR)
+        return paramiko.AUTH_FAILED
+
+
+def serve(mode: str) -> tuple[int, threading.Thread]:
+    """A one-connection server on 127.0.0.1: ``ssh`` (refuses the key), ``drop`` (vanishes mid-auth),
+    ``hangup`` (accepts TCP, closes before the SSH banner)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        listener.close()
+        if mode == "hangup":
+            conn.close()
+            return
+        transport = paramiko.Transport(conn)
+        transport.add_server_key(paramiko.Ed25519Key.from_private_key(io.StringIO(SERVER_PRIVATE)))
+        try:
+            transport.start_server(server=Server(conn, drop=mode == "drop"))
+            transport.join(10)
+        except (paramiko.SSHException, OSError, EOFError):
+            pass
+        finally:
+            transport.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return port, thread
+
+
+@pytest.fixture
+def client_key(tmp_path: Path) -> Path:
+    path = tmp_path / "id_ed25519"
+    path.write_text(CLIENT_PRIVATE)
+    path.chmod(0o600)
+    return path
+
+
+def connect(tmp_path: Path, port: int, key: Path | None, pinned: str = SERVER_PUBLIC) -> None:
+    host = Host(name="h", address="127.0.0.1", port=port, user="u", key=key, host_key=pinned)
+    known_hosts = Inventory(hosts=[host]).write_known_hosts(tmp_path / "known_hosts")
+    conn = NodeConnection(host, known_hosts, connect_timeout=5)
+    try:
+        conn.open()
+    finally:
+        conn.conn.close()
+        # A failed open must not leave paramiko's transport (and its thread) behind.
+        assert conn.conn.client.get_transport() is None
+
+
+@pytest.fixture
+def free_port() -> Iterator[int]:
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    yield port
+
+
+def test_missing_key_file_is_named_not_unreachable(tmp_path: Path, free_port: int) -> None:
+    with pytest.raises(HostError) as info:
+        connect(tmp_path, free_port, tmp_path / "x")
+    assert f"key file {tmp_path / 'x'}: no such file" in str(info.value)
+    assert "unreachable" not in str(info.value)
+
+
+def test_key_path_that_is_a_directory_is_named(tmp_path: Path, free_port: int) -> None:
+    with pytest.raises(HostError, match="is a directory, not a key file"):
+        connect(tmp_path, free_port, tmp_path)
+
+
+def test_refused_connection_is_unreachable(tmp_path: Path, client_key: Path, free_port: int) -> None:
+    with pytest.raises(HostError) as info:
+        connect(tmp_path, free_port, client_key)
+    assert "unreachable" in str(info.value) and "connection refused" in str(info.value)
+    assert "authentication" not in str(info.value)
+
+
+def test_hangup_before_the_banner_is_unreachable(tmp_path: Path, client_key: Path) -> None:
+    port, thread = serve("hangup")
+    with pytest.raises(HostError) as info:
+        connect(tmp_path, port, client_key)
+    thread.join(10)
+    assert "unreachable" in str(info.value), str(info.value)
+    assert "authentication failed" not in str(info.value)
+
+
+def test_dropped_during_authentication_is_unreachable_not_auth_failed(
+    tmp_path: Path, client_key: Path
+) -> None:
+    port, thread = serve("drop")
+    with pytest.raises(HostError) as info:
+        connect(tmp_path, port, client_key)
+    thread.join(10)
+    assert "unreachable" in str(info.value) and "during authentication" in str(info.value), str(info.value)
+    assert not isinstance(info.value, HostKeyMismatch)
+
+
+def test_refused_key_is_authentication_failed(tmp_path: Path, client_key: Path) -> None:
+    port, thread = serve("ssh")
+    with pytest.raises(HostError) as info:
+        connect(tmp_path, port, client_key)
+    thread.join(10)
+    assert "authentication failed" in str(info.value) and str(client_key) in str(info.value)
+
+
+def test_changed_host_key_stays_its_own_error(tmp_path: Path, client_key: Path) -> None:
+    port, thread = serve("ssh")
+    with pytest.raises(HostKeyMismatch, match="does not match the pinned key"):
+        connect(tmp_path, port, client_key, pinned=OTHER_PUBLIC)
+    thread.join(10)
