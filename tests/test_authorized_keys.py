@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from launch.planning.cluster_ssh import AUTHORIZED_NOTE, ClusterKey, authorize_script, revoke_command
 from launch.transport import authorized_keys as ak
-from launch.transport.cluster_ssh import AUTHORIZED_NOTE, ClusterKey, authorize_script, revoke_command
 from launch.transport.sync_relay import RelayKey, relay_dests, rsync_gate
 from tests.conftest import sample_inventory
 

@@ -20,10 +20,10 @@ from launch.cli.app import make_plan
 from launch.errors import SpecError
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
+from launch.planning import cluster_ssh
 from launch.planning.launchers import get_launcher
 from launch.planning.launchers.horovod import HorovodLauncher, rank_command
 from launch.planning.plan import LaunchPlan
-from launch.transport import cluster_ssh
 from tests.conftest import SAMPLE_HOST_KEYS, sample_inventory
 
 FAKE_KEY = cluster_ssh.ClusterKey(

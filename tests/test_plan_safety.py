@@ -21,9 +21,9 @@ from launch.fleets.select import load_inventory
 from launch.job.inventory import Host, Inventory
 from launch.job.shell_text import control_operators
 from launch.job.spec import JobSpec
+from launch.planning import cluster_ssh
 from launch.planning.launchers.horovod import HorovodLauncher
 from launch.run.run_folder import RunFolder
-from launch.transport import cluster_ssh
 from launch.transport.sync import rsync_argv
 from tests.conftest import SAMPLE_HOST_KEYS
 

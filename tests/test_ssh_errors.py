@@ -17,7 +17,7 @@ import pytest
 
 from launch.errors import HostError, HostKeyMismatch
 from launch.job.inventory import Host, Inventory
-from launch.transport.cluster_ssh import new_ed25519_keypair
+from launch.planning.cluster_ssh import new_ed25519_keypair
 from launch.transport.ssh import NodeConnection
 
 SERVER_PRIVATE, SERVER_PUBLIC = new_ed25519_keypair()

@@ -24,7 +24,7 @@ from launch.job.inventory import Host
 from launch.nodelib.fleetrun_protocol import GuardConfig, PollAnswer, UploadRequest
 from launch.rules.stoprules import RuleState, StopRules, evaluate
 from launch.run.watch import Watcher, WatchTarget, bucket_upload_argv
-from launch.transport.ssh import MAX_ANSWER_BYTES, LineSession
+from launch.transport.channels import MAX_ANSWER_BYTES, LineSession
 from tests.conftest import sample_inventory
 
 AGENT = str(Path(__file__).resolve().parent.parent / "launch" / "nodelib" / "fleetrun_node.py")

@@ -15,6 +15,7 @@ from rich.console import Console
 from launch.errors import HostError
 from launch.nodelib.fleetrun_protocol import StopAnswer, UploadAnswer
 from launch.planning import remote_layout as layout
+from launch.planning.cluster_ssh import revoke_command
 from launch.reports.safe_text import clean
 from launch.run.run_folder import RunFolder
 from launch.run.watch import AGENT, WatchTarget
@@ -170,3 +171,27 @@ def upload_to_bucket(fleet: Fleet, target: WatchTarget, console: Console) -> dic
         messages[name] = str(res)
         console.print(f"  {name}: {res}")
     return messages
+
+
+def _is_connected(conn: object) -> bool:
+    """An open Fabric connection; a connection object without one (a test double) counts as open."""
+    return bool(getattr(getattr(conn, "conn", None), "is_connected", conn is not None))
+
+
+def revoke_cluster_keys(fleet: Fleet) -> dict[str, str]:
+    """Revoke this run's cluster key on every node this run is connected to; errors per node.
+
+    A no-op on nodes without one (other launchers), and one round trip on the open connections:
+    a node never reached this run never got a key, so no new connection is tried (which would
+    make a failed run's wrap-up wait for unreachable nodes). Never raises for a node: the
+    wrap-up calls it on every exit path and must go on.
+    """
+    connected = [h for h in fleet.hosts if _is_connected(fleet.connections.get(h.name))]
+    results = fleet.map(lambda c: c.run(revoke_command(), timeout=30), hosts=connected, deadline=60)
+    errors: dict[str, str] = {}
+    for name, result in results.items():
+        if isinstance(result, BaseException):
+            errors[name] = str(result)
+        elif not result.ok:
+            errors[name] = (result.stderr.strip() or f"exit {result.exit_code}")[-300:]
+    return errors

@@ -19,11 +19,10 @@ from launch.fleets.teardown import tear_down
 from launch.reports.plot import plot_loss
 from launch.reports.tensorboard import write_tensorboard
 from launch.rules.stoprules import StopDecision, should_teardown
-from launch.run.artifacts import pull, stop_all, upload_to_bucket
+from launch.run.artifacts import pull, revoke_cluster_keys, stop_all, upload_to_bucket
 from launch.run.records import RunRecords
 from launch.run.run_folder import RunFolder
 from launch.run.watch import Watcher, WatchTarget
-from launch.transport.cluster_ssh import revoke_cluster_keys
 from launch.transport.ssh import Fleet
 
 

@@ -31,14 +31,11 @@ from invoke.exceptions import CommandTimedOut
 
 from launch.errors import HostError, HostKeyMismatch
 from launch.job.inventory import Host
+from launch.transport.channels import LineSession, _BoundedOutput
 
 DEFAULT_CONNECT_TIMEOUT = 10
 DEFAULT_FANOUT = 32
 KEEPALIVE_S = 5
-MAX_ANSWER_BYTES = 4 << 20
-"""Longest answer line taken from a node's long-lived agent (a poll answer is at most ~1.5 MiB)."""
-MAX_OUTPUT_BYTES = 1 << 20
-"""Of a command's stdout/stderr sent input on stdin, this much of the start and of the end is kept."""
 T = TypeVar("T")
 
 
@@ -324,80 +321,6 @@ class NodeConnection:
         self.close_sessions()
         with contextlib.suppress(Exception):
             self.conn.close()
-
-
-class _BoundedOutput:
-    """A command's output, of which the first and the last ``MAX_OUTPUT_BYTES`` are kept."""
-
-    def __init__(self) -> None:
-        self.head = b""
-        self.tail = b""
-        self.dropped = 0
-
-    def add(self, chunk: bytes) -> None:
-        room = MAX_OUTPUT_BYTES - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > MAX_OUTPUT_BYTES:
-                self.dropped += len(self.tail) - MAX_OUTPUT_BYTES
-                self.tail = self.tail[-MAX_OUTPUT_BYTES:]
-
-    def text(self) -> str:
-        gap = f"\n[... {self.dropped} bytes of output not kept ...]\n".encode() if self.dropped else b""
-        return (self.head + gap + self.tail).decode("utf-8", "replace")
-
-
-class LineSession:
-    """A long-lived command on a node that answers each request line with one line.
-
-    The watcher polls through one of these per node: a request and its answer travel over a
-    channel that is already open, so a poll round starts no process anywhere.
-    """
-
-    def __init__(self, host: str, channel: paramiko.Channel) -> None:
-        self.host = host
-        self.channel = channel
-        self._pending = b""
-
-    @property
-    def closed(self) -> bool:
-        return self.channel.closed or self.channel.exit_status_ready()
-
-    def ask(self, request: str, timeout: float) -> str:
-        """Send one line, return the answer line; a dead or silent channel is a ``HostError``.
-
-        An answer line longer than ``MAX_ANSWER_BYTES`` is refused (and the channel closed, as
-        the rest of it would be read as the next answer): a node that streams without a newline
-        must not fill the laptop's memory until the deadline.
-        """
-        try:
-            self.channel.settimeout(timeout)
-            self.channel.sendall((request + "\n").encode())
-            while b"\n" not in self._pending:
-                if len(self._pending) > MAX_ANSWER_BYTES:
-                    self.close()
-                    raise HostError(
-                        self.host, f"answer on the poll channel longer than {MAX_ANSWER_BYTES} bytes; refused"
-                    )
-                chunk = self.channel.recv(65536)
-                if not chunk:
-                    raise HostError(self.host, "the node agent's poll channel closed")
-                self._pending += chunk
-        except TimeoutError:
-            self.close()
-            raise HostError(self.host, f"no answer on the poll channel within {timeout:.0f} s") from None
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            self.close()
-            raise HostError(self.host, f"poll channel lost: {exc or type(exc).__name__}") from None
-        line, self._pending = self._pending.split(b"\n", 1)
-        return line.decode("utf-8", "replace")
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.channel.close()
 
 
 def ensure_open_files(needed: int) -> int:

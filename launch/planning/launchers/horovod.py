@@ -15,7 +15,7 @@ fleetrun environment, interface and venv, enters the workdir, runs the playbook'
 and keeps a per-rank log. On a worker, a failing rank also records its exit code as the run
 directory's ``rc``, so the node agent reports which node failed and with what code.
 
-SSH from the head uses the cluster key (``launch.transport.cluster_ssh``): passed to horovodrun with
+SSH from the head uses the cluster key (``launch.planning.cluster_ssh``): passed to horovodrun with
 ``-i``/``-p`` explicitly, and a wrapper first on ``PATH`` that makes host-key checking strict
 against the workers' pinned keys. ``--network-interfaces`` skips horovodrun's interface probe
 (which would start task services on every host); each rank then sets ``HOROVOD_GLOO_IFACE`` to its
@@ -32,6 +32,7 @@ from pathlib import Path
 from launch.errors import SpecError
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
+from launch.planning import cluster_ssh
 from launch.planning import remote_layout as layout
 from launch.planning.launchers.base import (
     HOME_RELATIVE_KEYS,
@@ -42,7 +43,6 @@ from launch.planning.launchers.base import (
     sh_quote,
 )
 from launch.planning.plan import LaunchPlan, NodePlan, RemoteFile
-from launch.transport import cluster_ssh
 
 INSTALL_SCRIPT = ".fleetrun/horovod/install.sh"
 INSTALL_ORIGIN = "images/horovod/install.sh"

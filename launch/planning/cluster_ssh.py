@@ -26,14 +26,14 @@ no config file can undo ``StrictHostKeyChecking=no``. A wrapper named ``ssh`` fi
 known_hosts *before* horovodrun's options, so they win; the wrapper also selects fleetrun's config
 with ``-F``, so the head user's own ``~/.ssh/config`` plays no part.
 
-Everything but key generation and ``revoke_cluster_keys`` is pure: plans are built from these strings.
+Pure but for key generation (in memory): plans are built from these strings. Revoking the key on
+the nodes is I/O and lives with the wrap-up's other node steps (``launch.run.artifacts``).
 """
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -41,9 +41,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from launch.job.inventory import Host, Inventory
 from launch.planning.plan import RemoteFile
 from launch.transport.authorized_keys import add_command_for_variable, expiry_time, remove_recorded_command
-
-if TYPE_CHECKING:
-    from launch.transport.ssh import Fleet
 
 CLUSTER_DIR = ".fleetrun/cluster"
 PRIVATE_KEY = f"{CLUSTER_DIR}/id_ed25519"
@@ -102,30 +99,6 @@ def new_cluster_key(inventory: Inventory, valid_for_s: float = CLUSTER_KEY_VALID
 def revoke_command() -> str:
     """Shell, for every node at the end of a run: remove the noted cluster line, and the head's key files."""
     return f'{remove_recorded_command(AUTHORIZED_NOTE)} && rm -rf "$HOME/{CLUSTER_DIR}"'
-
-
-def _is_connected(conn: object) -> bool:
-    """An open Fabric connection; a connection object without one (a test double) counts as open."""
-    return bool(getattr(getattr(conn, "conn", None), "is_connected", conn is not None))
-
-
-def revoke_cluster_keys(fleet: Fleet) -> dict[str, str]:
-    """Revoke this run's cluster key on every node this run is connected to; errors per node.
-
-    A no-op on nodes without one (other launchers), and one round trip on the open connections:
-    a node never reached this run never got a key, so no new connection is tried (which would
-    make a failed run's wrap-up wait for unreachable nodes). Never raises for a node: the
-    wrap-up calls it on every exit path and must go on.
-    """
-    connected = [h for h in fleet.hosts if _is_connected(fleet.connections.get(h.name))]
-    results = fleet.map(lambda c: c.run(revoke_command(), timeout=30), hosts=connected, deadline=60)
-    errors: dict[str, str] = {}
-    for name, result in results.items():
-        if isinstance(result, BaseException):
-            errors[name] = str(result)
-        elif not result.ok:
-            errors[name] = (result.stderr.strip() or f"exit {result.exit_code}")[-300:]
-    return errors
 
 
 # -- pure pieces ---------------------------------------------------------------------------------
