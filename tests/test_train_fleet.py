@@ -181,4 +181,4 @@ def test_setup_skipped_when_unchanged_and_rerun_after_change(fleet: LocalFleet, 
     result = app.train(playbook, inventory=INVENTORY, console=console, poll_interval=0.3)
     assert isinstance(result, RunResult) and result.ok
     assert buf.getvalue().count("setup ran: setup commands or requirements changed") == 2
-    assert Path("/home/frtnode0/.fleetrun/work/t-setup/prepared.txt").read_text() == "changed\n"
+    assert Path(f"/home/{fleet.node_name(0)}/.fleetrun/work/t-setup/prepared.txt").read_text() == "changed\n"
