@@ -9,6 +9,7 @@ import paramiko
 import pytest
 
 from launch.errors import SpecError
+from launch.fleets.kinds.refs import StackFleetRef
 from launch.job.inventory import Inventory
 
 KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOvhipRqRG6pVVv2ReJ6BqUyaR82FT9Wa5PVWfYDKj6l"
@@ -66,7 +67,7 @@ def test_known_hosts_written_from_pinned_keys_only(tmp_path: Path) -> None:
         ),
         (GOOD.replace("address: 192.0.2.10", "address: 'bad host!'"), "field 'hosts[0].address'"),
         ("hosts: []\n", "field 'hosts'"),
-        (GOOD + "extra: 1\n", "field 'extra': unknown field"),
+        (GOOD + "extra: 1\n", "field 'extra': unknown; a lab inventory has only 'defaults' and 'hosts'"),
     ],
 )
 def test_broken_inventory(tmp_path: Path, text: str, expected: str) -> None:
@@ -123,7 +124,7 @@ def test_stack_outputs_inventory_orders_by_rank(tmp_path: Path) -> None:
     inv = Inventory.from_stack_outputs_file(path, key_path=tmp_path / "key")
     assert [h.name for h in inv.hosts] == ["n0", "n1"]
     assert inv.head.address == "203.0.113.1" and inv.head.private_address == "10.0.1.10"
-    assert inv.bucket == "fr-abc123-artifacts" and inv.teardown == "pulumi-stack"
+    assert inv.fleet == StackFleetRef(cluster_id="fr-abc123", cloud="aws", bucket="fr-abc123-artifacts")
     assert inv.hosts[0].gpus == 8
 
 

@@ -148,8 +148,7 @@ def stack_inventory(stack_name: str, project_dir: Path | None = None) -> Invento
 
     outputs = stack_outputs(stack_name, project_dir)
     key_path = save_operator_key(outputs)
-    inventory = Inventory.from_stack_outputs(outputs, key_path)
-    return inventory.model_copy(update={"stack": stack_name})
+    return Inventory.from_stack_outputs(outputs, key_path, stack=stack_name)
 
 
 # -- pieces, usable on their own ------------------------------------------------------------------

@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from launch.errors import LocalFleetError
+from launch.fleets.kinds.refs import LocalFleetRef
 from launch.job.inventory import Host, Inventory
 from launch.paths import fleetrun_home, image_dir
 
@@ -286,7 +287,7 @@ class LocalFleet:
         self._wait_for_sshd(nodes)
         self._start_power_daemon()
         inventory = Inventory(
-            hosts=hosts, source=f"local fleet {self.prefix}", cluster_id=self.prefix, teardown="local-fleet"
+            hosts=hosts, source=f"local fleet {self.prefix}", fleet=LocalFleetRef(prefix=self.prefix)
         )
         self.inventory_path.write_text(yaml.safe_dump(inventory.to_yaml_data(), sort_keys=False))
         say(
@@ -433,7 +434,7 @@ class LocalFleet:
             raise LocalFleetError(
                 f"local fleet {self.prefix!r} is not up (no {self.inventory_path}); start it with: fab local.up --nodes 3"
             )
-        return Inventory.from_static_yaml(self.inventory_path)
+        return Inventory.from_own_state(self.inventory_path)
 
     def stop_node(self, i: int) -> None:
         """Power a node off: every process of its user and its sshd end. The watchdog's local hook."""

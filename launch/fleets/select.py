@@ -7,9 +7,8 @@ importing the whole launch pipeline: their start-up time is part of what they co
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from launch.errors import SpecError
+from launch.fleets.kinds.registry import load_inventory as load_by_kind
 from launch.fleets.localfleet import LocalFleet
 from launch.job.inventory import Inventory
 
@@ -24,20 +23,6 @@ def local_fleet(prefix: str | None = None, subnet: int | None = None) -> LocalFl
 
 
 def load_inventory(selector: str | None) -> Inventory:
-    """``local`` / ``local:<prefix>`` (default), ``stack:<name>``, a ``.json`` of stack outputs, or a YAML inventory."""
-    selector = selector or "local"
-    if selector == "local" or selector.startswith("local:"):
-        prefix = selector.split(":", 1)[1] if ":" in selector else None
-        return local_fleet(prefix).inventory()
-    if selector.startswith("stack:"):
-        from launch.fleets.cloud_stack import stack_inventory  # lazy: only cloud users need Pulumi
-
-        return stack_inventory(selector.split(":", 1)[1])
-    path = Path(selector)
-    if not path.exists():
-        raise SpecError(
-            f"inventory {selector!r}: no such file (expected 'local', 'stack:<name>', a .json or .yaml file)"
-        )
-    if path.suffix == ".json":
-        return Inventory.from_stack_outputs_file(path)
-    return Inventory.from_static_yaml(path)
+    """``local`` / ``local:<prefix>`` (default), ``stack:<name>``, a ``.json`` of stack outputs, or a
+    lab YAML inventory: each selector belongs to one fleet kind (``launch.fleets.kinds.registry``)."""
+    return load_by_kind(selector or "local")

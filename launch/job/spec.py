@@ -71,7 +71,7 @@ class JobSpec(BaseModel):
     rdzv_port: int = Field(default=29500, ge=1024, le=65535)
     max_restarts: int = Field(default=0, ge=0, le=100)
     stop: StopRules = Field(default_factory=StopRules)
-    teardown: Teardown = "always"
+    teardown: Teardown = Teardown.ALWAYS
     relay_sync_above: int = Field(default=16, ge=1)
 
     @field_validator("name")

@@ -1,5 +1,5 @@
 """Getting a run's results off the nodes: stop every process of the run, pull each node's run
-directory, copy it to the job's bucket. These are the I/O steps the wrap-up orders; they report
+directory (the bucket copy is in ``launch.run.wrapup``). These are the I/O steps the wrap-up orders; they report
 errors per host and never raise for one bad node, because the wrap-up must decide with all of them.
 """
 
@@ -15,8 +15,9 @@ from rich.console import Console
 
 from launch.errors import HostError
 from launch.planning import remote_layout as layout
+from launch.reports.safe_text import markup_safe
 from launch.run.run_folder import RunFolder
-from launch.run.watch import AGENT, WatchTarget
+from launch.run.watch import AGENT
 from launch.transport.ssh import Fleet, NodeConnection, openssh_command
 
 
@@ -45,9 +46,13 @@ def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -
     for name, res in fleet.map(stop, deadline=grace + 40).items():
         if isinstance(res, BaseException):
             errors[name] = str(res)
-            console.print(f"  [red]{name}: could not confirm the run stopped: {res}[/]")
+            console.print(
+                f"  [red]{markup_safe(name)}: could not confirm the run stopped: {markup_safe(res)}[/]"
+            )
         elif res.get("terminated"):
-            console.print(f"  {name}: stopped {res['terminated']} process(es) of the run still running")
+            console.print(
+                f"  {markup_safe(name)}: stopped {markup_safe(res['terminated'])} process(es) of the run still running"
+            )
     return errors
 
 
@@ -75,29 +80,5 @@ def pull(fleet: Fleet, run_id: str, folder: RunFolder, known_hosts: Path, consol
         name: str(r) for name, r in fleet.map(pull_one, deadline=3700).items() if isinstance(r, BaseException)
     }
     for name, err in errors.items():
-        console.print(f"  [red]pulling artifacts from {name} failed: {err}[/]")
+        console.print(f"  [red]pulling artifacts from {markup_safe(name)} failed: {markup_safe(err)}[/]")
     return errors
-
-
-def upload_to_bucket(fleet: Fleet, target: WatchTarget, console: Console) -> dict[str, str]:
-    """Cloud fleets: each node copies its run directory to the job bucket with its instance role.
-
-    The local pull is the copy teardown waits for; the bucket copy is reported, not blocking.
-    """
-    run_dir = layout.rundir(target.run_id)
-    bucket = shlex.quote(target.inventory.bucket or "")
-    cloud = shlex.quote(target.cloud or "aws")
-
-    def upload(conn: NodeConnection) -> str:
-        result = conn.run(
-            f'{AGENT} upload "$HOME/{run_dir}" {bucket} {cloud} {shlex.quote(target.run_id)} {shlex.quote(conn.host.name)}',
-            timeout=3600,
-        )
-        answer = json.loads(result.stdout.strip().splitlines()[-1])
-        return str(answer["upload"])
-
-    messages: dict[str, str] = {}
-    for name, res in fleet.map(upload, deadline=3700).items():
-        messages[name] = str(res)
-        console.print(f"  {name}: {res}")
-    return messages

@@ -5,8 +5,8 @@ an incremental answer: process state, exit code, the metrics bytes since the las
 final status record. Concurrency is bounded (``Fleet.max_parallel``) so it holds at 64+ nodes.
 Stop decisions come from ``launch.rules.stoprules``; this module only gathers facts and draws the table.
 
-Everything needed to watch a run is saved as ``watch.json`` in the run folder, so a watcher that
-died (laptop closed, Ctrl-C) can be re-attached with ``fab watch RUN``.
+Everything needed to watch a run (``launch.run.target.WatchTarget``) is saved as ``watch.json`` in
+the run folder, so a watcher that died (laptop closed, Ctrl-C) can be re-attached with ``fab watch RUN``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,14 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 
 from launch.errors import HostError
-from launch.job.inventory import Inventory
 from launch.planning import remote_layout as layout
+from launch.reports.safe_text import safe_text
 from launch.reports.views import live_table
 from launch.rules.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
 from launch.rules.pricing import price_per_node_hour
@@ -33,86 +32,16 @@ from launch.rules.stoprules import (
     Observation,
     RuleState,
     StopDecision,
-    StopRules,
-    Teardown,
     evaluate,
 )
+from launch.run.target import WatchTarget
 from launch.transport.ssh import Fleet, NodeConnection
+
+__all__ = ["AGENT", "NodeWatch", "WatchTarget", "Watcher"]
 
 AGENT = f'python3 "$HOME/{layout.AGENT}"'
 POLL_DEADLINE_S = 20.0
 POLL_ANSWER_TIMEOUT_S = 15.0
-
-
-@dataclass(frozen=True)
-class WatchTarget:
-    """What a watcher needs to know about a run; saved as ``watch.json`` for re-attaching."""
-
-    run_id: str
-    job: str
-    inventory: Inventory
-    starters: tuple[str, ...]
-    rules: StopRules
-    teardown: Teardown
-    started_at: float
-    folder: Path
-    instance_type: str | None = None
-    cloud: str | None = None
-
-    def save(self) -> Path:
-        data = {
-            "run_id": self.run_id,
-            "job": self.job,
-            "inventory": self.inventory.to_yaml_data(),
-            "starters": list(self.starters),
-            "rules": self.rules.model_dump(),
-            "teardown": self.teardown,
-            "started_at": self.started_at,
-            "instance_type": self.instance_type,
-            "cloud": self.cloud,
-        }
-        path = self.folder / "watch.json"
-        path.write_text(json.dumps(data, indent=2, default=str))
-        return path
-
-    def guard_config(self, node: str) -> dict[str, Any]:
-        """``guard.json`` for the on-node watchdog of ``node`` (``fleetrun_guard.py``)."""
-        head = self.inventory.head
-        rules = self.rules
-        return {
-            "run_id": self.run_id,
-            "node": node,
-            "is_head": node == head.name,
-            "head_addr": head.private_address,
-            "peers": [h.private_address for h in self.inventory.hosts if h.name != node],
-            "peer_port": head.port,
-            "starts_processes": node in self.starters,
-            "started_at": self.started_at,
-            "watcher_lost_after_s": rules.watcher_lost_after_s,
-            "nan_loss": rules.nan_loss,
-            "stall_timeout_s": rules.stall_timeout_s,
-            "startup_timeout_s": rules.startup_timeout_s,
-            "max_wall_time_s": rules.max_wall_time_s,
-            "unreachable_timeout_s": rules.unreachable_timeout_s,
-            "bucket": self.inventory.bucket,
-            "cloud": self.cloud,
-        }
-
-    @classmethod
-    def load(cls, folder: Path) -> WatchTarget:
-        data = json.loads((folder / "watch.json").read_text())
-        return cls(
-            run_id=data["run_id"],
-            job=data["job"],
-            inventory=Inventory.model_validate(data["inventory"]),
-            starters=tuple(data["starters"]),
-            rules=StopRules.model_validate(data["rules"]),
-            teardown=data["teardown"],
-            started_at=data["started_at"],
-            folder=folder,
-            instance_type=data.get("instance_type"),
-            cloud=data.get("cloud"),
-        )
 
 
 @dataclass
@@ -254,7 +183,7 @@ class Watcher:
             if node.state != before and (node.starts_processes or node.state in ("unreachable", "exited")):
                 rc = f" (exit {node.rc})" if node.rc is not None else ""
                 why = f": {node.error}" if node.error else ""
-                self.console.print(f"  {name}: {before} -> {node.state}{rc}{why}")
+                self.console.print(safe_text(f"  {name}: {before} -> {node.state}{rc}{why}"))
         obs = self.observation(now)
         if self.first_step_at is None and obs.metrics.records:
             first = obs.metrics.history[0].time if len(obs.metrics.history) else None

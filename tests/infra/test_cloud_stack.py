@@ -30,6 +30,7 @@ from launch.fleets.cloud_stack import (
     stack_up,
     write_outputs_json,
 )
+from launch.fleets.kinds.refs import StackFleetRef
 from launch.job.inventory import Inventory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,7 +141,7 @@ def test_stack_inventory_saves_the_generated_key_and_names_the_stack(
     snap = evaluate("gcp")
     _fake(monkeypatch, FakeStack({"fleet:cloud": "gcp"}, snap.outputs))
     inventory = cloud_stack.stack_inventory("test")
-    assert inventory.stack == "test" and inventory.teardown == "pulumi-stack"
+    assert isinstance(inventory.fleet, StackFleetRef) and inventory.fleet.stack == "test"
     key = tmp_path / "home" / "keys" / snap.outputs["cluster_id"]
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert key.read_text().strip() == snap.outputs["ssh_private_key"].strip()

@@ -11,7 +11,7 @@ import json
 import shlex
 from abc import ABC, abstractmethod
 
-from launch.fleets.teardown import POWEROFF_HOOKS
+from launch.fleets.kinds.registry import fleet_kind
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.planning import remote_layout as layout
@@ -79,7 +79,7 @@ class Launcher(ABC):
         for python in {spec.python or h.python for h in inventory.hosts}:
             setup_hash = spec.setup_hash(python)
             setups[python] = (setup_hash, setup_script(spec, python, setup_hash))
-        hook = POWEROFF_HOOKS.get(inventory.teardown, POWEROFF_HOOKS["none"])
+        hook = fleet_kind(inventory.fleet).poweroff_hook()
         files = (RemoteFile(f"{layout.ROOT}/poweroff", hook, 0o755),)
         nodes = []
         for rank, host in enumerate(inventory.hosts):
