@@ -63,8 +63,7 @@ def train(
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
         return plan
-    # the price the watcher's cost rule will use (the playbook's override wins inside)
-    for warning in configuration_warnings(spec.stop, price_per_node_hour(inv.head.instance_type)):
+    for warning in launch_warnings(spec, inv):
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     folder = RunFolder.create(plan.run_id)
@@ -94,6 +93,12 @@ def train(
         records.close()
     report(result, console)
     return result
+
+
+def launch_warnings(spec: JobSpec, inventory: Inventory) -> list[str]:
+    """Configured rules that cannot work on this fleet, judged with the price the watcher's cost
+    rule will use (``price_per_node_hour`` of the head's machine type; the playbook's override wins)."""
+    return configuration_warnings(spec.stop, price_per_node_hour(inventory.head.instance_type))
 
 
 def ask_keep_running_on_terminal(reporter: Reporter) -> AskKeepRunning:

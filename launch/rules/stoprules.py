@@ -64,12 +64,14 @@ __all__ = [
     "should_teardown",
 ]
 
+
 class Teardown(str, Enum):
     """The playbook's ``teardown:`` policy, next to ``stop:``: when to destroy the fleet after a run."""
 
     ALWAYS = "always"
     ON_SUCCESS = "on_success"
     NEVER = "never"
+
 
 Outcome = Literal["succeeded", "failed", "stopped"]
 NodeState = Literal["running", "exited", "vanished", "unreachable"]

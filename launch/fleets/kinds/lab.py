@@ -73,7 +73,7 @@ def load_lab_inventory(path: str | Path) -> Inventory:
 
     path = Path(path)
     data = load_yaml_mapping(path, "inventory")
-    for key in data:
+    for key in sorted(data, key=lambda k: k not in REFUSED_KEYS):  # the dangerous ones named first
         if key in REFUSED_KEYS:
             raise SpecError(
                 f"{path}: field {key!r}: not allowed in a lab inventory (only fleetrun's own state says "
