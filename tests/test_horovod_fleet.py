@@ -16,7 +16,7 @@ import pytest
 
 from launch.cli import app
 from launch.fleets.localfleet import LocalFleet, image_python
-from launch.run.wrapup import RunResult
+from launch.run.summary import RunResult
 from launch.transport import cluster_ssh
 from tests.conftest import (
     REPO,

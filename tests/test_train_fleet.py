@@ -13,7 +13,7 @@ import yaml
 
 from launch.cli import app
 from launch.fleets.localfleet import LocalFleet
-from launch.run.runner import RunResult
+from launch.run.summary import RunResult
 from tests.conftest import (
     REPO,
     TEST_PREFIX,
