@@ -383,3 +383,32 @@ def test_cost_cap_warning_uses_the_real_price(tmp_path: Path) -> None:
     assert app.launch_warnings(spec, fake_inventory(1, "p4d.24xlarge")) == []
     unpriced = app.launch_warnings(spec, fake_inventory(1))
     assert len(unpriced) == 1 and "cannot fire" in unpriced[0]
+
+
+def test_fab_show_runs_and_logs_read_back_a_fake_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from launch.cli import runs as history
+
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path))  # the commands open $FLEETRUN_HOME/runs.db
+    job = JobScript(
+        steps=2, finish_status="failed", finish_message="could not open [/data/shard-7]", finish_exit_code=0
+    )
+    run = run_on_fake_fleet(tmp_path, monkeypatch, job, inventory=fake_inventory(2, "p4d.24xlarge"))
+    assert run.summary.cost_usd is not None and run.summary.cost_usd >= 0.01
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=220, force_terminal=False)
+    history.show("last", console)
+    history.list_runs(console)
+    history.logs("fake-run-1", console)
+    out = buffer.getvalue()
+    assert "2: n0, n1" in out and "could not open [/data/shard-7]" in out and "reported_failed" in out
+    assert out.count(f"${run.summary.cost_usd:,.2f}") == 2 and "n/a" not in out  # fab show's panel, fab runs
+    assert "[bold]not markup[/bold]" in out and "\x1b" not in out
+    # a pulled node.log that is a symlink is never followed
+    secret = tmp_path / "secret.txt"
+    secret.write_text("API_TOKEN=hunter2\n")
+    log = run.folder / "nodes" / "n1" / "node.log"
+    log.unlink()
+    log.symlink_to(secret)
+    buffer.truncate(0)
+    history.logs("fake-run-1", console, node="n1")
+    assert "hunter2" not in buffer.getvalue() and "log not readable" in buffer.getvalue()
