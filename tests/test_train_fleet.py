@@ -55,13 +55,13 @@ def test_three_node_torchrun_job_through_fab(
     assert world["world_size"] == 3 and world["backend"] == "gloo"
     addrs = {r["addr"] for r in world["ranks"]}
     hosts = {r["host"] for r in world["ranks"]}
-    assert addrs == {"198.18.1.10", "198.18.1.11", "198.18.1.12"}, "every rank joined, one per node"
-    assert hosts == {"frtnode0", "frtnode1", "frtnode2"}
+    assert addrs == {fleet.address(i) for i in range(3)}, "every rank joined, one per node"
+    assert hosts == {fleet.node_name(i) for i in range(3)}
     losses = [m["loss"] for m in read_metrics(run / "metrics.jsonl") if "loss" in m]
     assert len(losses) >= 30
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, "the loss fell"
     for i in range(3):
-        node = run / "nodes" / f"frtnode{i}"
+        node = run / "nodes" / fleet.node_name(i)
         assert (node / "node.log").exists() and (node / "launch.sh").exists()
         assert (node / "rc").read_text().strip() == "0"
     rank0_node = summary["rank0_node"]
@@ -109,10 +109,13 @@ def test_changed_host_key_is_refused(fleet: LocalFleet, digits_workdir: Path, tm
         console, buf = quiet_console()
         result = app.train(playbook, inventory=INVENTORY, console=console)
         assert isinstance(result, RunResult) and result.outcome == "failed"
-        assert result.failed_node == "frtnode2"
-        assert "frtnode2: host key at frtnode2@198.18.1.12:22 does not match the pinned key" in result.reason
+        name = fleet.node_name(2)
+        assert result.failed_node == name
+        assert (
+            f"{name}: host key at {name}@{fleet.address(2)}:22 does not match the pinned key" in result.reason
+        )
         for i in range(3):
-            assert not Path(f"/home/frtnode{i}/.fleetrun/work/t-hostkey").exists(), (
+            assert not Path(f"/home/{fleet.node_name(i)}/.fleetrun/work/t-hostkey").exists(), (
                 "nothing was synced or started"
             )
     finally:
@@ -177,4 +180,4 @@ def test_setup_skipped_when_unchanged_and_rerun_after_change(fleet: LocalFleet, 
     result = app.train(playbook, inventory=INVENTORY, console=console, poll_interval=0.3)
     assert isinstance(result, RunResult) and result.ok
     assert buf.getvalue().count("setup ran: setup commands or requirements changed") == 2
-    assert Path("/home/frtnode0/.fleetrun/work/t-setup/prepared.txt").read_text() == "changed\n"
+    assert Path(f"/home/{fleet.node_name(0)}/.fleetrun/work/t-setup/prepared.txt").read_text() == "changed\n"
