@@ -130,6 +130,7 @@ def test_unreachable_host_is_named_and_nothing_starts(
     fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
 ) -> None:
     real = fleet.inventory().hosts[0]
+    ghost = f"{fleet.block_prefix(0)}.250"  # in this fleet's own subnet: nobody answers there
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text(
         yaml.safe_dump(
@@ -142,7 +143,7 @@ def test_unreachable_host_is_named_and_nothing_starts(
                         "user": real.user,
                         "host_key": real.host_key,
                     },
-                    {"name": "ghost", "address": "198.18.1.250", "user": "nobody", "host_key": real.host_key},
+                    {"name": "ghost", "address": ghost, "user": "nobody", "host_key": real.host_key},
                 ],
             }
         )
@@ -152,7 +153,7 @@ def test_unreachable_host_is_named_and_nothing_starts(
     result = app.train(playbook, inventory=str(inventory), console=console)
     assert isinstance(result, RunResult) and result.outcome == "failed"
     assert result.failed_node == "ghost"
-    assert "ghost: unreachable at nobody@198.18.1.250:22" in result.reason
+    assert f"ghost: unreachable at nobody@{ghost}:22" in result.reason
     assert not Path(f"/home/{real.user}/.fleetrun/work/t-unreachable").exists(), "nothing was synced"
 
 
