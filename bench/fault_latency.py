@@ -72,7 +72,7 @@ def scenario(name: str, tmp: Path, book: Path, fault: object) -> dict[str, objec
         "rule": result.rule,
         "to_decision_s": summary["decided_at"] - t0,
         "to_teardown_s": (summary["teardown_started_at"] - t0) if summary["teardown_started_at"] else None,
-        "teardown": result.teardown,
+        "teardown": str(result.teardown),
     }
 
 

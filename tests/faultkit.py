@@ -13,7 +13,7 @@ from rich.console import Console
 
 from launch.cli import app
 from launch.fleets.local import LocalFleet
-from launch.run.wrapup import RunResult
+from launch.run.summary import RunResult
 
 
 def quiet() -> Console:

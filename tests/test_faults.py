@@ -19,8 +19,9 @@ import pytest
 
 from launch.cli import runs as history
 from launch.fleets.local import LocalFleet
+from launch.fleets.teardown import TeardownState
 from launch.run.records import RunRecords
-from launch.run.wrapup import RunResult
+from launch.run.summary import RunResult
 from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, user_processes, write_playbook
 from tests.faultkit import first_metrics, quiet, run_with_fault, wait_for, worker_pids
 
@@ -73,7 +74,8 @@ def kill_watcher_after_first_step(playbook: Path, fleet: LocalFleet, fleetrun_ho
 
 
 def assert_torn_down(fleet: LocalFleet, result: RunResult) -> None:
-    assert result.teardown.startswith(f"local fleet {PREFIX} removed"), result.teardown
+    assert result.teardown.state is TeardownState.DONE, result.teardown
+    assert result.teardown.message.startswith(f"local fleet {PREFIX} removed"), result.teardown
     assert not any(fleet.leftovers().values())
 
 
@@ -149,7 +151,7 @@ def test_partition(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
     )
     assert result.outcome == "failed" and result.rule == "unreachable", result.reason
     assert victim in result.failed_nodes
-    assert victim in result.pull_errors and result.teardown.startswith("blocked"), result.teardown
+    assert victim in result.pull_errors and result.teardown.blocked, result.teardown
     wait_for(lambda: fresh_fleet.powered_off(1), 120, "the partitioned node's watchdog to power it off")
     wait_for(lambda: not user_processes(victim), 30, "the partitioned node's processes to end")
     outcome = json.loads(
@@ -204,16 +206,19 @@ def test_pull_failure_blocks_teardown(fresh_fleet: LocalFleet, tmp_path: Path) -
     assert result.outcome == "succeeded"
     assert set(result.pull_errors) == {fresh_fleet.node_name(0), fresh_fleet.node_name(1)}
     assert "Permission denied" in " ".join(result.pull_errors.values())
-    assert result.teardown.startswith("blocked: artifacts of"), result.teardown
+    assert result.teardown.blocked and result.teardown.message.startswith("blocked: artifacts of"), (
+        result.teardown
+    )
     assert fresh_fleet.leftovers()["netns"], "the fleet holding the only copy was kept"
     summary = json.loads((result.folder / "summary.json").read_text())
-    assert summary["pull_errors"] and summary["teardown"].startswith("blocked")
+    assert summary["pull_errors"] and summary["teardown"]["state"] == "blocked"
     # the operator makes the files readable again; `fab pull RUN` then completes the teardown
     for i in range(2):
         for ckpt in Path(f"/home/{fresh_fleet.node_name(i)}/.fleetrun/runs").glob("*/outputs/checkpoint.pt"):
             ckpt.chmod(0o644)
     teardown = history.pull_again(result.run_id, quiet())
-    assert teardown.startswith(f"local fleet {PREFIX} removed"), teardown
+    assert teardown.state is TeardownState.DONE, teardown
+    assert teardown.message.startswith(f"local fleet {PREFIX} removed"), teardown
     assert sorted(p.read_text() for p in result.folder.glob("nodes/*/outputs/checkpoint.pt")) == [
         "weights",
         "weights",

@@ -17,7 +17,7 @@ import pytest
 from launch.cli import app
 from launch.fleets.local import LocalFleet, image_python
 from launch.planning import cluster_ssh
-from launch.run.wrapup import RunResult
+from launch.run.summary import RunResult
 from tests.conftest import (
     REPO,
     assert_nothing_running,

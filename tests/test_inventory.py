@@ -9,6 +9,8 @@ import paramiko
 import pytest
 
 from launch.errors import SpecError
+from launch.fleets.kinds.refs import StackFleetRef
+from launch.fleets.kinds.stack import inventory_from_stack_outputs, load_outputs_file
 from launch.job.inventory import Inventory
 
 KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOvhipRqRG6pVVv2ReJ6BqUyaR82FT9Wa5PVWfYDKj6l"
@@ -66,7 +68,7 @@ def test_known_hosts_written_from_pinned_keys_only(tmp_path: Path) -> None:
         ),
         (GOOD.replace("address: 192.0.2.10", "address: 'bad host!'"), "field 'hosts[0].address'"),
         ("hosts: []\n", "field 'hosts'"),
-        (GOOD + "extra: 1\n", "field 'extra': unknown field"),
+        (GOOD + "extra: 1\n", "field 'extra': unknown; a lab inventory has only 'defaults' and 'hosts'"),
     ],
 )
 def test_broken_inventory(tmp_path: Path, text: str, expected: str) -> None:
@@ -120,10 +122,10 @@ def stack_outputs() -> dict:
 def test_stack_outputs_inventory_orders_by_rank(tmp_path: Path) -> None:
     path = tmp_path / "outputs.json"
     path.write_text(json.dumps(stack_outputs()))
-    inv = Inventory.from_stack_outputs_file(path, key_path=tmp_path / "key")
+    inv = load_outputs_file(path, save_key=False, key_path=tmp_path / "key")
     assert [h.name for h in inv.hosts] == ["n0", "n1"]
     assert inv.head.address == "203.0.113.1" and inv.head.private_address == "10.0.1.10"
-    assert inv.bucket == "fr-abc123-artifacts" and inv.teardown == "pulumi-stack"
+    assert inv.fleet == StackFleetRef(cluster_id="fr-abc123", cloud="aws", bucket="fr-abc123-artifacts")
     assert inv.hosts[0].gpus == 8
 
 
@@ -133,7 +135,7 @@ def test_stack_outputs_bad_contract() -> None:
     with pytest.raises(
         SpecError, match=r"stack outputs: field 'nodes\[0\].host_key': this field is required"
     ):
-        Inventory.from_stack_outputs(data)
+        inventory_from_stack_outputs(data)
 
 
 @pytest.mark.parametrize(

@@ -225,7 +225,7 @@ def stack_outputs(key: str | None) -> dict[str, object]:
         "cluster_id": "fr-abc123",
         "cloud": "aws",
         "region": "us-east-1",
-        "bucket": "b",
+        "bucket": "team-bucket",
         "ssh_user": "ubuntu",
         "ssh_private_key": key,
         "nodes": [

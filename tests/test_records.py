@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launch.run.records import SCHEMA_VERSION, RunRecords, file_sha256, git_commit_of, new_run_id, pid_alive
+from launch.processes import pid_alive
+from launch.run.provenance import file_sha256, git_commit_of
+from launch.run.records import SCHEMA_VERSION, RunRecords, new_run_id
 
 T0 = 1_700_000_000.0
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -16,6 +16,7 @@ from launch.reports.views import live_table, render_text, runs_table, show_run, 
 from launch.rules.metrics_stream import LossPoint, MetricsStream
 from launch.rules.stoprules import NodeObservation, Observation, StopDecision
 from launch.run.records import RunRecords
+from tests.conftest import sample_inventory
 
 T0 = 1_764_000_000.0
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -215,7 +216,7 @@ def finished_db(tmp_path: Path) -> RunRecords:
         playbook_path="playbooks/ddp.yaml",
         playbook_name="ddp",
         git_commit="0123456789abcdef0123456789abcdef01234567-dirty",
-        inventory={"nodes": [{"name": "node0"}, {"name": "node1"}]},
+        inventory=sample_inventory(2).to_yaml_data(),  # what a real run records (hosts n0, n1)
         launcher="torchrun",
         run_dir="runs/20251123-ddp",
         started_at=T0,
@@ -268,4 +269,4 @@ def test_runs_table_and_show(finished_db: RunRecords) -> None:
     rec = finished_db.get("r-failed")
     assert rec is not None
     shown = render_text(show_run(rec), width=160)
-    assert "playbooks/ddp.yaml" in shown and "2: node0, node1" in shown and "torchrun" in shown
+    assert "playbooks/ddp.yaml" in shown and "2: n0, n1" in shown and "torchrun" in shown

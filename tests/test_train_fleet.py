@@ -13,7 +13,7 @@ import yaml
 
 from launch.cli import app
 from launch.fleets.local import LocalFleet
-from launch.run.runner import RunResult
+from launch.run.summary import RunResult
 from tests.conftest import (
     REPO,
     TEST_PREFIX,
@@ -109,11 +109,10 @@ def test_changed_host_key_is_refused(fleet: LocalFleet, digits_workdir: Path, tm
         console, buf = quiet_console()
         result = app.train(playbook, inventory=INVENTORY, console=console)
         assert isinstance(result, RunResult) and result.outcome == "failed"
-        assert result.failed_node == fleet.node_name(2)
-        victim = fleet.node_name(2)
+        name = fleet.node_name(2)
+        assert result.failed_node == name
         assert (
-            f"{victim}: host key at {victim}@{fleet.address(2)}:22 does not match the pinned key"
-            in result.reason
+            f"{name}: host key at {name}@{fleet.address(2)}:22 does not match the pinned key" in result.reason
         )
         for i in range(3):
             assert not Path(f"/home/{fleet.node_name(i)}/.fleetrun/work/t-hostkey").exists(), (
@@ -131,6 +130,7 @@ def test_unreachable_host_is_named_and_nothing_starts(
     fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
 ) -> None:
     real = fleet.inventory().hosts[0]
+    ghost = f"{fleet.block_prefix(0)}.250"  # in this fleet's own subnet: nobody answers there
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text(
         yaml.safe_dump(
@@ -143,7 +143,7 @@ def test_unreachable_host_is_named_and_nothing_starts(
                         "user": real.user,
                         "host_key": real.host_key,
                     },
-                    {"name": "ghost", "address": "198.18.1.250", "user": "nobody", "host_key": real.host_key},
+                    {"name": "ghost", "address": ghost, "user": "nobody", "host_key": real.host_key},
                 ],
             }
         )
@@ -153,7 +153,7 @@ def test_unreachable_host_is_named_and_nothing_starts(
     result = app.train(playbook, inventory=str(inventory), console=console)
     assert isinstance(result, RunResult) and result.outcome == "failed"
     assert result.failed_node == "ghost"
-    assert "ghost: unreachable at nobody@198.18.1.250:22" in result.reason
+    assert f"ghost: unreachable at nobody@{ghost}:22" in result.reason
     assert not Path(f"/home/{real.user}/.fleetrun/work/t-unreachable").exists(), "nothing was synced"
 
 

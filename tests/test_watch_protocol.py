@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -20,10 +19,12 @@ import pytest
 from rich.console import Console
 
 from launch.errors import HostError
+from launch.fleets.clouds import CLOUDS
+from launch.fleets.kinds.refs import StackFleetRef
 from launch.job.inventory import Host
-from launch.nodelib.fleetrun_protocol import GuardConfig, PollAnswer, UploadRequest
+from launch.nodelib.fleetrun_protocol import GuardConfig, PollAnswer
 from launch.rules.stoprules import RuleState, StopRules, evaluate
-from launch.run.watch import Watcher, WatchTarget, bucket_upload_argv
+from launch.run.watch import Watcher, WatchTarget
 from launch.transport.channels import MAX_ANSWER_BYTES, LineSession
 from tests.conftest import sample_inventory
 
@@ -90,8 +91,12 @@ class FakeFleet:
         return results
 
 
-def target(tmp_path: Path, nodes: int = 1, **inventory: Any) -> WatchTarget:
-    inv = sample_inventory(nodes).model_copy(update=inventory)
+def target(tmp_path: Path, nodes: int = 1, bucket: str | None = None, cloud: str = "aws") -> WatchTarget:
+    inv = sample_inventory(nodes)
+    if bucket:
+        inv = inv.model_copy(
+            update={"fleet": StackFleetRef(stack="s", cluster_id="c", cloud=cloud, bucket=bucket)}
+        )
     return WatchTarget(
         run_id="job-20250101-000000-abc123",
         job="job",
@@ -101,7 +106,6 @@ def target(tmp_path: Path, nodes: int = 1, **inventory: Any) -> WatchTarget:
         teardown="never",
         started_at=T0,
         folder=tmp_path,
-        cloud=inv.cloud,
     )
 
 
@@ -260,12 +264,11 @@ def test_guard_config_written_by_the_laptop(tmp_path: Path) -> None:
         f"gs://team-bucket/runs/{t.run_id}/n0",
     )
     assert not {"is_head", "head_addr", "bucket", "cloud"} & set(t.guard_config("n0").to_dict())
-    request = shlex.split(t.upload_command("n1"))[-1]
-    assert UploadRequest.from_json(request).argv[-1] == f"gs://team-bucket/runs/{t.run_id}/n1"
+    assert t.upload_argv("n1")[-1] == f"gs://team-bucket/runs/{t.run_id}/n1"  # type: ignore[index]
 
 
 def test_bucket_upload_argv_per_cloud() -> None:
-    assert bucket_upload_argv("aws", "b", "runs/r/n") == [
+    assert CLOUDS["aws"].upload_argv("b", "runs/r/n") == [
         "aws",
         "s3",
         "sync",
@@ -273,8 +276,7 @@ def test_bucket_upload_argv_per_cloud() -> None:
         "{src}",
         "s3://b/runs/r/n",
     ]
-    assert bucket_upload_argv("gcp", "b", "d")[-1] == "gs://b/d"
-    assert bucket_upload_argv("aws", None, "d") == [] and bucket_upload_argv(None, "", "d") == []
+    assert CLOUDS["gcp"].upload_argv("b", "d")[-1] == "gs://b/d"
 
 
 def test_poll_answer_metrics_survive_the_wire() -> None:

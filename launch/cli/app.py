@@ -6,23 +6,31 @@ prints it and stops), then run it and report. Errors the user can act on are ``F
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 from launch.cli.runs import open_records
 from launch.errors import SpecError
+from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.select import load_inventory, local_fleet
 from launch.job.inventory import Inventory
 from launch.job.spec import JobSpec, load_job_spec
 from launch.paths import known_hosts_file
 from launch.planning.launchers import launcher_class
 from launch.planning.plan import LaunchPlan
-from launch.rules.stoprules import configuration_warnings
-from launch.run.records import file_sha256, git_commit_of
+from launch.reports.safe_text import clean
+from launch.rules.pricing import price_per_node_hour
+from launch.rules.stoprules import Teardown, configuration_warnings
+from launch.run.provenance import file_sha256, git_commit_of
+from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder, new_run_id
-from launch.run.runner import Runner, RunOptions
-from launch.run.wrapup import RunResult
+from launch.run.runner import AskKeepRunning, Runner, RunOptions
+from launch.run.summary import RunResult
 
 __all__ = ["load_inventory", "local_fleet", "make_plan", "report", "train"]
 
@@ -32,7 +40,8 @@ def make_plan(
 ) -> LaunchPlan:
     """``dry_run``: the launcher creates nothing on this machine (no cluster key is generated)."""
     launcher = launcher_class(spec.launcher).for_inventory(inventory.first(spec.nodes), dry_run=dry_run)
-    return launcher.plan(spec, inventory, run_id or new_run_id(spec.name))
+    hook = fleet_kind(inventory.fleet).poweroff_hook()
+    return launcher.plan(spec, inventory, run_id or new_run_id(spec.name), poweroff_hook=hook)
 
 
 def train(
@@ -48,16 +57,19 @@ def train(
     console = console or Console()
     spec = load_job_spec(playbook)
     if teardown is not None:
-        if teardown not in ("always", "on_success", "never"):
-            raise SpecError(f"--teardown {teardown!r}: expected always, on_success or never")
-        spec = spec.model_copy(update={"teardown": teardown})
+        try:
+            policy = Teardown(teardown)
+        except ValueError:
+            choices = ", ".join(t.value for t in Teardown)
+            raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
+        spec = spec.model_copy(update={"teardown": policy})
     inv = load_inventory(inventory, save_keys=not dry_run).first(spec.nodes)
     plan = make_plan(spec, inv, dry_run=dry_run)
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
         return plan
-    for warning in configuration_warnings(spec.stop, 0.0):
-        console.print(f"[yellow]warning:[/] {warning}")
+    for warning in launch_warnings(spec, inv):
+        console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     folder = RunFolder.create(plan.run_id)
     records = open_records()
@@ -71,12 +83,15 @@ def train(
         launcher=spec.launcher,
         run_dir=str(folder.path),
     )
-    console.print(
-        f"[bold]fleetrun[/] run {plan.run_id}: job {spec.name} on {len(plan.nodes)} node(s) "
-        f"of {inv.source} with {spec.launcher}; run folder {folder.path}"
+    reporter = RichReporter(console)
+    reporter.say(
+        ("fleetrun", "bold"),
+        f" run {plan.run_id}: job {spec.name} on {len(plan.nodes)} node(s) "
+        f"of {inv.source} with {spec.launcher}; run folder {folder.path}",
     )
-    options = RunOptions(poll_interval=poll_interval, ask_on_interrupt=ask_on_interrupt)
-    runner = Runner(spec, plan, inv, known_hosts, folder, records, console=console, options=options)
+    options = RunOptions(poll_interval=poll_interval)
+    ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
+    runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)
     try:
         result = runner.execute()
     finally:
@@ -85,21 +100,71 @@ def train(
     return result
 
 
+def launch_warnings(spec: JobSpec, inventory: Inventory) -> list[str]:
+    """Configured rules that cannot work on this fleet, judged with the price the watcher's cost
+    rule will use (``price_per_node_hour`` of the head's machine type; the playbook's override wins)."""
+    return configuration_warnings(spec.stop, price_per_node_hour(inventory.head.instance_type))
+
+
+def ask_keep_running_on_terminal(reporter: Reporter) -> AskKeepRunning:
+    """The Ctrl-C prompt: keep the job (the on-node watchdog guards it) or stop it and wrap up?"""
+
+    def ask(run_id: str) -> bool:
+        if not sys.stdin.isatty():
+            return False
+        reporter.console.print(
+            Text("\nInterrupted. ", style="bold")
+            + Text(
+                f"[k]eep the job running (re-attach with 'fab watch {clean(run_id)}'; the on-node watchdog "
+                "keeps enforcing the stop rules) or [s]top it and wrap up? [s] "
+            ),
+            end="",
+        )
+        return input().strip().lower().startswith("k")
+
+    return ask
+
+
+def world_line(world: object) -> Text | None:
+    """``world size N: rank@host(addr), ...`` from the job's ``world`` event, whatever its shape."""
+    if not isinstance(world, Mapping):
+        return None
+    ranks = world.get("ranks")
+    parts = []
+    for r in ranks[:64] if isinstance(ranks, list) else []:
+        if isinstance(r, Mapping):
+            parts.append(
+                f"{clean(r.get('rank'), 20)}@{clean(r.get('host'), 100)}({clean(r.get('addr'), 100)})"
+            )
+    more = f", ... ({len(ranks) - 64} more)" if isinstance(ranks, list) and len(ranks) > 64 else ""
+    return Text(f"  world size {clean(world.get('world_size'), 20)}: {', '.join(parts)}{more}")
+
+
 def report(result: RunResult, console: Console) -> None:
+    """The end of ``fab train`` / ``fab watch``; everything from the run is printed as text."""
     color = "green" if result.ok else "red"
-    console.print(f"[bold {color}]{result.outcome}[/] ({result.rule}): {result.reason}")
-    if result.world:
-        ranks = ", ".join(f"{r['rank']}@{r['host']}({r['addr']})" for r in result.world.get("ranks", []))
-        console.print(f"  world size {result.world.get('world_size')}: {ranks}")
+    console.print(
+        Text(result.outcome, style=f"bold {color}") + Text(clean(f" ({result.rule}): {result.reason}"))
+    )
+    line = world_line(result.world)
+    if line is not None:
+        console.print(line)
     losses = [point.loss for point in RunFolder(result.folder).read_metrics()[1].history]
     if losses:
+        step: Any = result.last_metrics.get("step", len(losses))
         console.print(
-            f"  loss: {losses[0]:.4f} at the first step -> {losses[-1]:.4f} at step "
-            f"{result.last_metrics.get('step', len(losses))} ({len(losses)} steps); plot: {result.folder / 'loss.png'}"
+            Text(
+                f"  loss: {losses[0]:.4f} at the first step -> {losses[-1]:.4f} at step "
+                f"{clean(step, 30)} ({len(losses)} steps); plot: {result.folder / 'loss.png'}"
+            )
         )
     if result.first_step_after_s is not None:
         console.print(f"  first step {result.first_step_after_s:.1f} s after launch")
     codes = ", ".join(f"{k}={v}" for k, v in result.exit_codes.items())
-    console.print(f"  exit codes: {codes}")
-    console.print(f"  teardown: {result.teardown}")
-    console.print(f"  run folder: {result.folder}")
+    console.print(Text(clean(f"  exit codes: {codes}")))
+    if result.cost_usd is not None:
+        console.print(f"  cost (approx.): ${result.cost_usd:,.2f}")
+    console.print(Text(clean(f"  teardown: {result.teardown}")))
+    if result.traceback:
+        console.print(Text(f"  fleetrun error: see {result.folder / result.traceback}", style="red"))
+    console.print(Text(clean(f"  run folder: {result.folder}")))

@@ -16,17 +16,23 @@ from pathlib import Path
 from rich.console import Console
 
 from launch.errors import FleetrunError
-from launch.fleets.teardown import tear_down
+from launch.fleets.teardown import TeardownOutcome, tear_down
 from launch.paths import fleetrun_home, known_hosts_file
 from launch.planning import remote_layout as layout
+from launch.reports.safe_text import MAX_LINE_CHARS, clean, safe_text
 from launch.reports.views import runs_table, show_run
-from launch.rules.stoprules import should_teardown
 from launch.run.artifacts import pull
-from launch.run.records import RunRecord, RunRecords, pid_alive
+from launch.run.records import FINAL_STATES, RunRecord, RunRecords, pid_alive
+from launch.run.reporter import RichReporter
 from launch.run.run_folder import RunFolder, read_log_text
-from launch.run.watch import Watcher, WatchTarget
-from launch.run.wrapup import RunResult, wrap_up, write_reports
+from launch.run.summary import RunSummary, TeardownAction, decide_teardown
+from launch.run.target import WatchTarget
+from launch.run.watching import build_watcher, watch_safely
+from launch.run.wrapup import wrap_up, write_reports
 from launch.transport.ssh import Fleet
+
+MAX_LOG_BYTES = 4 * 1024 * 1024
+"""``fab logs`` shows at most the last 4 MiB of a pulled node log."""
 
 
 def open_records() -> RunRecords:
@@ -47,8 +53,10 @@ def find_run(records: RunRecords, run: str) -> RunRecord:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise FleetrunError(f"no run {run!r} (see 'fab runs')")
-    raise FleetrunError(f"run prefix {run!r} is ambiguous: {', '.join(r.id for r in matches[:5])}")
+        raise FleetrunError(f"no run {clean(run, 100)!r} (see 'fab runs')")
+    raise FleetrunError(
+        f"run prefix {clean(run, 100)!r} is ambiguous: {', '.join(r.id for r in matches[:5])}"
+    )
 
 
 def list_runs(console: Console, limit: int = 20) -> list[RunRecord]:
@@ -82,17 +90,16 @@ def logs(
         if node:
             names = [n for n in names if n == node]
             if not names:
-                raise FleetrunError(f"run {record.id} has no pulled log for node {node!r}")
+                raise FleetrunError(f"run {record.id} has no pulled log for node {clean(node, 100)!r}")
         for name in names:
-            log = nodes_dir / name / "node.log"
-            console.rule(f"{name}")
-            console.print(read_log_text(log), markup=False, highlight=False)
-        if ended or not follow:
-            return
+            console.rule(safe_text(name))
+            for line in read_log_text(nodes_dir / name / "node.log").splitlines():
+                console.print(safe_text(line, limit=MAX_LINE_CHARS), highlight=False)
+        return
     target = WatchTarget.load(folder)
     hosts = [h for h in target.inventory.hosts if node is None or h.name == node]
     if not hosts:
-        raise FleetrunError(f"run {record.id} has no node {node!r}")
+        raise FleetrunError(f"run {record.id} has no node {clean(node, 100)!r}")
     known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
     offsets = {h.name: 0 for h in hosts}
     log_path = f"{layout.rundir(target.run_id)}/node.log"
@@ -108,7 +115,7 @@ def logs(
             done = True
             for name, res in results.items():
                 if isinstance(res, BaseException):
-                    console.print(f"[yellow]{name}: {res}[/]")
+                    console.print(safe_text(f"{name}: {res}", style="yellow"))
                     done = False
                     continue
                 text = res.stdout
@@ -118,13 +125,13 @@ def logs(
                 done = done and ended_here
                 offsets[name] += len(text.encode())
                 for line in text.splitlines():
-                    console.print(f"[dim]{name}[/] {line}", highlight=False)
+                    console.print(safe_text(name, style="dim") + " " + safe_text(line, limit=MAX_LINE_CHARS))
             if done:
                 return
             time.sleep(poll)
 
 
-def reattach(run: str, console: Console, poll_interval: float = 1.0) -> RunResult:
+def reattach(run: str, console: Console, poll_interval: float = 1.0) -> RunSummary:
     """Watch an interrupted run again, and wrap it up (stop, pull, teardown) when a rule fires."""
     with open_records() as records:
         records.mark_stale_as_interrupted(time.time())
@@ -139,26 +146,20 @@ def reattach(run: str, console: Console, poll_interval: float = 1.0) -> RunResul
         records.reattach(record.id, now=time.time())
         known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
         fleet = Fleet(target.inventory.hosts, known_hosts)
-        console.print(f"[bold]fleetrun[/] re-attached to run {record.id}")
-        watcher = Watcher(
-            target,
-            fleet,
-            console,
-            poll_interval=poll_interval,
-            on_poll=lambda obs: records.heartbeat(
-                record.id, obs.now, last_metrics=dict(obs.metrics.last_metrics)
-            ),
-        )
-        decision = watcher.run()
-        return wrap_up(target, fleet, decision, records, known_hosts, console, watcher=watcher)
+        reporter = RichReporter(console)
+        reporter.say(("fleetrun", "bold"), f" re-attached to run {record.id}")
+        watcher = build_watcher(target, fleet, console, records, poll_interval=poll_interval)
+        decision = watch_safely(watcher, target.folder)
+        return wrap_up(target, fleet, decision, records, known_hosts, reporter, watcher=watcher)
 
 
-def pull_again(run: str, console: Console) -> str:
+def pull_again(run: str, console: Console) -> TeardownOutcome:
     """Pull a finished run's artifacts again (after a failed pull blocked its teardown), then apply
-    the playbook's teardown if every node's run directory is now safe. Returns the teardown state."""
+    the playbook's teardown if every node's run directory is now safe. Returns the teardown outcome."""
+    reporter = RichReporter(console)
     with open_records() as records:
         record = find_run(records, run)
-        if record.state in ("running", "interrupted"):
+        if record.state not in FINAL_STATES:
             raise FleetrunError(f"run {record.id} is {record.state}: use 'fab watch {record.id}' first")
         folder = RunFolder(Path(record.run_dir or ""))
         target = WatchTarget.load(folder.path)
@@ -166,17 +167,16 @@ def pull_again(run: str, console: Console) -> str:
         with Fleet(target.inventory.hosts, known_hosts) as fleet:
             errors = pull(fleet, target.run_id, folder, known_hosts, console)
         folder.collect_rank0_files()
-        write_reports(folder, console)
-        if errors:
-            teardown = f"blocked: artifacts of {', '.join(sorted(errors))} are still not safe"
-        elif not should_teardown(target.teardown, record.state):  # type: ignore[arg-type]
-            teardown = f"skipped (teardown: {target.teardown}, outcome {record.state})"
+        write_reports(folder, reporter)
+        decided = decide_teardown(target.teardown, record.state, errors, {})
+        if decided.action is TeardownAction.TEAR_DOWN:
+            teardown = tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}"))
         else:
-            teardown = tear_down(target.inventory, say=lambda m: console.print(f"  {m}"))
+            teardown = decided.outcome()
         summary_path = folder.path / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-        summary.update({"pull_errors": errors, "teardown": teardown})
+        summary.update({"pull_errors": errors, "teardown": teardown.to_json()})
         folder.write_json("summary.json", summary)
         records.update(record.id, artifacts=folder.artifacts())
-    console.print(f"  teardown: {teardown}")
+    reporter.say(f"  teardown: {teardown}")
     return teardown

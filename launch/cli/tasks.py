@@ -44,7 +44,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 def train(c: Any, playbook: str, inventory: str = "local", dry_run: bool = False, teardown: str = "") -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded."""
     from launch.cli import app
-    from launch.run.wrapup import RunResult
+    from launch.run.summary import RunResult
 
     result = app.train(playbook, inventory=inventory, dry_run=dry_run, teardown=teardown or None)
     if isinstance(result, RunResult) and not result.ok:
@@ -101,7 +101,7 @@ def local_status(c: Any, prefix: str = "") -> None:
 def demo(c: Any, nodes: int = 3, playbook: str = "playbooks/digits-ddp.yaml") -> None:
     """The README's demo: local fleet up, train the example across it, fleet down."""
     from launch.cli import app
-    from launch.run.wrapup import RunResult
+    from launch.run.summary import RunResult
 
     fleet = app.local_fleet()
     fleet.up(nodes)
@@ -195,7 +195,7 @@ def pull(c: Any, run: str) -> None:
     from launch.cli import runs as history
 
     teardown = history.pull_again(run, Console())
-    if teardown.startswith("blocked"):
+    if teardown.blocked:
         raise Exit(code=1)
 
 

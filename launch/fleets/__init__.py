@@ -1,1 +1,2 @@
-"""Where machines come from and how they go away: the local fleet, lab machines, Pulumi stacks."""
+"""Where machines come from and how they go away: ``kinds/`` (lab machines, the local fleet, Pulumi
+stacks: inventory loading, power-off hook, bucket upload, teardown), the local fleet, stacks."""

@@ -4,7 +4,7 @@
 state, so ``up`` recreates them and the outputs list live addresses only), runs ``pulumi up``
 for a stack of the project in ``project_dir`` (the repository, where ``Pulumi.yaml`` is) and
 returns its outputs in the contract shape of ``launch.job.stack_outputs`` (what ``pulumi stack output
---json --show-secrets`` prints), ready for ``Inventory.from_stack_outputs``. A new cluster with an
+--json --show-secrets`` prints), ready for ``launch.fleets.kinds.stack.inventory_from_stack_outputs``. A new cluster with an
 ordered ``fleet:zones`` list fails over: when the provider reports no capacity in a zone (or, for
 a quota, in a region), the partial fleet is destroyed at once and the next zone is tried, the
 whole group in one zone. ``stack_inventory`` returns the inventory directly (for ``--inventory
@@ -145,18 +145,19 @@ def stack_down(
     )
 
 
-def stack_inventory(stack_name: str, project_dir: Path | None = None) -> Inventory:
+def stack_inventory(stack_name: str, project_dir: Path | None = None, save_key: bool = True) -> Inventory:
     """The deployed stack as an ``Inventory`` (``fab train --inventory stack:<name>``).
 
     When the stack generated the operator key, its private half is written to
-    ``$FLEETRUN_HOME/keys/<cluster_id>`` (0600) and used for the hosts.
+    ``$FLEETRUN_HOME/keys/<cluster_id>`` (0600) and used for the hosts; not on a dry run
+    (``save_key=False``), which writes nothing.
     """
-    from launch.job.inventory import Inventory
 
     outputs = stack_outputs(stack_name, project_dir)
-    key_path = save_operator_key(outputs)
-    inventory = Inventory.from_stack_outputs(outputs, key_path)
-    return inventory.model_copy(update={"stack": stack_name})
+    key_path = save_operator_key(outputs) if save_key else None
+    from launch.fleets.kinds.stack import inventory_from_stack_outputs
+
+    return inventory_from_stack_outputs(outputs, key_path, stack=stack_name)
 
 
 # -- pieces, usable on their own ------------------------------------------------------------------

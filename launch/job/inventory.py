@@ -1,9 +1,12 @@
 """Where a job can run: one ``Inventory`` of ``Host`` entries, whatever provided the machines.
 
 Three sources feed the same model, so everything downstream (plans, SSH, sync) is written once:
-  * the local fleet (``launch.fleets.localfleet`` writes a static inventory file for itself),
-  * a static YAML inventory of a lab's existing machines,
+  * the local fleet (``launch.fleets.localfleet`` writes an inventory file for itself),
+  * a static YAML inventory of a lab's existing machines (untrusted: ``launch.fleets.kinds.lab``),
   * a Pulumi stack's outputs (the contract in ``launch.job.stack_outputs``).
+
+Where the machines came from is ``Inventory.fleet``, a typed reference that only fleetrun's own
+state can set to anything but ``LabFleet`` (see ``launch.fleets.kinds``).
 
 Every host carries a pinned host key. fleetrun writes a known_hosts file from those keys and
 connects with strict checking: no trust on first use, ever.
@@ -20,11 +23,12 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from launch.errors import SpecError
-from launch.job.stack_outputs import StackOutputs
-from launch.job.validation import describe_validation_error, load_json_mapping, load_yaml_mapping, printable
+from launch.fleets.kinds.refs import FleetRef, LabFleet
+from launch.job.validation import describe_validation_error
 
 HOST_KEY_RE = re.compile(
     r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{1,4096}( [^\x00-\x1f\x7f]*)?"
@@ -201,14 +205,8 @@ class Inventory(BaseModel):
 
     hosts: list[Host] = Field(min_length=1)
     source: str = "inline"
-    bucket: str | None = None
-    cluster_id: str | None = None
-    stack: str | None = Field(default=None, description="Pulumi stack name, for tearing a cloud fleet down.")
-    cloud: str | None = Field(default=None, description="'aws' or 'gcp' for stack fleets (bucket uploads).")
-    teardown: str = Field(
-        default="none",
-        description="How the machines go away: 'local-fleet', 'pulumi-stack' or 'none' (lab machines).",
-    )
+    fleet: FleetRef = Field(default_factory=LabFleet)
+    """Where the machines came from; decides power-off, bucket uploads and teardown."""
 
     @model_validator(mode="after")
     def _unique(self) -> Inventory:
@@ -255,88 +253,26 @@ class Inventory(BaseModel):
         return path
 
     # -- loaders -----------------------------------------------------------------------------
+    # The loaders of each kind live with the kind (``launch.fleets.kinds``); these delegate.
 
     @classmethod
     def from_static_yaml(cls, path: str | Path) -> Inventory:
-        """A lab's existing machines::
+        """A lab's hosts.yaml (untrusted): ``launch.fleets.kinds.lab.load_lab_inventory``."""
+        from launch.fleets.kinds.lab import load_lab_inventory
 
-        defaults: {user: alice, key: ~/.ssh/id_ed25519, port: 22}
-        hosts:
-          - {name: gpu1, address: 192.0.2.10, private_address: 10.1.0.10, gpus: 8,
-             host_key: "ssh-ed25519 AAAA..."}
-        """
-        path = Path(path)
-        data = load_yaml_mapping(path, "inventory")
-        defaults = data.pop("defaults", {}) or {}
-        if not isinstance(defaults, dict):
-            raise SpecError(f"{path}: field 'defaults': expected a mapping")
-        hosts = data.get("hosts")
-        if isinstance(hosts, list):
-            merged = []
-            for entry in hosts:
-                merged.append({**defaults, **entry} if isinstance(entry, dict) else entry)
-            data["hosts"] = merged
-        for entry in data.get("hosts") or []:
-            if isinstance(entry, dict) and isinstance(entry.get("key"), str):
-                key = Path(entry["key"]).expanduser()
-                entry["key"] = key if key.is_absolute() else (path.parent / key).resolve()
-        data.setdefault("source", str(path))
+        return load_lab_inventory(path)
+
+    @classmethod
+    def from_own_state(cls, path: Path) -> Inventory:
+        """An inventory file fleetrun wrote itself (the local fleet's ``inventory.yaml``): trusted,
+        so its ``fleet`` is kept. Callers reach it only through fleetrun's state directory."""
         try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
             return cls.model_validate(data)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise SpecError(f"{path}: cannot read fleetrun's inventory file: {exc}") from None
         except ValidationError as exc:
             raise SpecError(describe_validation_error(str(path), exc)) from None
-
-    @classmethod
-    def from_stack_outputs(cls, data: dict[str, Any], key_path: Path | None = None) -> Inventory:
-        """Hosts from ``pulumi stack output --json --show-secrets`` (see ``launch.job.stack_outputs``).
-
-        ``key_path`` is the operator's private key; when the stack generated the key pair it is
-        in the outputs (a secret) and the caller writes it to a 0600 file first.
-        """
-        try:
-            outputs = StackOutputs.model_validate(data)
-        except ValidationError as exc:
-            raise SpecError(describe_validation_error("stack outputs", exc)) from None
-        nodes = sorted(outputs.nodes, key=lambda n: n.rank)
-        hosts = []
-        for n in nodes:
-            try:  # each node is checked as a Host (user, addresses, host key), naming the node
-                hosts.append(
-                    Host(
-                        name=n.name,
-                        address=n.public_ip or n.private_ip,
-                        private_address=n.private_ip,
-                        user=n.user or outputs.ssh_user,
-                        port=n.port,
-                        key=key_path,
-                        host_key=n.host_key,
-                        gpus=n.gpus,
-                        instance_type=n.instance_type,
-                    )
-                )
-            except ValidationError as exc:
-                where = f"stack outputs, node {printable(n.name, 80)!r}"
-                raise SpecError(describe_validation_error(where, exc)) from None
-        try:
-            return cls(
-                hosts=hosts,
-                source=f"stack {outputs.cluster_id} ({outputs.cloud} {outputs.region})",
-                cloud=outputs.cloud,
-                bucket=outputs.bucket,
-                cluster_id=outputs.cluster_id,
-                teardown="pulumi-stack",
-            )
-        except ValidationError as exc:
-            raise SpecError(describe_validation_error("stack outputs", exc)) from None
-
-    @classmethod
-    def from_stack_outputs_file(cls, path: str | Path, key_path: Path | None = None) -> Inventory:
-        path = Path(path)
-        data = load_json_mapping(path, "stack outputs")
-        try:
-            return cls.from_stack_outputs(data, key_path)
-        except SpecError as exc:
-            raise SpecError(f"{printable(path, 400)}: {exc}") from None
 
     def to_yaml_data(self) -> dict[str, Any]:
         return json.loads(self.model_dump_json())

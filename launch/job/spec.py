@@ -100,8 +100,19 @@ class JobSpec(BaseModel):
     rdzv_port: int = Field(default=29500, ge=1024, le=65535)
     max_restarts: int = Field(default=0, ge=0, le=100)
     stop: StopRules = Field(default_factory=StopRules)
-    teardown: Teardown = "always"
+    teardown: Teardown = Teardown.ALWAYS
     relay_sync_above: int = Field(default=16, ge=1, le=100_000)
+
+    @field_validator("teardown", mode="before")
+    @classmethod
+    def _teardown(cls, value: object) -> object:
+        """The playbook names the policy as a string; strict validation wants the enum itself."""
+        if isinstance(value, str):
+            try:
+                return Teardown(value)
+            except ValueError:
+                raise ValueError(f"expected one of {', '.join(t.value for t in Teardown)}") from None
+        return value
 
     @field_validator("name")
     @classmethod

@@ -2,7 +2,7 @@
 
 ``pulumi stack output --json --show-secrets`` on a fleetrun stack prints one JSON object.
 ``infra/__main__.py`` exports exactly these top-level keys, and
-``launch.job.inventory.Inventory.from_stack_outputs`` reads them with no hand edits::
+``launch.fleets.kinds.stack.inventory_from_stack_outputs`` reads them with no hand edits::
 
     {
       "fleetrun_contract": 1,

@@ -215,8 +215,9 @@ def show_run(record: RunRecord, *, now: float | None = None) -> Group:
     ]
     for key, value in rows:
         _add_row(grid, key, value)
-    nodes = record.inventory.get("nodes") if isinstance(record.inventory, dict) else None
-    if isinstance(nodes, list):
-        names = [str(n.get("name", "?")) if isinstance(n, dict) else str(n) for n in nodes]
+    # the record holds the inventory as ``Inventory.to_yaml_data()``: its hosts, in rank order
+    hosts = record.inventory.get("hosts") if isinstance(record.inventory, dict) else None
+    if isinstance(hosts, list):
+        names = [clean(h.get("name", "?"), 100) if isinstance(h, dict) else clean(h, 100) for h in hosts]
         _add_row(grid, "nodes", f"{len(names)}: {', '.join(names)}")
     return Group(grid, summary_panel(record))

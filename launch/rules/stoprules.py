@@ -37,6 +37,7 @@ import math
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -63,8 +64,14 @@ __all__ = [
     "should_teardown",
 ]
 
-Teardown = Literal["always", "on_success", "never"]
-"""The playbook's ``teardown:`` choice, next to ``stop:``: when to destroy the fleet after a run."""
+
+class Teardown(str, Enum):
+    """The playbook's ``teardown:`` policy, next to ``stop:``: when to destroy the fleet after a run."""
+
+    ALWAYS = "always"
+    ON_SUCCESS = "on_success"
+    NEVER = "never"
+
 
 Outcome = Literal["succeeded", "failed", "stopped"]
 NodeState = Literal["running", "exited", "vanished", "unreachable"]
@@ -462,11 +469,8 @@ def should_teardown(teardown: Teardown, outcome: Outcome | None) -> bool:
     """
     if outcome is None:
         return False
-    if teardown == "always":
-        return True
-    if teardown == "on_success":
-        return outcome == "succeeded"
-    return False
+    policy = Teardown(teardown)
+    return policy is Teardown.ALWAYS or (policy is Teardown.ON_SUCCESS and outcome == "succeeded")
 
 
 def node_exit_codes(nodes: Sequence[NodeObservation]) -> dict[str, int | None]:

@@ -1,5 +1,5 @@
 """Getting a run's results off the nodes: stop every process of the run, pull each node's run
-directory, copy it to the job's bucket. These are the I/O steps the wrap-up orders; they report
+directory (the bucket copy is in ``launch.run.wrapup``). These are the I/O steps the wrap-up orders; they report
 errors per host and never raise for one bad node, because the wrap-up must decide with all of them.
 """
 
@@ -13,12 +13,12 @@ from typing import Any
 from rich.console import Console
 
 from launch.errors import HostError
-from launch.nodelib.fleetrun_protocol import StopAnswer, UploadAnswer
+from launch.nodelib.fleetrun_protocol import StopAnswer
 from launch.planning import remote_layout as layout
 from launch.planning.cluster_ssh import revoke_command
-from launch.reports.safe_text import clean
+from launch.reports.safe_text import clean, markup_safe
 from launch.run.run_folder import RunFolder
-from launch.run.watch import AGENT, WatchTarget
+from launch.run.watch import AGENT
 from launch.transport.ssh import Fleet, NodeConnection, openssh_command
 
 
@@ -47,9 +47,13 @@ def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -
     for name, res in fleet.map(stop, deadline=grace + 40).items():
         if isinstance(res, BaseException):
             errors[name] = str(res)
-            console.print(f"  [red]{name}: could not confirm the run stopped: {res}[/]")
+            console.print(
+                f"  [red]{markup_safe(name)}: could not confirm the run stopped: {markup_safe(res)}[/]"
+            )
         elif res.get("terminated"):
-            console.print(f"  {name}: stopped {res['terminated']} process(es) of the run still running")
+            console.print(
+                f"  {markup_safe(name)}: stopped {markup_safe(res['terminated'])} process(es) of the run still running"
+            )
     return errors
 
 
@@ -143,34 +147,17 @@ def pull(
     for name, res in fleet.map(pull_one, deadline=3700).items():
         if isinstance(res, BaseException):
             errors[name] = str(res)
-            console.print(f"  pulling artifacts from {name} failed: {res}", style="red", markup=False)
+            console.print(f"  [red]pulling artifacts from {markup_safe(name)} failed: {markup_safe(res)}[/]")
         elif res:
             notes = ", ".join(
                 clean(line.removesuffix(" is over max-size"), 200) for line in res[:MAX_SKIP_NOTES]
             )
             more = f" and {len(res) - MAX_SKIP_NOTES} more" if len(res) > MAX_SKIP_NOTES else ""
             console.print(
-                f"  {name}: not pulled, over the {max_file_bytes / 1024**3:.1f} GiB per-file cap: {notes}{more}",
+                f"  {clean(name)}: not pulled, over the {max_file_bytes / 1024**3:.1f} GiB per-file cap: {notes}{more}",
                 markup=False,
             )
     return errors
-
-
-def upload_to_bucket(fleet: Fleet, target: WatchTarget, console: Console) -> dict[str, str]:
-    """Cloud fleets: each node copies its run directory to the job bucket with its instance role.
-
-    The local pull is the copy teardown waits for; the bucket copy is reported, not blocking.
-    """
-
-    def upload(conn: NodeConnection) -> str:
-        result = conn.run(target.upload_command(conn.host.name), timeout=3600)
-        return UploadAnswer.from_json(result.stdout.strip().splitlines()[-1]).upload
-
-    messages: dict[str, str] = {}
-    for name, res in fleet.map(upload, deadline=3700).items():
-        messages[name] = str(res)
-        console.print(f"  {name}: {res}")
-    return messages
 
 
 def _is_connected(conn: object) -> bool:

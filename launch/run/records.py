@@ -20,19 +20,19 @@ steps in order and opening a database applies the missing ones, each in its own 
 from __future__ import annotations
 
 import builtins
-import hashlib
 import json
 import os
 import secrets
 import socket
 import sqlite3
-import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
+
+from launch.processes import pid_alive  # noqa: F401 - re-exported for the run commands
 
 RunState = Literal["running", "succeeded", "failed", "stopped", "interrupted"]
 FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped"})
@@ -136,54 +136,9 @@ def _encode(column: str, value: Any) -> Any:
     return json.dumps(value)
 
 
-def pid_alive(pid: int) -> bool:
-    """True when ``pid`` is a live process on this machine (a zombie counts as dead)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no procfs (macOS): trust kill(0)
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
-
-
 def new_run_id(started_at: float) -> str:
     """``20251123-074012-3f9c``: sortable by start time (UTC), unique enough to type."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(started_at)) + "-" + secrets.token_hex(2)
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file: records exactly which playbook text ran."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def git_commit_of(path: str | Path) -> str | None:
-    """The commit checked out at ``path``, with ``-dirty`` if tracked files changed; None if no repo.
-
-    Untracked files are ignored, as ``git describe --dirty`` does, so build outputs and
-    virtual environments do not make every run look dirty.
-    """
-
-    def git(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["git", "-C", str(path), *args], capture_output=True, text=True, timeout=30, check=False
-        )
-
-    try:
-        head = git("rev-parse", "--verify", "HEAD")
-        if head.returncode != 0:
-            return None
-        status = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    commit = head.stdout.strip()
-    return f"{commit}-dirty" if status.returncode == 0 and status.stdout.strip() else commit
 
 
 class RunRecords:

@@ -4,12 +4,15 @@ SkyPilot's sequence with barriers between steps (nothing starts unless every nod
 previous step) and its failure semantics: the first non-zero exit (or a vanished process) on any
 node stops the others and fails the run, naming the node. Watching and stop rules live in
 ``launch.run.watch`` / ``launch.rules.stoprules``; stopping, pulling and teardown in ``launch.run.wrapup``.
+
+Every way out of ``execute`` after the fleet was touched goes through the wrap-up, an unexpected
+exception included (it becomes a ``failed`` run with ``traceback.txt``). The runner never prompts:
+what to do on Ctrl-C is asked through the ``ask_keep_running`` callback the CLI passes in.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,12 +30,19 @@ from launch.planning import remote_layout as layout
 from launch.planning.plan import LaunchPlan, NodePlan
 from launch.rules.stoprules import StopDecision
 from launch.run.records import RunRecords
+from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder
-from launch.run.watch import AGENT, Watcher, WatchTarget
-from launch.run.wrapup import RunResult, wrap_up
+from launch.run.summary import RunSummary
+from launch.run.target import WatchTarget
+from launch.run.transfers import Transfers
+from launch.run.watch import AGENT, Watcher
+from launch.run.watching import build_watcher, crash_decision, watch_safely
+from launch.run.wrapup import wrap_up
 from launch.transport.ssh import Fleet, NodeConnection
 from launch.transport.sync import LIB_VERSION, SyncResult, lib_is_current
-from launch.transport.sync_relay import sync_fleet
+
+AskKeepRunning = Callable[[str], bool]
+"""Asked on Ctrl-C while watching (with the run id): True keeps the job running on its nodes."""
 
 
 class StepFailed(Exception):
@@ -68,7 +78,6 @@ class RunOptions:
     poll_interval: float = 1.0
     max_parallel: int = 32
     completion_grace_s: float = 30.0
-    ask_on_interrupt: bool = True
 
 
 class Runner:
@@ -82,8 +91,12 @@ class Runner:
         known_hosts: Path,
         folder: RunFolder,
         records: RunRecords,
-        console: Console | None = None,
+        reporter: Reporter | None = None,
         options: RunOptions | None = None,
+        *,
+        fleet: Fleet | None = None,
+        transfers: Transfers | None = None,
+        ask_keep_running: AskKeepRunning | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -91,11 +104,14 @@ class Runner:
         self.known_hosts = known_hosts
         self.folder = folder
         self.records = records
-        self.console = console or Console()
+        self.reporter: Reporter = reporter or RichReporter()
+        self.console: Console = self.reporter.console
         self.options = options or RunOptions()
+        self.transfers = transfers or Transfers()
+        self.ask_keep_running = ask_keep_running
         self.hosts: list[Host] = [n.host for n in plan.nodes]
         self.nodes: dict[str, NodePlan] = {n.host.name: n for n in plan.nodes}
-        self.fleet = Fleet(self.hosts, known_hosts, max_parallel=self.options.max_parallel)
+        self.fleet = fleet or Fleet(self.hosts, known_hosts, max_parallel=self.options.max_parallel)
         self.timings: dict[str, float] = {}
         self.lib_current: set[str] = set()
 
@@ -140,7 +156,7 @@ class Runner:
         started = time.monotonic()
         with progress_bar(self.console) as progress:
             task = progress.add_task(f"{'sync':<9}", total=len(self.hosts))
-            results = sync_fleet(
+            results = self.transfers.sync(
                 self.fleet,
                 self.spec.workdir,
                 self.spec.name,
@@ -157,12 +173,12 @@ class Runner:
         if len(synced) <= 8:
             for res in synced:
                 via = "" if res.via == "laptop" else f" (from {res.via})"
-                self.console.print(
+                self.reporter.say(
                     f"  {res.host}: sync sent {res.files_sent} file(s), {res.bytes_sent} bytes{via}"
                 )
         else:
             relayed = sum(1 for r in synced if r.via != "laptop")
-            self.console.print(
+            self.reporter.say(
                 f"  sync: {len(synced)} nodes, {sum(r.files_sent for r in synced)} file(s) and "
                 f"{sum(r.bytes_sent for r in synced)} bytes sent in all; "
                 f"{relayed} node(s) from the head, {len(synced) - relayed} from this machine"
@@ -197,7 +213,7 @@ class Runner:
 
         results = self._fan_out("setup", run_setup)
         for name, reason in results.items():
-            self.console.print(f"  {name}: {reason}")
+            self.reporter.say(f"  {name}: {reason}")
         return results
 
     def start(self, target: WatchTarget) -> None:
@@ -238,22 +254,6 @@ class Runner:
         self._fan_out("start", start_node, hosts=[n.host for n in self.plan.nodes if n.starts_processes])
 
     # -- the whole run ----------------------------------------------------------------------------
-    def _ask_keep_running(self) -> bool:
-        """Ctrl-C while watching: keep the job (the on-node watchdog guards it) or stop it?"""
-        if not self.options.ask_on_interrupt or not sys.stdin.isatty():
-            return False
-        self.console.print(
-            "\n[bold]Interrupted.[/] [k]eep the job running (re-attach with "
-            f"'fab watch {self.plan.run_id}'; the on-node watchdog keeps enforcing the stop rules) "
-            "or [s]top it and wrap up? [s] ",
-            end="",
-        )
-        try:
-            answer = input().strip().lower()
-        except (EOFError, KeyboardInterrupt):
-            return False
-        return answer.startswith("k")
-
     def _watch_target(self, started_at: float) -> WatchTarget:
         return WatchTarget(
             run_id=self.plan.run_id,
@@ -265,15 +265,15 @@ class Runner:
             started_at=started_at,
             folder=self.folder.path,
             instance_type=self.inventory.head.instance_type,
-            cloud=self.inventory.cloud,
         )
 
-    def execute(self) -> RunResult:
+    def execute(self) -> RunSummary:
         """Every path out of here after a start stops the job and pulls what exists first."""
         self.folder.write_text("plan.txt", self.plan.render())
         target = self._watch_target(time.time())
         started_job = False
         watcher: Watcher | None = None
+        teardown_applies = True
         try:
             self.preflight()
             self.sync()
@@ -282,33 +282,43 @@ class Runner:
             target.save()
             started_job = True
             self.start(target)
-            watcher = Watcher(
+            watcher = build_watcher(
                 target,
                 self.fleet,
                 self.console,
+                self.records,
                 poll_interval=self.options.poll_interval,
                 completion_grace_s=self.options.completion_grace_s,
-                on_poll=lambda obs: self.records.heartbeat(
-                    target.run_id, obs.now, last_metrics=dict(obs.metrics.last_metrics)
-                ),
             )
-            decision = watcher.run()
+            decision = watch_safely(watcher, self.folder.path)
         except StepFailed as exc:
-            first = next(iter(exc.errors))
-            decision = StopDecision("failed", f"{exc.step}_failed", str(exc), tuple(exc.errors) or (first,))
+            decision = StopDecision("failed", f"{exc.step}_failed", str(exc), tuple(exc.errors))
         except KeyboardInterrupt:
-            if started_job and self._ask_keep_running():
+            if started_job and self.ask_keep_running is not None and self._keep_running():
                 self.fleet.close()
                 raise
             decision = StopDecision("stopped", "operator", "interrupted by the operator (Ctrl-C)")
+            teardown_applies = started_job
+        except Exception as exc:  # noqa: BLE001 - still stop, pull, record and tear down by policy
+            step = "starting the run" if started_job else "preparing the fleet"
+            decision = crash_decision(self.folder.path, exc, step)
         return wrap_up(
             target,
             self.fleet,
             decision,
             self.records,
             self.known_hosts,
-            self.console,
+            self.reporter,
             watcher=watcher,
             started_job=started_job,
             timings=self.timings,
+            teardown_applies=teardown_applies,
+            transfers=self.transfers,
         )
+
+    def _keep_running(self) -> bool:
+        assert self.ask_keep_running is not None
+        try:
+            return self.ask_keep_running(self.plan.run_id)
+        except (EOFError, KeyboardInterrupt):
+            return False

@@ -5,32 +5,23 @@ an incremental answer: process state, exit code, the metrics bytes since the las
 final status record. Concurrency is bounded (``Fleet.max_parallel``) so it holds at 64+ nodes.
 Stop decisions come from ``launch.rules.stoprules``; this module only gathers facts and draws the table.
 
-Everything needed to watch a run is saved as ``watch.json`` in the run folder, so a watcher that
-died (laptop closed, Ctrl-C) can be re-attached with ``fab watch RUN``.
+Everything needed to watch a run (``launch.run.target.WatchTarget``) is saved as ``watch.json`` in
+the run folder, so a watcher that died (laptop closed, Ctrl-C) can be re-attached with ``fab watch RUN``.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
 
 from launch.errors import HostError
-from launch.job.inventory import Inventory
-from launch.nodelib.fleetrun_protocol import (
-    GuardConfig,
-    PollAnswer,
-    PollRequest,
-    ProtocolError,
-    UploadRequest,
-)
+from launch.nodelib.fleetrun_protocol import PollAnswer, PollRequest, ProtocolError
 from launch.planning import remote_layout as layout
+from launch.reports.safe_text import safe_text
 from launch.reports.views import live_table
 from launch.rules.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
 from launch.rules.pricing import price_per_node_hour
@@ -39,28 +30,16 @@ from launch.rules.stoprules import (
     Observation,
     RuleState,
     StopDecision,
-    StopRules,
-    Teardown,
     evaluate,
 )
+from launch.run.target import WatchTarget
 from launch.transport.ssh import Fleet, NodeConnection
+
+__all__ = ["AGENT", "NodeWatch", "WatchTarget", "Watcher"]
 
 AGENT = f'python3 "$HOME/{layout.AGENT}"'
 POLL_DEADLINE_S = 20.0
 POLL_ANSWER_TIMEOUT_S = 15.0
-
-
-def bucket_upload_argv(cloud: str | None, bucket: str | None, dest: str) -> list[str]:
-    """The node-side command that copies a run directory (``{src}``) to ``<bucket>/<dest>``.
-
-    Decided here, on the laptop, so the node agent and the watchdog carry no per-cloud logic:
-    they run what ``guard.json`` / the upload request says. Empty without a bucket.
-    """
-    if not bucket:
-        return []
-    if cloud == "gcp":
-        return ["gcloud", "storage", "rsync", "--recursive", "{src}", f"gs://{bucket}/{dest}"]
-    return ["aws", "s3", "sync", "--only-show-errors", "{src}", f"s3://{bucket}/{dest}"]
 
 
 class BadAnswer(HostError):
@@ -69,88 +48,6 @@ class BadAnswer(HostError):
     Shown as its own state, ``bad answer``; for the stop rules the node is not reachable (no
     good answer since ``last_reachable_at``), so only the existing unreachable rule can fail it.
     """
-
-
-@dataclass(frozen=True)
-class WatchTarget:
-    """What a watcher needs to know about a run; saved as ``watch.json`` for re-attaching."""
-
-    run_id: str
-    job: str
-    inventory: Inventory
-    starters: tuple[str, ...]
-    rules: StopRules
-    teardown: Teardown
-    started_at: float
-    folder: Path
-    instance_type: str | None = None
-    cloud: str | None = None
-
-    def save(self) -> Path:
-        data = {
-            "run_id": self.run_id,
-            "job": self.job,
-            "inventory": self.inventory.to_yaml_data(),
-            "starters": list(self.starters),
-            "rules": self.rules.model_dump(),
-            "teardown": self.teardown,
-            "started_at": self.started_at,
-            "instance_type": self.instance_type,
-            "cloud": self.cloud,
-        }
-        path = self.folder / "watch.json"
-        path.write_text(json.dumps(data, indent=2, default=str))
-        return path
-
-    def upload_argv(self, node: str) -> list[str]:
-        return bucket_upload_argv(self.cloud, self.inventory.bucket, f"runs/{self.run_id}/{node}")
-
-    def upload_command(self, node: str) -> str:
-        """The node agent command that copies ``node``'s run directory to the bucket."""
-        request = UploadRequest(tuple(self.upload_argv(node))).to_json()
-        return f'{AGENT} upload "$HOME/{layout.rundir(self.run_id)}" {shlex.quote(request)}'
-
-    def guard_config(self, node: str) -> GuardConfig:
-        """``guard.json`` for the on-node watchdog of ``node`` (``fleetrun_guard.py``).
-
-        ``expects_metrics`` holds on nodes that start the job's processes: the job logs its
-        metrics from rank 0, which runs on one of them (the head, for launchers whose head starts
-        every rank); ranks other than 0 tell their node's watchdog so, see ``fleetrun_metrics``.
-        """
-        head = self.inventory.head
-        rules = self.rules
-        return GuardConfig(
-            run_id=self.run_id,
-            node=node,
-            started_at=self.started_at,
-            peers=tuple(h.private_address for h in self.inventory.hosts if h.name != node),
-            peer_port=head.port,
-            starts_processes=node in self.starters,
-            expects_metrics=node in self.starters,
-            watcher_lost_after_s=rules.watcher_lost_after_s,
-            nan_loss=rules.nan_loss,
-            stall_timeout_s=rules.stall_timeout_s,
-            startup_timeout_s=rules.startup_timeout_s,
-            max_wall_time_s=rules.max_wall_time_s,
-            unreachable_timeout_s=rules.unreachable_timeout_s,
-            upload_argv=tuple(self.upload_argv(node)),
-        )
-
-    @classmethod
-    def load(cls, folder: Path) -> WatchTarget:
-        data = json.loads((folder / "watch.json").read_text())
-        return cls(
-            run_id=data["run_id"],
-            job=data["job"],
-            inventory=Inventory.model_validate(data["inventory"]),
-            starters=tuple(data["starters"]),
-            rules=StopRules.model_validate(data["rules"]),
-            teardown=data["teardown"],
-            started_at=data["started_at"],
-            folder=folder,
-            instance_type=data.get("instance_type"),
-            cloud=data.get("cloud"),
-        )
 
 
 @dataclass
@@ -312,15 +209,10 @@ class Watcher:
             if node.state != before and (node.starts_processes or node.state in shown):
                 rc = f" (exit {node.rc})" if node.rc is not None else ""
                 why = f": {node.error}" if node.error else ""
-                # node text is data, not Rich markup: a '[' in it must not crash the watcher
-                self.console.print(
-                    f"  {name}: {before} -> {node.state}{rc}{why}", markup=False, highlight=False
-                )
+                self.console.print(safe_text(f"  {name}: {before} -> {node.state}{rc}{why}"))
             if node.malformed and node.malformed != malformed_before:
                 self.console.print(
-                    f"  {name}: unreadable on the node: {'; '.join(node.malformed)}",
-                    markup=False,
-                    highlight=False,
+                    safe_text(f"  {name}: unreadable on the node: {'; '.join(node.malformed)}")
                 )
         obs = self.observation(now)
         if self.first_step_at is None and obs.metrics.records:

@@ -2,57 +2,44 @@
 
 The order is the point. Nothing is torn down before the artifacts are safe: a node whose run
 directory could not be pulled blocks the teardown (it may hold the only copy), and the failure
-is reported, never swallowed.
+is reported, never swallowed. Each step is guarded: an unexpected exception in one (a bug, a
+full disk) is saved to ``traceback.txt`` and the wrap-up goes on, so the run is still recorded
+and its fleet still handled by policy; a crashed stop or pull counts as "artifacts not safe".
 """
 
 from __future__ import annotations
 
+import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from rich.console import Console
-
-from launch.errors import FleetrunError
+from launch.errors import HostError
+from launch.fleets.kinds.base import UPLOAD_SOURCE, TeardownOutcome, TeardownState
 from launch.fleets.teardown import tear_down
+from launch.planning import remote_layout as layout
 from launch.reports.plot import plot_loss
 from launch.reports.tensorboard import write_tensorboard
-from launch.rules.stoprules import StopDecision, should_teardown
-from launch.run.artifacts import pull, revoke_cluster_keys, stop_all, upload_to_bucket
+from launch.rules.pricing import cost_so_far, price_per_node_hour
+from launch.rules.stoprules import StopDecision
+from launch.run.artifacts import revoke_cluster_keys, stop_all
 from launch.run.records import RunRecords
+from launch.run.reporter import Reporter
 from launch.run.run_folder import RunFolder
-from launch.run.watch import Watcher, WatchTarget
-from launch.transport.ssh import Fleet
+from launch.run.summary import TRACEBACK_FILE, RunResult, RunSummary, TeardownAction, decide_teardown
+from launch.run.target import WatchTarget
+from launch.run.transfers import Transfers
+from launch.run.watch import Watcher
+from launch.run.watching import save_traceback
+from launch.transport.ssh import Fleet, NodeConnection
+
+__all__ = ["RunResult", "RunSummary", "upload_to_bucket", "wrap_up", "write_reports"]
+T = TypeVar("T")
 
 
-@dataclass
-class RunResult:
-    run_id: str
-    outcome: str  # succeeded | failed | stopped
-    rule: str
-    reason: str
-    folder: Path
-    exit_codes: dict[str, int | None]
-    failed_nodes: tuple[str, ...] = ()
-    first_step_after_s: float | None = None
-    last_metrics: dict[str, Any] = field(default_factory=dict)
-    world: dict[str, Any] | None = None
-    pull_errors: dict[str, str] = field(default_factory=dict)
-    stop_errors: dict[str, str] = field(default_factory=dict)
-    teardown: str = "not requested"
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == "succeeded"
-
-    @property
-    def failed_node(self) -> str | None:
-        return self.failed_nodes[0] if self.failed_nodes else None
-
-
-def write_reports(folder: RunFolder, console: Console) -> None:
+def write_reports(folder: RunFolder, reporter: Reporter) -> None:
     if not (folder.path / "metrics.jsonl").exists():
         return
     records, summary = folder.read_metrics()
@@ -62,7 +49,77 @@ def write_reports(folder: RunFolder, console: Console) -> None:
             plot_loss(history, folder.path / "loss.png", title=folder.path.name)
         write_tensorboard(records, folder.path / "tensorboard")
     except Exception as exc:  # noqa: BLE001 - a plot must never hide the run's outcome
-        console.print(f"  [yellow]could not write the loss plot / TensorBoard files: {exc}[/]")
+        reporter.say(
+            ("  could not write the loss plot / TensorBoard files: ", "yellow"), (str(exc), "yellow")
+        )
+
+
+def upload_to_bucket(fleet: Fleet, target: WatchTarget, reporter: Reporter) -> dict[str, str]:
+    """Fleets with a bucket: each node copies its run directory there with its own role, running
+    the command its fleet kind gives. The local pull is the copy teardown waits for; the bucket
+    copy is reported, not blocking."""
+    run_dir = layout.rundir(target.run_id)
+
+    def upload(conn: NodeConnection) -> str:
+        argv = target.upload_argv(conn.host.name)
+        if argv is None:
+            return "no bucket"
+        command = 'cd "$HOME" && ' + shlex.join([run_dir if a == UPLOAD_SOURCE else a for a in argv])
+        result = conn.run(command, timeout=3600)
+        if not result.ok:
+            tail = (result.stderr or result.stdout).strip()[-300:]
+            raise HostError(conn.host.name, f"upload failed (exit {result.exit_code}): {tail}")
+        return f"uploaded to {argv[-1]}"
+
+    messages: dict[str, str] = {}
+    for name, res in fleet.map(upload, deadline=3700).items():
+        messages[name] = str(res)
+        reporter.say(f"  {name}: {res}")
+    return messages
+
+
+@dataclass
+class WatchFacts:
+    """What the watcher learnt that the summary keeps."""
+
+    exit_codes: dict[str, int | None] = field(default_factory=dict)
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+    world: dict[str, Any] | None = None
+    first_step_after_s: float | None = None
+
+
+def watch_facts(watcher: Watcher | None, started_at: float) -> WatchFacts:
+    if watcher is None:
+        return WatchFacts()
+    summary = watcher.metrics()
+    last_metrics = dict(summary.last_metrics)
+    if summary.last_step is not None:
+        last_metrics["step"] = summary.last_step
+    return WatchFacts(
+        exit_codes={n.name: n.rc for n in watcher.nodes.values()},
+        last_metrics=last_metrics,
+        world=dict(summary.world) if summary.world else None,
+        first_step_after_s=None if watcher.first_step_at is None else watcher.first_step_at - started_at,
+    )
+
+
+class _Steps:
+    """Runs wrap-up steps so that one step's unexpected failure never skips the next ones."""
+
+    def __init__(self, folder: RunFolder, reporter: Reporter) -> None:
+        self.folder = folder
+        self.reporter = reporter
+        self.crashed: list[str] = []
+
+    def run(self, where: str, step: Callable[[], T], fallback: Callable[[str], T]) -> T:
+        try:
+            return step()
+        except Exception as exc:  # noqa: BLE001 - saved to traceback.txt and reported
+            save_traceback(self.folder.path, exc, where)
+            self.crashed.append(where)
+            message = f"{where} failed unexpectedly: {type(exc).__name__}: {exc}"
+            self.reporter.say(("  " + message, "red"), f" (see {TRACEBACK_FILE})")
+            return fallback(message)
 
 
 def wrap_up(
@@ -71,110 +128,115 @@ def wrap_up(
     decision: StopDecision,
     records: RunRecords,
     known_hosts: Path,
-    console: Console,
+    reporter: Reporter,
     watcher: Watcher | None = None,
     started_job: bool = True,
     timings: dict[str, float] | None = None,
-) -> RunResult:
+    teardown_applies: bool | None = None,
+    transfers: Transfers | None = None,
+) -> RunSummary:
+    """Stop, pull, upload, report, decide and run the teardown, record. Never raises for a step.
+
+    ``teardown_applies`` defaults to ``started_job``: a run interrupted before its launch leaves
+    nothing to tear down; the runner passes True for a failed preflight/sync/setup.
+    """
+    transfers = transfers or Transfers()
     decided_at = time.time()
-    teardown_started_at: float | None = None
     folder = RunFolder(target.folder)
+    steps = _Steps(folder, reporter)
+    hosts = [h.name for h in target.inventory.hosts]
     stop_errors: dict[str, str] = {}
     pull_errors: dict[str, str] = {}
+    uploads: dict[str, str] = {}
     try:
         if started_job:
-            console.print(f"[bold]{decision.outcome}[/] ({decision.rule}): {decision.reason}")
-            console.print("stopping anything left of the run on the nodes, then pulling artifacts")
-            stop_errors = stop_all(fleet, target.run_id, console)
-            pull_errors = pull(fleet, target.run_id, folder, known_hosts, console)
-            if target.inventory.bucket:
-                upload_to_bucket(fleet, target, console)
-    finally:
-        for name, err in revoke_cluster_keys(fleet).items():
-            console.print(f"  {name}: could not revoke the run's cluster SSH key: {err}", markup=False)
-        fleet.close()
-    rank0_node = folder.collect_rank0_files() if started_job else None
-    write_reports(folder, console)
-
-    exit_codes: dict[str, int | None] = {}
-    first_step = None
-    last_metrics: dict[str, Any] = {}
-    world = None
-    if watcher is not None:
-        exit_codes = {n.name: n.rc for n in watcher.nodes.values()}
-        summary = watcher.metrics()
-        last_metrics = dict(summary.last_metrics)
-        if summary.last_step is not None:
-            last_metrics["step"] = summary.last_step
-        world = dict(summary.world) if summary.world else None
-        if watcher.first_step_at is not None:
-            first_step = watcher.first_step_at - target.started_at
-
-    teardown = "not requested"
-    if started_job or decision.rule.endswith("_failed"):
-        if not should_teardown(target.teardown, decision.outcome):
-            teardown = f"skipped (teardown: {target.teardown}, outcome {decision.outcome})"
-        elif pull_errors or stop_errors:
-            blocked = sorted({*pull_errors, *stop_errors})
-            teardown = (
-                f"blocked: artifacts of {', '.join(blocked)} are not safe (pull or stop failed); "
-                "the fleet is kept so nothing is lost; fix and re-run 'fab watch' or tear down by hand"
+            reporter.say((decision.outcome, "bold"), f" ({decision.rule}): {decision.reason}")
+            reporter.say("stopping anything left of the run on the nodes, then pulling artifacts")
+            stop_errors = steps.run(
+                "stopping the run",
+                lambda: stop_all(fleet, target.run_id, reporter.console),
+                lambda msg: dict.fromkeys(hosts, msg),
             )
-        else:
-            teardown_started_at = time.time()
-            try:
-                teardown = tear_down(target.inventory, say=lambda m: console.print(f"  {m}"))
-            except FleetrunError as exc:
-                teardown = f"failed: {exc}"
-    console.print(f"  teardown: {teardown}")
+            pull_errors = steps.run(
+                "pulling artifacts",
+                lambda: transfers.pull(fleet, target.run_id, folder, known_hosts, reporter.console),
+                lambda msg: dict.fromkeys(hosts, msg),
+            )
+            uploads = steps.run(
+                "uploading to the bucket",
+                lambda: upload_to_bucket(fleet, target, reporter),
+                lambda msg: {"*": msg},
+            )
+    finally:
+        try:  # a wrap-up never stops half-way: a failed revoke is reported, the key expires anyway
+            revoke_errors = revoke_cluster_keys(fleet)
+        except Exception as exc:  # noqa: BLE001
+            revoke_errors = {"*": f"{type(exc).__name__}: {exc}"}
+        for name, err in revoke_errors.items():
+            reporter.say((f"  {name}: could not revoke the run's cluster SSH key: {err}", "yellow"))
+        fleet.close()
+    rank0_node = steps.run("collecting rank 0's files", folder.collect_rank0_files, lambda _m: None)
+    if started_job:
+        steps.run("writing the loss plot", lambda: write_reports(folder, reporter), lambda _m: None)
+    facts = steps.run(
+        "reading the watcher's facts",
+        lambda: watch_facts(watcher, target.started_at),
+        lambda _m: WatchFacts(),
+    )
 
-    result = RunResult(
+    teardown_started_at: float | None = None
+    decided = decide_teardown(
+        target.teardown,
+        decision.outcome,
+        pull_errors,
+        stop_errors,
+        applies=started_job if teardown_applies is None else teardown_applies,
+    )
+    if decided.action is TeardownAction.TEAR_DOWN:
+        teardown_started_at = time.time()
+        teardown = steps.run(
+            "tearing the fleet down",
+            lambda: tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}")),
+            lambda msg: TeardownOutcome(TeardownState.FAILED, msg),
+        )
+    else:
+        teardown = decided.outcome()
+    reporter.say(f"  teardown: {teardown}")
+
+    ended_at = time.time()
+    price = price_per_node_hour(target.instance_type, target.rules.price_per_node_hour)
+    launched = started_job and price > 0
+    summary = RunSummary(
         run_id=target.run_id,
+        job=target.job,
         outcome=decision.outcome,
         rule=decision.rule,
         reason=decision.reason,
         folder=folder.path,
-        exit_codes=exit_codes,
+        exit_codes=facts.exit_codes,
         failed_nodes=decision.nodes if decision.outcome == "failed" else (),
-        first_step_after_s=first_step,
-        last_metrics=last_metrics,
-        world=world,
+        first_step_after_s=facts.first_step_after_s,
+        last_metrics=facts.last_metrics,
+        world=facts.world,
+        rank0_node=rank0_node,
         pull_errors=pull_errors,
         stop_errors=stop_errors,
+        uploads=uploads,
         teardown=teardown,
         timings=timings or {},
+        nodes=hosts,
+        cost_usd=cost_so_far(len(hosts), price, ended_at - target.started_at) if launched else None,
+        traceback=TRACEBACK_FILE if (folder.path / TRACEBACK_FILE).exists() else None,
+        decided_at=decided_at,
+        teardown_started_at=teardown_started_at,
+        ended_at=ended_at,
     )
-    records.finish(
-        target.run_id,
-        state=decision.outcome,  # type: ignore[arg-type]
-        stop_rule=decision.rule,
-        stop_reason=decision.reason,
-        exit_codes=exit_codes,
-        last_metrics=last_metrics,
-        artifacts=folder.artifacts(),
+    steps.run(
+        "recording the run",
+        lambda: records.finish(target.run_id, artifacts=folder.artifacts(), **summary.record_fields()),
+        lambda _m: None,
     )
-    folder.write_json(
-        "summary.json",
-        {
-            "run_id": target.run_id,
-            "job": target.job,
-            "outcome": decision.outcome,
-            "rule": decision.rule,
-            "reason": decision.reason,
-            "failed_nodes": list(result.failed_nodes),
-            "exit_codes": exit_codes,
-            "first_step_after_s": first_step,
-            "last_metrics": last_metrics,
-            "world": world,
-            "rank0_node": rank0_node,
-            "pull_errors": pull_errors,
-            "stop_errors": stop_errors,
-            "teardown": teardown,
-            "timings": result.timings,
-            "nodes": [h.name for h in target.inventory.hosts],
-            "decided_at": decided_at,
-            "teardown_started_at": teardown_started_at,
-            "ended_at": time.time(),
-        },
+    steps.run(
+        "writing summary.json", lambda: folder.write_json("summary.json", summary.to_json()), lambda _m: None
     )
-    return result
+    return summary

@@ -37,7 +37,8 @@ from launch.fleets.cloud_stack import (
     write_outputs_json,
 )
 from launch.fleets.clouds import CLOUDS
-from launch.job.inventory import Inventory
+from launch.fleets.kinds.refs import StackFleetRef
+from launch.fleets.kinds.stack import inventory_from_stack_outputs, load_outputs_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,7 +83,7 @@ def test_automation_outputs_convert_to_the_contract(cloud: str) -> None:
     converted = outputs_to_contract(_as_output_values(snap.outputs, snap.secret_outputs))
     assert converted == snap.outputs
     assert converted["ssh_private_key"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
-    assert Inventory.from_stack_outputs(converted).head.name == snap.outputs["nodes"][0]["name"]
+    assert inventory_from_stack_outputs(converted).head.name == snap.outputs["nodes"][0]["name"]
 
 
 def test_outputs_that_are_not_a_fleetrun_stack_are_refused() -> None:
@@ -95,7 +96,7 @@ def test_outputs_json_is_private_and_loads_into_the_inventory(tmp_path: Path) ->
     path = write_outputs_json(snap.outputs, tmp_path / "stack" / "outputs.json")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # holds the operator's private key
     assert json.loads(path.read_text()) == snap.outputs
-    assert len(Inventory.from_stack_outputs_file(path).hosts) == 4
+    assert len(load_outputs_file(path, save_key=False).hosts) == 4
 
 
 CAPACITY_AWS = (
@@ -251,7 +252,7 @@ def test_stack_inventory_saves_the_generated_key_and_names_the_stack(
     snap = evaluate("gcp")
     _fake(monkeypatch, FakeStack({"fleet:cloud": "gcp"}, snap.outputs))
     inventory = cloud_stack.stack_inventory("test")
-    assert inventory.stack == "test" and inventory.teardown == "pulumi-stack"
+    assert isinstance(inventory.fleet, StackFleetRef) and inventory.fleet.stack == "test"
     key = tmp_path / "home" / "keys" / snap.outputs["cluster_id"]
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert key.read_text().strip() == snap.outputs["ssh_private_key"].strip()

@@ -11,7 +11,8 @@ from infra_cases import aws_config, evaluate, gcp_config
 
 from infra.bootstrap import parse_user_data
 from infra.mocks import Registered, Snapshot
-from launch.job.inventory import Inventory
+from launch.fleets.kinds.refs import StackFleetRef
+from launch.fleets.kinds.stack import inventory_from_stack_outputs
 from launch.job.stack_outputs import StackOutputs
 
 INSTANCE_TYPES = {"aws": "aws:ec2/instance:Instance", "gcp": "gcp:compute/instance:Instance"}
@@ -96,11 +97,13 @@ def test_operator_public_key_given_means_nothing_secret_exported(cloud: str) -> 
 
 def test_outputs_load_into_launchs_inventory(cloud: str, tmp_path: Path) -> None:
     snap = evaluate(cloud)
-    inventory = Inventory.from_stack_outputs(snap.outputs, key_path=tmp_path / "id_ed25519")
+    inventory = inventory_from_stack_outputs(snap.outputs, key_path=tmp_path / "id_ed25519")
     nodes = snap.outputs["nodes"]
     assert [h.name for h in inventory.hosts] == [n["name"] for n in nodes]
     assert inventory.head.name == nodes[0]["name"]
-    assert inventory.cluster_id == snap.outputs["cluster_id"] and inventory.bucket == snap.outputs["bucket"]
+    fleet = inventory.fleet
+    assert isinstance(fleet, StackFleetRef)
+    assert fleet.cluster_id == snap.outputs["cluster_id"] and fleet.bucket == snap.outputs["bucket"]
     for host, node in zip(inventory.hosts, nodes, strict=True):
         assert host.address == node["public_ip"] and host.private_address == node["private_ip"]
         assert host.user == "ubuntu" and host.gpus == 8

@@ -34,6 +34,7 @@ from pathlib import Path
 import yaml
 
 from launch.errors import LocalFleetError
+from launch.fleets.kinds.refs import LocalFleetRef
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, FleetNames
 from launch.fleets.local.node import make_node, start_sshd
 from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
@@ -211,7 +212,7 @@ class LocalFleet(FleetNames):
         self._wait_for_sshd(nodes)
         self._start_power_daemon()
         inventory = Inventory(
-            hosts=hosts, source=f"local fleet {self.prefix}", cluster_id=self.prefix, teardown="local-fleet"
+            hosts=hosts, source=f"local fleet {self.prefix}", fleet=LocalFleetRef(prefix=self.prefix)
         )
         self.inventory_path.write_text(yaml.safe_dump(inventory.to_yaml_data(), sort_keys=False))
         say(
@@ -241,7 +242,7 @@ class LocalFleet(FleetNames):
             raise LocalFleetError(
                 f"local fleet {self.prefix!r} is not up (no {self.inventory_path}); start it with: fab local.up --nodes 3"
             )
-        return Inventory.from_static_yaml(self.inventory_path)
+        return Inventory.from_own_state(self.inventory_path)
 
     # -- power -----------------------------------------------------------------------------------
     def _start_power_daemon(self) -> None:

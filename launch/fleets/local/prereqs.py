@@ -14,6 +14,7 @@ from pathlib import Path
 
 from launch.errors import LocalFleetError
 from launch.paths import image_dir
+from launch.processes import pid_alive  # noqa: F401 - used by the fleet and its power daemon
 
 REQUIRED_TOOLS = {"sshd": "openssh-server", "ssh": "openssh-client", "rsync": "rsync", "ip": "iproute2"}
 SSHD = "/usr/sbin/sshd"
@@ -26,15 +27,6 @@ def run(argv: list[str], check: bool = True, timeout: float = 60) -> subprocess.
     if check and proc.returncode != 0:
         raise LocalFleetError(f"command failed ({proc.returncode}): {' '.join(argv)}\n{proc.stderr.strip()}")
     return proc
-
-
-def pid_alive(pid: int) -> bool:
-    """Exists and is not a zombie (a zombie holds no resources; only its parent can reap it)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def require_root() -> None:

@@ -11,7 +11,7 @@ import json
 import shlex
 from abc import ABC, abstractmethod
 
-from launch.fleets.teardown import POWEROFF_HOOKS
+from launch.fleets.kinds.lab import POWEROFF_HOOK as LAB_POWEROFF_HOOK
 from launch.job.inventory import Host, Inventory, host_port
 from launch.job.spec import JobSpec
 from launch.planning import remote_layout as layout
@@ -89,7 +89,9 @@ class Launcher(ABC):
         text the user wrote.
         """
 
-    def plan(self, spec: JobSpec, inventory: Inventory, run_id: str) -> LaunchPlan:
+    def plan(
+        self, spec: JobSpec, inventory: Inventory, run_id: str, poweroff_hook: str | None = None
+    ) -> LaunchPlan:
         inventory = inventory.first(spec.nodes)
         procs = [resolved_procs(spec, h) for h in inventory.hosts]
         total = None if any(p is None for p in procs) else sum(p for p in procs if p is not None)
@@ -99,7 +101,9 @@ class Launcher(ABC):
         for python in {spec.python or h.python for h in inventory.hosts}:
             setup_hash = spec.setup_hash(python)
             setups[python] = (setup_hash, setup_script(spec, python, setup_hash))
-        hook = POWEROFF_HOOKS.get(inventory.teardown, POWEROFF_HOOKS["none"])
+        # The fleet kind's hook, given by the caller (planning stays pure); by default the lab's,
+        # which never powers anything off: a missing hook must never mean a shutdown.
+        hook = LAB_POWEROFF_HOOK if poweroff_hook is None else poweroff_hook
         files = (RemoteFile(f"{layout.ROOT}/poweroff", hook, 0o755),)
         nodes = []
         for rank, host in enumerate(inventory.hosts):

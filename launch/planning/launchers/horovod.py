@@ -150,7 +150,9 @@ class HorovodLauncher(Launcher):
         return " ".join(words)
 
     # -- the plan --------------------------------------------------------------------------------
-    def plan(self, spec: JobSpec, inventory: Inventory, run_id: str) -> LaunchPlan:
+    def plan(
+        self, spec: JobSpec, inventory: Inventory, run_id: str, poweroff_hook: str | None = None
+    ) -> LaunchPlan:
         if self.cluster_key is None:
             raise SpecError(
                 "the horovod launcher needs the cluster's SSH key; plans are made by launch.cli.app.make_plan"
@@ -163,7 +165,7 @@ class HorovodLauncher(Launcher):
                     f"cannot carry an IPv6 address ({host.private_address}); use the torchrun launcher "
                     "or IPv4 private addresses"
                 )
-        base = super().plan(self.setup_spec(spec), inventory, run_id)
+        base = super().plan(self.setup_spec(spec), inventory, run_id, poweroff_hook)
         head_host = inventory.head
         workers = inventory.hosts[1:]
         head_files = cluster_ssh.head_files(self.cluster_key, workers) if workers else ()

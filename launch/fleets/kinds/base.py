@@ -1,0 +1,82 @@
+"""The fleet-kind protocol and the teardown outcome every kind returns.
+
+Pure: no I/O here. The kinds do their I/O (``LocalFleet.down``, ``pulumi destroy``) inside
+``tear_down``, importing it lazily, so planning (which asks a kind for its power-off hook) stays
+free of subprocess, paramiko and Pulumi.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import ClassVar, Protocol
+
+Say = Callable[[str], None]
+
+
+class TeardownState(str, Enum):
+    """How the "tear the fleet down" step of a run ended. Callers branch on this, never on text."""
+
+    NOT_REQUESTED = "not_requested"
+    """Nothing ran on the fleet (interrupted before the launch): nothing to decide."""
+    SKIPPED = "skipped"
+    """The playbook's policy keeps the fleet for this outcome (``never``, ``on_success`` + failure)."""
+    BLOCKED = "blocked"
+    """Some node's artifacts are not safe (stop or pull failed): the fleet is kept so nothing is lost."""
+    KEPT = "kept"
+    """The kind never removes its machines (lab machines); the run's processes were stopped."""
+    DONE = "done"
+    """The fleet was removed and the kind confirmed that nothing of it remains."""
+    FAILED = "failed"
+    """The teardown was attempted and did not finish, or left something behind (it may bill)."""
+
+
+@dataclass(frozen=True)
+class TeardownOutcome:
+    state: TeardownState
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.state.value}: {self.message}"
+
+    @property
+    def blocked(self) -> bool:
+        return self.state is TeardownState.BLOCKED
+
+    def to_json(self) -> dict[str, str]:
+        return {"state": self.state.value, "message": self.message}
+
+
+class FleetKind(Protocol):
+    """One kind of fleet. Instances are built from the inventory's fleet reference."""
+
+    name: ClassVar[str]
+    """The registry key, equal to the reference's ``kind``."""
+    can_power_off: ClassVar[bool]
+    """Whether the on-node watchdog may power its own node off (never for lab machines)."""
+
+    def describe(self) -> str:
+        """One line naming the fleet, for messages."""
+        ...
+
+    def poweroff_hook(self) -> str:
+        """The shell script nodes install as ``~/.fleetrun/poweroff`` (the watchdog's last step)."""
+        ...
+
+    def bucket_upload_argv(self, dest: str) -> list[str] | None:
+        """The command a node runs to copy its run directory (``{src}``) to ``dest`` under the
+        fleet's bucket, or None when the fleet has no bucket."""
+        ...
+
+    def tear_down(self, say: Say) -> TeardownOutcome:
+        """Remove the fleet and confirm nothing remains. May raise ``FleetrunError``."""
+        ...
+
+    def tags(self) -> dict[str, str]:
+        """The tags/labels that mark this fleet's resources (what a leftovers audit looks for)."""
+        ...
+
+
+UPLOAD_SOURCE = "{src}"
+"""Placeholder in an upload argv for the node's run directory (filled in on the node)."""

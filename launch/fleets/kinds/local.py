@@ -1,0 +1,74 @@
+"""The local fleet: network-namespace nodes on this machine, made and removed by fleetrun as root.
+
+Its inventory is fleetrun's own state: the file ``LocalFleet.up`` wrote under
+``$FLEETRUN_HOME/localfleet/<prefix>/``, reached only through ``--inventory local:<prefix>``, and
+checked to name that same fleet. Nodes power off by asking the fleet's power daemon (root), and
+the teardown is ``LocalFleet(prefix).down()`` followed by a check that nothing of it is left.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from launch.errors import FleetrunError
+from launch.fleets.kinds.base import Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.refs import LocalFleetRef
+
+if TYPE_CHECKING:
+    from launch.job.inventory import Inventory
+
+SELECTOR = "local"
+
+POWEROFF_HOOK = (
+    "# local fleet: the fleet's power daemon (root) stops this node\n"
+    'touch "$HOME/.fleetrun/poweroff-request"\n'
+)
+PREFIX_TAG = "fleetrun:local-prefix"
+"""Every resource of a local fleet (users, namespaces, links, state) is named from its prefix."""
+
+
+class LocalFleetKind:
+    name: ClassVar[str] = "local"
+    can_power_off: ClassVar[bool] = True
+
+    def __init__(self, ref: LocalFleetRef) -> None:
+        self.ref = ref
+
+    def describe(self) -> str:
+        return f"local fleet {self.ref.prefix}"
+
+    def poweroff_hook(self) -> str:
+        return POWEROFF_HOOK
+
+    def bucket_upload_argv(self, dest: str) -> list[str] | None:
+        return None
+
+    def tear_down(self, say: Say) -> TeardownOutcome:
+        from launch.fleets.localfleet import LocalFleet  # root-only I/O, imported when used
+
+        left = LocalFleet(prefix=self.ref.prefix, subnet=0).down(say=say)
+        remaining = {k: v for k, v in left.items() if v}
+        if remaining:
+            return TeardownOutcome(
+                TeardownState.FAILED, f"local fleet {self.ref.prefix}: teardown left {remaining}"
+            )
+        return TeardownOutcome(
+            TeardownState.DONE, f"local fleet {self.ref.prefix} removed; nothing left behind"
+        )
+
+    def tags(self) -> dict[str, str]:
+        return {PREFIX_TAG: self.ref.prefix}
+
+
+def load_local_inventory(prefix: str | None, save_keys: bool = True) -> Inventory:
+    """``--inventory local`` / ``local:<prefix>``: the fleet's own inventory file, which must name it."""
+    from launch.fleets.select import local_fleet
+
+    fleet = local_fleet(prefix)
+    inventory = fleet.inventory()
+    if inventory.fleet != LocalFleetRef(prefix=fleet.prefix):
+        raise FleetrunError(
+            f"{fleet.inventory_path}: this file does not describe local fleet {fleet.prefix!r}; "
+            f"recreate the fleet (fab local.down --prefix {fleet.prefix}; fab local.up)"
+        )
+    return inventory

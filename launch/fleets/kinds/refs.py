@@ -1,0 +1,50 @@
+"""What an inventory says about where its machines came from: pure, typed, frozen data.
+
+An ``Inventory`` carries one of these as ``fleet``. Only fleetrun's own state can produce a
+``LocalFleetRef`` or a ``StackFleetRef`` (the local fleet's inventory file, a stack's outputs);
+a lab inventory file always loads as ``LabFleet`` (``launch.fleets.kinds.lab``). The field
+``kind`` is the discriminator and the registry key (``launch.fleets.kinds.registry``).
+
+Imports nothing from fleetrun, so ``launch.job.inventory`` can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PREFIX_PATTERN = r"^[a-z][a-z0-9]{0,5}\z"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\z"
+BUCKET_PATTERN = r"^[a-z0-9][a-z0-9._-]{1,221}[a-z0-9]\z"
+
+
+class _Ref(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LabFleet(_Ref):
+    """A lab's own machines (a hosts.yaml): fleetrun stops its processes, never the machines."""
+
+    kind: Literal["lab"] = "lab"
+
+
+class LocalFleetRef(_Ref):
+    """The local fleet (network-namespace nodes on this machine) named by ``prefix``."""
+
+    kind: Literal["local"] = "local"
+    prefix: str = Field(pattern=PREFIX_PATTERN)
+
+
+class StackFleetRef(_Ref):
+    """A Pulumi stack's cluster. ``stack`` is None when the inventory came from an outputs file
+    (then fleetrun cannot destroy it: ``fab down --stack NAME`` can)."""
+
+    kind: Literal["stack"] = "stack"
+    stack: str | None = Field(default=None, pattern=NAME_PATTERN)
+    cluster_id: str = Field(pattern=NAME_PATTERN)
+    cloud: Literal["aws", "gcp"]
+    bucket: str | None = Field(default=None, pattern=BUCKET_PATTERN)
+
+
+FleetRef = Annotated[LabFleet | LocalFleetRef | StackFleetRef, Field(discriminator="kind")]

@@ -1,0 +1,143 @@
+"""A Pulumi stack's cluster on AWS or GCP: the only module that knows how the two clouds differ
+for a run (``launch.fleets.cloud_stack`` creates and destroys stacks).
+
+Its inventory is fleetrun's own state: the stack's outputs (``--inventory stack:<name>``, read
+through the Pulumi Automation API, or a ``.json`` of those outputs). Nodes power off with
+``shutdown`` (instances are created with instance-initiated shutdown = terminate, so that ends
+billing); run directories go to the stack's bucket with the node's own role; the teardown is
+``pulumi destroy`` followed by asking the cloud that no instance of the cluster remains.
+
+The per-cloud operations (power-off hook, upload command, tag key) come from
+``launch.fleets.clouds.CLOUDS``, one module per cloud behind its ``CloudOps`` protocol.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import ValidationError
+
+from launch.errors import SpecError
+from launch.fleets.clouds import CLOUDS
+from launch.fleets.kinds.base import Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.refs import StackFleetRef
+from launch.job.stack_outputs import StackOutputs
+from launch.job.validation import describe_validation_error, load_json_mapping, printable
+
+if TYPE_CHECKING:
+    from launch.job.inventory import Inventory
+
+SELECTOR = "stack"
+OUTPUTS_SUFFIX = ".json"
+
+
+class StackKind:
+    name: ClassVar[str] = "stack"
+    can_power_off: ClassVar[bool] = True
+
+    def __init__(self, ref: StackFleetRef) -> None:
+        self.ref = ref
+        self.cloud = CLOUDS[ref.cloud]
+
+    def describe(self) -> str:
+        return f"stack {self.ref.stack or '(unnamed)'} (cluster {self.ref.cluster_id}, {self.ref.cloud})"
+
+    def poweroff_hook(self) -> str:
+        return self.cloud.poweroff_hook()
+
+    def bucket_upload_argv(self, dest: str) -> list[str] | None:
+        return self.cloud.upload_argv(self.ref.bucket, dest) if self.ref.bucket else None
+
+    def tear_down(self, say: Say) -> TeardownOutcome:
+        if not self.ref.stack:
+            return TeardownOutcome(
+                TeardownState.FAILED,
+                f"cluster {self.ref.cluster_id} came from a stack outputs file without a stack name; "
+                "tear it down with: fab down --stack <name>",
+            )
+        from launch.fleets import cloud_stack  # Pulumi, imported only by cloud users
+
+        cloud_stack.stack_down(self.ref.stack, on_output=say)  # raises TeardownIncomplete on leftovers
+        return TeardownOutcome(
+            TeardownState.DONE,
+            f"stack {self.ref.stack} destroyed (buckets retained); no instance of cluster "
+            f"{self.ref.cluster_id} remains",
+        )
+
+    def tags(self) -> dict[str, str]:
+        return {self.cloud.cluster_tag: self.ref.cluster_id}
+
+
+def inventory_from_stack_outputs(
+    data: dict[str, Any], key_path: Path | None = None, stack: str | None = None
+) -> Inventory:
+    """Hosts from ``pulumi stack output --json --show-secrets`` (see ``launch.job.stack_outputs``).
+
+    ``key_path`` is the operator's private key; when the stack generated the key pair it is in
+    the outputs (a secret) and the caller writes it to a 0600 file first.
+    """
+    from launch.job.inventory import Host, Inventory
+
+    try:
+        outputs = StackOutputs.model_validate(data)
+        fleet = StackFleetRef(
+            stack=stack, cluster_id=outputs.cluster_id, cloud=outputs.cloud, bucket=outputs.bucket or None
+        )
+    except ValidationError as exc:
+        raise SpecError(describe_validation_error("stack outputs", exc)) from None
+    nodes = sorted(outputs.nodes, key=lambda n: n.rank)
+    hosts = []
+    for n in nodes:
+        try:  # each node is checked as a Host (user, addresses, host key), naming the node
+            hosts.append(
+                Host(
+                    name=n.name,
+                    address=n.public_ip or n.private_ip,
+                    private_address=n.private_ip,
+                    user=n.user or outputs.ssh_user,
+                    port=n.port,
+                    key=key_path,
+                    host_key=n.host_key,
+                    gpus=n.gpus,
+                    instance_type=n.instance_type,
+                )
+            )
+        except ValidationError as exc:
+            where = f"stack outputs, node {printable(n.name, 80)!r}"
+            raise SpecError(describe_validation_error(where, exc)) from None
+    return Inventory(
+        hosts=hosts, source=f"stack {outputs.cluster_id} ({outputs.cloud} {outputs.region})", fleet=fleet
+    )
+
+
+def load_outputs_file(path: str | Path, save_key: bool = True, key_path: Path | None = None) -> Inventory:
+    """``--inventory outputs.json``: a stack's outputs saved by ``fab up --outputs`` (or
+    ``pulumi stack output --json --show-secrets``), read with the bounded JSON reader.
+
+    The outputs are validated first; then the stack's generated operator key
+    (``ssh_private_key``), if any, is saved 0600 as ``fab up`` saves it and used for the hosts.
+    ``save_key=False`` (``--dry-run``) writes nothing. ``key_path`` names the operator key
+    instead (a key the operator keeps elsewhere).
+    """
+    path = Path(path)
+    data = load_json_mapping(path, "stack outputs")
+    try:
+        inventory = inventory_from_stack_outputs(data, key_path)
+    except SpecError as exc:
+        raise SpecError(f"{printable(path, 400)}: {exc}") from None
+    if not save_key or key_path is not None:
+        return inventory
+    from launch.fleets.cloud_stack import save_operator_key
+
+    key_path = save_operator_key(data)
+    return inventory if key_path is None else inventory_from_stack_outputs(data, key_path)
+
+
+def load_stack_inventory(stack: str | None, save_key: bool = True) -> Inventory:
+    """``--inventory stack:<name>``: the deployed stack's outputs, read from Pulumi."""
+    if not stack:
+        raise SpecError("inventory 'stack:': expected a stack name, e.g. stack:dev")
+    from launch.fleets.cloud_stack import stack_inventory  # lazy: only cloud users need Pulumi
+
+    return stack_inventory(stack, save_key=save_key)

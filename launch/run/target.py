@@ -1,0 +1,100 @@
+"""What a watcher needs to know about a run (``WatchTarget``), saved as ``watch.json`` in the run
+folder so a watcher that died can be re-attached with ``fab watch RUN``.
+
+Also renders each node's ``guard.json`` (the on-node watchdog's configuration). What differs
+between fleet kinds (may the watchdog power its node off, how it copies the run directory to a
+bucket) comes from the inventory's fleet kind, never from a cloud name here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from launch.fleets.kinds.registry import fleet_kind
+from launch.job.inventory import Inventory
+from launch.nodelib.fleetrun_protocol import GuardConfig
+from launch.rules.stoprules import StopRules, Teardown
+
+
+def bucket_dest(run_id: str, node: str) -> str:
+    """Where a node's run directory goes under the fleet's bucket."""
+    return f"runs/{run_id}/{node}"
+
+
+@dataclass(frozen=True)
+class WatchTarget:
+    """What a watcher needs to know about a run; saved as ``watch.json`` for re-attaching."""
+
+    run_id: str
+    job: str
+    inventory: Inventory
+    starters: tuple[str, ...]
+    rules: StopRules
+    teardown: Teardown
+    started_at: float
+    folder: Path
+    instance_type: str | None = None
+
+    def save(self) -> Path:
+        data = {
+            "run_id": self.run_id,
+            "job": self.job,
+            "inventory": self.inventory.to_yaml_data(),
+            "starters": list(self.starters),
+            "rules": self.rules.model_dump(mode="json"),
+            "teardown": Teardown(self.teardown).value,
+            "started_at": self.started_at,
+            "instance_type": self.instance_type,
+        }
+        path = self.folder / "watch.json"
+        path.write_text(json.dumps(data, indent=2, default=str))
+        return path
+
+    def upload_argv(self, node: str) -> list[str] | None:
+        """The command ``node`` runs to copy its run directory (``{src}``) to the fleet's bucket."""
+        return fleet_kind(self.inventory.fleet).bucket_upload_argv(bucket_dest(self.run_id, node))
+
+    def guard_config(self, node: str) -> GuardConfig:
+        """``guard.json`` for the on-node watchdog of ``node`` (``fleetrun_guard.py``).
+
+        ``expects_metrics`` holds on nodes that start the job's processes: the job logs its
+        metrics from rank 0, which runs on one of them (the head, for launchers whose head starts
+        every rank); ranks other than 0 tell their node's watchdog so, see ``fleetrun_metrics``.
+        What differs between fleet kinds (the bucket upload command) comes from the kind; whether
+        the node may power off is in its ``~/.fleetrun/poweroff`` hook, also the kind's.
+        """
+        head = self.inventory.head
+        rules = self.rules
+        return GuardConfig(
+            run_id=self.run_id,
+            node=node,
+            started_at=self.started_at,
+            peers=tuple(h.private_address for h in self.inventory.hosts if h.name != node),
+            peer_port=head.port,
+            starts_processes=node in self.starters,
+            expects_metrics=node in self.starters,
+            watcher_lost_after_s=rules.watcher_lost_after_s,
+            nan_loss=rules.nan_loss,
+            stall_timeout_s=rules.stall_timeout_s,
+            startup_timeout_s=rules.startup_timeout_s,
+            max_wall_time_s=rules.max_wall_time_s,
+            unreachable_timeout_s=rules.unreachable_timeout_s,
+            upload_argv=tuple(self.upload_argv(node) or ()),
+        )
+
+    @classmethod
+    def load(cls, folder: Path) -> WatchTarget:
+        data = json.loads((folder / "watch.json").read_text())
+        return cls(
+            run_id=data["run_id"],
+            job=data["job"],
+            inventory=Inventory.model_validate(data["inventory"]),
+            starters=tuple(data["starters"]),
+            rules=StopRules.model_validate(data["rules"]),
+            teardown=Teardown(data["teardown"]),
+            started_at=data["started_at"],
+            folder=folder,
+            instance_type=data.get("instance_type"),
+        )

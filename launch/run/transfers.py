@@ -1,0 +1,31 @@
+"""The two steps of a run that move files with rsync, as replaceable functions.
+
+The runner syncs code to the nodes and the wrap-up pulls run directories back; both go through a
+``Transfers`` so that unit tests can run the whole life cycle on an in-memory fleet
+(``tests/fakefleet.py``) without rsync, SSH or root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from launch.run.artifacts import pull
+from launch.run.run_folder import RunFolder
+from launch.transport.ssh import Fleet
+from launch.transport.sync import SyncResult
+from launch.transport.sync_relay import sync_fleet
+
+SyncFn = Callable[..., dict[str, SyncResult | BaseException]]
+"""``sync_fleet(fleet, workdir, job, known_hosts, relay_above=, on_done=, lib_current=)``."""
+PullFn = Callable[[Fleet, str, RunFolder, Path, Console], dict[str, str]]
+"""``pull(fleet, run_id, folder, known_hosts, console)`` -> errors per host."""
+
+
+@dataclass(frozen=True)
+class Transfers:
+    sync: SyncFn = sync_fleet
+    pull: PullFn = pull

@@ -1,0 +1,484 @@
+"""A fake fleet FOR TESTS: in-memory nodes that answer the runner, the watcher and the wrap-up.
+
+It implements what those use of ``launch.transport.ssh`` (``Fleet.map``/``close``/``hosts``/
+``connections``; ``NodeConnection.run``/``put_file``/``ask``/``close_sessions``/``close``) and the
+two rsync steps (``Transfers``), over a scripted job instead of SSH:
+
+* the job logs one metric record per poll round (on the head), then exits 0 on every node and
+  writes ``status.json``, unless the script says otherwise: a node exits non-zero at a step, the
+  loss turns NaN, the metrics stall, the job finishes with a message of its own;
+* a node can be unreachable, hang (every call costs its full timeout on the fake clock, and a call
+  with no timeout fails the test, because on a real fleet it would block forever), or answer
+  garbage; the preflight, sync, setup, start, stop and pull can fail per node.
+
+Time is a ``FakeClock`` patched into the runner, the watcher and the wrap-up, so stall and
+unreachable timeouts of minutes take milliseconds and no assertion depends on real time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import shlex
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from launch.errors import HostError
+from launch.job.inventory import Host, Inventory
+from launch.nodelib.fleetrun_protocol import FileBundle, StartAnswer, StopAnswer
+from launch.run.run_folder import RunFolder
+from launch.run.transfers import Transfers
+from launch.transport.ssh import CommandResult
+from launch.transport.sync import SyncResult
+
+
+class FakeClock:
+    """Unix time that moves only when slept on; also an operator's Ctrl-C at a given time."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+        self.interrupt_at: float | None = None
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+        if self.interrupt_at is not None and self.now >= self.interrupt_at:
+            self.interrupt_at = None
+            raise KeyboardInterrupt
+
+    def strftime(self, fmt: str, t: Any = None) -> str:
+        return time.strftime(fmt, time.gmtime(self.now))
+
+    def gmtime(self, t: float | None = None) -> time.struct_time:
+        return time.gmtime(self.now if t is None else t)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+        import launch.run.runner
+        import launch.run.watch
+        import launch.run.wrapup
+
+        for module in (launch.run.runner, launch.run.watch, launch.run.wrapup):
+            monkeypatch.setattr(module, "time", self)
+        return self
+
+
+@dataclass
+class NodeScript:
+    """What goes wrong on one node, and when (job steps; None = never)."""
+
+    exit_at_step: int | None = None
+    exit_code: int = 1
+    unreachable_from_step: int | None = None
+    hang_from_step: int | None = None
+    garbage_from_step: int | None = None
+    fail_preflight: bool = False
+    fail_sync: bool = False
+    fail_setup: bool = False
+    fail_stop: bool = False
+    fail_pull: bool = False
+
+
+@dataclass
+class JobScript:
+    """The training job: ``steps`` metric records, one per poll round, then success."""
+
+    steps: int = 4
+    nan_at_step: int | None = None
+    stall_at_step: int | None = None
+    finish_status: str = "succeeded"
+    finish_message: str = ""
+    finish_exit_code: int | None = None
+    """Every node's exit code at the end; default 0 after success, 1 after a failure."""
+    world: object = None
+    """A ``world`` event logged before the first step (None: no event)."""
+    nodes: dict[str, NodeScript] = field(default_factory=dict)
+
+    def node(self, name: str) -> NodeScript:
+        return self.nodes.get(name, NodeScript())
+
+
+class _Hang(Exception):
+    pass
+
+
+class FakeNode:
+    """One node: its files (``put_file``), its agent's answers, and what was asked of it."""
+
+    def __init__(self, fleet: FakeFleet, host: Host) -> None:
+        self.fleet = fleet
+        self.host = host
+        self.files: dict[str, str] = {}
+        self.commands: list[str] = []
+        self.guard: dict[str, Any] | None = None
+        self.launched = False
+        self.stopped = False
+        self.metrics = bytearray()
+        self.exited_rc: int | None = None
+        self.exited_at: float | None = None
+
+    @property
+    def script(self) -> NodeScript:
+        return self.fleet.job.node(self.host.name)
+
+    @property
+    def is_head(self) -> bool:
+        return self.host.name == self.fleet.hosts[0].name
+
+    def reachable_check(self, timeout: float | None) -> None:
+        step = self.fleet.step
+        s = self.script
+        if s.unreachable_from_step is not None and step >= s.unreachable_from_step:
+            raise HostError(self.host.name, f"unreachable at {self.host.address}: fake link down")
+        if s.hang_from_step is not None and step >= s.hang_from_step:
+            if timeout is None:
+                raise AssertionError(
+                    f"{self.host.name}: a call without a timeout on a hung node blocks forever"
+                )
+            self.fleet.clock.now += timeout
+            raise HostError(self.host.name, f"no answer within {timeout:.0f} s (fake hang)")
+
+    # -- the agent's answers ------------------------------------------------------------------
+    def poll_answer(self) -> str:
+        s = self.script
+        step = self.fleet.step
+        if s.garbage_from_step is not None and step >= s.garbage_from_step:
+            return "\x1b]0;pwned\x07 this is not JSON [/red]"
+        if not self.launched:
+            return json.dumps({"state": "absent", "rc": None, "offset": 0, "metrics_b64": "", "status": None})
+        state = "running"
+        if self.exited_rc is not None:
+            state = "exited"
+        answer: dict[str, Any] = {
+            "state": state,
+            "rc": self.exited_rc,
+            "exited_at": self.exited_at,
+            "offset": len(self.metrics),
+            "metrics_b64": base64.b64encode(
+                bytes(self.metrics[self.fleet.offsets.get(self.host.name, 0) :])
+            ).decode(),
+            "status": self.fleet.status if self.is_head else None,
+            "log_tail": f"step {step}",
+            "gpu_util": None,
+        }
+        self.fleet.offsets[self.host.name] = len(self.metrics)
+        return json.dumps(answer)
+
+    def exit(self, rc: int) -> None:
+        if self.exited_rc is None:
+            self.exited_rc = rc
+            self.exited_at = self.fleet.clock.now
+
+
+class FakeConnection:
+    """Stands in for ``NodeConnection``."""
+
+    def __init__(self, node: FakeNode) -> None:
+        self.node = node
+        self.host = node.host
+        self.closed = 0
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        node = self.node
+        node.commands.append(command)
+        node.reachable_check(timeout)
+        name = self.host.name
+        if "command -v rsync" in command:
+            if node.script.fail_preflight:
+                return CommandResult(name, 1, "", "rsync: not found")
+            return CommandResult(name, 0, "ok\n", "")
+        if command.startswith("sh -c "):
+            if node.script.fail_setup:
+                return CommandResult(name, 1, "", "pip: could not find torch==9.9 [/simple]")
+            return CommandResult(name, 0, "FLEETRUN_SETUP=ran\n", "")
+        if "guard.json" in command:
+            guard_text = command.split("<<'", 1)[1].split("\n", 1)[1]
+            node.guard = json.loads(guard_text.split("\nFLEETRUN_EOF_")[0])
+            node.launched = True
+            return CommandResult(name, 0, "", "")
+        if " stop " in command:
+            if node.script.fail_stop:
+                raise HostError(name, "stop failed: fake agent crashed [/x]")
+            running = node.launched and node.exited_rc is None
+            node.stopped = True
+            if running:
+                node.exit(-15)
+            answer = StopAnswer(terminated=int(running), remaining=0)
+            return CommandResult(name, 0, answer.to_json() + "\n", "")
+        if command.startswith('cd "$HOME" && '):
+            self.node.fleet.uploads.append((name, shlex.split(command.split("&& ", 1)[1])))
+            return CommandResult(name, 0, "", "")
+        raise AssertionError(f"{name}: the fake fleet does not know this command: {command[:120]!r}")
+
+    def run_with_input(self, command: str, data: bytes, timeout: float) -> CommandResult:
+        """Setup and start ship their scripts on stdin as a ``FileBundle`` (never in argv)."""
+        node = self.node
+        node.commands.append(command)
+        node.reachable_check(timeout)
+        name = self.host.name
+        files = FileBundle.from_json(data).files
+        node.files.update(files)
+        if "setup.sh" in files:
+            if node.script.fail_setup:
+                return CommandResult(name, 1, "", "pip: could not find torch==9.9 [/simple]")
+            return CommandResult(name, 0, "FLEETRUN_SETUP=ran\n", "")
+        if "guard.json" in files:
+            node.guard = json.loads(files["guard.json"])
+            launches = " start " in command
+            node.launched = node.launched or launches
+            answer = StartAnswer(pid=4242 if launches else None, guard=4343)
+            return CommandResult(name, 0, answer.to_json() + "\n", "")
+        raise AssertionError(f"{name}: the fake fleet does not know this command: {command[:120]!r}")
+
+    def put_file(self, remote_path: str, text: str, mode: int = 0o644) -> None:
+        self.node.reachable_check(30)
+        self.node.files[remote_path] = text
+        if remote_path.endswith("guard.json"):  # scripts shipped over SFTP
+            self.node.guard = json.loads(text)
+
+    def ask(self, command: str, request: str, timeout: float) -> str:
+        node = self.node
+        node.reachable_check(timeout)
+        if node.is_head:
+            node.fleet.tick()
+        return node.poll_answer()
+
+    def close_sessions(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class FakeFleet:
+    """Stands in for ``launch.transport.ssh.Fleet``: sequential, deterministic fan-out."""
+
+    def __init__(self, hosts: Iterable[Host], job: JobScript, clock: FakeClock) -> None:
+        self.hosts = list(hosts)
+        self.job = job
+        self.clock = clock
+        self.max_parallel = 32
+        self.nodes = {h.name: FakeNode(self, h) for h in self.hosts}
+        self.connections = {h.name: FakeConnection(self.nodes[h.name]) for h in self.hosts}
+        self.step = 0
+        self.status: dict[str, Any] | None = None
+        self.offsets: dict[str, int] = {}
+        self.uploads: list[tuple[str, list[str]]] = []
+        self.pulled: list[str] = []
+        self.closed = 0
+
+    @property
+    def head(self) -> FakeNode:
+        return self.nodes[self.hosts[0].name]
+
+    def tick(self) -> None:
+        """One poll round of the job: the head logs a step, a node may exit, the job may finish."""
+        job = self.job
+        head = self.head
+        if not head.launched or self.status is not None or head.exited_rc is not None:
+            return
+        if self.step == 0 and job.world is not None:
+            head.metrics += (
+                json.dumps({"event": "world", "time": self.clock.now, **_as_fields(job.world)}) + "\n"
+            ).encode()
+        stalled = job.stall_at_step is not None and self.step >= job.stall_at_step
+        if not stalled:
+            self.step += 1
+            loss = (
+                math.nan if job.nan_at_step is not None and self.step >= job.nan_at_step else 2.0 / self.step
+            )
+            record = {"step": self.step, "time": self.clock.now, "loss": loss}
+            head.metrics += (json.dumps(record, allow_nan=True) + "\n").encode()
+        for node in self.nodes.values():
+            s = node.script
+            if s.exit_at_step is not None and self.step >= s.exit_at_step:
+                node.exit(s.exit_code)
+        if not stalled and self.step >= job.steps:
+            self.status = {
+                "status": job.finish_status,
+                "time": self.clock.now,
+                "step": self.step,
+                "message": job.finish_message,
+            }
+            rc = job.finish_exit_code
+            for node in self.nodes.values():
+                node.exit(rc if rc is not None else 0 if job.finish_status == "succeeded" else 1)
+
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        hosts: Iterable[Host] | None = None,
+        on_done: Callable[[str, Any], None] | None = None,
+        deadline: float | None = None,
+    ) -> dict[str, Any]:
+        results: dict[str, Any] = {}
+        for host in list(hosts) if hosts is not None else self.hosts:
+            try:
+                value: Any = fn(self.connections[host.name])
+            except Exception as exc:  # noqa: BLE001 - per host, as parallel_map does
+                value = exc
+            results[host.name] = value
+            if on_done is not None:
+                on_done(host.name, value)
+        return results
+
+    def close(self) -> None:
+        self.closed += 1
+
+    # -- the rsync steps ---------------------------------------------------------------------
+    def transfers(self) -> Transfers:
+        return Transfers(sync=self._sync, pull=self._pull)
+
+    def _sync(self, fleet: Any, workdir: Path, job: str, known_hosts: Path, **kwargs: Any) -> dict[str, Any]:
+        on_done = kwargs.get("on_done")
+        out: dict[str, Any] = {}
+        for host in self.hosts:
+            res: Any = (
+                HostError(host.name, "rsync exited 12: connection unexpectedly closed [/tmp]")
+                if self.job.node(host.name).fail_sync
+                else SyncResult(host.name, files_sent=3, bytes_sent=1234)
+            )
+            out[host.name] = res
+            if on_done is not None:
+                on_done(host.name, res)
+        return out
+
+    def _pull(
+        self, fleet: Any, run_id: str, folder: RunFolder, known_hosts: Path, console: Console
+    ) -> dict[str, str]:
+        errors: dict[str, str] = {}
+        for host in self.hosts:
+            node = self.nodes[host.name]
+            try:
+                node.reachable_check(3600)
+            except HostError as exc:
+                errors[host.name] = str(exc)
+                continue
+            if node.script.fail_pull:
+                errors[host.name] = f"{host.name}: rsync: opendir failed: Permission denied (13)"
+                continue
+            target = folder.node_dir(host.name)
+            target.mkdir(parents=True, exist_ok=True)
+            (target / "node.log").write_text(f"log of {host.name}\n\x1b[2J[bold]not markup[/bold]\n")
+            if node.exited_rc is not None:
+                (target / "rc").write_text(f"{node.exited_rc}\n")
+            if node.metrics:
+                (target / "metrics.jsonl").write_bytes(bytes(node.metrics))
+            if node.is_head and self.status is not None:
+                (target / "status.json").write_text(json.dumps(self.status))
+            self.pulled.append(host.name)
+        return errors
+
+
+def _as_fields(world: object) -> dict[str, Any]:
+    return world if isinstance(world, dict) else {"world_size": world}
+
+
+def fake_hosts(n: int, instance_type: str | None = None) -> list[Host]:
+    from tests.conftest import SAMPLE_HOST_KEYS
+
+    return [
+        Host(
+            name=f"n{i}",
+            address=f"203.0.113.{i + 1}",
+            private_address=f"10.0.0.{i + 1}",
+            user="trainer",
+            host_key=SAMPLE_HOST_KEYS[i],
+            gpus=1,
+            instance_type=instance_type,
+        )
+        for i in range(n)
+    ]
+
+
+def fake_inventory(n: int = 2, instance_type: str | None = None, **fields: Any) -> Inventory:
+    return Inventory(hosts=fake_hosts(n, instance_type), source="fake fleet", **fields)
+
+
+@dataclass
+class FakeRun:
+    """One run of the real ``Runner`` on a fake fleet; what it returned and what the nodes saw."""
+
+    summary: Any
+    fleet: FakeFleet
+    records: Any
+    reporter: Any
+    folder: Path
+
+
+def run_on_fake_fleet(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    job: JobScript | None = None,
+    *,
+    inventory: Inventory | None = None,
+    teardown: str = "never",
+    stop: dict[str, Any] | None = None,
+    reporter: Any = None,
+    records: Any = None,
+    transfers: Transfers | None = None,
+    ask_keep_running: Callable[[str], bool] | None = None,
+    clock: FakeClock | None = None,
+    poll_interval: float = 5.0,
+) -> FakeRun:
+    """Plan a 2-node torchrun job for ``inventory`` and execute it with the real ``Runner``."""
+    from launch.cli.app import make_plan
+    from launch.job.spec import JobSpec
+    from launch.run.records import RunRecords
+    from launch.run.reporter import RecordingReporter
+    from launch.run.run_folder import RunFolder
+    from launch.run.runner import Runner, RunOptions
+
+    job = job or JobScript()
+    clock = (clock or FakeClock()).install(monkeypatch)
+    inventory = inventory or fake_inventory(2)
+    workdir = tmp_path / "work"
+    workdir.mkdir(exist_ok=True)
+    spec = JobSpec(
+        name="fake-job",
+        workdir=workdir,
+        entrypoint="python train.py",
+        nodes=len(inventory.hosts),
+        procs_per_node=1,
+        teardown=teardown,  # type: ignore[arg-type]
+        stop=stop or {},  # type: ignore[arg-type]
+    )
+    plan = make_plan(spec, inventory, run_id="fake-run-1")
+    folder = RunFolder.create(plan.run_id, base=tmp_path / "runs")
+    records = records or RunRecords(tmp_path / "runs.db")
+    records.start(
+        run_id=plan.run_id,
+        playbook_name=spec.name,
+        inventory=inventory.to_yaml_data(),
+        launcher=spec.launcher,
+        run_dir=str(folder.path),
+        started_at=clock.now,
+    )
+    fleet = FakeFleet(inventory.hosts, job, clock)
+    reporter = reporter or RecordingReporter()
+    runner = Runner(
+        spec,
+        plan,
+        inventory,
+        tmp_path / "known_hosts",
+        folder,
+        records,
+        reporter,
+        RunOptions(poll_interval=poll_interval, completion_grace_s=10.0),
+        fleet=fleet,  # type: ignore[arg-type]
+        transfers=transfers or fleet.transfers(),
+        ask_keep_running=ask_keep_running,
+    )
+    summary = runner.execute()
+    return FakeRun(summary, fleet, records, reporter, folder.path)
