@@ -30,25 +30,61 @@ def rsync_error(stderr: str, code: int) -> str:
     return "; ".join(specific + generic) or f"rsync exit {code}"
 
 
+def fallback_stop_command(run_id: str) -> str:
+    """Shell that kills every process of the run without fleetrun's node agent.
+
+    The agent lives in the node user's home, so a hostile (or broken) job can replace it with
+    one that answers garbage. This needs only ``sh``, ``tr`` and ``grep``: it finds the run's
+    processes by the ``FLEETRUN_RUN_ID=<id>`` entry in their environment (exact, NUL-separated),
+    as the agent does, and prints how many are left after SIGKILL.
+    """
+    marker = shlex.quote(f"FLEETRUN_RUN_ID={run_id}")
+    find = (
+        'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = $$ ] && continue; '
+        f"{{ tr '\\0' '\\n' < $d/environ; }} 2>/dev/null | grep -qxF {marker} && echo $p; done"
+    )
+    return (
+        f'pids=$({find}); [ -n "$pids" ] && kill -KILL $pids 2>/dev/null; sleep 1; '
+        f'left=$({find} | wc -l); echo "fallback-stop remaining=$left"'
+    )
+
+
 def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -> dict[str, str]:
-    """Stop every process of this run on every node (found by its run id: the whole tree)."""
+    """Stop every process of this run on every node (found by its run id: the whole tree).
+
+    When the node agent does not answer in the protocol (a job replaced it, or it is broken),
+    the run's processes are killed by ``fallback_stop_command`` instead, and said so.
+    """
 
     def stop(conn: NodeConnection) -> dict[str, Any]:
         result = conn.run(f"{AGENT} stop {shlex.quote(run_id)} {grace}", timeout=grace + 30)
         try:
             answer: dict[str, Any] = StopAnswer.from_json(result.stdout.strip().splitlines()[-1]).to_dict()
         except (ValueError, IndexError):
-            raise HostError(conn.host.name, f"stop failed: {result.stderr.strip()[-200:]}") from None
+            fallback = conn.run(fallback_stop_command(run_id), timeout=60)
+            last = fallback.stdout.strip().splitlines()[-1:] or [""]
+            if not last[0].startswith("fallback-stop remaining=0"):
+                raise HostError(
+                    conn.host.name,
+                    f"stop failed: the node agent did not answer ({clean(result.stderr.strip()[-200:])}) "
+                    f"and the fallback could not confirm it ({clean(last[0], 200)})",
+                ) from None
+            return {"terminated": 0, "fallback": True, "remaining": 0}
         if answer.get("remaining"):
             raise HostError(conn.host.name, f"{answer['remaining']} process(es) survived SIGKILL")
         return answer
 
     errors: dict[str, str] = {}
-    for name, res in fleet.map(stop, deadline=grace + 40).items():
+    for name, res in fleet.map(stop, deadline=grace + 100).items():
         if isinstance(res, BaseException):
             errors[name] = str(res)
             console.print(
                 f"  [red]{markup_safe(name)}: could not confirm the run stopped: {markup_safe(res)}[/]"
+            )
+        elif res.get("fallback"):
+            console.print(
+                f"  [yellow]{markup_safe(name)}: the node agent answered outside the protocol; the run's "
+                "processes were killed by their run-id marker instead[/]"
             )
         elif res.get("terminated"):
             console.print(
