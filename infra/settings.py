@@ -10,7 +10,6 @@ here branches on the cloud's name.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import ipaddress
 import json
 import re
@@ -18,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetrun_contract.cluster import cluster_id_for
 from infra.clouds.rules import (
     CloudRules,
     ImageChoice,
@@ -125,16 +125,6 @@ class FleetSettings:
 
     def node_name(self, rank: int) -> str:
         return f"{self.cluster_id}-node{rank}"
-
-
-def cluster_id_for(project: str, stack: str) -> str:
-    """A short id, stable for a stack and distinct between stacks, valid as a GCP label value.
-
-    Stable so that tags, the watchdog's IAM condition and bucket names are known at preview.
-    """
-    slug = re.sub(r"[^a-z0-9]+", "-", stack.lower()).strip("-")[:16].strip("-") or "stack"
-    digest = hashlib.sha256(f"{project}/{stack}".encode()).hexdigest()[:6]
-    return f"fr-{slug}-{digest}"
 
 
 def parse_settings(raw: Mapping[str, Any], *, project: str, stack: str) -> FleetSettings:

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fleetrun_contract.cluster import AWS_CLUSTER_TAG, AWS_RANK_TAG
 from infra.clouds.rules import ImageChoice, Location, MachineRequest, MachineSpec, Problem
 
 
@@ -94,8 +95,8 @@ DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu *)"
 AMI_RE = re.compile(r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$")
 
 # Tags fleetrun puts on every resource; the teardown check and the watchdog's IAM condition use them.
-CLUSTER_TAG = "fleetrun:cluster"
-RANK_TAG = "fleetrun:node-rank"
+CLUSTER_TAG = AWS_CLUSTER_TAG
+RANK_TAG = AWS_RANK_TAG
 
 TAG_CHARS_RE = re.compile(r"^[\w .:/=+\-@]*$")
 RESERVED_TAG_PREFIXES = ("aws:", "fleetrun:")

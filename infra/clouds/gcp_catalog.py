@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fleetrun_contract.cluster import GCP_CLUSTER_LABEL, GCP_RANK_LABEL
 from infra.clouds.rules import ImageChoice, Location, MachineRequest, MachineSpec, Problem
 
 
@@ -111,8 +112,8 @@ IMAGE_RE = re.compile(
 PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 
 # Labels fleetrun puts on every resource; the teardown check lists instances by the first.
-CLUSTER_LABEL = "fleetrun-cluster"
-RANK_LABEL = "fleetrun-node-rank"
+CLUSTER_LABEL = GCP_CLUSTER_LABEL
+RANK_LABEL = GCP_RANK_LABEL
 
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")

@@ -23,6 +23,7 @@ from launch.run.records import file_sha256, git_commit_of
 from launch.run.run_folder import RunFolder, new_run_id
 from launch.run.runner import Runner, RunOptions
 from launch.run.wrapup import RunResult
+from launch.settings import current
 
 __all__ = ["load_inventory", "local_fleet", "make_plan", "report", "train"]
 
@@ -72,7 +73,9 @@ def train(
         f"[bold]fleetrun[/] run {plan.run_id}: job {spec.name} on {len(plan.nodes)} node(s) "
         f"of {inv.source} with {spec.launcher}; run folder {folder.path}"
     )
-    options = RunOptions(poll_interval=poll_interval, ask_on_interrupt=ask_on_interrupt)
+    options = RunOptions(
+        poll_interval=poll_interval, ask_on_interrupt=ask_on_interrupt, max_parallel=current().fanout
+    )
     runner = Runner(spec, plan, inv, known_hosts, folder, records, console=console, options=options)
     try:
         result = runner.execute()

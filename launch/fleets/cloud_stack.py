@@ -2,7 +2,7 @@
 
 ``stack_up`` runs ``pulumi up`` for a stack of the project in ``project_dir`` (the repository,
 where ``Pulumi.yaml`` is) and returns its outputs in the contract shape of
-``launch.job.stack_outputs`` (what ``pulumi stack output --json --show-secrets`` prints), ready for
+``fleetrun_contract.stack_outputs`` (what ``pulumi stack output --json --show-secrets`` prints), ready for
 ``Inventory.from_stack_outputs``; ``stack_inventory`` returns that inventory directly (for
 ``--inventory stack:<name>``). ``stack_down`` runs ``pulumi destroy`` and then *confirms*, by
 asking the cloud itself, that no instance of the cluster remains; the buckets are retained by
@@ -14,7 +14,7 @@ so refreshing it proves nothing. Instances that Pulumi lost track of (an interru
 node started by hand into the cluster) are exactly the ones that keep billing. Every fleetrun
 instance carries its cluster id as a tag (AWS ``fleetrun:cluster``) or label (GCP
 ``fleetrun-cluster``), so listing by it finds them whatever the state says. The cluster id is
-derived from the project and stack names (``infra.settings.cluster_id_for``), so the check works
+derived from the project and stack names (``fleetrun_contract.cluster.cluster_id_for``), so the check works
 even when a failed ``up`` never exported any output.
 
 Imports are lazy: ``pulumi.automation`` (which needs the ``pulumi`` CLI on PATH), boto3 and
@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from fleetrun_contract.cluster import AWS_CLUSTER_TAG, GCP_CLUSTER_LABEL, cluster_id_for
+from fleetrun_contract.stack_outputs import StackOutputs
 from launch.errors import FleetrunError
-from launch.job.stack_outputs import StackOutputs
 
 if TYPE_CHECKING:
     from pulumi.automation import Stack
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
     from launch.job.inventory import Inventory
 
 PULUMI_INSTALL_URL = "https://www.pulumi.com/docs/install/"
-AWS_CLUSTER_TAG = "fleetrun:cluster"  # infra.clouds.aws_catalog.CLUSTER_TAG
-GCP_CLUSTER_LABEL = "fleetrun-cluster"  # infra.clouds.gcp_catalog.CLUSTER_LABEL
 AWS_LIVE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 
 OnOutput = Callable[[str], Any]
@@ -231,8 +230,6 @@ def cluster_location(stack: Stack, stack_name: str) -> ClusterLocation:
         raise FleetrunError(
             f"stack {stack_name}: fleet:cloud is {cloud!r}; expected one of {sorted(INSTANCE_LISTERS)}"
         )
-    from infra.settings import cluster_id_for
-
     project_name = stack.workspace.project_settings().name
     zone = config.get("fleet:zone") or ""
     region = config.get("fleet:region") or zone.rsplit("-", 1)[0]

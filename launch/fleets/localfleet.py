@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from fleetrun_images import runtime_file
 from launch.errors import LocalFleetError
 from launch.job.inventory import Host, Inventory
 from launch.paths import fleetrun_home, image_dir
@@ -108,7 +109,7 @@ def ensure_image(say: Callable[[str], None] = print) -> Path:
         if probe.returncode == 0:
             return python
     base = shutil.which("python3", path="/usr/bin:/usr/local/bin") or "/usr/bin/python3"
-    requirements = Path(__file__).resolve().parents[2] / "images" / "local" / "requirements.txt"
+    requirements = runtime_file("local/requirements.txt")
     say(f"building the local fleet image at {image_dir()} (torch CPU, numpy; about a minute, once)")
     image_dir().mkdir(parents=True, exist_ok=True)
     _run([base, "-m", "venv", str(image_dir() / "venv")], timeout=300)

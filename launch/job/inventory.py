@@ -3,7 +3,7 @@
 Three sources feed the same model, so everything downstream (plans, SSH, sync) is written once:
   * the local fleet (``launch.fleets.localfleet`` writes a static inventory file for itself),
   * a static YAML inventory of a lab's existing machines,
-  * a Pulumi stack's outputs (the contract in ``launch.job.stack_outputs``).
+  * a Pulumi stack's outputs (the contract in ``fleetrun_contract.stack_outputs``).
 
 Every host carries a pinned host key. fleetrun writes a known_hosts file from those keys and
 connects with strict checking: no trust on first use, ever.
@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleetrun_contract.stack_outputs import StackOutputs
 from launch.errors import SpecError
-from launch.job.stack_outputs import StackOutputs
 from launch.job.validation import describe_validation_error, load_yaml_mapping
 
 HOST_KEY_RE = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( .*)?$")
@@ -188,7 +188,7 @@ class Inventory(BaseModel):
 
     @classmethod
     def from_stack_outputs(cls, data: dict[str, Any], key_path: Path | None = None) -> Inventory:
-        """Hosts from ``pulumi stack output --json --show-secrets`` (see ``launch.job.stack_outputs``).
+        """Hosts from ``pulumi stack output --json --show-secrets`` (see ``fleetrun_contract.stack_outputs``).
 
         ``key_path`` is the operator's private key; when the stack generated the key pair it is
         in the outputs (a secret) and the caller writes it to a 0600 file first.

@@ -31,6 +31,7 @@ from launch.run.records import RunRecords
 from launch.run.run_folder import RunFolder
 from launch.run.watch import AGENT, Watcher, WatchTarget
 from launch.run.wrapup import RunResult, wrap_up
+from launch.settings import DEFAULT_FANOUT
 from launch.transport.ssh import Fleet, NodeConnection
 from launch.transport.sync import LIB_VERSION, SyncResult, lib_is_current
 from launch.transport.sync_relay import sync_fleet
@@ -67,7 +68,7 @@ def progress_bar(console: Console) -> Progress:
 @dataclass
 class RunOptions:
     poll_interval: float = 1.0
-    max_parallel: int = 32
+    max_parallel: int = DEFAULT_FANOUT
     completion_grace_s: float = 30.0
     ask_on_interrupt: bool = True
 
@@ -149,6 +150,7 @@ class Runner:
                 relay_above=self.spec.relay_sync_above,
                 on_done=lambda _n, _r: progress.advance(task),
                 lib_current=self.lib_current,
+                parallel=self.options.max_parallel,
             )
         self.timings["sync"] = time.monotonic() - started
         errors = {n: r for n, r in results.items() if isinstance(r, BaseException)}

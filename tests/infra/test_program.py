@@ -9,10 +9,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from infra_cases import aws_config, evaluate, gcp_config
 
+from fleetrun_contract.stack_outputs import StackOutputs
 from infra.bootstrap import parse_user_data
 from infra.mocks import Registered, Snapshot
 from launch.job.inventory import Inventory
-from launch.job.stack_outputs import StackOutputs
 
 INSTANCE_TYPES = {"aws": "aws:ec2/instance:Instance", "gcp": "gcp:compute/instance:Instance"}
 OPERATOR_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeOperatorKeyForTestsOnly0000000000000 ana@laptop"
@@ -189,4 +189,12 @@ def test_pulumi_entry_point_runs_and_exports_the_contract(monkeypatch: pytest.Mo
     root = pulumi.runtime.get_root_resource()
     assert root is not None
     assert set(root.outputs) == set(StackOutputs.model_fields)  # type: ignore[attr-defined]
-    assert str(repo / "infra") not in sys.path  # infra/ module names shadow nothing
+    # Nothing of infra/ was imported by its bare name (``config``, ``settings``...) although the
+    # directory came first on sys.path: the program imports ``infra.*`` and needs no sys.path edits.
+    bare = [
+        name
+        for name, module in list(sys.modules.items())
+        if not name.startswith("infra")
+        and Path(getattr(module, "__file__", None) or "/").resolve().is_relative_to(repo / "infra")
+    ]
+    assert bare == []
