@@ -1,13 +1,13 @@
 """Drive a fleetrun Pulumi stack from Python: the engine behind ``fab up`` and ``fab down``.
 
-``stack_up`` runs ``pulumi up`` for a stack of the project in ``project_dir`` (the repository,
-where ``Pulumi.yaml`` is) and returns its outputs in the contract shape of
-``fleetrun_contract.stack_outputs`` (what ``pulumi stack output --json --show-secrets`` prints), ready for
-``Inventory.from_stack_outputs``; ``stack_inventory`` returns that inventory directly (for
+``stack_up`` runs ``pulumi up`` for a stack whose config is in ``project_dir`` and returns its
+outputs in the contract shape of ``fleetrun_contract.stack_outputs`` (what ``pulumi stack output
+--json --show-secrets`` prints), ready for ``Inventory.from_stack_outputs``; ``stack_inventory`` returns that inventory directly (for
 ``--inventory stack:<name>``). ``stack_down`` runs ``pulumi destroy`` and then *confirms*, by
 asking the cloud itself, that no instance of the cluster remains; the buckets are retained by
-design. ``stack_outputs`` reads the outputs of a deployed stack. ``project_dir`` defaults to
-``$FLEETRUN_PROJECT_DIR`` or the checkout this module lives in.
+design. ``stack_outputs`` reads the outputs of a deployed stack. ``project_dir`` is where the
+stack configs are (default ``$FLEETRUN_PROJECT_DIR``, else the current directory); which Pulumi
+project runs them, checkout or installed, is ``launch.fleets.pulumi_project``'s rule.
 
 Why ask the cloud rather than Pulumi: after ``destroy`` the Pulumi state is empty by definition,
 so refreshing it proves nothing. Instances that Pulumi lost track of (an interrupted ``up``, a
@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from fleetrun_contract.cluster import AWS_CLUSTER_TAG, GCP_CLUSTER_LABEL, cluster_id_for
 from fleetrun_contract.stack_outputs import StackOutputs
 from launch.errors import FleetrunError
+from launch.fleets import pulumi_project
 
 if TYPE_CHECKING:
     from pulumi.automation import Stack
@@ -47,11 +48,6 @@ PULUMI_INSTALL_URL = "https://www.pulumi.com/docs/install/"
 AWS_LIVE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 
 OnOutput = Callable[[str], Any]
-
-
-def default_project_dir() -> Path:
-    """Where ``Pulumi.yaml`` is: ``$FLEETRUN_PROJECT_DIR``, else the checkout this module is in."""
-    return Path(os.environ.get("FLEETRUN_PROJECT_DIR") or Path(__file__).resolve().parents[2])
 
 
 class TeardownIncomplete(FleetrunError):
@@ -316,10 +312,8 @@ def _open_stack(stack_name: str, project_dir: Path | None, create: bool) -> Stac
     require_pulumi_cli()
     from pulumi import automation as auto
 
-    project_dir = Path(project_dir) if project_dir is not None else default_project_dir()
-    if not (project_dir / "Pulumi.yaml").is_file():
-        raise FleetrunError(f"{project_dir}: no Pulumi.yaml here; run from the fleetrun repository")
-    config_file = project_dir / f"Pulumi.{short_stack_name(stack_name)}.yaml"
+    project = pulumi_project.resolve(project_dir)
+    config_file = project.stack_config(short_stack_name(stack_name))
     if not config_file.is_file():
         raise FleetrunError(
             f"no stack config {config_file}: copy Pulumi.aws-example.yaml or "
@@ -327,7 +321,7 @@ def _open_stack(stack_name: str, project_dir: Path | None, create: bool) -> Stac
         )
     opener = auto.create_or_select_stack if create else auto.select_stack
     try:
-        return opener(stack_name=stack_name, work_dir=str(project_dir))
+        return opener(stack_name=stack_name, work_dir=str(project.work_dir))
     except FileNotFoundError as exc:  # the CLI vanished between the check and the call
         raise FleetrunError(
             f"cannot run the Pulumi CLI ({exc}); install it from {PULUMI_INSTALL_URL}"
