@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("install")
     assert not root.resolve().is_relative_to(REPO)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # Build from a copy of what git would commit: no stale build/ of the checkout leaks into the
+    # wheel, and the checkout is not written to.
+    source = root / "source"
+    listed = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO, env=env)
+    for name in filter(None, listed.split("\0")):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     dist = root / "dist"
     run(
         [
@@ -92,7 +101,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "-m",
             "pip",
             "wheel",
-            str(REPO),
+            str(source),
             "--no-deps",
             "--no-build-isolation",
             "-q",
