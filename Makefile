@@ -31,7 +31,10 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(STAMP): pyproject.toml
+# Editable install: fleetrun's packages (launch, infra, fleetrun_contract, and images/ as
+# fleetrun_images; see setup.py) are found in the checkout, so Pulumi's run of infra/ and the
+# tests import the same code. Reinstalled when the packaging changes.
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,aws,gcp]'
 	touch $(STAMP)
@@ -54,8 +57,9 @@ lint:
 # One mypy run over launch and the Pulumi programs (with the SDK types); tests/infra has the same
 # check as a `typecheck`-marked test for running alone, deselected here so it does not run twice.
 typecheck:
-	$(BIN)/mypy launch fabfile.py infra
+	$(BIN)/mypy launch fabfile.py infra fleetrun_contract
 
+# Includes tests/test_install.py (marker `install`): the wheel built and installed outside the checkout.
 pytest:
 	$(BIN)/pytest -m "not typecheck"
 
@@ -69,7 +73,7 @@ bench-scale: setup
 	$(BIN)/python bench/scale.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist *.egg-info
 
 # The local fleet's shared Python image (torch CPU) is kept between fleets, like a machine image.
 clean-image:

@@ -9,5 +9,5 @@ Layout (pure modules first; they import nothing from Pulumi, so they are testabl
 * ``config``    reads ``fleet:*`` from the Pulumi stack config into ``settings`` (Pulumi-facing).
 * ``identity``  operator key pair and per-node SSH host keys (pulumi-tls).
 * ``clouds``    one module per cloud behind one interface, looked up by name.
-* ``program``   wires the pieces and exports the stack-outputs contract (``launch.job.stack_outputs``).
+* ``program``   wires the pieces and exports the stack-outputs contract (``fleetrun_contract.stack_outputs``).
 """

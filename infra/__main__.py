@@ -1,18 +1,14 @@
-"""Pulumi entry point (``main: infra/`` in Pulumi.yaml): settings in, cluster and outputs out."""
+"""Pulumi entry point (``main: infra/`` in Pulumi.yaml): settings in, cluster and outputs out.
 
-from __future__ import annotations
+Pulumi's Python host runs this directory as a script (``runpy.run_path``), so ``infra/`` itself
+is ``sys.path[0]`` while it runs. Everything is imported by its full name (``infra.*``,
+``fleetrun_contract.*``) from the interpreter's own environment, never by the bare module names
+of this directory: in a checkout the ``virtualenv`` of ``Pulumi.yaml`` holds fleetrun installed
+editable (``pip install -e .``, which ``make setup`` does); an installed package's materialised
+project (``launch.fleets.pulumi_project``) names the environment fleetrun is installed in.
+"""
 
-import sys
-from pathlib import Path
-
-# Pulumi runs this directory as a script with infra/ as the working directory and first on
-# sys.path. Import from the repository root instead (``infra.*``, ``launch.job.stack_outputs``), and
-# keep infra/'s module names (config, settings...) from shadowing anything else's.
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "infra"]
-sys.path.insert(0, str(_ROOT))
-
-from infra.config import load_settings  # noqa: E402
-from infra.program import build_fleet  # noqa: E402
+from infra.config import load_settings
+from infra.program import build_fleet
 
 build_fleet(load_settings())

@@ -1,4 +1,4 @@
-"""Each node's cloud-init user data, rendered from the files in ``images/cloud-init/``.
+"""Each node's cloud-init user data, rendered from the files in ``images/cloud-init/`` (package data).
 
 Pure (PyYAML only): the Pulumi program calls ``render_user_data`` inside an ``apply`` once the
 node's generated host key is known (rendering text there is fine; creating resources is not).
@@ -19,7 +19,9 @@ from typing import Any
 
 import yaml
 
-IMAGES_DIR = Path(__file__).resolve().parent.parent / "images" / "cloud-init"
+from fleetrun_images import runtime_file
+
+IMAGES_DIR = runtime_file("cloud-init")  # images/cloud-init, as installed
 BOOTSTRAP_SCRIPT = IMAGES_DIR / "fleetrun-bootstrap.sh"
 SSHD_DROP_IN = IMAGES_DIR / "sshd-fleetrun.conf"
 AWS_USER_DATA_LIMIT = 16 * 1024

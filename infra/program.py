@@ -2,7 +2,7 @@
 
 ``build_fleet`` is the whole Pulumi program given validated settings: it is what
 ``infra/__main__.py`` runs under ``pulumi up`` and what the tests and the benchmark run under
-Pulumi's mocks. The exported keys are exactly the fields of ``launch.job.stack_outputs.StackOutputs``,
+Pulumi's mocks. The exported keys are exactly the fields of ``fleetrun_contract.stack_outputs.StackOutputs``,
 which ``launch``'s inventory reads from ``pulumi stack output --json --show-secrets``.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import pulumi
 
+from fleetrun_contract.stack_outputs import CONTRACT_VERSION
 from infra.clouds.base import ClusterArgs, ClusterOutputs, builder_for
 from infra.identity import SshIdentity, SshIdentityArgs
 from infra.settings import FleetSettings
-from launch.job.stack_outputs import CONTRACT_VERSION
 
 
 def build_fleet(settings: FleetSettings, *, export: bool = True) -> dict[str, Any]:

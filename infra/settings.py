@@ -9,9 +9,7 @@ here branches on the cloud's name.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,16 +140,6 @@ def image_disk_problem(disk_size_gb: int, image_size_gb: float | None, image: st
             f"({image_size_gb:g} GB); set at least {int(-(-image_size_gb // 1))}"
         )
     return None
-
-
-def cluster_id_for(project: str, stack: str) -> str:
-    """A short id, stable for a stack and distinct between stacks, valid as a GCP label value.
-
-    Stable so that tags, the watchdog's IAM condition and bucket names are known at preview.
-    """
-    slug = re.sub(r"[^a-z0-9]+", "-", stack.lower()).strip("-")[:16].strip("-") or "stack"
-    digest = hashlib.sha256(f"{project}/{stack}".encode()).hexdigest()[:6]
-    return f"fr-{slug}-{digest}"
 
 
 def parse_settings(raw: Mapping[str, Any], *, project: str, stack: str) -> FleetSettings:

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from fleetrun_contract.cluster import cluster_id_for
 from infra.clouds.rules import (
     CloudRules,
     MachineRequest,
@@ -36,7 +37,6 @@ from infra.settings import (
     WORLD_PREFIX_LIMIT,
     ConfigError,
     FleetSettings,
-    cluster_id_for,
 )
 
 

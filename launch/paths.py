@@ -1,21 +1,23 @@
-"""Where fleetrun keeps its own state on the operator's machine.
+"""Where fleetrun keeps its own state on the operator's machine (from ``launch.settings``).
 
 ``FLEETRUN_HOME`` (default ``~/.fleetrun``) holds keys, known_hosts files, local fleets and run
-folders. Tests point it at a temporary directory.
+folders. Tests point it at a temporary directory. The environment is read by
+``launch.settings`` only; these are the names the rest of the code asks for.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from launch.settings import current
 
 
 def fleetrun_home() -> Path:
-    return Path(os.environ.get("FLEETRUN_HOME") or Path.home() / ".fleetrun").expanduser()
+    return current().home
 
 
 def runs_dir() -> Path:
-    return Path(os.environ.get("FLEETRUN_RUNS") or fleetrun_home() / "runs")
+    return current().runs
 
 
 def known_hosts_file(fingerprint: str) -> Path:
@@ -24,4 +26,4 @@ def known_hosts_file(fingerprint: str) -> Path:
 
 def image_dir() -> Path:
     """The local fleet's shared "machine image" (a Python with torch), outside /root so node users can run it."""
-    return Path(os.environ.get("FLEETRUN_IMAGE_DIR") or "/opt/fleetrun/image")
+    return current().image_dir

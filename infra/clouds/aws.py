@@ -30,6 +30,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from fleetrun_contract.cluster import nodes_component_type
 from infra.bootstrap import AWS_USER_DATA_LIMIT
 from infra.clouds.aws_catalog import DLAMI_NAME, DLAMI_OWNER, RANK_TAG, aws_provider_arguments
 from infra.clouds.aws_support import (
@@ -42,7 +43,6 @@ from infra.clouds.aws_support import (
     cluster_tags,
 )
 from infra.clouds.base import ClusterArgs, ClusterOutputs, NodeOutputs, node_user_data
-from infra.clouds.rules import nodes_component_type
 from infra.settings import FleetSettings, image_disk_problem
 
 # -- nodes --------------------------------------------------------------------------------------

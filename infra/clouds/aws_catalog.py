@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fleetrun_contract.cluster import AWS_CLUSTER_TAG, AWS_RANK_TAG, aws_region_of
 from infra.clouds.rules import ImageChoice, Location, MachineRequest, MachineSpec, Problem, Provisioning
 
 
@@ -99,10 +100,10 @@ DLAMI_OWNER = "amazon"
 DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu *)"
 AMI_RE = re.compile(r"^ami-([0-9a-f]{8}|[0-9a-f]{17})$")
 
-# Tags fleetrun puts on every resource; the leak audit of `fab down` (launch.fleets.clouds.aws)
-# lists what is left by the first. This is the one definition both sides import.
-CLUSTER_TAG = "fleetrun:cluster"
-RANK_TAG = "fleetrun:node-rank"
+# Tags fleetrun puts on every resource (their one definition is the shared contract); the leak
+# audit of `fab down` (launch.fleets.clouds.aws) lists what is left by the first.
+CLUSTER_TAG = AWS_CLUSTER_TAG
+RANK_TAG = AWS_RANK_TAG
 
 TAG_CHARS_RE = re.compile(r"^[\w .:/=+\-@]*$")
 RESERVED_TAG_PREFIXES = ("aws:", "fleetrun:")
@@ -325,8 +326,7 @@ class AwsRules:
         return None  # the AWS account comes from the credentials
 
     def region_of(self, zone: str) -> str:
-        match = ZONE_REGION_RE.match(zone)
-        return match.group(1) if match else zone
+        return aws_region_of(zone)
 
     def failover_zones(self, region: str | None, zones: list[str], allow_unlisted: bool) -> list[Problem]:
         problems: list[Problem] = []

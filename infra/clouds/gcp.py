@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from fleetrun_contract.cluster import nodes_component_type
 from infra.bootstrap import CloudFile
 from infra.clouds.base import ClusterArgs, ClusterOutputs, NodeOutputs, node_user_data
 from infra.clouds.gcp_catalog import CLUSTER_LABEL, DATA_NETWORK_MTU, DLVM_FAMILY, DLVM_PROJECT, RANK_LABEL
-from infra.clouds.rules import nodes_component_type
 from infra.settings import FleetSettings, image_disk_problem
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"

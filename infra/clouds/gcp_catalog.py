@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fleetrun_contract.cluster import GCP_CLUSTER_LABEL, GCP_RANK_LABEL, gcp_region_of
 from infra.clouds.rules import ImageChoice, Location, MachineRequest, MachineSpec, Problem, Provisioning
 
 
@@ -132,8 +133,8 @@ IMAGE_RE = re.compile(
 PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 
 # Labels fleetrun puts on every resource; the teardown check lists instances by the first.
-CLUSTER_LABEL = "fleetrun-cluster"
-RANK_LABEL = "fleetrun-node-rank"
+CLUSTER_LABEL = GCP_CLUSTER_LABEL
+RANK_LABEL = GCP_RANK_LABEL
 
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -335,8 +336,7 @@ class GcpRules:
         return problems
 
     def region_of(self, zone: str) -> str:
-        match = ZONE_RE.match(zone)
-        return match.group(1) if match else zone
+        return gcp_region_of(zone)
 
     def failover_zones(self, region: str | None, zones: list[str], allow_unlisted: bool) -> list[Problem]:
         """GCP zones may span regions (the network is global; the bucket stays in the first

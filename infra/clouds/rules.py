@@ -147,13 +147,6 @@ CLOUD_CATALOGS: dict[str, str] = {
 }
 
 
-def nodes_component_type(cloud: str) -> str:
-    """The Pulumi type of the component holding a cloud's node resources (instances, their
-    addresses and per-node grants). ``fab up`` destroys exactly this subtree of a failed partial
-    fleet before trying the next zone; the Pulumi programs register their nodes under it."""
-    return f"fleetrun:{cloud}:GpuNodes"
-
-
 def known_clouds() -> list[str]:
     return sorted(CLOUD_CATALOGS)
 

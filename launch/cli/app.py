@@ -31,6 +31,7 @@ from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder, new_run_id
 from launch.run.runner import AskKeepRunning, Runner, RunOptions
 from launch.run.summary import RunResult
+from launch.settings import current
 
 __all__ = ["load_inventory", "local_fleet", "make_plan", "report", "train"]
 
@@ -89,7 +90,7 @@ def train(
         f" run {plan.run_id}: job {spec.name} on {len(plan.nodes)} node(s) "
         f"of {inv.source} with {spec.launcher}; run folder {folder.path}",
     )
-    options = RunOptions(poll_interval=poll_interval)
+    options = RunOptions(poll_interval=poll_interval, max_parallel=current().fanout)
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
     runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)
     try:

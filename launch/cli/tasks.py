@@ -16,15 +16,18 @@ from invoke import Collection
 from invoke.exceptions import Exit
 
 from launch.errors import FleetrunError
+from launch.settings import Settings, active, current
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A ``FleetrunError`` becomes one clear line on stderr and exit code 2, not a traceback."""
+    """The CLI edge: settings read once from the environment for the command (``launch.settings``);
+    a ``FleetrunError`` becomes one clear line on stderr and exit code 2, not a traceback."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with active(Settings.from_env()):
+                return fn(*args, **kwargs)
         except FleetrunError as exc:
             print(f"fleetrun: error: {exc}", file=sys.stderr)
             raise Exit(code=2) from None
@@ -161,29 +164,39 @@ def watch(c: Any, run: str) -> None:
         raise Exit(code=1)
 
 
+PROJECT_DIR_HELP = "folder of Pulumi.<stack>.yaml (default: $FLEETRUN_PROJECT_DIR, else the current one)"
+
+
 @task(
     help={
         "stack": "Pulumi stack name (its config is Pulumi.<stack>.yaml)",
         "outputs": "also write outputs JSON here",
+        "project-dir": PROJECT_DIR_HELP,
     }
 )
 @_friendly
-def up(c: Any, stack: str, outputs: str = "") -> None:
+def up(c: Any, stack: str, outputs: str = "", project_dir: str = "") -> None:
     """Stand up (or update) a cloud GPU cluster with Pulumi; print its nodes and pinned keys."""
     from pathlib import Path
 
     from launch.fleets import cloud_stack
 
-    cloud_stack.stack_up(stack, outputs_path=Path(outputs) if outputs else None)
+    cloud_stack.stack_up(
+        stack,
+        project_dir=Path(project_dir) if project_dir else None,
+        outputs_path=Path(outputs) if outputs else None,
+    )
 
 
-@task(help={"stack": "Pulumi stack name"})
+@task(help={"stack": "Pulumi stack name", "project-dir": PROJECT_DIR_HELP})
 @_friendly
-def down(c: Any, stack: str) -> None:
+def down(c: Any, stack: str, project_dir: str = "") -> None:
     """Destroy a cloud cluster (buckets are kept) and confirm that no instance of it remains."""
+    from pathlib import Path
+
     from launch.fleets import cloud_stack
 
-    cloud_stack.stack_down(stack)
+    cloud_stack.stack_down(stack, project_dir=Path(project_dir) if project_dir else None)
 
 
 @task(help={"run": "run id, prefix or 'last'"})
@@ -205,7 +218,7 @@ def pull(c: Any, run: str) -> None:
         "command": "shell command to run on every node, e.g. 'nvidia-smi -L'",
         "inventory": "as for train",
         "timeout": "seconds per node before it is reported as failed",
-        "parallel": "at most this many nodes at once",
+        "parallel": "at most this many nodes at once (default: $FLEETRUN_FANOUT, else 64)",
         "quiet": "print only failures",
     },
 )
@@ -215,15 +228,16 @@ def exec_(
     command: str,
     inventory: str = "local",
     timeout: float = 60.0,
-    parallel: int = 64,
+    parallel: int = 0,
     quiet: bool = False,
 ) -> None:
     """Run a shell command on every node (pdsh-style output); exit 1 if any node failed."""
     from launch.fleets.select import load_inventory
     from launch.transport.run_everywhere import run_everywhere
 
+    fanout = current().with_fanout(parallel).fanout
     result = run_everywhere(
-        load_inventory(inventory), command, timeout=timeout, max_parallel=parallel, quiet=quiet
+        load_inventory(inventory), command, timeout=timeout, max_parallel=fanout, quiet=quiet
     )
     if not result.all_ok:
         raise Exit(code=1)

@@ -2,23 +2,24 @@
 
 ``stack_up`` refreshes the stack (nodes that a watchdog or a spot interruption removed leave the
 state, so ``up`` recreates them and the outputs list live addresses only), runs ``pulumi up``
-for a stack of the project in ``project_dir`` (the repository, where ``Pulumi.yaml`` is) and
-returns its outputs in the contract shape of ``launch.job.stack_outputs`` (what ``pulumi stack output
+for a stack whose config is in ``project_dir`` and
+returns its outputs in the contract shape of ``fleetrun_contract.stack_outputs`` (what ``pulumi stack output
 --json --show-secrets`` prints), ready for ``launch.fleets.kinds.stack.inventory_from_stack_outputs``. A new cluster with an
 ordered ``fleet:zones`` list fails over: when the provider reports no capacity in a zone (or, for
 a quota, in a region), the partial fleet is destroyed at once and the next zone is tried, the
 whole group in one zone. ``stack_inventory`` returns the inventory directly (for ``--inventory
 stack:<name>``). ``stack_down`` runs ``pulumi destroy`` and then *audits* the cloud itself: no
 instance (running or stopped), disk, address or network interface of the cluster may remain;
-the buckets are retained by design. ``project_dir`` defaults to ``$FLEETRUN_PROJECT_DIR`` or the
-checkout this module lives in.
+the buckets are retained by design. ``project_dir`` is where the stack configs are (default
+``$FLEETRUN_PROJECT_DIR``, else the current directory); which Pulumi project runs them, checkout or
+installed, is ``launch.fleets.pulumi_project``'s rule.
 
 Why ask the cloud rather than Pulumi: after ``destroy`` the Pulumi state is empty by definition,
 so refreshing it proves nothing. Resources that Pulumi lost track of (an interrupted ``up``, a
 node started by hand into the cluster, a stopped VM) are exactly the ones that keep billing.
 Every fleetrun resource carries its cluster id as a tag (AWS) or label (GCP), so listing by it
 finds them whatever the state says. The cluster id is derived from the project and stack names
-(``infra.settings.cluster_id_for``), so the audit works even when a failed ``up`` never exported
+(``fleetrun_contract.cluster.cluster_id_for``), so the audit works even when a failed ``up`` never exported
 any output. Everything cloud-specific is behind ``launch.fleets.clouds.CLOUDS``.
 
 Imports are lazy: ``pulumi.automation`` (which needs the ``pulumi`` CLI on PATH), boto3 and
@@ -39,9 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from fleetrun_contract.cluster import cluster_id_for
+from fleetrun_contract.stack_outputs import StackOutputs
 from launch.errors import FleetrunError
+from launch.fleets import pulumi_project
 from launch.fleets.clouds import CLOUDS, CloudOps, ClusterLocation, ErrorKind
-from launch.job.stack_outputs import StackOutputs
 
 if TYPE_CHECKING:
     from pulumi.automation import Stack
@@ -59,11 +62,6 @@ destroys the rest the moment ``up`` returns; a longer life is reported as a warn
 OnOutput = Callable[[str], Any]
 Leftovers = Callable[[ClusterLocation], list[str]]
 Clock = Callable[[], float]
-
-
-def default_project_dir() -> Path:
-    """Where ``Pulumi.yaml`` is: ``$FLEETRUN_PROJECT_DIR``, else the checkout this module is in."""
-    return Path(os.environ.get("FLEETRUN_PROJECT_DIR") or Path(__file__).resolve().parent.parent)
 
 
 class TeardownIncomplete(FleetrunError):
@@ -235,8 +233,6 @@ def cluster_location(stack: Stack, stack_name: str) -> ClusterLocation:
     """Cloud, region and cluster id from the stack's config and project name (not its state)."""
     config = _config(stack)
     cloud = cloud_ops(config, stack_name).name
-    from infra.settings import cluster_id_for
-
     project_name = stack.workspace.project_settings().name
     zone = config.get("fleet:zone") or (failover_zones(config) or [""])[0]
     region = config.get("fleet:region") or (CLOUDS[cloud].region_of(zone) if zone else "")
@@ -339,7 +335,7 @@ def up_with_failover(
     """
     from pulumi import automation as auto
 
-    from infra.clouds.rules import nodes_component_type
+    from fleetrun_contract.cluster import nodes_component_type
 
     nodes_type = nodes_component_type(ops.name)
     existing = node_urns(stack, nodes_type)
@@ -440,10 +436,8 @@ def _open_stack(stack_name: str, project_dir: Path | None, create: bool) -> Stac
     require_pulumi_cli()
     from pulumi import automation as auto
 
-    project_dir = Path(project_dir) if project_dir is not None else default_project_dir()
-    if not (project_dir / "Pulumi.yaml").is_file():
-        raise FleetrunError(f"{project_dir}: no Pulumi.yaml here; run from the fleetrun repository")
-    config_file = project_dir / f"Pulumi.{short_stack_name(stack_name)}.yaml"
+    project = pulumi_project.resolve(project_dir)
+    config_file = project.stack_config(short_stack_name(stack_name))
     if not config_file.is_file():
         raise FleetrunError(
             f"no stack config {config_file}: copy Pulumi.aws-example.yaml or "
@@ -451,7 +445,7 @@ def _open_stack(stack_name: str, project_dir: Path | None, create: bool) -> Stac
         )
     opener = auto.create_or_select_stack if create else auto.select_stack
     try:
-        return opener(stack_name=stack_name, work_dir=str(project_dir))
+        return opener(stack_name=stack_name, work_dir=str(project.work_dir))
     except FileNotFoundError as exc:  # the CLI vanished between the check and the call
         raise FleetrunError(
             f"cannot run the Pulumi CLI ({exc}); install it from {PULUMI_INSTALL_URL}"

@@ -6,20 +6,17 @@ importing the whole launch pipeline: their start-up time is part of what they co
 
 from __future__ import annotations
 
-import os
-
 from launch.fleets.kinds.registry import load_inventory as load_by_kind
 from launch.fleets.localfleet import LocalFleet
 from launch.job.inventory import Inventory
-
-DEFAULT_LOCAL_PREFIX = "fr"
+from launch.settings import current
 
 
 def local_fleet(prefix: str | None = None, subnet: int | None = None) -> LocalFleet:
-    prefix = prefix or os.environ.get("FLEETRUN_LOCAL_PREFIX") or DEFAULT_LOCAL_PREFIX
-    if subnet is None:
-        subnet = int(os.environ.get("FLEETRUN_LOCAL_SUBNET", "0"))
-    return LocalFleet(prefix=prefix, subnet=subnet)
+    settings = current()
+    return LocalFleet(
+        prefix=prefix or settings.local_prefix, subnet=settings.local_subnet if subnet is None else subnet
+    )
 
 
 def load_inventory(selector: str | None, save_keys: bool = True) -> Inventory:

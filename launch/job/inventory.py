@@ -1,9 +1,9 @@
 """Where a job can run: one ``Inventory`` of ``Host`` entries, whatever provided the machines.
 
 Three sources feed the same model, so everything downstream (plans, SSH, sync) is written once:
-  * the local fleet (``launch.fleets.localfleet`` writes an inventory file for itself),
+  * the local fleet (``launch.fleets.local`` writes an inventory file for itself),
   * a static YAML inventory of a lab's existing machines (untrusted: ``launch.fleets.kinds.lab``),
-  * a Pulumi stack's outputs (the contract in ``launch.job.stack_outputs``).
+  * a Pulumi stack's outputs (the contract in ``fleetrun_contract.stack_outputs``).
 
 Where the machines came from is ``Inventory.fleet``, a typed reference that only fleetrun's own
 state can set to anything but ``LabFleet`` (see ``launch.fleets.kinds``).

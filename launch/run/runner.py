@@ -38,6 +38,7 @@ from launch.run.transfers import Transfers
 from launch.run.watch import AGENT, Watcher
 from launch.run.watching import build_watcher, crash_decision, watch_safely
 from launch.run.wrapup import wrap_up
+from launch.settings import DEFAULT_FANOUT
 from launch.transport.ssh import Fleet, NodeConnection
 from launch.transport.sync import LIB_VERSION, SyncResult, lib_is_current
 
@@ -76,7 +77,7 @@ def progress_bar(console: Console) -> Progress:
 @dataclass
 class RunOptions:
     poll_interval: float = 1.0
-    max_parallel: int = 32
+    max_parallel: int = DEFAULT_FANOUT
     completion_grace_s: float = 30.0
 
 
@@ -164,6 +165,7 @@ class Runner:
                 relay_above=self.spec.relay_sync_above,
                 on_done=lambda _n, _r: progress.advance(task),
                 lib_current=self.lib_current,
+                parallel=self.options.max_parallel,
             )
         self.timings["sync"] = time.monotonic() - started
         errors = {n: r for n, r in results.items() if isinstance(r, BaseException)}

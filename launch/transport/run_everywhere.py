@@ -15,7 +15,8 @@ from typing import TextIO
 
 from launch.job.inventory import Inventory
 from launch.paths import known_hosts_file
-from launch.transport.ssh import DEFAULT_FANOUT, CommandResult, Fleet
+from launch.settings import DEFAULT_FANOUT
+from launch.transport.ssh import CommandResult, Fleet
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ from invoke.exceptions import CommandTimedOut
 
 from launch.errors import HostError, HostKeyMismatch
 from launch.job.inventory import Host
+from launch.settings import DEFAULT_FANOUT
 from launch.transport.channels import LineSession, _BoundedOutput
 
 DEFAULT_CONNECT_TIMEOUT = 10
-DEFAULT_FANOUT = 32
 KEEPALIVE_S = 5
 T = TypeVar("T")
 

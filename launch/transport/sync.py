@@ -21,6 +21,7 @@ from pathlib import Path
 from launch.errors import HostError
 from launch.job.inventory import Host
 from launch.planning import remote_layout as layout
+from launch.settings import DEFAULT_FANOUT
 from launch.transport.ssh import ensure_open_files, openssh_command, parallel_map
 
 NODELIB = Path(__file__).resolve().parent.parent / "nodelib"
@@ -136,7 +137,7 @@ def sync_all(
     workdir: Path,
     job: str,
     known_hosts: Path,
-    max_parallel: int = 16,
+    max_parallel: int = DEFAULT_FANOUT,
     on_done: Callable[[str, SyncResult | BaseException], None] | None = None,
     lib_current: Collection[str] = (),
 ) -> dict[str, SyncResult | BaseException]:

@@ -32,6 +32,7 @@ from launch.job.inventory import Host
 from launch.nodelib.fleetrun_protocol import ProtocolError, RelayResult
 from launch.planning import remote_layout as layout
 from launch.planning.cluster_ssh import known_hosts_text, new_ed25519_keypair
+from launch.settings import DEFAULT_FANOUT
 from launch.transport.authorized_keys import add_command, expiry_time, remove_command
 from launch.transport.ssh import CommandResult, Fleet, NodeConnection, parallel_map
 from launch.transport.sync import SyncResult, rsync_filters, sync_all, sync_host
@@ -158,7 +159,7 @@ def relay_sync(
     known_hosts: Path,
     on_done: OnDone | None = None,
     lib_current: Collection[str] = (),
-    parallel: int = 16,
+    parallel: int = DEFAULT_FANOUT,
 ) -> dict[str, SyncResult | BaseException]:
     """Laptop -> head, then head -> workers; any worker the relay missed is synced directly."""
     head, workers = fleet.hosts[0], fleet.hosts[1:]
@@ -271,7 +272,7 @@ def sync_fleet(
     relay_above: int,
     on_done: OnDone | None = None,
     lib_current: Collection[str] = (),
-    parallel: int = 16,
+    parallel: int = DEFAULT_FANOUT,
 ) -> dict[str, SyncResult | BaseException]:
     """Sync the fleet's code: directly at up to ``relay_above`` nodes, through the head above."""
     if len(fleet.hosts) > relay_above:

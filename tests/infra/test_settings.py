@@ -14,8 +14,9 @@ import pytest
 import yaml
 from infra_cases import OPERATOR_CIDR, aws_config, gcp_config
 
+from fleetrun_contract.cluster import cluster_id_for
 from infra.presets import PRESETS
-from infra.settings import KEYS, ConfigError, cluster_id_for, parse_settings
+from infra.settings import KEYS, ConfigError, parse_settings
 
 REPO = Path(__file__).resolve().parents[2]
 

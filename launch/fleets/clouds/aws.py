@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from infra.clouds.aws_catalog import CLUSTER_TAG, RULES
+from fleetrun_contract.cluster import AWS_CLUSTER_TAG as CLUSTER_TAG
+from fleetrun_contract.cluster import aws_region_of
 from launch.errors import FleetrunError
 from launch.fleets.clouds import ClusterLocation, ErrorKind, Rules, classify, missing_sdk
 
@@ -50,7 +51,7 @@ class AwsOps:
     cluster_tag = CLUSTER_TAG
 
     def region_of(self, zone: str) -> str:
-        return RULES.region_of(zone)
+        return aws_region_of(zone)
 
     def classify_error(self, message: str) -> ErrorKind:
         return classify(message, ERROR_RULES)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-from infra.clouds.gcp_catalog import CLUSTER_LABEL, RULES
+from fleetrun_contract.cluster import GCP_CLUSTER_LABEL as CLUSTER_LABEL
+from fleetrun_contract.cluster import gcp_region_of
 from launch.errors import FleetrunError
 from launch.fleets.clouds import ClusterLocation, ErrorKind, Rules, classify, missing_sdk
 
@@ -63,7 +64,7 @@ class GcpOps:
     cluster_tag = CLUSTER_LABEL
 
     def region_of(self, zone: str) -> str:
-        return RULES.region_of(zone)
+        return gcp_region_of(zone)
 
     def classify_error(self, message: str) -> ErrorKind:
         return classify(message, ERROR_RULES)

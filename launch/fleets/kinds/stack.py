@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import ValidationError
 
+from fleetrun_contract.stack_outputs import StackOutputs
 from launch.errors import SpecError
 from launch.fleets.clouds import CLOUDS
 from launch.fleets.kinds.base import Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import StackFleetRef
-from launch.job.stack_outputs import StackOutputs
 from launch.job.validation import describe_validation_error, load_json_mapping, printable
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class StackKind:
 def inventory_from_stack_outputs(
     data: dict[str, Any], key_path: Path | None = None, stack: str | None = None
 ) -> Inventory:
-    """Hosts from ``pulumi stack output --json --show-secrets`` (see ``launch.job.stack_outputs``).
+    """Hosts from ``pulumi stack output --json --show-secrets`` (see ``fleetrun_contract.stack_outputs``).
 
     ``key_path`` is the operator's private key; when the stack generated the key pair it is in
     the outputs (a secret) and the caller writes it to a 0600 file first.

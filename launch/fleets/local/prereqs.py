@@ -12,13 +12,14 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from fleetrun_images import runtime_file
 from launch.errors import LocalFleetError
 from launch.paths import image_dir
 from launch.processes import pid_alive  # noqa: F401 - used by the fleet and its power daemon
 
 REQUIRED_TOOLS = {"sshd": "openssh-server", "ssh": "openssh-client", "rsync": "rsync", "ip": "iproute2"}
 SSHD = "/usr/sbin/sshd"
-REQUIREMENTS = Path(__file__).resolve().parents[3] / "images" / "local" / "requirements.txt"
+REQUIREMENTS = runtime_file("local/requirements.txt")
 
 
 def run(argv: list[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:

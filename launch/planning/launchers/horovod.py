@@ -27,8 +27,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 
+from fleetrun_images import runtime_file
 from launch.errors import SpecError
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
@@ -296,7 +296,7 @@ class HorovodLauncher(Launcher):
         return "\n".join(lines) + "\n"
 
 
-INSTALL_SCRIPT_SOURCE = Path(__file__).resolve().parents[3] / INSTALL_ORIGIN
+INSTALL_SCRIPT_SOURCE = runtime_file("horovod/install.sh")  # INSTALL_ORIGIN, as installed
 
 
 def load_horovod_launcher(inventory: Inventory, dry_run: bool = False) -> HorovodLauncher:

@@ -1,7 +1,7 @@
-"""The stack-outputs contract between ``infra/`` (which writes it) and ``launch`` (which reads it).
+"""The stack-outputs contract between ``infra`` (which writes it) and ``launch`` (which reads it).
 
 ``pulumi stack output --json --show-secrets`` on a fleetrun stack prints one JSON object.
-``infra/__main__.py`` exports exactly these top-level keys, and
+``infra.program`` exports exactly these top-level keys, and
 ``launch.fleets.kinds.stack.inventory_from_stack_outputs`` reads them with no hand edits::
 
     {
