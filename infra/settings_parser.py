@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleetrun_contract.cluster import cluster_id_for
+from fleetrun_contract.keys import PUBLIC_KEY_RE
 from infra.clouds.rules import (
     CloudRules,
     MachineRequest,
@@ -355,7 +356,7 @@ class SettingsParser:
         if "PRIVATE KEY" in key:
             self.problem("ssh_public_key", "this is a private key: give the public one (the .pub file)")
             return None
-        if not re.match(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( .*)?$", key):
+        if not PUBLIC_KEY_RE.fullmatch(key.strip()):
             self.problem(
                 "ssh_public_key", "expected an OpenSSH public key such as 'ssh-ed25519 AAAA... you@laptop'"
             )

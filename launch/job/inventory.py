@@ -26,13 +26,12 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
+from fleetrun_contract.keys import PUBLIC_KEY_RE
 from launch.errors import SpecError
 from launch.fleets.kinds.refs import FleetRef, LabFleet
 from launch.job.validation import describe_validation_error
 
-HOST_KEY_RE = re.compile(
-    r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{1,4096}( [^\x00-\x1f\x7f]*)?"
-)
+HOST_KEY_RE = PUBLIC_KEY_RE
 HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 """A POSIX user name (portable characters, not starting with '-'): it goes into ssh_config and argv."""
