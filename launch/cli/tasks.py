@@ -152,15 +152,22 @@ def show(c: Any, run: str) -> None:
     history.show(run, Console())
 
 
-@task(help={"run": "run id, prefix or 'last'", "node": "only this node", "follow": "stream while it runs"})
+@task(
+    help={
+        "run": "run id, prefix or 'last'",
+        "node": "only this node",
+        "follow": "stream every node's log while it runs (node/rank prefix); continues where the last --follow stopped",
+        "from-start": "with --follow: from the first line, not where the last --follow stopped",
+    }
+)
 @_friendly
-def logs(c: Any, run: str, node: str = "", follow: bool = False) -> None:
+def logs(c: Any, run: str, node: str = "", follow: bool = False, from_start: bool = False) -> None:
     """Per-node logs of a run (pulled copies, or live from the nodes with --follow)."""
     from rich.console import Console
 
     from launch.cli import runs as history
 
-    history.logs(run, Console(), node=node or None, follow=follow)
+    history.logs(run, Console(), node=node or None, follow=follow, from_start=from_start)
 
 
 @task(help={"run": "run id, prefix or 'last'"})
