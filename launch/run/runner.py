@@ -1,4 +1,5 @@
-"""Run a launch plan on a fleet: preflight, sync, setup, start, watch, then wrap up.
+"""Run a launch plan on a fleet: preflight, sync, setup, claim (busy GPUs, the rendezvous port),
+start, watch, then wrap up.
 
 SkyPilot's sequence with barriers between steps (nothing starts unless every node passed the
 previous step) and its failure semantics: the first non-zero exit (or a vanished process) on any
@@ -30,6 +31,7 @@ from launch.planning import remote_layout as layout
 from launch.planning.claim import busy_gpus, parse_probe, probe_command
 from launch.planning.launchers.base import RDZV_PORT_FILE
 from launch.planning.plan import LaunchPlan, NodePlan
+from launch.reports.safe_text import clean
 from launch.rules.stoprules import StopDecision
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter, RichReporter
@@ -254,7 +256,7 @@ class Runner:
                     raise HostError(host.name, f"{shown} (fab train --allow-busy-gpus to start anyway)")
             if want_port and host.name == head.name:
                 if answer.port is None:
-                    tail = (result.stderr or result.stdout).strip()[-300:]
+                    tail = clean((result.stderr or result.stdout).strip()[-300:], 300)
                     raise HostError(
                         host.name, f"could not find a free rendezvous port on {host.private_address}: {tail}"
                     )
