@@ -88,6 +88,8 @@ class NodeScript:
     fail_setup: bool = False
     fail_stop: bool = False
     fail_pull: bool = False
+    busy_gpu_user: str | None = None
+    """Another user whose process the node's nvidia-smi shows on GPU 0 (None: idle GPUs)."""
 
 
 @dataclass
@@ -198,6 +200,12 @@ class FakeConnection:
             if node.script.fail_preflight:
                 return CommandResult(name, 1, "", "rsync: not found")
             return CommandResult(name, 0, "ok\n", "")
+        if command.startswith("echo FLEETRUN_ME="):  # the claim before the start
+            port = "FLEETRUN_RDZV_PORT=40123\n" if "FLEETRUN_RDZV_PORT" in command else ""
+            gpus = "G 0, GPU-aaaa\nG 1, GPU-bbbb\n" if "nvidia-smi" in command else ""
+            if node.script.busy_gpu_user and gpus:
+                gpus += f"A GPU-aaaa, 777, 5120, {node.script.busy_gpu_user}\n"
+            return CommandResult(name, 0, f"FLEETRUN_ME={self.host.user}\n{gpus}{port}", "")
         if command.startswith("sh -c "):
             if node.script.fail_setup:
                 return CommandResult(name, 1, "", "pip: could not find torch==9.9 [/simple]")
@@ -431,6 +439,7 @@ def run_on_fake_fleet(
     ask_keep_running: Callable[[str], bool] | None = None,
     clock: FakeClock | None = None,
     poll_interval: float = 5.0,
+    allow_busy_gpus: bool = False,
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and execute it with the real ``Runner``."""
     from launch.cli.app import make_plan
@@ -475,7 +484,7 @@ def run_on_fake_fleet(
         folder,
         records,
         reporter,
-        RunOptions(poll_interval=poll_interval, completion_grace_s=10.0),
+        RunOptions(poll_interval=poll_interval, completion_grace_s=10.0, allow_busy_gpus=allow_busy_gpus),
         fleet=fleet,  # type: ignore[arg-type]
         transfers=transfers or fleet.transfers(),
         ask_keep_running=ask_keep_running,

@@ -35,7 +35,7 @@ def spec(tmp_path: Path, **kw: object) -> JobSpec:
 
 
 def test_torchrun_plan_per_node(tmp_path: Path) -> None:
-    plan = make_plan(spec(tmp_path), inventory(4), run_id="job-1")
+    plan = make_plan(spec(tmp_path, rdzv_port=29500), inventory(4), run_id="job-1")
     assert [n.host.name for n in plan.nodes] == ["n0", "n1", "n2"], "first N hosts, head first"
     assert plan.total_processes == 3
     for rank, node in enumerate(plan.nodes):

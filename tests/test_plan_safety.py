@@ -64,7 +64,9 @@ def spec(tmp_path: Path, **kw: object) -> JobSpec:
 def test_ipv6_addresses_are_compressed_and_bracketed_where_a_port_follows(tmp_path: Path) -> None:
     inv = v6_inventory()
     assert inv.head.private_address == "fd00::a", "kept in the form `ip` prints"
-    plan = make_plan(spec(tmp_path), inv, run_id="job-1")
+    plan = make_plan(spec(tmp_path, rdzv_port=29500), inv, run_id="job-1")
+    auto = make_plan(spec(tmp_path), inv, run_id="job-1")
+    assert all('--rdzv-endpoint=[fd00::a]:"$MASTER_PORT"' in (n.command or "") for n in auto.nodes)
     for rank, node in enumerate(plan.nodes):
         assert "--rdzv-endpoint=[fd00::a]:29500" in (node.command or "")
         assert f"--local-addr=fd00::{rank + 10:x}" in (node.command or "")

@@ -53,6 +53,7 @@ def train(
     poll_interval: float = 1.0,
     teardown: str | None = None,
     ask_on_interrupt: bool = True,
+    allow_busy_gpus: bool = False,
 ) -> RunResult | LaunchPlan:
     """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``)."""
     console = console or Console()
@@ -90,7 +91,9 @@ def train(
         f" run {plan.run_id}: job {spec.name} on {len(plan.nodes)} node(s) "
         f"of {inv.source} with {spec.launcher}; run folder {folder.path}",
     )
-    options = RunOptions(poll_interval=poll_interval, max_parallel=current().fanout)
+    options = RunOptions(
+        poll_interval=poll_interval, max_parallel=current().fanout, allow_busy_gpus=allow_busy_gpus
+    )
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
     runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)
     try:

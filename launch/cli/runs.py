@@ -8,9 +8,13 @@ died (laptop closed, process killed) leaves a ``running`` record with a dead pid
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -19,6 +23,7 @@ from launch.errors import FleetrunError
 from launch.fleets.teardown import TeardownOutcome, tear_down
 from launch.paths import fleetrun_home, known_hosts_file
 from launch.planning import remote_layout as layout
+from launch.reports import log_follow
 from launch.reports.safe_text import MAX_LINE_CHARS, clean, safe_text
 from launch.reports.views import runs_table, show_run
 from launch.run.artifacts import pull
@@ -76,7 +81,12 @@ def show(run: str, console: Console) -> RunRecord:
 
 
 def logs(
-    run: str, console: Console, node: str | None = None, follow: bool = False, poll: float = 1.0
+    run: str,
+    console: Console,
+    node: str | None = None,
+    follow: bool = False,
+    poll: float = 1.0,
+    from_start: bool = False,
 ) -> None:
     """Per-node logs: the pulled copies once a run ended, or live from the nodes while it runs."""
     with open_records() as records:
@@ -96,39 +106,79 @@ def logs(
             for line in read_log_text(nodes_dir / name / "node.log").splitlines():
                 console.print(safe_text(line, limit=MAX_LINE_CHARS), highlight=False)
         return
-    target = WatchTarget.load(folder)
+    follow_live(WatchTarget.load(folder), console, node, poll, from_start)
+
+
+OFFSETS_FILE = "follow-offsets.json"
+"""In the run folder: per node, the log bytes ``fab logs --follow`` already printed."""
+
+
+def follow_live(
+    target: WatchTarget, console: Console, node: str | None, poll: float = 1.0, from_start: bool = False
+) -> None:
+    """Every node's log live, merged, each line once (``launch.reports.log_follow``), prefixed
+    ``node/rank``; a lost connection is retried from the saved offsets until every log ended."""
+    ranks = {h.name: rank for rank, h in enumerate(target.inventory.hosts)}
     hosts = [h for h in target.inventory.hosts if node is None or h.name == node]
     if not hosts:
-        raise FleetrunError(f"run {record.id} has no node {clean(node, 100)!r}")
+        raise FleetrunError(f"run {target.run_id} has no node {clean(node or '', 100)!r}")
     known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
-    offsets = {h.name: 0 for h in hosts}
-    log_path = f"{layout.rundir(target.run_id)}/node.log"
-    with Fleet(hosts, known_hosts) as fleet:
-        while True:
+    saved = target.folder / OFFSETS_FILE
+    text = None if from_start or not saved.exists() else saved.read_text(errors="replace")[:1_000_000]
+    offsets = log_follow.load_offsets(text, [h.name for h in hosts])
+    run_dir = layout.rundir(target.run_id)
+    done: set[str] = set()
+    with Fleet(hosts, known_hosts) as fleet, _interrupt_between_batches() as interrupted:
+        while not interrupted:
+            pending = [h for h in hosts if h.name not in done]
             results = fleet.map(
                 lambda c: c.run(
-                    f'tail -c +{offsets[c.host.name] + 1} "$HOME/{log_path}" 2>/dev/null; '
-                    f'test -e "$HOME/{layout.rundir(target.run_id)}/rc" && echo "\\n#FLEETRUN-ENDED"',
-                    timeout=30,
-                )
+                    log_follow.follow_command(f"{run_dir}/node.log", f"{run_dir}/rc", offsets[c.host.name]),
+                    timeout=60,
+                ),
+                hosts=pending,
             )
-            done = True
             for name, res in results.items():
-                if isinstance(res, BaseException):
-                    console.print(safe_text(f"{name}: {res}", style="yellow"))
-                    done = False
+                try:
+                    if isinstance(res, BaseException):
+                        raise res
+                    chunk = log_follow.parse_answer(res.stdout)
+                except Exception as exc:  # noqa: BLE001 - a lost node is retried at the next poll
+                    console.print(safe_text(f"{name}: {exc} (retrying)", style="yellow"))
                     continue
-                text = res.stdout
-                ended_here = text.endswith("#FLEETRUN-ENDED\n")
-                if ended_here:
-                    text = text[: -len("\n#FLEETRUN-ENDED\n")]
-                done = done and ended_here
-                offsets[name] += len(text.encode())
-                for line in text.splitlines():
-                    console.print(safe_text(name, style="dim") + " " + safe_text(line, limit=MAX_LINE_CHARS))
-            if done:
+                lines, offsets[name], finished = log_follow.complete_lines(chunk, offsets[name])
+                label = safe_text(log_follow.prefix(name, ranks[name]), style="dim")
+                for line in lines:
+                    console.print(
+                        label + " " + safe_text(line.decode("utf-8", "replace"), limit=MAX_LINE_CHARS)
+                    )
+                if finished:
+                    done.add(name)
+            tmp = saved.with_suffix(".tmp")
+            tmp.write_text(log_follow.dump_offsets(offsets))
+            tmp.replace(saved)
+            if len(done) == len(hosts):
                 return
             time.sleep(poll)
+    console.print(
+        safe_text(f"stopped following; 'fab logs {target.run_id} --follow' continues from here", style="dim")
+    )
+
+
+@contextlib.contextmanager
+def _interrupt_between_batches() -> Iterator[list[int]]:
+    """Ctrl-C (SIGINT) ends ``--follow`` between two batches, never between printing lines and
+    saving their offsets (which would repeat or lose lines at the next ``--follow``). Only in the
+    main thread, where Python delivers signals; elsewhere Ctrl-C cannot reach the loop anyway."""
+    flag: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: flag.append(1))
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def reattach(run: str, console: Console, poll_interval: float = 1.0) -> RunSummary:

@@ -41,15 +41,29 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "inventory": "'local' (default), 'local:<prefix>', 'stack:<name>', stack outputs .json, or inventory .yaml",
         "dry-run": "print, per node, exactly what would run; connect to nothing",
         "teardown": "override the playbook: always, on_success or never",
+        "allow-busy-gpus": "start even where other users' processes hold the GPUs this run would use",
     }
 )
 @_friendly
-def train(c: Any, playbook: str, inventory: str = "local", dry_run: bool = False, teardown: str = "") -> None:
+def train(
+    c: Any,
+    playbook: str,
+    inventory: str = "local",
+    dry_run: bool = False,
+    teardown: str = "",
+    allow_busy_gpus: bool = False,
+) -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded."""
     from launch.cli import app
     from launch.run.summary import RunResult
 
-    result = app.train(playbook, inventory=inventory, dry_run=dry_run, teardown=teardown or None)
+    result = app.train(
+        playbook,
+        inventory=inventory,
+        dry_run=dry_run,
+        teardown=teardown or None,
+        allow_busy_gpus=allow_busy_gpus,
+    )
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
 
@@ -138,15 +152,22 @@ def show(c: Any, run: str) -> None:
     history.show(run, Console())
 
 
-@task(help={"run": "run id, prefix or 'last'", "node": "only this node", "follow": "stream while it runs"})
+@task(
+    help={
+        "run": "run id, prefix or 'last'",
+        "node": "only this node",
+        "follow": "stream every node's log while it runs (node/rank prefix); continues where the last --follow stopped",
+        "from-start": "with --follow: from the first line, not where the last --follow stopped",
+    }
+)
 @_friendly
-def logs(c: Any, run: str, node: str = "", follow: bool = False) -> None:
+def logs(c: Any, run: str, node: str = "", follow: bool = False, from_start: bool = False) -> None:
     """Per-node logs of a run (pulled copies, or live from the nodes with --follow)."""
     from rich.console import Console
 
     from launch.cli import runs as history
 
-    history.logs(run, Console(), node=node or None, follow=follow)
+    history.logs(run, Console(), node=node or None, follow=follow, from_start=from_start)
 
 
 @task(help={"run": "run id, prefix or 'last'"})

@@ -86,12 +86,16 @@ def check_host_key_blob(key_type: str, blob_b64: str) -> None:
         raise ValueError(f"the host key's blob names curve {fields[1][:20]!r}, not {key_type}'s")
 
 
+MAX_GPUS = 1024
+
+
 class Host(BaseModel):
     """One machine fleetrun can SSH into.
 
     ``address`` is how this laptop reaches the host; ``private_address`` is how the nodes reach
     each other (rendezvous, NCCL/Gloo). ``gpus`` is None when unknown (then ``auto`` processes per
-    node is resolved on the node with ``nvidia-smi``). ``interface`` is the cluster network
+    node is resolved on the node with ``nvidia-smi``), a count, or a list of the device indices
+    runs may use on a shared machine (exported as ``CUDA_VISIBLE_DEVICES``). ``interface`` is the cluster network
     interface, exported as ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``; when unknown it is found
     on the node from ``private_address``.
     """
@@ -105,7 +109,7 @@ class Host(BaseModel):
     port: Annotated[int, Strict()] = Field(default=22, ge=1, le=65535)
     key: Path | None = None
     host_key: str
-    gpus: Annotated[int, Strict()] | None = Field(default=None, ge=0, le=1024)
+    gpus: Annotated[int, Strict()] | list[Annotated[int, Strict()]] | None = None
     interface: str | None = None
     python: str = "python3"
     instance_type: str | None = Field(default=None, max_length=128)
@@ -116,6 +120,35 @@ class Host(BaseModel):
         if not HOSTNAME_RE.fullmatch(value):
             raise ValueError("expected a host name (letters, digits, '.', '-')")
         return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: int | list[int] | None) -> int | list[int] | None:
+        """A count (0..1024), or the device indices this host lends to fleetrun's runs: unique,
+        0..1023, at most 1024 of them (a shared lab machine: ``gpus: [2, 3]``)."""
+        if value is None:
+            return None
+        if isinstance(value, int):
+            if not 0 <= value <= MAX_GPUS:
+                raise ValueError(f"expected a GPU count from 0 to {MAX_GPUS} or a list of device indices")
+            return value
+        if not value or len(value) > MAX_GPUS:
+            raise ValueError(f"expected from 1 to {MAX_GPUS} device indices")
+        if any(not 0 <= i < MAX_GPUS for i in value):
+            raise ValueError(f"device indices go from 0 to {MAX_GPUS - 1}")
+        if len(set(value)) != len(value):
+            raise ValueError("device indices must be unique")
+        return value
+
+    @property
+    def gpu_count(self) -> int | None:
+        """GPUs fleetrun may use on this host (None: unknown, found on the node)."""
+        return len(self.gpus) if isinstance(self.gpus, list) else self.gpus
+
+    @property
+    def gpu_indices(self) -> list[int] | None:
+        """The device indices of a ``gpus: [..]`` list (``CUDA_VISIBLE_DEVICES``), else None: all."""
+        return list(self.gpus) if isinstance(self.gpus, list) else None
 
     @field_validator("user")
     @classmethod

@@ -72,7 +72,9 @@ class JobSpec(BaseModel):
             ``SM_CHANNEL_TRAINING``).
         python: interpreter on the nodes that the job's environment is built from; defaults to
             the inventory host's ``python``.
-        rdzv_port: TCP port of the rendezvous on the head node.
+        rdzv_port: TCP port of the rendezvous on the head node, or ``auto`` (the default): a port
+            free on the head, chosen there at launch time, so two runs on the same machines never
+            share one (a fixed 29500 is the EADDRINUSE of pytorch#126510).
         max_restarts: torchrun worker-group restarts before the run counts as failed.
         stop: stop rules (NaN loss, stall, plateau, wall time, cost, ...); see ``launch.rules.stoprules``.
         teardown: after the run, ``always`` remove the fleet, only ``on_success``, or ``never``.
@@ -97,7 +99,7 @@ class JobSpec(BaseModel):
     outputs: str = Field(default="outputs", max_length=255)
     data_dir: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
     python: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
-    rdzv_port: int = Field(default=29500, ge=1024, le=65535)
+    rdzv_port: int | Literal["auto"] = "auto"
     max_restarts: int = Field(default=0, ge=0, le=100)
     stop: StopRules = Field(default_factory=StopRules)
     teardown: Teardown = Teardown.ALWAYS
@@ -165,6 +167,15 @@ class JobSpec(BaseModel):
         if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024:
             return value
         raise ValueError("expected an integer from 1 to 1024 or 'auto'")
+
+    @field_validator("rdzv_port", mode="before")
+    @classmethod
+    def _rdzv_port(cls, value: object) -> object:
+        if value == "auto" and isinstance(value, str):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and 1024 <= value <= 65535:
+            return value
+        raise ValueError("expected a TCP port from 1024 to 65535 or 'auto'")
 
     @field_validator("env")
     @classmethod

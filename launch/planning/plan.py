@@ -86,6 +86,9 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
     """Environment values that ``render`` masks (the nodes still get them): name -> value."""
+    rdzv_port: int | str | None = None
+    """The head's rendezvous port: a number, ``"auto"`` (chosen free on the head at launch time and
+    sent to every starting node as ``rdzv_port``), or None when the launcher needs none."""
 
     @property
     def head(self) -> NodePlan:
@@ -101,6 +104,13 @@ class LaunchPlan:
             f"# launcher: {self.launcher}; nodes: {len(self.nodes)}; "
             f"processes: {self.total_processes if self.total_processes is not None else 'resolved on the nodes'}",
         ]
+        if self.rdzv_port is not None:
+            port = (
+                "auto: a free port on the head, chosen at launch"
+                if self.rdzv_port == "auto"
+                else self.rdzv_port
+            )
+            out.append(f"# rendezvous port: {port}")
         out += [f"# note: {n}" for n in self.notes]
         for node in self.nodes:
             out.append("")

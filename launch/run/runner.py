@@ -1,4 +1,5 @@
-"""Run a launch plan on a fleet: preflight, sync, setup, start, watch, then wrap up.
+"""Run a launch plan on a fleet: preflight, sync, setup, claim (busy GPUs, the rendezvous port),
+start, watch, then wrap up.
 
 SkyPilot's sequence with barriers between steps (nothing starts unless every node passed the
 previous step) and its failure semantics: the first non-zero exit (or a vanished process) on any
@@ -27,7 +28,10 @@ from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.nodelib.fleetrun_protocol import FileBundle, ProtocolError, StartAnswer
 from launch.planning import remote_layout as layout
+from launch.planning.claim import busy_gpus, parse_probe, probe_command
+from launch.planning.launchers.base import RDZV_PORT_FILE
 from launch.planning.plan import LaunchPlan, NodePlan
+from launch.reports.safe_text import clean
 from launch.rules.stoprules import StopDecision
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter, RichReporter
@@ -79,6 +83,8 @@ class RunOptions:
     poll_interval: float = 1.0
     max_parallel: int = DEFAULT_FANOUT
     completion_grace_s: float = 30.0
+    allow_busy_gpus: bool = False
+    """Start even where other users' processes hold the GPUs this run would use."""
 
 
 class Runner:
@@ -115,6 +121,7 @@ class Runner:
         self.fleet = fleet or Fleet(self.hosts, known_hosts, max_parallel=self.options.max_parallel)
         self.timings: dict[str, float] = {}
         self.lib_current: set[str] = set()
+        self.rdzv_port: int | None = None
 
     # -- steps -----------------------------------------------------------------------------------
     def _fan_out(
@@ -218,6 +225,47 @@ class Runner:
             self.reporter.say(f"  {name}: {reason}")
         return results
 
+    def claim(self) -> int | None:
+        """Just before the start, one cheap command per node: refuse GPUs held by other users'
+        processes (unless ``allow_busy_gpus``) and, with ``rdzv_port: auto``, take a port free on
+        the head's private address (see ``launch.planning.claim`` for the race and why it is small).
+        Returns the port, or None when the plan fixed one or needs none."""
+        want_port = self.plan.rdzv_port == "auto"
+        check_gpus = not self.options.allow_busy_gpus
+        head = self.plan.head.host
+        targets = self.hosts if check_gpus else ([head] if want_port else [])
+        if not targets:
+            return None
+
+        def probe(conn: NodeConnection) -> str:
+            host = conn.host
+            command = probe_command(
+                self.spec.python or host.python,
+                host.private_address,
+                want_port=want_port and host.name == head.name,
+                want_gpus=check_gpus,
+            )
+            result = conn.run(command, timeout=60)
+            answer = parse_probe(result.stdout[-262144:])
+            if check_gpus:
+                problems = busy_gpus(answer, host.gpu_indices)
+                if problems:
+                    shown = "; ".join(problems[:8]) + (
+                        f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
+                    )
+                    raise HostError(host.name, f"{shown} (fab train --allow-busy-gpus to start anyway)")
+            if want_port and host.name == head.name:
+                if answer.port is None:
+                    tail = clean((result.stderr or result.stdout).strip()[-300:], 300)
+                    raise HostError(
+                        host.name, f"could not find a free rendezvous port on {host.private_address}: {tail}"
+                    )
+                return str(answer.port)
+            return ""
+
+        results = self._fan_out("claim", probe, hosts=targets)
+        return int(results[head.name]) if want_port else None
+
     def start(self, target: WatchTarget) -> None:
         """One round trip per node: send launch.sh and guard.json, start both detached.
 
@@ -233,6 +281,8 @@ class Runner:
             files = {"guard.json": target.guard_config(node.host.name).to_json()}
             if node.launch_script is not None:
                 files["launch.sh"] = node.launch_script
+                if self.rdzv_port is not None:
+                    files[RDZV_PORT_FILE] = str(self.rdzv_port)
                 command = f'{AGENT} start "$HOME/{run_dir}" --stdin'
             else:
                 command = f'{AGENT} guard "$HOME/{run_dir}" --stdin'
@@ -282,6 +332,9 @@ class Runner:
             self.setup()
             target = dataclasses.replace(target, started_at=time.time())  # the launch, after setup
             target.save()
+            self.rdzv_port = self.claim()
+            if self.rdzv_port is not None:
+                self.reporter.say(f"  rendezvous port {self.rdzv_port} on {self.plan.head.host.name}")
             started_job = True
             self.start(target)
             watcher = build_watcher(

@@ -18,6 +18,9 @@ from launch.planning import remote_layout as layout
 from launch.planning.plan import LaunchPlan, NodePlan, RemoteFile, export_line, home_export_line
 
 TF_PORT = 2222
+RDZV_PORT_FILE = "rdzv_port"
+"""With ``rdzv_port: auto``: the file in the run directory holding the port chosen on the head at
+launch time (sent with ``launch.sh`` in the start bundle); every node's launch script reads it."""
 # fleetrun's own variables whose values start with $HOME and are expanded by the node's shell.
 # Everything else, the playbook's env included, is exported literally.
 HOME_RELATIVE_KEYS = frozenset({"FLEETRUN_RUN_DIR", "FLEETRUN_OUTPUT_DIR", "SM_MODEL_DIR"})
@@ -53,19 +56,34 @@ def env_export_lines(env: dict[str, str], expanded: frozenset[str] | set[str]) -
     return lines
 
 
+def rdzv_port_line(run_id: str) -> str:
+    """Shell that exports ``MASTER_PORT`` from the run's port file, refusing anything but digits."""
+    path = f'"$HOME/{layout.rundir(run_id)}/{RDZV_PORT_FILE}"'
+    return (
+        f"MASTER_PORT=$(cat {path} 2>/dev/null || true); "
+        "case \"$MASTER_PORT\" in ''|*[!0-9]*) "
+        "echo 'fleetrun: no rendezvous port was sent with this launch script' >&2; exit 2;; esac; "
+        "export MASTER_PORT"
+    )
+
+
 def resolved_procs(spec: JobSpec, host: Host) -> int | None:
     """Processes on this host, or None when ``auto`` must be resolved on the node itself."""
     if spec.procs_per_node != "auto":
         return spec.procs_per_node
-    if host.gpus is None:
+    count = host.gpu_count
+    if count is None:
         return None
-    return host.gpus if host.gpus > 0 else 1
+    return count if count > 0 else 1
 
 
 class Launcher(ABC):
     """Turns (job spec, inventory, run id) into a ``LaunchPlan``. Pure: no I/O."""
 
     name: str = ""
+    uses_rdzv_port: bool = True
+    """Whether the nodes need the head's rendezvous port (``MASTER_PORT``). horovodrun does not:
+    its Gloo rendezvous server picks its own free port on the head, per run."""
 
     @classmethod
     def for_inventory(cls, inventory: Inventory, dry_run: bool = False) -> Launcher:
@@ -141,6 +159,7 @@ class Launcher(ABC):
             total_processes=total,
             notes=notes,
             secrets=spec.secret_values(),
+            rdzv_port=spec.rdzv_port if self.uses_rdzv_port else None,
         )
 
     def node_env(
@@ -174,7 +193,6 @@ class Launcher(ABC):
             "FLEETRUN_NODE_IPS": ",".join(ips),
             "FLEETRUN_HEAD_IP": head.private_address,
             "MASTER_ADDR": head.private_address,
-            "MASTER_PORT": str(spec.rdzv_port),
             "NODE_RANK": str(rank),
             "NNODES": str(len(ips)),
             "TF_CONFIG": json.dumps(tf_config, separators=(",", ":")),
@@ -186,6 +204,11 @@ class Launcher(ABC):
         if spec.data_dir:
             env["FLEETRUN_DATA_DIR"] = spec.data_dir
             env["SM_CHANNEL_TRAINING"] = spec.data_dir
+        host = inventory.hosts[rank]
+        if host.gpu_indices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in host.gpu_indices)
+        if isinstance(spec.rdzv_port, int):
+            env["MASTER_PORT"] = str(spec.rdzv_port)
         env.update(spec.env)
         return env
 
@@ -200,6 +223,8 @@ class Launcher(ABC):
         ]
         lines += env_export_lines(env, HOME_RELATIVE_KEYS - spec.env.keys())
         lines.append(f'export PYTHONPATH="$HOME/{layout.LIB}${{PYTHONPATH:+:$PYTHONPATH}}"')
+        if spec.rdzv_port == "auto" and self.uses_rdzv_port and "MASTER_PORT" not in spec.env:
+            lines.append(rdzv_port_line(run_id))
         lines.append(iface_line(host))
         lines.append('[ -n "$IFACE" ] && export GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"')
         if procs is None:

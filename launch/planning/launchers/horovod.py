@@ -101,6 +101,9 @@ class HorovodLauncher(Launcher):
     """
 
     name = "horovod"
+    # horovodrun's Gloo rendezvous server binds a free port of its own on the head for each run,
+    # so concurrent horovod runs on the same machines need nothing from fleetrun's port choice
+    uses_rdzv_port = False
 
     def __init__(self, cluster_key: cluster_ssh.ClusterKey | None = None, install_script: str = "") -> None:
         self.cluster_key = cluster_key

@@ -4,6 +4,11 @@ holds torch's console scripts) with a c10d rendezvous at the head node's private
 Every node runs the same torchrun; ranks are agreed in the rendezvous. ``--local-addr`` pins the
 address each agent advertises, so a hostname that resolves to 127.0.1.1 (common on lab machines)
 cannot break the rendezvous; ``is_host`` marks which agent hosts the store.
+
+With ``rdzv_port: auto`` the endpoint's port is ``$MASTER_PORT``, read by the launch script from
+the port file the runner sent (a port found free on the head just before the start). What torch
+cannot do: its ``TCPStore`` server binds the wildcard address (torch has no bind-address option for
+the c10d store); every address fleetrun gives torchrun (endpoint, ``--local-addr``) is the private one.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from launch.job.inventory import Inventory, host_port
+from launch.job.inventory import Inventory, bracketed, host_port
 from launch.job.spec import JobSpec
 from launch.planning.launchers.base import Launcher
 
@@ -69,7 +74,12 @@ class TorchrunLauncher(Launcher):
             f"--nnodes={len(inventory.hosts)}",
             "--nproc-per-node=" + (str(procs) if procs is not None else '"$NPROC"'),
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={host_port(head.private_address, spec.rdzv_port)}",
+            "--rdzv-endpoint="
+            + (
+                host_port(head.private_address, spec.rdzv_port)
+                if isinstance(spec.rdzv_port, int)
+                else f'{bracketed(head.private_address)}:"$MASTER_PORT"'
+            ),
             '--rdzv-id="$FLEETRUN_RUN_ID"',
             f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}",
             f"--local-addr={host.private_address}",
