@@ -227,6 +227,8 @@ class FakeConnection:
         node.commands.append(command)
         node.reachable_check(timeout)
         name = self.host.name
+        if " - cheap " in command or " - full " in command:
+            return CommandResult(name, 0, self.probe_answer(), "")
         files = FileBundle.from_json(data).files
         node.files.update(files)
         if "setup.sh" in files:
@@ -240,6 +242,23 @@ class FakeConnection:
             answer = StartAnswer(pid=4242 if launches else None, guard=4343)
             return CommandResult(name, 0, answer.to_json() + "\n", "")
         raise AssertionError(f"{name}: the fake fleet does not know this command: {command[:120]!r}")
+
+    def probe_answer(self) -> str:
+        """The doctor probe's answer: a healthy node, but for rsync on a ``fail_preflight`` node."""
+        answer = {
+            "v": 1,
+            "mode": "cheap",
+            "python": "3.11.2",
+            "hostname": self.host.name,
+            "hostname_addrs": [self.host.address],
+            "rsync": not self.node.script.fail_preflight,
+            "home_free": 50 * 2**30,
+            "lib": "",
+            "time": time.time(),
+        }
+        if self.node.is_head:
+            answer["port"] = {"in_use": False, "holders": []}
+        return json.dumps(answer) + "\n"
 
     def put_file(self, remote_path: str, text: str, mode: int = 0o644) -> None:
         self.node.reachable_check(30)

@@ -164,7 +164,7 @@ def test_operator_keeps_the_job_running(tmp_path: Path, monkeypatch: pytest.Monk
 @pytest.mark.parametrize(
     ("node_script", "rule"),
     [
-        (NodeScript(fail_preflight=True), "connect_failed"),
+        (NodeScript(fail_preflight=True), "preflight_failed"),
         (NodeScript(fail_sync=True), "sync_failed"),
         (NodeScript(fail_setup=True), "setup_failed"),
     ],

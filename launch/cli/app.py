@@ -33,7 +33,9 @@ from launch.run.runner import AskKeepRunning, Runner, RunOptions
 from launch.run.summary import RunResult
 from launch.settings import current
 
-__all__ = ["load_inventory", "local_fleet", "make_plan", "report", "train"]
+__all__ = ["doctor", "load_inventory", "local_fleet", "make_plan", "report", "train"]
+
+DEFAULT_RDZV_PORT = JobSpec.model_fields["rdzv_port"].default
 
 
 def make_plan(
@@ -53,8 +55,10 @@ def train(
     poll_interval: float = 1.0,
     teardown: str | None = None,
     ask_on_interrupt: bool = True,
+    skip_doctor: bool = False,
 ) -> RunResult | LaunchPlan:
-    """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``)."""
+    """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``);
+    ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part)."""
     console = console or Console()
     spec = load_job_spec(playbook)
     if teardown is not None:
@@ -90,7 +94,7 @@ def train(
         f" run {plan.run_id}: job {spec.name} on {len(plan.nodes)} node(s) "
         f"of {inv.source} with {spec.launcher}; run folder {folder.path}",
     )
-    options = RunOptions(poll_interval=poll_interval, max_parallel=current().fanout)
+    options = RunOptions(poll_interval=poll_interval, max_parallel=current().fanout, skip_doctor=skip_doctor)
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
     runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)
     try:
@@ -99,6 +103,36 @@ def train(
         records.close()
     report(result, console)
     return result
+
+
+def doctor(
+    playbook: str | Path | None = None,
+    inventory: str | None = None,
+    console: Console | None = None,
+    port: int | None = None,
+) -> bool:
+    """``fab doctor``: every check on every node (the playbook's first ``nodes`` hosts when one is
+    given: its port, and whether its setup installs torch). True when nothing would break a job."""
+    from launch.reports.doctor_view import print_findings
+    from launch.run import doctor as checks
+    from launch.transport.ssh import Fleet
+
+    console = console or Console()
+    inv = load_inventory(inventory)
+    brings_torch = False
+    rdzv_port = DEFAULT_RDZV_PORT
+    if playbook is not None:
+        spec = load_job_spec(playbook)
+        inv = inv.first(spec.nodes)
+        rdzv_port = spec.rdzv_port
+        brings_torch = checks.torch_from_setup(spec.requirements_text(), spec.setup)
+    if port is not None:
+        rdzv_port = port
+    known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
+    with Fleet(inv.hosts, known_hosts, max_parallel=current().fanout) as fleet:
+        _obs, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
+    print_findings(console, findings, [h.name for h in inv.hosts])
+    return not findings.failed
 
 
 def launch_warnings(spec: JobSpec, inventory: Inventory) -> list[str]:

@@ -41,16 +41,42 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "inventory": "'local' (default), 'local:<prefix>', 'stack:<name>', stack outputs .json, or inventory .yaml",
         "dry-run": "print, per node, exactly what would run; connect to nothing",
         "teardown": "override the playbook: always, on_success or never",
+        "skip-doctor": "launch without the pre-launch checks (rsync, Python, hostname, port in use)",
     }
 )
 @_friendly
-def train(c: Any, playbook: str, inventory: str = "local", dry_run: bool = False, teardown: str = "") -> None:
+def train(
+    c: Any,
+    playbook: str,
+    inventory: str = "local",
+    dry_run: bool = False,
+    teardown: str = "",
+    skip_doctor: bool = False,
+) -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded."""
     from launch.cli import app
     from launch.run.summary import RunResult
 
-    result = app.train(playbook, inventory=inventory, dry_run=dry_run, teardown=teardown or None)
+    result = app.train(
+        playbook, inventory=inventory, dry_run=dry_run, teardown=teardown or None, skip_doctor=skip_doctor
+    )
     if isinstance(result, RunResult) and not result.ok:
+        raise Exit(code=1)
+
+
+@task(
+    help={
+        "playbook": "job file (optional): its nodes, rendezvous port and setup are checked for",
+        "inventory": "as for train",
+        "port": "rendezvous port to check (default: the playbook's, else 29500)",
+    }
+)
+@_friendly
+def doctor(c: Any, playbook: str = "", inventory: str = "local", port: int = 0) -> None:
+    """Check every node for what would break a multi-node job; exit 1 if anything would."""
+    from launch.cli import app
+
+    if not app.doctor(playbook or None, inventory=inventory, port=port or None):
         raise Exit(code=1)
 
 
@@ -251,6 +277,7 @@ local.add_task(local_status, "status")
 ns = Collection()
 ns.add_task(train)
 ns.add_task(plan)
+ns.add_task(doctor)
 ns.add_task(demo)
 ns.add_task(up)
 ns.add_task(down)

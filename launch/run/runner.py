@@ -28,7 +28,9 @@ from launch.job.spec import JobSpec
 from launch.nodelib.fleetrun_protocol import FileBundle, ProtocolError, StartAnswer
 from launch.planning import remote_layout as layout
 from launch.planning.plan import LaunchPlan, NodePlan
+from launch.rules.preflight import errors_by_node
 from launch.rules.stoprules import StopDecision
+from launch.run.doctor import gather
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder
@@ -40,7 +42,7 @@ from launch.run.watching import build_watcher, crash_decision, watch_safely
 from launch.run.wrapup import wrap_up
 from launch.settings import DEFAULT_FANOUT
 from launch.transport.ssh import Fleet, NodeConnection
-from launch.transport.sync import LIB_VERSION, SyncResult, lib_is_current
+from launch.transport.sync import SyncResult, lib_is_current
 
 AskKeepRunning = Callable[[str], bool]
 """Asked on Ctrl-C while watching (with the run id): True keeps the job running on its nodes."""
@@ -79,6 +81,8 @@ class RunOptions:
     poll_interval: float = 1.0
     max_parallel: int = DEFAULT_FANOUT
     completion_grace_s: float = 30.0
+    skip_doctor: bool = False
+    """Launch without the pre-launch doctor checks (connect and the node library check still run)."""
 
 
 class Runner:
@@ -132,26 +136,49 @@ class Runner:
         return results
 
     def preflight(self) -> None:
-        """Connect to every node (pinned host keys) before anything is changed anywhere.
+        """Connect to every node (pinned host keys) and run the doctor's cheap checks, before
+        anything is changed anywhere: one round trip per node (the probe on stdin).
 
-        Also reads which version of fleetrun's node library each node holds, so the sync skips
-        it where it is current.
+        A node that cannot be reached fails the ``connect`` step; a node that would break or hang
+        the job (no rsync, no such Python, its hostname on loopback, the rendezvous port already
+        held on the head) fails the ``preflight`` step with ``fab doctor``'s own verdict lines.
+        The probe also reports which version of the node library each node holds, so the sync
+        skips it where it is current. ``RunOptions.skip_doctor`` keeps only the connect.
         """
+        from launch.reports.doctor_view import verdict_line
+        from launch.rules.preflight import Job, judge
 
-        def check(conn: NodeConnection) -> str:
-            result = conn.run(
-                "command -v rsync >/dev/null && command -v python3 >/dev/null && echo ok && "
-                f'cat "$HOME/{LIB_VERSION}" 2>/dev/null; true',
-                timeout=30,
+        started = time.monotonic()
+        with progress_bar(self.console) as progress:
+            task = progress.add_task(f"{'connect':<9}", total=len(self.hosts))
+            observations = gather(
+                self.fleet,
+                self.hosts,
+                "cheap",
+                self.spec.rdzv_port,
+                on_done=lambda _n, _r: progress.advance(task),
             )
-            lines = result.stdout.splitlines()
-            if not result.ok or not lines or lines[0].strip() != "ok":
-                raise HostError(conn.host.name, "rsync and python3 must be installed on the node")
-            if len(lines) > 1 and lib_is_current(lines[1]):
-                self.lib_current.add(conn.host.name)
-            return result.stdout
-
-        self._fan_out("connect", check)
+        self.timings["connect"] = time.monotonic() - started
+        unreachable = {o.node: HostError(o.node, o.error) for o in observations if o.error is not None}
+        if unreachable:
+            raise StepFailed("connect", dict(unreachable))
+        for obs in observations:
+            if obs.facts is not None and lib_is_current(obs.facts.lib):
+                self.lib_current.add(obs.node)
+        if self.options.skip_doctor:
+            missing = {o.node: HostError(o.node, o.probe_error) for o in observations if o.probe_error}
+            if missing:
+                raise StepFailed("connect", dict(missing))
+            return
+        findings = judge(observations, Job(head=self.hosts[0].name, port=self.spec.rdzv_port, full=False))
+        if findings.failed:
+            width = max(len(h.name) for h in self.hosts)
+            for verdict in findings.errors:
+                self.console.print(verdict_line(verdict, width), soft_wrap=True)
+            self.reporter.say("  (fab doctor checks everything; --skip-doctor launches anyway)")
+            raise StepFailed(
+                "preflight", {node: HostError(node, why) for node, why in errors_by_node(findings).items()}
+            )
 
     def sync(self) -> None:
         started = time.monotonic()
