@@ -79,7 +79,7 @@ def verdicts(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
 
 
 def test_healthy_fleet_passes(lab: LocalFleet, fleetrun_home: Path) -> None:
-    proc = fab("doctor", "--inventory", f"local:{PREFIX}", home=fleetrun_home)
+    proc = fab("doctor", "--verbose", "--inventory", f"local:{PREFIX}", home=fleetrun_home)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     found = verdicts(proc.stdout)
     for i in range(3):
@@ -166,7 +166,7 @@ def test_seeded_faults_are_named_per_node(lab: LocalFleet, fleetrun_home: Path, 
         inventory = tmp_path / "lab.yaml"
         inventory.write_text(yaml.safe_dump({"hosts": data["hosts"]}))
 
-        proc = fab("doctor", "--inventory", str(inventory), home=fleetrun_home)
+        proc = fab("doctor", "--verbose", "--inventory", str(inventory), home=fleetrun_home)
         assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
         found = verdicts(proc.stdout)
         level, message = found[(head, "rdzv-port")]
@@ -188,7 +188,9 @@ def test_seeded_faults_are_named_per_node(lab: LocalFleet, fleetrun_home: Path, 
         assert found[(one, "hostname")][0] == "ok" and found[(head, "interface")][0] == "ok"
 
         # the port test needs a free port on the head: another port shows the blocked worker
-        proc = fab("doctor", "--inventory", str(inventory), "--port", "29555", home=fleetrun_home)
+        proc = fab(
+            "doctor", "--verbose", "--inventory", str(inventory), "--port", "29555", home=fleetrun_home
+        )
         found = verdicts(proc.stdout)
         assert found[(one, "rdzv-port")] == (
             "ERROR",

@@ -172,7 +172,8 @@ def test_port_in_use_on_the_head_names_the_holder() -> None:
     obs = fleet({0: {"port": held}}, rdzv_reach={1: None, 2: None})
     assert verdict(obs, "n0", "rdzv-port") == (
         "error",
-        "29500 on 10.0.0.1 already in use by python3 (pid 4242, user bob)",
+        "29500 on 10.0.0.1 already in use by python3 (pid 4242, user bob) "
+        "(so the workers' connect test was skipped)",
     )
     hidden = fleet({0: {"port": PortFacts(True, ())}})
     assert "a process of another user (not visible)" in verdict(hidden, "n0", "rdzv-port")[1]

@@ -110,9 +110,11 @@ def doctor(
     inventory: str | None = None,
     console: Console | None = None,
     port: int | None = None,
+    verbose: bool = False,
 ) -> bool:
     """``fab doctor``: every check on every node (the playbook's first ``nodes`` hosts when one is
-    given: its port, and whether its setup installs torch). True when nothing would break a job."""
+    given: its port, and whether its setup installs torch). True when nothing would break a job.
+    Verdict lines are printed for warnings and errors (every check with ``verbose``), then the table."""
     from launch.reports.doctor_view import print_findings
     from launch.run import doctor as checks
     from launch.transport.ssh import Fleet
@@ -131,7 +133,7 @@ def doctor(
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     with Fleet(inv.hosts, known_hosts, max_parallel=current().fanout) as fleet:
         _obs, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
-    print_findings(console, findings, [h.name for h in inv.hosts])
+    print_findings(console, findings, [h.name for h in inv.hosts], verbose=verbose)
     return not findings.failed
 
 

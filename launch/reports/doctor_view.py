@@ -30,7 +30,7 @@ def verdict_line(verdict: Verdict, width: int = 12) -> Text:
     )
 
 
-def print_findings(console: Console, findings: Findings, nodes: Sequence[str], verbose: bool = True) -> None:
+def print_findings(console: Console, findings: Findings, nodes: Sequence[str], verbose: bool = False) -> None:
     """Verdict lines (only problems unless ``verbose``), a table, and the one-line outcome."""
     width = max([len(clean(n, 64)) for n in nodes] + [4])
     for verdict in findings.verdicts:

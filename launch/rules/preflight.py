@@ -280,7 +280,12 @@ def check_rendezvous(findings: Findings, nodes: Sequence[Observation], job: Job)
             ", ".join(f"{h.process} (pid {h.pid}, user {h.user or '?'})" for h in port.holders[:4])
             or "a process of another user (not visible)"
         )
-        findings.add(job.head, "rdzv-port", ERROR, f"{where} already in use by {holders}")
+        findings.add(
+            job.head,
+            "rdzv-port",
+            ERROR,
+            f"{where} already in use by {holders} (so the workers' connect test was skipped)",
+        )
     elif port is not None:
         findings.add(job.head, "rdzv-port", OK, f"{where} free")
     for obs in nodes:

@@ -5,8 +5,10 @@ travels on stdin to the host's own Python, which answers one JSON line; the lapt
 round trip to bound each node's clock offset. The full doctor then tests the rendezvous port
 for real over the same connections, in two steps: the head listens briefly on its private
 address and the port, then every worker connects to it (a blocked port, a wrong route or a
-firewall shows up as the worker's own connect error). ``fab train`` runs only the cheap probe,
-inside its existing connect step, so it costs no extra round trip.
+firewall shows up as the worker's own connect error). The head closes each test connection
+only after the worker did, so no TIME_WAIT is left on the head's port for the job that
+follows. ``fab train`` runs only the cheap probe, inside its existing connect step, so it costs
+no extra round trip.
 
 Verdicts are made by ``launch.rules.preflight`` (pure); this module only gathers.
 """
@@ -43,15 +45,22 @@ addr, port = sys.argv[1], int(sys.argv[2])
 s = socket.socket(socket.AF_INET6 if ':' in addr else socket.AF_INET)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
-    s.bind((addr, port)); s.listen(256)
+    s.bind((addr, port)); s.listen(1024)
 except OSError as exc:
     print('error', exc.strerror or exc, flush=True); sys.exit(0)
 print('listening', flush=True)
+accepted = []
 while True:
-    ready = select.select([s, sys.stdin], [], [], WINDOW)[0]
+    ready = select.select([s, sys.stdin] + accepted, [], [], WINDOW)[0]
     if not ready or sys.stdin in ready:
         break
-    c, _ = s.accept(); c.close()
+    for r in ready:
+        if r is s:
+            c, _ = s.accept()
+            if len(accepted) < 900: accepted.append(c)
+            else: c.close()
+        else:
+            accepted.remove(r); r.close()
 """.replace("WINDOW", str(LISTEN_WINDOW_S))
 
 _CONNECT = """\
