@@ -45,8 +45,9 @@ def time_doctor(prefix: str, env: dict[str, str]) -> tuple[float, int]:
         timeout=600,
     )
     elapsed = time.monotonic() - started
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], proc.stderr[-2000:], file=sys.stderr)
+    if proc.returncode != 0:  # the verdict lines (not the table) say why
+        lines = [line for line in proc.stdout.splitlines() if "ERROR" in line and "│" not in line]
+        print("\n".join(lines[:40]), proc.stderr[-2000:], file=sys.stderr)
     return elapsed, proc.returncode
 
 

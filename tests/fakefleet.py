@@ -450,6 +450,7 @@ def run_on_fake_fleet(
     ask_keep_running: Callable[[str], bool] | None = None,
     clock: FakeClock | None = None,
     poll_interval: float = 5.0,
+    skip_doctor: bool = False,
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and execute it with the real ``Runner``."""
     from launch.cli.app import make_plan
@@ -494,7 +495,7 @@ def run_on_fake_fleet(
         folder,
         records,
         reporter,
-        RunOptions(poll_interval=poll_interval, completion_grace_s=10.0),
+        RunOptions(poll_interval=poll_interval, completion_grace_s=10.0, skip_doctor=skip_doctor),
         fleet=fleet,  # type: ignore[arg-type]
         transfers=transfers or fleet.transfers(),
         ask_keep_running=ask_keep_running,

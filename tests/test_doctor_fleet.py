@@ -264,3 +264,28 @@ def test_train_refuses_a_fleet_that_would_hang(
     assert level == "ERROR" and "resolves to loopback 127.0.1.1" in message
     assert "preflight_failed" in proc.stdout
     assert not (lab.home(0) / ".fleetrun" / "jobs" / "t-doctor").exists(), "nothing was synced"
+
+
+def test_wrong_pinned_key_and_missing_python_are_named(
+    lab: LocalFleet, fleetrun_home: Path, tmp_path: Path
+) -> None:
+    """Node 1 pinned with node 2's host key; node 2 given a Python that does not exist."""
+    one, two = lab.node_name(1), lab.node_name(2)
+    hosts = lab.inventory().to_yaml_data()["hosts"]
+    hosts[1]["host_key"] = hosts[2]["host_key"]
+    hosts[2]["python"] = "/opt/no-such-python/bin/python3"
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": hosts}))
+    proc = fab("doctor", "--verbose", "--inventory", str(inventory), home=fleetrun_home)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    found = verdicts(proc.stdout)
+    level, message = found[(one, "ssh")]
+    assert level == "ERROR" and "does not match the pinned key" in message
+    assert not any(node == one and check != "ssh" for node, check in found), (
+        "an unreached node is not judged further"
+    )
+    level, message = found[(two, "python")]
+    assert (
+        level == "ERROR" and "the probe did not run with /opt/no-such-python/bin/python3 (exit 127" in message
+    )
+    assert found[(lab.node_name(0), "ssh")][0] == "ok" and found[(lab.node_name(0), "torch")][0] == "ok"

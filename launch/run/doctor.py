@@ -5,7 +5,8 @@ travels on stdin to the host's own Python, which answers one JSON line; the lapt
 round trip to bound each node's clock offset. The full doctor then tests the rendezvous port
 for real over the same connections, in two steps: the head listens briefly on its private
 address and the port, then every worker connects to it (a blocked port, a wrong route or a
-firewall shows up as the worker's own connect error). The head closes each test connection
+firewall shows up as the worker's own connect error; a worker tries twice, so one connect lost
+to a loaded machine is not reported as a blocked port). The head closes each test connection
 only after the worker did, so no TIME_WAIT is left on the head's port for the job that
 follows. ``fab train`` runs only the cheap probe, inside its existing connect step, so it costs
 no extra round trip.
@@ -64,13 +65,18 @@ while True:
 """.replace("WINDOW", str(LISTEN_WINDOW_S))
 
 _CONNECT = """\
-import socket, sys
-try:
-    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=TIMEOUT).close(); print('ok')
-except socket.timeout:
-    print('connection timed out')
-except OSError as exc:
-    print((exc.strerror or str(exc)).lower())
+import socket, sys, time
+for attempt in range(2):
+    try:
+        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=TIMEOUT).close()
+        print('ok'); break
+    except socket.timeout:
+        reason = 'connection timed out'
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+    time.sleep(0.5)
+else:
+    print(reason)
 """.replace("TIMEOUT", str(CONNECT_TIMEOUT_S))
 
 
