@@ -235,6 +235,8 @@ class FakeConnection:
         node.commands.append(command)
         node.reachable_check(timeout)
         name = self.host.name
+        if " - cheap " in command or " - full " in command:
+            return CommandResult(name, 0, self.probe_answer(), "")
         files = FileBundle.from_json(data).files
         node.files.update(files)
         if "setup.sh" in files:
@@ -248,6 +250,23 @@ class FakeConnection:
             answer = StartAnswer(pid=4242 if launches else None, guard=4343)
             return CommandResult(name, 0, answer.to_json() + "\n", "")
         raise AssertionError(f"{name}: the fake fleet does not know this command: {command[:120]!r}")
+
+    def probe_answer(self) -> str:
+        """The doctor probe's answer: a healthy node, but for rsync on a ``fail_preflight`` node."""
+        answer = {
+            "v": 1,
+            "mode": "cheap",
+            "python": "3.11.2",
+            "hostname": self.host.name,
+            "hostname_addrs": [self.host.address],
+            "rsync": not self.node.script.fail_preflight,
+            "home_free": 50 * 2**30,
+            "lib": "",
+            "time": time.time(),
+        }
+        if self.node.is_head:
+            answer["port"] = {"in_use": False, "holders": []}
+        return json.dumps(answer) + "\n"
 
     def put_file(self, remote_path: str, text: str, mode: int = 0o644) -> None:
         self.node.reachable_check(30)
@@ -440,6 +459,7 @@ def run_on_fake_fleet(
     clock: FakeClock | None = None,
     poll_interval: float = 5.0,
     allow_busy_gpus: bool = False,
+    skip_doctor: bool = False,
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and execute it with the real ``Runner``."""
     from launch.cli.app import make_plan
@@ -484,7 +504,12 @@ def run_on_fake_fleet(
         folder,
         records,
         reporter,
-        RunOptions(poll_interval=poll_interval, completion_grace_s=10.0, allow_busy_gpus=allow_busy_gpus),
+        RunOptions(
+            poll_interval=poll_interval,
+            completion_grace_s=10.0,
+            allow_busy_gpus=allow_busy_gpus,
+            skip_doctor=skip_doctor,
+        ),
         fleet=fleet,  # type: ignore[arg-type]
         transfers=transfers or fleet.transfers(),
         ask_keep_running=ask_keep_running,

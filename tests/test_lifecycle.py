@@ -164,7 +164,7 @@ def test_operator_keeps_the_job_running(tmp_path: Path, monkeypatch: pytest.Monk
 @pytest.mark.parametrize(
     ("node_script", "rule"),
     [
-        (NodeScript(fail_preflight=True), "connect_failed"),
+        (NodeScript(fail_preflight=True), "preflight_failed"),
         (NodeScript(fail_sync=True), "sync_failed"),
         (NodeScript(fail_setup=True), "setup_failed"),
     ],
@@ -180,6 +180,19 @@ def test_pre_launch_failure_starts_nothing(
         "frz"
     ]  # the policy still applies
     assert run.records.get("fake-run-1").state == "failed"
+
+
+def test_preflight_names_the_doctor_verdict_and_skip_doctor_bypasses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = JobScript(nodes={"n1": NodeScript(fail_preflight=True)})
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    refused = run_on_fake_fleet(tmp_path / "a", monkeypatch, job)
+    assert refused.summary.rule == "preflight_failed"
+    assert "n1: rsync: rsync not found on the node's PATH" in refused.summary.reason
+    launched = run_on_fake_fleet(tmp_path / "b", monkeypatch, job, skip_doctor=True)
+    assert launched.summary.outcome == "succeeded"
 
 
 def test_pull_failure_blocks_teardown(

@@ -6,6 +6,7 @@ prints it and stops), then run it and report. Errors the user can act on are ``F
 
 from __future__ import annotations
 
+import secrets
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,7 +34,9 @@ from launch.run.runner import AskKeepRunning, Runner, RunOptions
 from launch.run.summary import RunResult
 from launch.settings import current
 
-__all__ = ["load_inventory", "local_fleet", "make_plan", "report", "train"]
+__all__ = ["doctor", "load_inventory", "local_fleet", "make_plan", "report", "train"]
+
+DEFAULT_RDZV_PORT = JobSpec.model_fields["rdzv_port"].default
 
 
 def make_plan(
@@ -54,8 +57,10 @@ def train(
     teardown: str | None = None,
     ask_on_interrupt: bool = True,
     allow_busy_gpus: bool = False,
+    skip_doctor: bool = False,
 ) -> RunResult | LaunchPlan:
-    """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``)."""
+    """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``);
+    ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part)."""
     console = console or Console()
     spec = load_job_spec(playbook)
     if teardown is not None:
@@ -92,7 +97,10 @@ def train(
         f"of {inv.source} with {spec.launcher}; run folder {folder.path}",
     )
     options = RunOptions(
-        poll_interval=poll_interval, max_parallel=current().fanout, allow_busy_gpus=allow_busy_gpus
+        poll_interval=poll_interval,
+        max_parallel=current().fanout,
+        allow_busy_gpus=allow_busy_gpus,
+        skip_doctor=skip_doctor,
     )
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
     runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)
@@ -102,6 +110,43 @@ def train(
         records.close()
     report(result, console)
     return result
+
+
+def doctor(
+    playbook: str | Path | None = None,
+    inventory: str | None = None,
+    console: Console | None = None,
+    port: int | None = None,
+    verbose: bool = False,
+) -> bool:
+    """``fab doctor``: every check on every node (the playbook's first ``nodes`` hosts when one is
+    given: its port, and whether its setup installs torch). True when nothing would break a job.
+    Verdict lines are printed for warnings and errors (every check with ``verbose``), then the table."""
+    from launch.reports.doctor_view import print_findings
+    from launch.run import doctor as checks
+    from launch.transport.ssh import Fleet
+
+    console = console or Console()
+    inv = load_inventory(inventory)
+    brings_torch = False
+    rdzv_port = DEFAULT_RDZV_PORT
+    if playbook is not None:
+        spec = load_job_spec(playbook)
+        inv = inv.first(spec.nodes)
+        rdzv_port = spec.rdzv_port
+        brings_torch = checks.torch_from_setup(spec.requirements_text(), spec.setup)
+    if port is not None:
+        rdzv_port = port
+    if not isinstance(rdzv_port, int):
+        # ``rdzv_port: auto``: each run gets a port the head's kernel hands out from its ephemeral
+        # range, so test reachability on one port drawn from that range (Linux's default range)
+        rdzv_port = secrets.SystemRandom().randint(32768, 60999)
+        console.print(f"rdzv_port is auto: testing port {rdzv_port}, one from the range runs draw from")
+    known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
+    with Fleet(inv.hosts, known_hosts, max_parallel=current().fanout) as fleet:
+        _obs, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
+    print_findings(console, findings, [h.name for h in inv.hosts], verbose=verbose)
+    return not findings.failed
 
 
 def launch_warnings(spec: JobSpec, inventory: Inventory) -> list[str]:

@@ -42,6 +42,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "dry-run": "print, per node, exactly what would run; connect to nothing",
         "teardown": "override the playbook: always, on_success or never",
         "allow-busy-gpus": "start even where other users' processes hold the GPUs this run would use",
+        "skip-doctor": "launch without the pre-launch checks (rsync, Python, hostname, port in use)",
     }
 )
 @_friendly
@@ -52,6 +53,7 @@ def train(
     dry_run: bool = False,
     teardown: str = "",
     allow_busy_gpus: bool = False,
+    skip_doctor: bool = False,
 ) -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded."""
     from launch.cli import app
@@ -63,8 +65,28 @@ def train(
         dry_run=dry_run,
         teardown=teardown or None,
         allow_busy_gpus=allow_busy_gpus,
+        skip_doctor=skip_doctor,
     )
     if isinstance(result, RunResult) and not result.ok:
+        raise Exit(code=1)
+
+
+@task(
+    help={
+        "playbook": "job file (optional): its nodes, rendezvous port and setup are checked for",
+        "inventory": "as for train",
+        "port": "rendezvous port to check (default: the playbook's, else 29500)",
+        "verbose": "a line for every check of every node, not only warnings and errors",
+    }
+)
+@_friendly
+def doctor(
+    c: Any, playbook: str = "", inventory: str = "local", port: int = 0, verbose: bool = False
+) -> None:
+    """Check every node for what would break a multi-node job; exit 1 if anything would."""
+    from launch.cli import app
+
+    if not app.doctor(playbook or None, inventory=inventory, port=port or None, verbose=verbose):
         raise Exit(code=1)
 
 
@@ -272,6 +294,7 @@ local.add_task(local_status, "status")
 ns = Collection()
 ns.add_task(train)
 ns.add_task(plan)
+ns.add_task(doctor)
 ns.add_task(demo)
 ns.add_task(up)
 ns.add_task(down)

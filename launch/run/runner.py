@@ -32,7 +32,9 @@ from launch.planning.claim import busy_gpus, parse_probe, probe_command
 from launch.planning.launchers.base import RDZV_PORT_FILE
 from launch.planning.plan import LaunchPlan, NodePlan
 from launch.reports.safe_text import clean
+from launch.rules.preflight import errors_by_node
 from launch.rules.stoprules import StopDecision
+from launch.run.doctor import gather
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder
@@ -44,7 +46,7 @@ from launch.run.watching import build_watcher, crash_decision, watch_safely
 from launch.run.wrapup import wrap_up
 from launch.settings import DEFAULT_FANOUT
 from launch.transport.ssh import Fleet, NodeConnection
-from launch.transport.sync import LIB_VERSION, SyncResult, lib_is_current
+from launch.transport.sync import SyncResult, lib_is_current
 
 AskKeepRunning = Callable[[str], bool]
 """Asked on Ctrl-C while watching (with the run id): True keeps the job running on its nodes."""
@@ -85,6 +87,8 @@ class RunOptions:
     completion_grace_s: float = 30.0
     allow_busy_gpus: bool = False
     """Start even where other users' processes hold the GPUs this run would use."""
+    skip_doctor: bool = False
+    """Launch without the pre-launch doctor checks (connect and the node library check still run)."""
 
 
 class Runner:
@@ -139,26 +143,53 @@ class Runner:
         return results
 
     def preflight(self) -> None:
-        """Connect to every node (pinned host keys) before anything is changed anywhere.
+        """Connect to every node (pinned host keys) and run the doctor's cheap checks, before
+        anything is changed anywhere: one round trip per node (the probe on stdin).
 
-        Also reads which version of fleetrun's node library each node holds, so the sync skips
-        it where it is current.
+        A node that cannot be reached fails the ``connect`` step; a node that would break or hang
+        the job (no rsync, no such Python, its hostname on loopback, the rendezvous port already
+        held on the head) fails the ``preflight`` step with ``fab doctor``'s own verdict lines.
+        The probe also reports which version of the node library each node holds, so the sync
+        skips it where it is current. ``RunOptions.skip_doctor`` keeps only the connect.
         """
+        from launch.reports.doctor_view import verdict_line
+        from launch.rules.preflight import Job, judge
 
-        def check(conn: NodeConnection) -> str:
-            result = conn.run(
-                "command -v rsync >/dev/null && command -v python3 >/dev/null && echo ok && "
-                f'cat "$HOME/{LIB_VERSION}" 2>/dev/null; true',
-                timeout=30,
+        # with ``rdzv_port: auto`` the port is chosen free on the head just before the start
+        # (``claim``), so there is no fixed port to find in use here
+        port = self.spec.rdzv_port if isinstance(self.spec.rdzv_port, int) else 0
+
+        started = time.monotonic()
+        with progress_bar(self.console) as progress:
+            task = progress.add_task(f"{'connect':<9}", total=len(self.hosts))
+            observations = gather(
+                self.fleet,
+                self.hosts,
+                "cheap",
+                port,
+                on_done=lambda _n, _r: progress.advance(task),
             )
-            lines = result.stdout.splitlines()
-            if not result.ok or not lines or lines[0].strip() != "ok":
-                raise HostError(conn.host.name, "rsync and python3 must be installed on the node")
-            if len(lines) > 1 and lib_is_current(lines[1]):
-                self.lib_current.add(conn.host.name)
-            return result.stdout
-
-        self._fan_out("connect", check)
+        self.timings["connect"] = time.monotonic() - started
+        unreachable = {o.node: HostError(o.node, o.error) for o in observations if o.error is not None}
+        if unreachable:
+            raise StepFailed("connect", dict(unreachable))
+        for obs in observations:
+            if obs.facts is not None and lib_is_current(obs.facts.lib):
+                self.lib_current.add(obs.node)
+        if self.options.skip_doctor:
+            missing = {o.node: HostError(o.node, o.probe_error) for o in observations if o.probe_error}
+            if missing:
+                raise StepFailed("connect", dict(missing))
+            return
+        findings = judge(observations, Job(head=self.hosts[0].name, port=port, full=False))
+        if findings.failed:
+            width = max(len(h.name) for h in self.hosts)
+            for verdict in findings.errors:
+                self.console.print(verdict_line(verdict, width), soft_wrap=True)
+            self.reporter.say("  (fab doctor checks everything; --skip-doctor launches anyway)")
+            raise StepFailed(
+                "preflight", {node: HostError(node, why) for node, why in errors_by_node(findings).items()}
+            )
 
     def sync(self) -> None:
         started = time.monotonic()

@@ -1,0 +1,205 @@
+"""``fab doctor``'s probe: one run per node, facts about the node as one line of JSON.
+
+Sent on stdin to the host's Python (``python - MODE PRIVATE_ADDRESS PORT HEAD LIB_FILE``), so
+nothing needs to be installed and the interpreter probed is the one the job will use. Standard
+library only (Python 3.8+), plus ``ip``, ``ss`` and ``nvidia-smi`` when the node has them: a
+missing tool is a fact to report (``null``), never a crash. Every external command has a short
+timeout, so one odd node cannot stall the doctor.
+
+It only reports facts; the verdicts are made on the laptop (``launch.rules.preflight``) from the
+answer, which is parsed as untrusted input there (``launch.rules.probe_facts``). ``MODE`` is
+``cheap`` (what ``fab train`` checks before every launch) or ``full``; the clock reading is the
+last thing taken, just before the answer is written, so the laptop can bound the skew.
+"""
+
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+TOOL_TIMEOUT_S = 8
+MAX_ITEMS = 64
+
+
+def tool(argv, timeout=TOOL_TIMEOUT_S):
+    """stdout of ``argv``, or None when the tool is missing, fails or hangs."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout[: 256 * 1024].decode("utf-8", "replace")
+
+
+def user_of(pid):
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return str(uid)
+
+
+def hostname_addresses(name):
+    """Addresses ``name`` resolves to here (a bounded wait: a dead resolver must not stall us)."""
+    found = []
+
+    def resolve():
+        try:
+            for info in socket.getaddrinfo(name, None):
+                address = info[4][0]
+                if address not in found:
+                    found.append(address)
+        except (OSError, UnicodeError):
+            pass
+
+    worker = threading.Thread(target=resolve, daemon=True)
+    worker.start()
+    worker.join(3.0)
+    return found[:MAX_ITEMS]
+
+
+def interface_of(address):
+    """(name, mtu) of the interface holding ``address``, from ``ip -o addr``."""
+    out = tool(["ip", "-o", "addr", "show"])
+    if out is None or not address:
+        return None, None
+    for line in out.splitlines():
+        fields = line.split()
+        for i, field in enumerate(fields[:-1]):
+            if field in ("inet", "inet6") and fields[i + 1].split("/")[0] == address:
+                name = fields[1].rstrip(":").split("@")[0]
+                try:
+                    with open(f"/sys/class/net/{name}/mtu") as handle:
+                        return name, int(handle.read().strip())
+                except (OSError, ValueError):
+                    return name, None
+    return None, None
+
+
+def port_facts(port):
+    """Is ``port`` free to listen on here, and which processes hold it (``ss -ltnp``)?"""
+    in_use = False
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # as torch's TCPStore does: connections of an earlier run (or of the doctor's own port test)
+    # in TIME_WAIT do not make the port busy; a listener does
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("", port))
+    except OSError:
+        in_use = True
+    finally:
+        probe.close()
+    holders = []
+    out = tool(["ss", "-Hltnp", f"sport = :{port}"])
+    if out is not None:
+        for line in out.splitlines():
+            if not line.strip():
+                continue
+            in_use = True
+            for name, pid in re.findall(r'\("([^"]{0,64})",pid=([0-9]{1,10}),', line):
+                if len(holders) < MAX_ITEMS:
+                    holders.append({"process": name, "pid": int(pid), "user": user_of(int(pid))})
+    return {"in_use": in_use, "holders": holders}
+
+
+def torch_facts():
+    """torch's version, its CUDA and NCCL, read from package metadata: importing torch takes
+    seconds per node, and 64 nodes of a shared machine doing it at once is the doctor's budget."""
+    facts = {"torch": None, "torch_cuda": None, "nccl": None}
+    try:
+        from importlib import metadata
+        from importlib.util import find_spec
+    except ImportError:
+        return facts
+    try:
+        facts["torch"] = metadata.version("torch")
+    except Exception:
+        return facts
+    try:
+        spec = find_spec("torch")
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            with open(os.path.join(folder, "version.py")) as handle:
+                match = re.search(r"^cuda(?::[^=]*)?\s*=\s*'([^']{1,32})'", handle.read(65536), re.M)
+            facts["torch_cuda"] = match.group(1) if match else None
+            break
+    except Exception:
+        pass
+    for dist in ("nvidia-nccl-cu12", "nvidia-nccl-cu11", "nvidia-nccl-cu13"):
+        try:
+            facts["nccl"] = metadata.version(dist)
+            break
+        except Exception:
+            continue
+    return facts
+
+
+def gpu_facts():
+    """GPUs and the compute processes on them; no ``nvidia-smi`` means no GPUs, not an error."""
+    smi = "nvidia-smi"
+    if shutil.which(smi) is None:
+        return {"nvidia_smi": False, "driver": None, "gpus": [], "gpu_procs": []}
+    gpus = []
+    driver = None
+    out = tool([smi, "--query-gpu=index,uuid,driver_version", "--format=csv,noheader,nounits"]) or ""
+    for line in out.splitlines()[:MAX_ITEMS]:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and parts[0].isdigit():
+            gpus.append({"index": int(parts[0]), "uuid": parts[1][:128]})
+            driver = parts[2][:32]
+    procs = []
+    query = "--query-compute-apps=gpu_uuid,pid,used_memory"
+    out = tool([smi, query, "--format=csv,noheader,nounits"]) or ""
+    for line in out.splitlines()[:MAX_ITEMS]:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and parts[1].isdigit():
+            memory = int(parts[2]) if parts[2].isdigit() else None
+            pid = int(parts[1][:10])
+            procs.append({"gpu": parts[0][:128], "pid": pid, "user": user_of(pid), "mem_mib": memory})
+    return {"nvidia_smi": True, "driver": driver, "gpus": gpus, "gpu_procs": procs}
+
+
+def main(argv):
+    mode, private, port, head, lib_file = argv[1], argv[2], int(argv[3]), argv[4] == "1", argv[5]
+    answer = {"v": 1, "mode": mode, "python": platform.python_version()}
+    answer["hostname"] = socket.gethostname()[:255]
+    answer["hostname_addrs"] = hostname_addresses(answer["hostname"])
+    answer["rsync"] = shutil.which("rsync") is not None
+    home = os.path.expanduser("~")
+    try:
+        answer["home_free"] = shutil.disk_usage(home).free
+    except OSError:
+        answer["home_free"] = None
+    try:
+        with open(os.path.join(home, lib_file)) as handle:
+            answer["lib"] = handle.read(200).strip()
+    except (OSError, UnicodeError):
+        answer["lib"] = ""
+    if head and port > 0:  # 0: the run takes a free port at launch (rdzv_port: auto)
+        answer["port"] = port_facts(port)
+    if mode == "full":
+        answer["iface"], answer["mtu"] = interface_of(private)
+        answer.update(torch_facts())
+        answer.update(gpu_facts())
+    answer["time"] = time.time()
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

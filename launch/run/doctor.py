@@ -1,0 +1,242 @@
+"""``fab doctor`` and ``fab train``'s pre-launch check: probe every node, test the rendezvous port.
+
+One round trip per node gathers the facts: the probe script (``launch/nodelib/fleetrun_probe.py``)
+travels on stdin to the host's own Python, which answers one JSON line; the laptop times the
+round trip to bound each node's clock offset. The full doctor then tests the rendezvous port
+for real over the same connections, in two steps: the head listens briefly on its private
+address and the port, then every worker connects to it (a blocked port, a wrong route or a
+firewall shows up as the worker's own connect error; a worker tries twice, so one connect lost
+to a loaded machine is not reported as a blocked port). The head closes each test connection
+only after the worker did, so no TIME_WAIT is left on the head's port for the job that
+follows. ``fab train`` runs only the cheap probe, inside its existing connect step, so it costs
+no extra round trip.
+
+Verdicts are made by ``launch.rules.preflight`` (pure); this module only gathers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import select
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+
+from paramiko import Channel
+
+from launch.errors import HostError
+from launch.job.inventory import Host
+from launch.nodelib.fleetrun_wire import ProtocolError
+from launch.reports.safe_text import clean
+from launch.rules.preflight import Findings, Job, Observation, judge
+from launch.rules.probe_facts import ProbeFacts, parse_probe_answer
+from launch.transport.ssh import DEFAULT_CONNECT_TIMEOUT, Fleet, NodeConnection
+from launch.transport.sync import LIB_VERSION
+
+PROBE_TIMEOUT_S = 30.0
+LISTEN_WINDOW_S = 30
+CONNECT_TIMEOUT_S = 3
+
+_LISTEN = """\
+import select, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET6 if ':' in addr else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind((addr, port)); s.listen(1024)
+except OSError as exc:
+    print('error', exc.strerror or exc, flush=True); sys.exit(0)
+print('listening', flush=True)
+accepted = []
+while True:
+    ready = select.select([s, sys.stdin] + accepted, [], [], WINDOW)[0]
+    if not ready or sys.stdin in ready:
+        break
+    for r in ready:
+        if r is s:
+            c, _ = s.accept()
+            if len(accepted) < 900: accepted.append(c)
+            else: c.close()
+        else:
+            accepted.remove(r); r.close()
+""".replace("WINDOW", str(LISTEN_WINDOW_S))
+
+_CONNECT = """\
+import socket, sys, time
+for attempt in range(2):
+    try:
+        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=TIMEOUT).close()
+        print('ok'); break
+    except socket.timeout:
+        reason = 'connection timed out'
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+    time.sleep(0.5)
+else:
+    print(reason)
+""".replace("TIMEOUT", str(CONNECT_TIMEOUT_S))
+
+
+def probe_source() -> bytes:
+    return resources.files("launch.nodelib").joinpath("fleetrun_probe.py").read_bytes()
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    facts: ProbeFacts | None
+    problem: str | None
+    offset_s: float | None
+
+
+def probe_command(host: Host, mode: str, head: Host, port: int) -> str:
+    args = [mode, host.private_address or host.address, str(port), "1" if host.name == head.name else "0"]
+    return " ".join([shlex.quote(host.python), "-", *map(shlex.quote, args), shlex.quote(LIB_VERSION)])
+
+
+def run_probe(conn: NodeConnection, mode: str, head: Host, port: int, source: bytes) -> ProbeResult:
+    """One round trip: the probe's facts, or why there are none; an unreachable node raises."""
+    host = conn.host
+    sent = time.time()
+    result = conn.run_with_input(probe_command(host, mode, head, port), source, timeout=PROBE_TIMEOUT_S)
+    received = time.time()
+    lines = result.stdout.strip().splitlines()
+    if not result.ok or not lines:
+        tail = " / ".join((result.stderr or result.stdout).strip().splitlines()[-2:])
+        return ProbeResult(
+            None, f"the probe did not run with {host.python} (exit {result.exit_code}: {tail[:300]})", None
+        )
+    try:
+        facts = parse_probe_answer(lines[-1])
+    except ProtocolError as exc:
+        return ProbeResult(None, f"the probe's answer was not understood: {exc}", None)
+    # The clock is read last on the node, just before the answer leaves: against the moment it
+    # arrived, the offset is off by at most the one-way latency; outside [sent, received] for sure.
+    offset = facts.time - received
+    if sent <= facts.time <= received:
+        offset = 0.0
+    return ProbeResult(facts, None, offset)
+
+
+def gather(
+    fleet: Fleet,
+    hosts: Sequence[Host],
+    mode: str,
+    port: int,
+    on_done: Callable[[str, object], None] | None = None,
+) -> list[Observation]:
+    """Probe every node in parallel (bounded fan-out, a deadline per node)."""
+    head = hosts[0]
+    source = probe_source()
+    results = fleet.map(
+        lambda c: run_probe(c, mode, head, port, source),
+        hosts=hosts,
+        deadline=PROBE_TIMEOUT_S + 30,
+        on_done=on_done,
+    )
+    observations = []
+    for host in hosts:
+        value = results[host.name]
+        base = Observation(host.name, host.user, host.private_address or host.address)
+        if isinstance(value, BaseException):
+            message = str(value).removeprefix(f"{host.name}: ") or type(value).__name__
+            observations.append(dataclasses.replace(base, error=message))
+        else:
+            observations.append(
+                dataclasses.replace(
+                    base, facts=value.facts, probe_error=value.problem, clock_offset_s=value.offset_s
+                )
+            )
+    return observations
+
+
+def _read_line(channel: Channel, timeout: float) -> str:
+    buffer = b""
+    deadline = time.monotonic() + timeout
+    while b"\n" not in buffer and time.monotonic() < deadline:
+        if channel.recv_ready():
+            buffer += channel.recv(4096)
+            continue
+        if channel.exit_status_ready():
+            break
+        select.select([channel], [], [], 0.2)
+    return buffer.decode("utf-8", "replace").split("\n", 1)[0][:300]
+
+
+def rendezvous_reach(fleet: Fleet, hosts: Sequence[Host], port: int) -> dict[str, str | None]:
+    """Step 2: the head listens on its private address and ``port``; each worker connects.
+
+    Returns per worker 'ok' or the connect error. Skipped (None) when the head cannot listen:
+    the port in use is then the head's own verdict.
+    """
+    head, workers = hosts[0], list(hosts[1:])
+    if not workers:
+        return {}
+    conn = fleet.connections[head.name]
+    address = head.private_address or head.address
+    command = f"{shlex.quote(head.python)} -c {shlex.quote(_LISTEN)} {shlex.quote(address)} {port}"
+    try:
+        conn.open()
+        transport = conn.conn.transport
+        if transport is None:
+            return {}
+        channel = transport.open_session(timeout=DEFAULT_CONNECT_TIMEOUT)
+    except (HostError, OSError, EOFError):
+        return {}
+    try:
+        channel.exec_command(command)
+        if _read_line(channel, 15) != "listening":
+            return {}
+        probe = f"{{python}} -c {shlex.quote(_CONNECT)} {shlex.quote(address)} {port}"
+        results = fleet.map(
+            lambda c: c.run(probe.replace("{python}", shlex.quote(c.host.python)), timeout=15),
+            hosts=workers,
+            deadline=30,
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            channel.shutdown_write()
+            channel.close()
+    reach: dict[str, str | None] = {}
+    for name, value in results.items():
+        if isinstance(value, BaseException) or not value.stdout.strip():
+            reach[name] = None
+        else:
+            reach[name] = clean(value.stdout.strip().splitlines()[-1], 120)
+    return reach
+
+
+def torch_from_setup(requirements: str, setup: Sequence[str]) -> bool:
+    """Whether the job's requirements or setup lines name torch (so setup will install it)."""
+    text = (requirements + "\n" + "\n".join(setup)).lower()
+    return "torch" in text
+
+
+def doctor(
+    fleet: Fleet, hosts: Sequence[Host], port: int, brings_torch: bool
+) -> tuple[list[Observation], Findings]:
+    """The full doctor: probe, then the port test where the head is reachable and the port free."""
+    observations = gather(fleet, hosts, "full", port)
+    head = observations[0]
+    port_free = head.facts is not None and (head.facts.port is None or not head.facts.port.in_use)
+    if port_free:
+        reach = rendezvous_reach(
+            fleet, [h for h in hosts if _reached(observations, h.name) or h is hosts[0]], port
+        )
+        observations = [
+            dataclasses.replace(o, rdzv_reach=reach[o.node]) if o.node in reach else o for o in observations
+        ]
+    job = Job(head=hosts[0].name, port=port, torch_from_setup=brings_torch, full=True)
+    return observations, judge(observations, job)
+
+
+def _reached(observations: Sequence[Observation], name: str) -> bool:
+    return any(o.node == name and o.facts is not None for o in observations)
+
+
+def cheap(fleet: Fleet, hosts: Sequence[Host], port: int) -> tuple[list[Observation], Findings]:
+    """What ``fab train`` checks before it changes anything: one round trip per node."""
+    observations = gather(fleet, hosts, "cheap", port)
+    return observations, judge(observations, Job(head=hosts[0].name, port=port, full=False))

@@ -1,0 +1,293 @@
+"""``fab doctor`` through the real CLI on a fresh 3-node local fleet, healthy and with seeded faults.
+
+One fleet for the module. Each fault is seeded on one node the way a lab machine gets it, and
+undone afterwards; the assertions are on the verdict line that names the node and the cause:
+
+* the head: the rendezvous port held by a stray listener (a Python socket as the node user),
+  the home nearly full (a 512 MiB tmpfs mounted over it, the user's ``.ssh`` copied in);
+* node 1: the head's address unreachable from it (an ``unreachable`` route in its namespace,
+  which needs no nftables/iptables on the machine), its eth0 MTU lowered to 1400, its GPUs busy
+  (an ``nvidia-smi`` stand-in first on its PATH, via ``~/.bashrc``, reporting pid 1 of root);
+* node 2: its hostname mapped to 127.0.1.1 in its ``/etc/netns`` hosts file, its Python one
+  without torch (Debian's ``/usr/bin/python3`` in a lab inventory), rsync not on its PATH (a
+  ``~/.bashrc`` PATH of ``/usr/sbin`` only: the Python is given by absolute path).
+
+Clock skew cannot be seeded (network namespaces share the machine's clock): that verdict is
+unit-tested in ``test_preflight.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launch.fleets.local import LocalFleet
+from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, write_playbook
+
+pytestmark = needs_root()
+PREFIX = fleet_prefix("k")
+LINE = re.compile(
+    r"^(\S+)\s+(ssh|python|torch|rsync|hostname|rdzv-port|interface|clock|disk|gpus)\s+(ok|WARN|ERROR)\s+(.*)$"
+)
+FAKE_SMI = """#!/bin/sh
+case "$*" in
+  *query-gpu*) echo "0, GPU-aaaa-0000, 550.54.15"; echo "1, GPU-bbbb-1111, 550.54.15" ;;
+  *query-compute-apps*) echo "GPU-bbbb-1111, 1, 4000" ;;
+esac
+"""
+
+
+@pytest.fixture(scope="module")
+def lab(fleetrun_home: Path) -> Iterator[LocalFleet]:
+    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(9))
+    fleet.up(3, say=lambda _m: None)
+    yield fleet
+    left = fleet.down(say=lambda _m: None)
+    assert not any(left.values()), f"local fleet left things behind: {left}"
+
+
+def fab(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FLEETRUN_HOME": str(home), "COLUMNS": "200"}
+    return subprocess.run(
+        [str(REPO / ".venv" / "bin" / "fab"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def verdicts(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
+    found: dict[tuple[str, str], tuple[str, str]] = {}
+    for line in stdout.splitlines():
+        match = LINE.match(line)
+        if match:
+            node, check, level, message = match.groups()
+            if found.get((node, check), ("ok", ""))[0] == "ok":
+                found[(node, check)] = (level, message)
+    return found
+
+
+def test_healthy_fleet_passes(lab: LocalFleet, fleetrun_home: Path) -> None:
+    proc = fab("doctor", "--verbose", "--inventory", f"local:{PREFIX}", "--port", "29500", home=fleetrun_home)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    found = verdicts(proc.stdout)
+    for i in range(3):
+        node = lab.node_name(i)
+        for check in ("ssh", "python", "torch", "rsync", "hostname", "interface", "clock", "disk", "gpus"):
+            assert found[(node, check)][0] == "ok", (node, check, found.get((node, check)))
+    assert found[(lab.node_name(0), "rdzv-port")] == ("ok", f"29500 on {lab.address(0)} free")
+    assert found[(lab.node_name(1), "rdzv-port")] == ("ok", f"29500 on {lab.address(0)} reachable")
+    assert "no errors" in proc.stdout
+
+
+def _netns(lab: LocalFleet, i: int, *argv: str) -> None:
+    subprocess.run(["ip", "netns", "exec", lab.netns(i), *argv], check=True, capture_output=True)
+
+
+def _prepend_bashrc(home: Path, line: str) -> str:
+    bashrc = home / ".bashrc"
+    old = bashrc.read_text() if bashrc.exists() else ""
+    bashrc.write_text(line + "\n" + old)
+    return old
+
+
+def test_seeded_faults_are_named_per_node(lab: LocalFleet, fleetrun_home: Path, tmp_path: Path) -> None:
+    head, one, two = (lab.node_name(i) for i in range(3))
+    homes = [lab.home(i) for i in range(3)]
+    hosts_file = lab.netns_etc(2) / "hosts"
+    hosts_before = hosts_file.read_text()
+    bashrc_before = {}
+    listener = None
+    mounted = False
+    nsenter: list[str] = []
+    try:
+        # head: a stray listener on the port, the home nearly full
+        listener = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                lab.netns(0),
+                "runuser",
+                "-u",
+                head,
+                "--",
+                "/usr/bin/python3",
+                "-c",
+                "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', 29500)); s.listen(); "
+                "print('up', flush=True); time.sleep(600)",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "up"
+        user = pwd.getpwnam(head)
+        ssh_copy = tmp_path / "ssh-copy"
+        shutil.copytree(homes[0] / ".ssh", ssh_copy)
+        # in the node sshd's own mount namespace (``ip netns exec`` gave it one): its sessions see it
+        sshd_pid = (lab.node_dir(0) / "sshd.pid").read_text().strip()
+        nsenter = ["nsenter", "-t", sshd_pid, "-m"]
+        subprocess.run(
+            [
+                *nsenter,
+                "sh",
+                "-c",
+                f"mount -t tmpfs -o size=512m,mode=0750,uid={user.pw_uid},gid={user.pw_gid} "
+                f"fleetrun-doctor {homes[0]} && cp -a {ssh_copy} {homes[0]}/.ssh && "
+                f"chown -R {head}:{head} {homes[0]}/.ssh",
+            ],
+            check=True,
+        )
+        mounted = True
+        # node 1: no route to the head, MTU 1400, another user's process on GPU 1
+        _netns(lab, 1, "ip", "route", "add", "unreachable", f"{lab.address(0)}/32")
+        _netns(lab, 1, "ip", "link", "set", "eth0", "mtu", "1400")
+        fake_bin = homes[1] / "fakebin"
+        fake_bin.mkdir(exist_ok=True)
+        (fake_bin / "nvidia-smi").write_text(FAKE_SMI)
+        (fake_bin / "nvidia-smi").chmod(0o755)
+        bashrc_before[1] = _prepend_bashrc(homes[1], 'export PATH="$HOME/fakebin:$PATH"')
+        # node 2: hostname on loopback, no torch, no rsync
+        hosts_file.write_text(hosts_before.replace(f"{lab.address(2)} {two}", f"127.0.1.1 {two}"))
+        bashrc_before[2] = _prepend_bashrc(homes[2], 'export PATH="/usr/sbin"')
+        data = lab.inventory().to_yaml_data()
+        data["hosts"][2]["python"] = "/usr/bin/python3"
+        inventory = tmp_path / "lab.yaml"
+        inventory.write_text(yaml.safe_dump({"hosts": data["hosts"]}))
+
+        proc = fab(
+            "doctor", "--verbose", "--inventory", str(inventory), "--port", "29500", home=fleetrun_home
+        )
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+        found = verdicts(proc.stdout)
+        level, message = found[(head, "rdzv-port")]
+        assert level == "ERROR" and f"29500 on {lab.address(0)} already in use by python3" in message
+        assert f"pid {listener.pid}" in message or "python3 (pid" in message
+        assert found[(head, "disk")][0] == "ERROR" and "GiB free in the home" in found[(head, "disk")][1]
+        assert found[(one, "interface")] == ("ERROR", "eth0 MTU 1400, other nodes 1500")
+        level, message = found[(one, "gpus")]
+        assert level == "WARN" and "GPU 1: root pid 1 4000 MiB" in message
+        level, message = found[(two, "hostname")]
+        assert level == "ERROR" and f"{two} resolves to loopback 127.0.1.1" in message
+        assert found[(two, "torch")] == (
+            "ERROR",
+            "torch not installed, and the job's requirements do not bring it",
+        )
+        assert found[(two, "rsync")][0] == "ERROR"
+        for node in (head, one):
+            assert found[(node, "rsync")][0] == "ok" and found[(node, "torch")][0] == "ok"
+        assert found[(one, "hostname")][0] == "ok" and found[(head, "interface")][0] == "ok"
+
+        # the port test needs a free port on the head: another port shows the blocked worker
+        proc = fab(
+            "doctor", "--verbose", "--inventory", str(inventory), "--port", "29555", home=fleetrun_home
+        )
+        found = verdicts(proc.stdout)
+        assert found[(one, "rdzv-port")] == (
+            "ERROR",
+            f"29555 on {lab.address(0)} not reachable from {one} (no route to host)",
+        ), proc.stdout[-3000:]
+        assert found[(two, "rdzv-port")] == ("ok", f"29555 on {lab.address(0)} reachable")
+        assert found[(head, "rdzv-port")] == ("ok", f"29555 on {lab.address(0)} free")
+    finally:
+        if listener is not None:
+            listener.kill()
+            listener.wait()
+        if mounted:
+            for _ in range(20):
+                if subprocess.run([*nsenter, "umount", str(homes[0])], check=False).returncode == 0:
+                    break
+                time.sleep(0.5)
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                lab.netns(1),
+                "ip",
+                "route",
+                "del",
+                "unreachable",
+                f"{lab.address(0)}/32",
+            ],
+            check=False,
+        )
+        subprocess.run(
+            ["ip", "netns", "exec", lab.netns(1), "ip", "link", "set", "eth0", "mtu", "1500"], check=False
+        )
+        hosts_file.write_text(hosts_before)
+        for i, text in bashrc_before.items():
+            (homes[i] / ".bashrc").write_text(text)
+
+
+def test_train_refuses_a_fleet_that_would_hang(
+    lab: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+) -> None:
+    """The cheap part runs before every launch: a node whose hostname is on loopback stops
+    ``fab train`` before anything is synced, with the doctor's verdict line, as a failed run."""
+    two = lab.node_name(2)
+    hosts_file = lab.netns_etc(2) / "hosts"
+    before = hosts_file.read_text()
+    playbook = write_playbook(
+        tmp_path / "job.yaml", digits_workdir, name="t-doctor", entrypoint="python -m trainer.task"
+    )
+    runs = tmp_path / "runs"
+    try:
+        hosts_file.write_text(before.replace(f"{lab.address(2)} {two}", f"127.0.1.1 {two}"))
+        env = {
+            **os.environ,
+            "FLEETRUN_HOME": str(fleetrun_home),
+            "FLEETRUN_RUNS": str(runs),
+            "COLUMNS": "200",
+        }
+        proc = subprocess.run(
+            [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", f"local:{PREFIX}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        hosts_file.write_text(before)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    level, message = verdicts(proc.stdout)[(two, "hostname")]
+    assert level == "ERROR" and "resolves to loopback 127.0.1.1" in message
+    assert "preflight_failed" in proc.stdout
+    assert not (lab.home(0) / ".fleetrun" / "jobs" / "t-doctor").exists(), "nothing was synced"
+
+
+def test_wrong_pinned_key_and_missing_python_are_named(
+    lab: LocalFleet, fleetrun_home: Path, tmp_path: Path
+) -> None:
+    """Node 1 pinned with node 2's host key; node 2 given a Python that does not exist."""
+    one, two = lab.node_name(1), lab.node_name(2)
+    hosts = lab.inventory().to_yaml_data()["hosts"]
+    hosts[1]["host_key"] = hosts[2]["host_key"]
+    hosts[2]["python"] = "/opt/no-such-python/bin/python3"
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": hosts}))
+    proc = fab("doctor", "--verbose", "--inventory", str(inventory), home=fleetrun_home)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    found = verdicts(proc.stdout)
+    level, message = found[(one, "ssh")]
+    assert level == "ERROR" and "does not match the pinned key" in message
+    assert not any(node == one and check != "ssh" for node, check in found), (
+        "an unreached node is not judged further"
+    )
+    level, message = found[(two, "python")]
+    assert (
+        level == "ERROR" and "the probe did not run with /opt/no-such-python/bin/python3 (exit 127" in message
+    )
+    assert found[(lab.node_name(0), "ssh")][0] == "ok" and found[(lab.node_name(0), "torch")][0] == "ok"
