@@ -59,6 +59,8 @@ def upload_to_bucket(fleet: Fleet, target: WatchTarget, reporter: Reporter) -> d
     the command its fleet kind gives. The local pull is the copy teardown waits for; the bucket
     copy is reported, not blocking."""
     run_dir = layout.rundir(target.run_id)
+    if all(target.upload_argv(h.name) is None for h in fleet.hosts):
+        return {}  # the fleet kind has no bucket (local fleet, lab machines): nothing to say
 
     def upload(conn: NodeConnection) -> str:
         argv = target.upload_argv(conn.host.name)
