@@ -37,7 +37,6 @@ CHECKS = (
     "disk",
     "gpus",
 )
-CHEAP_CHECKS = ("ssh", "python", "rsync", "hostname", "rdzv-port")
 
 
 @dataclass(frozen=True)

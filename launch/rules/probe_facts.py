@@ -17,7 +17,6 @@ from launch.nodelib.fleetrun_wire import (
     _clip,
     _Fields,
     _json_object,
-    _kind,
 )
 
 MAX_PROBE_ANSWER_BYTES = 64 * 1024
@@ -85,14 +84,10 @@ def _opt_text(fields: _Fields, key: str, limit: int = MAX_VERSION) -> str | None
 
 
 def _items(fields: _Fields, key: str) -> list[_Fields]:
-    value = fields.data.get(key)
-    if value is None:
+    if fields.data.get(key) is None:
         return []
-    if not isinstance(value, list):
-        raise ProtocolError(f"{fields.what}: field {key!r}: expected a list, got {_kind(value)}")
-    if len(value) > MAX_PROBE_ITEMS:
-        raise ProtocolError(f"{fields.what}: field {key!r}: {len(value)} items, over {MAX_PROBE_ITEMS}")
-    return [_Fields(item, f"{fields.what} {key}[{i}]") for i, item in enumerate(value)]
+    items = fields.objects(key, MAX_PROBE_ITEMS)
+    return [_Fields(item, f"{fields.what} {key}[{i}]") for i, item in enumerate(items)]
 
 
 def _address(value: object, key: str) -> str:
