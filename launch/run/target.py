@@ -97,15 +97,20 @@ class WatchTarget:
             raise FleetrunError(
                 f"{path} is over {MAX_WATCH_JSON_BYTES} bytes: not a watch.json fleetrun wrote"
             )
-        data = json.loads(raw)
-        return cls(
-            run_id=data["run_id"],
-            job=data["job"],
-            inventory=Inventory.model_validate(data["inventory"]),
-            starters=tuple(data["starters"]),
-            rules=StopRules.model_validate(data["rules"]),
-            teardown=Teardown(data["teardown"]),
-            started_at=data["started_at"],
-            folder=folder,
-            instance_type=data.get("instance_type"),
-        )
+        try:
+            data = json.loads(raw)
+            return cls(
+                run_id=data["run_id"],
+                job=data["job"],
+                inventory=Inventory.model_validate(data["inventory"]),
+                starters=tuple(data["starters"]),
+                rules=StopRules.model_validate(data["rules"]),
+                teardown=Teardown(data["teardown"]),
+                started_at=data["started_at"],
+                folder=folder,
+                instance_type=data.get("instance_type"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # pydantic's errors are ValueErrors
+            raise FleetrunError(
+                f"{path} is not a watch.json fleetrun wrote: {type(exc).__name__}: {exc}"
+            ) from None
