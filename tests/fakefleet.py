@@ -111,10 +111,6 @@ class JobScript:
         return self.nodes.get(name, NodeScript())
 
 
-class _Hang(Exception):
-    pass
-
-
 class FakeNode:
     """One node: its files (``put_file``), its agent's answers, and what was asked of it."""
 

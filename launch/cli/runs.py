@@ -36,9 +36,6 @@ from launch.run.watching import build_watcher, watch_safely
 from launch.run.wrapup import wrap_up, write_reports
 from launch.transport.ssh import Fleet
 
-MAX_LOG_BYTES = 4 * 1024 * 1024
-"""``fab logs`` shows at most the last 4 MiB of a pulled node log."""
-
 
 def open_records() -> RunRecords:
     return RunRecords(fleetrun_home() / "runs.db")

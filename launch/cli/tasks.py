@@ -29,7 +29,10 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
             with active(Settings.from_env()):
                 return fn(*args, **kwargs)
         except FleetrunError as exc:
-            print(f"fleetrun: error: {exc}", file=sys.stderr)
+            from launch.reports.safe_text import MAX_LINE_CHARS, clean
+
+            # the message may quote a node, a job or an inventory: no control characters, bounded
+            print(f"fleetrun: error: {clean(exc, MAX_LINE_CHARS, multiline=True)}", file=sys.stderr)
             raise Exit(code=2) from None
 
     return wrapper

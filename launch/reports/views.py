@@ -93,7 +93,7 @@ def live_table(obs: Observation, *, title: str | None = None, decision: StopDeci
     """
     elapsed = obs.elapsed_s
     price = obs.price_per_node_hour
-    table = Table(title=title, title_justify="left", expand=False)
+    table = Table(title=None if title is None else safe_text(title), title_justify="left", expand=False)
     for name, justify in (
         ("node", "left"),
         ("state", "left"),
@@ -170,7 +170,9 @@ def summary_panel(record: RunRecord) -> Panel:
     for artifact in record.artifacts:
         _add_row(grid, "", artifact)
     border = _STATE_STYLE.get(record.state, "").replace("bold ", "") or "white"
-    return Panel(grid, title=f"run {record.id}", title_align="left", border_style=border, expand=False)
+    return Panel(
+        grid, title=safe_text(f"run {record.id}"), title_align="left", border_style=border, expand=False
+    )
 
 
 def runs_table(records: Sequence[RunRecord], *, now: float | None = None) -> Table:

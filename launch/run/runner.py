@@ -243,7 +243,7 @@ class Runner:
                 if line.startswith("FLEETRUN_OLD_HASH="):
                     old = line.split("=", 1)[1].strip()
             if not result.ok:
-                tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+                tail = (result.stderr or result.stdout).strip()[-2000:].splitlines()[-5:]
                 raise HostError(conn.host.name, f"setup exited {result.exit_code}: {' / '.join(tail)}")
             if "FLEETRUN_SETUP=skipped" in result.stdout:
                 return f"setup skipped: unchanged (hash {node.setup_hash})"

@@ -12,10 +12,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.errors import FleetrunError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.job.inventory import Inventory
 from launch.nodelib.fleetrun_protocol import GuardConfig
 from launch.rules.stoprules import StopRules, Teardown
+
+MAX_WATCH_JSON_BYTES = 64 * 1024**2
+"""``watch.json`` grows with the inventory; a file larger than this is not one fleetrun wrote."""
 
 
 def bucket_dest(run_id: str, node: str) -> str:
@@ -86,15 +90,27 @@ class WatchTarget:
 
     @classmethod
     def load(cls, folder: Path) -> WatchTarget:
-        data = json.loads((folder / "watch.json").read_text())
-        return cls(
-            run_id=data["run_id"],
-            job=data["job"],
-            inventory=Inventory.model_validate(data["inventory"]),
-            starters=tuple(data["starters"]),
-            rules=StopRules.model_validate(data["rules"]),
-            teardown=Teardown(data["teardown"]),
-            started_at=data["started_at"],
-            folder=folder,
-            instance_type=data.get("instance_type"),
-        )
+        path = folder / "watch.json"
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_WATCH_JSON_BYTES + 1)
+        if len(raw) > MAX_WATCH_JSON_BYTES:
+            raise FleetrunError(
+                f"{path} is over {MAX_WATCH_JSON_BYTES} bytes: not a watch.json fleetrun wrote"
+            )
+        try:
+            data = json.loads(raw)
+            return cls(
+                run_id=data["run_id"],
+                job=data["job"],
+                inventory=Inventory.model_validate(data["inventory"]),
+                starters=tuple(data["starters"]),
+                rules=StopRules.model_validate(data["rules"]),
+                teardown=Teardown(data["teardown"]),
+                started_at=data["started_at"],
+                folder=folder,
+                instance_type=data.get("instance_type"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # pydantic's errors are ValueErrors
+            raise FleetrunError(
+                f"{path} is not a watch.json fleetrun wrote: {type(exc).__name__}: {exc}"
+            ) from None
