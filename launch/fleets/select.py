@@ -7,7 +7,7 @@ importing the whole launch pipeline: their start-up time is part of what they co
 from __future__ import annotations
 
 from launch.fleets.kinds.registry import load_inventory as load_by_kind
-from launch.fleets.localfleet import LocalFleet
+from launch.fleets.local import LocalFleet
 from launch.job.inventory import Inventory
 from launch.settings import current
 

@@ -29,17 +29,11 @@ def control_operators(text: str) -> list[str]:
     found: list[str] = []
     i, n = 0, len(text)
     while i < n:
+        skipped = _skip_quoting(text, i)
+        if skipped != i:
+            i = skipped
+            continue
         c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "'":
-            end = text.find("'", i + 1)
-            i = n if end < 0 else end + 1
-            continue
-        if c == '"':
-            i = _skip_double_quoted(text, i + 1)
-            continue
         if c == "`":
             end = text.find("`", i + 1)
             i = n if end < 0 else end + 1
@@ -63,6 +57,19 @@ def control_operators(text: str) -> list[str]:
             continue
         i += 1
     return found
+
+
+def _skip_quoting(text: str, i: int) -> int:
+    """The index after a backslash escape or a quoted string starting at ``i``; ``i`` when none does."""
+    c = text[i]
+    if c == "\\":
+        return i + 2
+    if c == "'":
+        end = text.find("'", i + 1)
+        return len(text) if end < 0 else end + 1
+    if c == '"':
+        return _skip_double_quoted(text, i + 1)
+    return i
 
 
 def _skip_double_quoted(text: str, i: int) -> int:
@@ -89,17 +96,11 @@ def _skip_balanced(text: str, i: int) -> int:
     closing = ")" if opening == "(" else "}"
     depth, n = 0, len(text)
     while i < n:
+        skipped = _skip_quoting(text, i)
+        if skipped != i:
+            i = skipped
+            continue
         c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "'":
-            end = text.find("'", i + 1)
-            i = n if end < 0 else end + 1
-            continue
-        if c == '"':
-            i = _skip_double_quoted(text, i + 1)
-            continue
         if c == opening:
             depth += 1
         elif c == closing:

@@ -44,7 +44,7 @@ class LocalFleetKind:
         return None
 
     def tear_down(self, say: Say) -> TeardownOutcome:
-        from launch.fleets.localfleet import LocalFleet  # root-only I/O, imported when used
+        from launch.fleets.local import LocalFleet  # root-only I/O, imported when used
 
         left = LocalFleet(prefix=self.ref.prefix, subnet=0).down(say=say)
         remaining = {k: v for k, v in left.items() if v}
