@@ -91,7 +91,6 @@ _REGION_NAMES = """
     """
 REGIONS: frozenset[str] = frozenset(_REGION_NAMES.split())
 REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
-ZONE_REGION_RE = re.compile(r"^([a-z]{2}(-gov)?-[a-z]+-\d)")
 INSTANCE_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
 
 # The Deep Learning AMI: Ubuntu with cloud-init, PyTorch, NVIDIA driver, EFA and aws-ofi-nccl.

@@ -151,15 +151,12 @@ class GcpNetwork(pulumi.ComponentResource):
             target_service_accounts=[args.service_account],
             opts=child,
         )
-        self.internal_firewall = gcp.compute.Firewall(
+        self.internal_firewall = _cluster_only_firewall(
             f"{name}-internal",
-            network=network.id,
-            description=f"fleetrun {args.cluster_id}: all traffic between cluster VMs (NCCL, rendezvous)",
-            direction="INGRESS",
-            allows=[gcp.compute.FirewallAllowArgs(protocol="all")],
-            source_service_accounts=[args.service_account],
-            target_service_accounts=[args.service_account],
-            opts=child,
+            network.id,
+            f"fleetrun {args.cluster_id}: all traffic between cluster VMs (NCCL, rendezvous)",
+            args.service_account,
+            child,
         )
         # A3: GPUDirect-TCPX(O) needs one more gVNIC per GPU pair, each on its own VPC network,
         # open only between the cluster's VMs. Without them NCCL shares the single host NIC.
@@ -179,19 +176,36 @@ class GcpNetwork(pulumi.ComponentResource):
                 ip_cidr_range=data_subnet_cidr(index),
                 opts=replace_first,
             )
-            gcp.compute.Firewall(
+            _cluster_only_firewall(
                 f"{name}-data{index}-internal",
-                network=data_network.id,
-                description=f"fleetrun {args.cluster_id}: GPU data network {index}, cluster VMs only",
-                direction="INGRESS",
-                allows=[gcp.compute.FirewallAllowArgs(protocol="all")],
-                source_service_accounts=[args.service_account],
-                target_service_accounts=[args.service_account],
-                opts=child,
+                data_network.id,
+                f"fleetrun {args.cluster_id}: GPU data network {index}, cluster VMs only",
+                args.service_account,
+                child,
             )
             self.data_subnet_ids.append(data_subnet.id)
         self.subnet_id: pulumi.Output[str] = subnet.id
         self.register_outputs({"network": network.id, "subnet": subnet.id})
+
+
+def _cluster_only_firewall(
+    name: str,
+    network: pulumi.Input[str],
+    description: str,
+    service_account: pulumi.Input[str],
+    opts: pulumi.ResourceOptions,
+) -> gcp.compute.Firewall:
+    """All traffic on ``network``, from the cluster's VMs (its service account) to them only."""
+    return gcp.compute.Firewall(
+        name,
+        network=network,
+        description=description,
+        direction="INGRESS",
+        allows=[gcp.compute.FirewallAllowArgs(protocol="all")],
+        source_service_accounts=[service_account],
+        target_service_accounts=[service_account],
+        opts=opts,
+    )
 
 
 # -- bucket -------------------------------------------------------------------------------------

@@ -168,7 +168,10 @@ def save_operator_key(outputs: Mapping[str, Any]) -> Path | None:
         return None
     from launch.paths import fleetrun_home
 
-    path = fleetrun_home() / "keys" / str(outputs["cluster_id"])
+    name = str(outputs["cluster_id"])
+    if Path(name).name != name or name in (".", ".."):  # a file name, never a path out of keys/
+        raise FleetrunError(f"stack outputs: cluster_id {name[:80]!r} is not a plain name")
+    path = fleetrun_home() / "keys" / name
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:

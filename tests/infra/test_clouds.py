@@ -261,3 +261,10 @@ def test_importing_the_clouds_loads_no_cloud_sdk_or_pulumi() -> None:
         "print(bad); sys.exit(1 if bad else 0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_gcp_node_refuses_odd_metadata_in_the_delete_url(tmp_path: Path) -> None:
+    odd = METADATA.replace("echo my-gcp-project", "echo '../../x?y'").replace("DELETE_RESULT", "true")
+    _out, calls = _run_hook("gcp", tmp_path, odd)
+    assert not any("-X DELETE" in c for c in calls)
+    assert calls[-1] == "sudo -n /sbin/shutdown -h now"

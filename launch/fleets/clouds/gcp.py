@@ -20,7 +20,10 @@ POWEROFF_HOOK = """\
 # The watchdog gives this script 120 s.
 md=http://metadata.google.internal/computeMetadata/v1
 get() { curl -sf -m 10 -H 'Metadata-Flavor: Google' "$md/$1"; }
+# A name, zone or project id fit for the URL path: GCE's own alphabet, no traversal.
+ok() { case "$1" in '' | *[!a-z0-9.:-]* | *..*) return 1 ;; esac; }
 name=$(get instance/name) && zone=$(get instance/zone) && project=$(get project/project-id) &&
+  ok "$name" && ok "${zone##*/}" && ok "$project" &&
   token=$(get instance/service-accounts/default/token | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p') &&
   [ -n "$token" ] &&
   curl -sf -m 30 -X DELETE -H "Authorization: Bearer $token" \\
