@@ -47,8 +47,8 @@ horovod: setup
 	if ! command -v g++ >/dev/null || ! command -v make >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++ make; \
 	fi; \
-	$(BIN)/python -c 'from launch.fleets.localfleet import ensure_image; ensure_image()' && \
-	sh images/horovod/install.sh "$$($(BIN)/python -c 'from launch.fleets.localfleet import image_python; print(image_python())')"
+	$(BIN)/python -c 'from launch.fleets.local import ensure_image; ensure_image()' && \
+	sh images/horovod/install.sh "$$($(BIN)/python -c 'from launch.fleets.local import image_python; print(image_python())')"
 
 lint:
 	$(BIN)/ruff check .

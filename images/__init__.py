@@ -8,7 +8,7 @@ stay here, where the image recipes that share them (``docker/``, ``packer/``) li
 * ``cloud-init/``             each cloud node's first boot (read by ``infra.bootstrap``)
 * ``horovod/install.sh``      the Horovod build on nodes and in the local image
   (``launch.planning.launchers.horovod``, ``make horovod``)
-* ``local/requirements.txt``  the local fleet's Python image (``launch.fleets.localfleet``)
+* ``local/requirements.txt``  the local fleet's Python image (``launch.fleets.local``)
 """
 
 from __future__ import annotations
