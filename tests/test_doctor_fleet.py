@@ -286,6 +286,7 @@ def test_wrong_pinned_key_and_missing_python_are_named(
     assert not any(node == one and check != "ssh" for node, check in found), (
         "an unreached node is not judged further"
     )
+    assert (two, "python") in found, proc.stdout[-3000:]
     level, message = found[(two, "python")]
     assert (
         level == "ERROR" and "the probe did not run with /opt/no-such-python/bin/python3 (exit 127" in message

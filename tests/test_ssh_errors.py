@@ -41,9 +41,34 @@ class Server(paramiko.ServerInterface):
         return paramiko.AUTH_FAILED
 
 
+class ExitingServer(paramiko.ServerInterface):
+    """Accepts the key; every command "fails to start": stderr, exit 127, channel closed, stdin
+    (past its first byte) unread."""
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "publickey"
+
+    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_request(self, kind: str, chanid: int) -> int:
+        return paramiko.OPEN_SUCCEEDED
+
+    def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        def answer() -> None:
+            channel.recv(1)  # the client sends stdin only once the exec request was granted
+            channel.sendall_stderr(b"bash: /opt/x/python3: No such file or directory\n")
+            channel.send_exit_status(127)
+            channel.close()
+
+        threading.Thread(target=answer, daemon=True).start()
+        return True
+
+
 def serve(mode: str) -> tuple[int, threading.Thread]:
     """A one-connection server on 127.0.0.1: ``ssh`` (refuses the key), ``drop`` (vanishes mid-auth),
-    ``hangup`` (accepts TCP, closes before the SSH banner)."""
+    ``hangup`` (accepts TCP, closes before the SSH banner), ``exit`` (accepts the key; every command
+    exits 127 without reading its stdin)."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
@@ -55,8 +80,11 @@ def serve(mode: str) -> tuple[int, threading.Thread]:
             return
         transport = paramiko.Transport(conn)
         transport.add_server_key(paramiko.Ed25519Key.from_private_key(io.StringIO(SERVER_PRIVATE)))
+        server: paramiko.ServerInterface = (
+            ExitingServer() if mode == "exit" else Server(conn, drop=mode == "drop")
+        )
         try:
-            transport.start_server(server=Server(conn, drop=mode == "drop"))
+            transport.start_server(server=server)
             transport.join(10)
         except (paramiko.SSHException, OSError, EOFError):
             pass
@@ -148,3 +176,21 @@ def test_changed_host_key_stays_its_own_error(tmp_path: Path, client_key: Path) 
     with pytest.raises(HostKeyMismatch, match="does not match the pinned key"):
         connect(tmp_path, port, client_key, pinned=OTHER_PUBLIC)
     thread.join(10)
+
+
+def test_command_that_exits_before_reading_its_input_is_a_result_not_a_lost_connection(
+    tmp_path: Path, client_key: Path
+) -> None:
+    """A Python that does not exist exits 127 before the probe script is sent: that is the
+    node's answer (what doctor reports as the Python's fault), not a lost connection."""
+    port, thread = serve("exit")
+    host = Host(name="h", address="127.0.0.1", port=port, user="u", key=client_key, host_key=SERVER_PUBLIC)
+    known_hosts = Inventory(hosts=[host]).write_known_hosts(tmp_path / "known_hosts")
+    conn = NodeConnection(host, known_hosts, connect_timeout=5)
+    try:
+        result = conn.run_with_input("/opt/x/python3 -", b"x" * (8 << 20), timeout=30)
+    finally:
+        conn.close()
+    thread.join(10)
+    assert result.exit_code == 127
+    assert "No such file or directory" in result.stderr

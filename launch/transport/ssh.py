@@ -90,6 +90,21 @@ def _fabric_config() -> Config:
     )
 
 
+def _send_input(channel: paramiko.Channel, data: bytes) -> None:
+    """Send ``data`` then end of input, tolerating a command that exited without reading it.
+
+    A command that cannot start (a Python path that does not exist: exit 127) closes the channel
+    before its stdin is sent; that is the node's answer, read next, not a lost connection. Only a
+    closed channel is forgiven: a dead transport still raises from the read loop.
+    """
+    try:
+        channel.sendall(data)
+        channel.shutdown_write()
+    except OSError:
+        if not (channel.closed or channel.exit_status_ready()):
+            raise
+
+
 class NodeConnection:
     """One host's SSH connection, opened lazily, with strict host-key checking."""
 
@@ -219,8 +234,7 @@ class NodeConnection:
         try:
             channel.settimeout(max(0.1, timeout))
             channel.exec_command(command)
-            channel.sendall(data)
-            channel.shutdown_write()
+            _send_input(channel, data)
             while True:
                 while channel.recv_ready():
                     out.add(channel.recv(65536))
