@@ -103,17 +103,26 @@ def plan(c: Any, playbook: str, inventory: str = "local") -> None:
 
 
 @task(
-    help={"nodes": "number of nodes", "prefix": "name prefix (default fr)", "subnet": "198.18.<subnet>.0/24"}
+    help={
+        "nodes": "number of nodes",
+        "prefix": "name prefix (default fr)",
+        "subnet": "198.18.<subnet>.0/24",
+        "bastion": "workers on an internal bridge this machine cannot reach; the head is their jump host",
+        "mixed": "a sshd port and an interface name of its own on each node",
+    }
 )
 @_friendly
-def local_up(c: Any, nodes: int = 3, prefix: str = "", subnet: int = -1) -> None:
+def local_up(
+    c: Any, nodes: int = 3, prefix: str = "", subnet: int = -1, bastion: bool = False, mixed: bool = False
+) -> None:
     """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
     from launch.cli import app
 
     fleet = app.local_fleet(prefix or None, None if subnet < 0 else subnet)
-    inventory = fleet.up(nodes)
+    inventory = fleet.up(nodes, bastion=bastion, mixed=mixed)
     for host in inventory.hosts:
-        print(f"  {host.name}  {host.user}@{host.address}  {host.host_key[:40]}...")
+        via = f" via {host.proxy_jump.label}" if host.proxy_jump else ""
+        print(f"  {host.name}  {host.user}@{host.address}:{host.port}{via}  {host.host_key[:40]}...")
 
 
 @task(help={"prefix": "name prefix (default fr)"})

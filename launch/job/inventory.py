@@ -89,10 +89,103 @@ def check_host_key_blob(key_type: str, blob_b64: str) -> None:
 MAX_GPUS = 1024
 
 
-class Host(BaseModel):
+class SshEndpoint(BaseModel):
+    """What any SSH hop needs: where, as whom, with which key, and the pinned host key.
+
+    Shared by ``Host`` and ``JumpHost``, so a jump host is validated exactly like a host.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str
+    user: str
+    port: Annotated[int, Strict()] = Field(default=22, ge=1, le=65535)
+    key: Path | None = None
+    host_key: str
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        if not USER_RE.fullmatch(value):
+            raise ValueError(
+                "expected a POSIX user name (letters, digits, '_', '.', '-'; at most 32 characters)"
+            )
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _endpoint_address(cls, value: str) -> str:
+        if not value:
+            raise ValueError("expected an IP address or a DNS name")
+        return check_address(value)
+
+    @field_validator("host_key")
+    @classmethod
+    def _host_key(cls, value: str) -> str:
+        value = value.strip()
+        if not HOST_KEY_RE.fullmatch(value):
+            raise ValueError(
+                "expected an OpenSSH public host key such as 'ssh-ed25519 AAAA...' "
+                "(read it on the machine: cat /etc/ssh/ssh_host_ed25519_key.pub)"
+            )
+        key_type, blob = value.split()[:2]
+        check_host_key_blob(key_type, blob)
+        return f"{key_type} {blob}"
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        return (self.address, self.port)
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name OpenSSH and paramiko look up in known_hosts for this address and port."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+    def known_hosts_line(self) -> str:
+        return f"{self.known_hosts_name} {self.host_key}"
+
+
+class JumpHost(SshEndpoint):
+    """A bastion (login node) the laptop passes through to reach a host: ``proxy_jump``.
+
+    Itself a pinned host: its own address, port, user, key and ``host_key`` (required, never
+    learned; it goes into the same known_hosts file as the hosts' keys, and both hops are checked
+    strictly). It is written out in full where it is used (per host or in ``defaults``), never
+    referred to by a host's name: the address the laptop uses for a login node is often not the one
+    it has as a compute host, and the pinned key stays visible at each use. It may be the same
+    machine as a host of the inventory (the head serving as bastion); then its ``host_key`` must be
+    that host's. A jump host has no jump host of its own (one hop, as most labs have).
+    """
+
+    @property
+    def label(self) -> str:
+        """How errors name the jump host: ``user@address:port``."""
+        return f"{self.user}@{bracketed(self.address)}:{self.port}"
+
+
+def check_address(value: str) -> str:
+    """A DNS name, an IPv4 address, or an IPv6 address without scope id, written plainly.
+
+    A scope id (``fe80::1%eth0``) is free text that would reach torchrun's and horovodrun's
+    arguments and ``from="..."`` restrictions; link-local addresses are not a cluster network.
+    """
+    if not value or HOSTNAME_RE.fullmatch(value):
+        return value
+    if "%" in value:
+        raise ValueError("IPv6 scope ids ('%...') are not supported; use a global or unique-local address")
+    if value.startswith("["):
+        raise ValueError("write an IPv6 address without brackets; fleetrun adds them where a port follows")
+    try:
+        return ipaddress.ip_address(value).compressed
+    except ValueError:
+        raise ValueError("expected an IP address or a DNS name") from None
+
+
+class Host(SshEndpoint):
     """One machine fleetrun can SSH into.
 
-    ``address`` is how this laptop reaches the host; ``private_address`` is how the nodes reach
+    ``address`` is how this laptop reaches the host (through ``proxy_jump`` when one is given);
+    ``private_address`` is how the nodes reach
     each other (rendezvous, NCCL/Gloo). ``gpus`` is None when unknown (then ``auto`` processes per
     node is resolved on the node with ``nvidia-smi``), a count, or a list of the device indices
     runs may use on a shared machine (exported as ``CUDA_VISIBLE_DEVICES``). ``interface`` is the cluster network
@@ -100,19 +193,13 @@ class Host(BaseModel):
     on the node from ``private_address``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     name: str
-    address: str
     private_address: str = ""
-    user: str
-    port: Annotated[int, Strict()] = Field(default=22, ge=1, le=65535)
-    key: Path | None = None
-    host_key: str
     gpus: Annotated[int, Strict()] | list[Annotated[int, Strict()]] | None = None
     interface: str | None = None
     python: str = "python3"
     instance_type: str | None = Field(default=None, max_length=128)
+    proxy_jump: JumpHost | None = None
 
     @field_validator("name")
     @classmethod
@@ -150,37 +237,10 @@ class Host(BaseModel):
         """The device indices of a ``gpus: [..]`` list (``CUDA_VISIBLE_DEVICES``), else None: all."""
         return list(self.gpus) if isinstance(self.gpus, list) else None
 
-    @field_validator("user")
-    @classmethod
-    def _user(cls, value: str) -> str:
-        if not USER_RE.fullmatch(value):
-            raise ValueError(
-                "expected a POSIX user name (letters, digits, '_', '.', '-'; at most 32 characters)"
-            )
-        return value
-
-    @field_validator("address", "private_address")
+    @field_validator("private_address")
     @classmethod
     def _address(cls, value: str) -> str:
-        """A DNS name, an IPv4 address, or an IPv6 address without scope id, written plainly.
-
-        A scope id (``fe80::1%eth0``) is free text that would reach torchrun's and horovodrun's
-        arguments and ``from="..."`` restrictions; link-local addresses are not a cluster network.
-        """
-        if not value or HOSTNAME_RE.fullmatch(value):
-            return value
-        if "%" in value:
-            raise ValueError(
-                "IPv6 scope ids ('%...') are not supported; use a global or unique-local address"
-            )
-        if value.startswith("["):
-            raise ValueError(
-                "write an IPv6 address without brackets; fleetrun adds them where a port follows"
-            )
-        try:
-            return ipaddress.ip_address(value).compressed
-        except ValueError:
-            raise ValueError("expected an IP address or a DNS name") from None
+        return check_address(value)
 
     @field_validator("interface")
     @classmethod
@@ -198,36 +258,15 @@ class Host(BaseModel):
             raise ValueError("expected printable text (no control characters), at most 4096 characters")
         return value
 
-    @field_validator("host_key")
-    @classmethod
-    def _host_key(cls, value: str) -> str:
-        value = value.strip()
-        if not HOST_KEY_RE.fullmatch(value):
-            raise ValueError(
-                "expected an OpenSSH public host key such as 'ssh-ed25519 AAAA...' "
-                "(read it on the machine: cat /etc/ssh/ssh_host_ed25519_key.pub)"
-            )
-        key_type, blob = value.split()[:2]
-        check_host_key_blob(key_type, blob)
-        return f"{key_type} {blob}"
-
     @model_validator(mode="after")
     def _default_private(self) -> Host:
         if not self.private_address:
             object.__setattr__(self, "private_address", self.address)
         return self
 
-    @property
-    def known_hosts_name(self) -> str:
-        """The name OpenSSH and paramiko look up in known_hosts for this address and port."""
-        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
-
     def rsync_target(self, path: str) -> str:
         """``user@host:path`` for rsync and scp (``user@[v6]:path`` for IPv6)."""
         return f"{self.user}@{bracketed(self.address)}:{path}"
-
-    def known_hosts_line(self) -> str:
-        return f"{self.known_hosts_name} {self.host_key}"
 
 
 class Inventory(BaseModel):
@@ -252,7 +291,27 @@ class Inventory(BaseModel):
                 raise ValueError(f"hosts[{i}] ({host.name}): duplicate address {host.address}:{host.port}")
             seen_names.add(host.name)
             seen_endpoints.add(endpoint)
+        self._check_jumps()
         return self
+
+    def _check_jumps(self) -> None:
+        """One pinned key per endpoint: a jump host that is also a host of this inventory (or
+        the jump of several hosts) must carry the same ``host_key`` everywhere, or the
+        known_hosts file would pin two keys for one address and accept either."""
+        pinned = {h.endpoint: (f"hosts[{i}] ({h.name})", h.host_key) for i, h in enumerate(self.hosts)}
+        for i, host in enumerate(self.hosts):
+            jump = host.proxy_jump
+            if jump is None:
+                continue
+            where = f"hosts[{i}] ({host.name}): field 'proxy_jump'"
+            if jump.endpoint == host.endpoint:
+                raise ValueError(f"{where}: a host cannot be its own jump host ({jump.label})")
+            seen = pinned.setdefault(jump.endpoint, (f"{where} of {host.name}", jump.host_key))
+            if seen[1] != jump.host_key:
+                raise ValueError(
+                    f"{where}: jump host {jump.label} is pinned with a host_key that differs from "
+                    f"the one {seen[0]} gives for the same address and port; one machine has one key"
+                )
 
     @property
     def head(self) -> Host:
@@ -272,14 +331,17 @@ class Inventory(BaseModel):
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
 
     def write_known_hosts(self, path: Path) -> Path:
-        """Write a known_hosts file holding exactly the pinned keys of this inventory.
+        """Write a known_hosts file holding exactly the pinned keys of this inventory: its hosts'
+        and their jump hosts' (``proxy_jump``), each once.
 
         Written fresh each time (never appended to), so a key that is no longer pinned is no
         longer trusted.
         """
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(h.known_hosts_line() + "\n" for h in self.hosts))
+        lines = dict.fromkeys(h.known_hosts_line() for h in self.hosts)
+        lines.update(dict.fromkeys(h.proxy_jump.known_hosts_line() for h in self.hosts if h.proxy_jump))
+        tmp.write_text("".join(line + "\n" for line in lines))
         tmp.chmod(0o600)
         tmp.replace(path)
         return path

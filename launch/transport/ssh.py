@@ -5,6 +5,12 @@ this machine kind. Fabric's own default accepts unknown host keys (``AutoAddPoli
 connection made here replaces that with ``RejectPolicy`` and loads only fleetrun's known_hosts,
 so an unknown or changed host key is refused, never learned.
 
+A host behind a bastion (``proxy_jump``) is reached through a ``direct-tcpip`` channel of one
+connection to the jump host, shared by every node behind it (a login node often limits how many
+connections a user may open; one transport carries many channels), checked against the same
+known_hosts with the same ``RejectPolicy``. OpenSSH commands (rsync) get the jump as a
+``ProxyCommand`` running ``ssh`` with the same strict options: ``-J`` would not carry them.
+
 Fan-out uses our own thread pool with a bound and per-command timeouts, because Fabric's
 ``ThreadingGroup`` joins its threads with no timeout and one hung host would block everything.
 """
@@ -12,7 +18,6 @@ Fan-out uses our own thread pool with a bound and per-command timeouts, because 
 from __future__ import annotations
 
 import contextlib
-import errno
 import resource
 import secrets
 import select
@@ -29,13 +34,20 @@ import paramiko.sftp
 from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut
 
-from launch.errors import HostError, HostKeyMismatch
+from launch.errors import HostError
 from launch.job.inventory import Host
 from launch.settings import DEFAULT_FANOUT
 from launch.transport.channels import LineSession, _BoundedOutput
+from launch.transport.jump import (  # noqa: F401 - re-exported: callers import them from here
+    DEFAULT_CONNECT_TIMEOUT,
+    KEEPALIVE_S,
+    JumpHosts,
+    connect_errors,
+    key_file_problem,
+    unreachable_reason,
+)
+from launch.transport.openssh import openssh_command, proxy_command  # noqa: F401 - re-exported
 
-DEFAULT_CONNECT_TIMEOUT = 10
-KEEPALIVE_S = 5
 T = TypeVar("T")
 
 
@@ -49,39 +61,6 @@ class CommandResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
-
-
-def key_file_problem(path: Path) -> str | None:
-    """Why the private key file cannot be read, or None when it can."""
-    try:
-        with open(path, "rb") as handle:
-            handle.read(1)
-    except FileNotFoundError:
-        return "no such file"
-    except PermissionError:
-        return "not readable (permission denied)"
-    except IsADirectoryError:
-        return "is a directory, not a key file"
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
-    return None
-
-
-def unreachable_reason(exc: BaseException) -> str:
-    """'connection refused', 'timed out', 'no route to host', ... for a failed TCP connect."""
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
-        exc = next(iter(exc.errors.values()))
-    if isinstance(exc, TimeoutError):
-        return "connection timed out"
-    if isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == errno.ECONNREFUSED:
-        return "connection refused"
-    if getattr(exc, "errno", None) in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-        return "no route to host"
-    if isinstance(exc, EOFError | ConnectionResetError):
-        return "connection closed by the host"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror.lower()
-    return str(exc) or type(exc).__name__
 
 
 def _fabric_config() -> Config:
@@ -108,9 +87,18 @@ def _send_input(channel: paramiko.Channel, data: bytes) -> None:
 class NodeConnection:
     """One host's SSH connection, opened lazily, with strict host-key checking."""
 
-    def __init__(self, host: Host, known_hosts: Path, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        host: Host,
+        known_hosts: Path,
+        connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+        jumps: JumpHosts | None = None,
+    ) -> None:
         self.host = host
         self.known_hosts = known_hosts
+        self.connect_timeout = connect_timeout
+        self._own_jumps = jumps is None
+        self.jumps = jumps if jumps is not None else JumpHosts(known_hosts, connect_timeout)
         # Bounded everywhere: a partitioned host keeps its TCP connection "open" (no RST), and
         # paramiko would otherwise wait up to an hour to open a channel on it.
         connect_kwargs: dict[str, object] = {
@@ -162,43 +150,14 @@ class NodeConnection:
 
     def _connect(self, where: str) -> None:
         host = self.host
-        try:
+        self.conn.connect_kwargs.pop("sock", None)
+        if host.proxy_jump is not None:
+            self.conn.connect_kwargs["sock"] = self.jumps.channel(host, self.connect_timeout)
+            where = f"{where} through jump host {host.proxy_jump.label}"
+        with connect_errors(host.name, where, host.key, host.host_key, self.conn.client, "host"):
             self.conn.open()
             if self.conn.transport is not None:
                 self.conn.transport.set_keepalive(KEEPALIVE_S)
-        except paramiko.BadHostKeyException as exc:
-            raise HostKeyMismatch(
-                host.name,
-                f"host key at {where} does not match the pinned key "
-                f"(got {exc.key.get_name()} {exc.key.get_base64()[:24]}..., "
-                f"expected {host.host_key[:40]}...). Refusing to connect: the machine was "
-                "rebuilt or something is impersonating it. Update the pinned key only if you know why it changed.",
-            ) from None
-        except paramiko.AuthenticationException:
-            transport = self.conn.client.get_transport()
-            if transport is None or not transport.is_active():
-                # paramiko reports a connection that died mid-handshake as "Authentication failed".
-                raise HostError(
-                    host.name, f"unreachable at {where} (connection closed during authentication)"
-                ) from None
-            raise HostError(
-                host.name, f"authentication failed at {where} with key {host.key or '(none given)'}"
-            ) from None
-        except paramiko.SSHException as exc:
-            if "not found in known_hosts" in str(exc):
-                raise HostError(
-                    host.name, f"no pinned host key for {where}; refusing to trust on first use"
-                ) from None
-            transport = self.conn.client.get_transport()
-            if "banner" in str(exc) or (transport is not None and not transport.is_active()):
-                raise HostError(
-                    host.name, f"unreachable at {where} (connection closed during the SSH handshake: {exc})"
-                ) from None
-            if host.key is not None and "key" in str(exc).lower() and "host key" not in str(exc).lower():
-                raise HostError(host.name, f"key file {host.key}: cannot be used: {exc}") from None
-            raise HostError(host.name, f"SSH error at {where}: {exc}") from None
-        except (TimeoutError, OSError, EOFError) as exc:
-            raise HostError(host.name, f"unreachable at {where} ({unreachable_reason(exc)})") from None
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run a shell command; a non-zero exit is a result, a broken connection is a ``HostError``."""
@@ -335,6 +294,8 @@ class NodeConnection:
         self.close_sessions()
         with contextlib.suppress(Exception):
             self.conn.close()
+        if self._own_jumps:
+            self.jumps.close()
 
 
 def ensure_open_files(needed: int) -> int:
@@ -402,7 +363,8 @@ class Fleet:
         self.known_hosts = known_hosts
         self.max_parallel = max_parallel
         ensure_open_files(4 * len(self.hosts) + 256)
-        self.connections = {h.name: NodeConnection(h, known_hosts) for h in self.hosts}
+        self.jumps = JumpHosts(known_hosts)
+        self.connections = {h.name: NodeConnection(h, known_hosts, jumps=self.jumps) for h in self.hosts}
 
     def map(
         self,
@@ -429,37 +391,10 @@ class Fleet:
     def close(self) -> None:
         for conn in self.connections.values():
             conn.close()
+        self.jumps.close()
 
     def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def openssh_command(
-    host: Host, known_hosts: Path, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
-) -> list[str]:
-    """The OpenSSH client invocation (for rsync ``-e``) with the same strict checking as paramiko."""
-    cmd = [
-        "ssh",
-        "-p",
-        str(host.port),
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        f"UserKnownHostsFile={known_hosts}",
-        "-o",
-        "GlobalKnownHostsFile=/dev/null",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        f"ConnectTimeout={connect_timeout}",
-        "-o",
-        "LogLevel=ERROR",
-        "-F",
-        "/dev/null",
-    ]
-    if host.key is not None:
-        cmd += ["-o", "IdentitiesOnly=yes", "-i", str(host.key)]
-    return cmd

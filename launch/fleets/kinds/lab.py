@@ -58,13 +58,25 @@ class LabKind:
         return {}
 
 
+def _resolve_key(entry: dict[str, object], path: Path) -> None:
+    """``key: ~/...`` or relative to the inventory file, as an absolute path."""
+    if isinstance(entry.get("key"), str):
+        key_path = Path(str(entry["key"])).expanduser()
+        entry["key"] = key_path if key_path.is_absolute() else (path.parent / key_path).resolve()
+
+
 def load_lab_inventory(path: str | Path) -> Inventory:
     """A lab's existing machines (untrusted)::
 
-    defaults: {user: alice, key: ~/.ssh/id_ed25519, port: 22}
+    defaults: {user: alice, key: ~/.ssh/id_ed25519, port: 22,
+               proxy_jump: {address: login.lab.example, user: alice, key: ~/.ssh/id_ed25519,
+                            host_key: "ssh-ed25519 AAAA..."}}
     hosts:
       - {name: gpu1, address: 192.0.2.10, private_address: 10.1.0.10, gpus: 8,
          host_key: "ssh-ed25519 AAAA..."}
+
+    ``proxy_jump`` (per host or in ``defaults``; ``proxy_jump: null`` on a host reaches it
+    directly) is a pinned host of its own: see ``launch.job.inventory.JumpHost``.
     """
     from launch.job.inventory import Inventory
 
@@ -88,9 +100,12 @@ def load_lab_inventory(path: str | Path) -> Inventory:
     if isinstance(hosts, list):
         hosts = [{**defaults, **entry} if isinstance(entry, dict) else entry for entry in hosts]
         for entry in hosts:
-            if isinstance(entry, dict) and isinstance(entry.get("key"), str):
-                key_path = Path(entry["key"]).expanduser()
-                entry["key"] = key_path if key_path.is_absolute() else (path.parent / key_path).resolve()
+            if not isinstance(entry, dict):
+                continue
+            _resolve_key(entry, path)
+            if isinstance(entry.get("proxy_jump"), dict):
+                entry["proxy_jump"] = dict(entry["proxy_jump"])  # shared by every host from defaults
+                _resolve_key(entry["proxy_jump"], path)
     try:
         fields: dict[str, object] = {"source": str(path), "fleet": LabFleet()}
         return Inventory.model_validate({**fields, "hosts": hosts} if "hosts" in data else fields)

@@ -35,8 +35,8 @@ import yaml
 
 from launch.errors import LocalFleetError
 from launch.fleets.kinds.refs import LocalFleetRef
-from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, FleetNames
-from launch.fleets.local.node import make_node, start_sshd
+from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
+from launch.fleets.local.node import Shape, behind_head, make_node, start_sshd
 from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
 from launch.fleets.local.state import Created, StateFile
 from launch.job.inventory import Host, Inventory
@@ -148,8 +148,11 @@ class LocalFleet(FleetNames):
         netns = set(self.existing_netns())
         links = set(self.existing_links())
         found += [f"namespace {self.netns(i)}" for i in range(nodes) if self.netns(i) in netns]
-        wanted = [self.bridge] + [n for i in range(nodes) for n in (self.veth(i), self.peer(i))]
+        wanted = [self.bridge, self.internal_bridge, self.external_veth(), self.external_peer()]
+        wanted += [n for i in range(nodes) for n in (self.veth(i), self.peer(i))]
         found += [f"link {n}" for n in wanted if n in links]
+        if self._route_exists(self.internal_subnet):
+            found.append(f"route unreachable {self.internal_subnet}")
         return found
 
     def leftovers(self, created: Created | None = None) -> dict[str, list[str]]:
@@ -167,16 +170,35 @@ class LocalFleet(FleetNames):
         return {
             "netns": [n for n in created["netns"] if n in netns],
             "links": [n for n in created["link"] if n in links],
+            "routes": [r for r in created["route"] if self._route_exists(r)],
             "users": users,
             "processes": procs,
             "files": ([str(self.state_dir)] if self.state_dir.exists() else []) + paths,
         }
 
+    @staticmethod
+    def _route_exists(subnet: str) -> bool:
+        return bool(run(["ip", "route", "show", "type", "unreachable", subnet], check=False).stdout.strip())
+
     # -- life cycle ------------------------------------------------------------------------------
-    def up(self, nodes: int, say: Say = print, build_image: bool = True) -> Inventory:
+    def up(
+        self,
+        nodes: int,
+        say: Say = print,
+        build_image: bool = True,
+        bastion: bool = False,
+        mixed: bool = False,
+    ) -> Inventory:
+        """Build ``nodes`` nodes. ``bastion``: the nodes sit on an internal bridge this machine
+        cannot reach, the head also on the external one, and the workers' inventory entries jump
+        through the head (``proxy_jump``: its external address and host key). ``mixed``: each node
+        has its own sshd port and interface name. Both off: the default fleet, as it always was."""
         require_root()
         if not 1 <= nodes <= MAX_NODES:
             raise LocalFleetError(f"--nodes {nodes}: expected 1..{MAX_NODES}")
+        if bastion and not 2 <= nodes <= NODES_PER_BLOCK:
+            raise LocalFleetError(f"--nodes {nodes}: a bastion fleet has 2..{NODES_PER_BLOCK} nodes")
+        shape = Shape(bastion=bastion, mixed=mixed)
         ensure_tools(say)
         python = ensure_image(say) if build_image else image_python()
         self.down(say=_quiet)
@@ -200,16 +222,28 @@ class LocalFleet(FleetNames):
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         record("link", self.bridge)
         run(["ip", "link", "add", self.bridge, "type", "bridge"])
-        run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
-        for block in range(1, self.blocks(nodes)):
-            run(["ip", "addr", "add", f"{self.block_prefix(block)}.1/24", "dev", self.bridge])
+        if bastion:
+            # This machine gets no way to the nodes' subnet (as a laptop has none into a lab's
+            # internal network): without this route, packets would follow the default route.
+            record("route", self.internal_subnet)
+            run(["ip", "route", "add", "unreachable", self.internal_subnet])
+            run(["ip", "addr", "add", f"{self.external_gateway}/24", "dev", self.bridge])
+            record("link", self.internal_bridge)
+            run(["ip", "link", "add", self.internal_bridge, "type", "bridge"])
+            run(["ip", "link", "set", self.internal_bridge, "up"])
+        else:
+            run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
+            for block in range(1, self.blocks(nodes)):
+                run(["ip", "addr", "add", f"{self.block_prefix(block)}.1/24", "dev", self.bridge])
         run(["ip", "link", "set", self.bridge, "up"])
         hosts: list[Host] = [
-            make_node(self, i, nodes, operator_pub, str(python), record) for i in range(nodes)
+            make_node(self, i, nodes, operator_pub, str(python), record, shape) for i in range(nodes)
         ]
+        if bastion:
+            hosts = behind_head(hosts)
         for i in range(nodes):
             start_sshd(self, i)
-        self._wait_for_sshd(nodes)
+        self._wait_for_sshd(nodes, shape)
         self._start_power_daemon()
         inventory = Inventory(
             hosts=hosts, source=f"local fleet {self.prefix}", fleet=LocalFleetRef(prefix=self.prefix)
@@ -221,21 +255,31 @@ class LocalFleet(FleetNames):
         )
         return inventory
 
-    def _wait_for_sshd(self, nodes: int, timeout: float = 30.0) -> None:
+    def _wait_for_sshd(self, nodes: int, shape: Shape, timeout: float = 30.0) -> None:
+        """Until every node's sshd listens: a connect from here, or (bastion mode, where this
+        machine cannot reach the nodes' addresses) its listening socket seen in the namespace."""
         deadline = time.monotonic() + timeout
         pending = set(range(nodes))
         while pending and time.monotonic() < deadline:
             for i in sorted(pending):
-                try:
-                    with socket.create_connection((self.address(i), 22), timeout=0.5):
-                        pending.discard(i)
-                except OSError:
-                    pass
+                if self._listening(i, shape):
+                    pending.discard(i)
             if pending:
                 time.sleep(0.05)
         if pending:
             names = ", ".join(self.node_name(i) for i in sorted(pending))
             raise LocalFleetError(f"sshd did not come up on {names}; see {self.state_dir}/nodes/*/sshd.log")
+
+    def _listening(self, i: int, shape: Shape) -> bool:
+        port = self.ssh_port(i, shape.mixed)
+        if shape.bastion:
+            out = run(["ss", "-N", self.netns(i), "-Hltn", f"sport = :{port}"], check=False).stdout
+            return f"{self.address(i)}:{port}" in out
+        try:
+            with socket.create_connection((self.address(i), port), timeout=0.5):
+                return True
+        except OSError:
+            return False
 
     def inventory(self) -> Inventory:
         if not self.inventory_path.exists():
@@ -318,6 +362,9 @@ class LocalFleet(FleetNames):
                 shutil.rmtree(etc, ignore_errors=True)
         if self.bridge in created["link"] and self.bridge in self.existing_links():
             run(["ip", "link", "del", self.bridge], check=False)
+        for subnet in created["route"]:
+            if self._route_exists(subnet):
+                run(["ip", "route", "del", "unreachable", subnet], check=False)
         run_netns = Path("/run/netns")
         if created["run_netns"] and run_netns.exists() and not any(run_netns.iterdir()):
             run(["umount", str(run_netns)], check=False)

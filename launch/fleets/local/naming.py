@@ -44,6 +44,43 @@ class FleetNames:
     def gateway(self) -> str:
         return f"198.18.{self.subnet}.1"
 
+    # -- bastion mode: workers on an internal bridge, the head also on the external one ----------
+    @property
+    def internal_bridge(self) -> str:
+        """Bastion mode: the nodes' cluster bridge; it has no address in the root namespace."""
+        return f"{self.prefix}bi"
+
+    @property
+    def internal_subnet(self) -> str:
+        """Bastion mode: the nodes' subnet, made unreachable from this machine's namespace."""
+        return f"{self.block_prefix(0)}.0/24"
+
+    @property
+    def external_gateway(self) -> str:
+        """Bastion mode: the root namespace's address on the external bridge (``bridge``)."""
+        return f"198.19.{self.subnet}.1"
+
+    @property
+    def external_address(self) -> str:
+        """Bastion mode: the head's second address, the only one this machine can reach."""
+        return f"198.19.{self.subnet}.10"
+
+    def external_veth(self) -> str:
+        return f"{self.prefix}x0"
+
+    def external_peer(self) -> str:
+        return f"{self.prefix}y0"
+
+    @staticmethod
+    def ssh_port(i: int, mixed: bool) -> int:
+        """Node i's sshd port: 22, or with ``mixed`` one of its own (2200 + i), as on a lab's mix."""
+        return 2200 + i if mixed else 22
+
+    @staticmethod
+    def interface(i: int, mixed: bool) -> str:
+        """Node i's cluster interface: ``eth0``, or with ``mixed`` a name of its own (``lan<i>``)."""
+        return f"lan{i}" if mixed else "eth0"
+
     def node_name(self, i: int) -> str:
         return f"{self.prefix}node{i}"
 
@@ -90,7 +127,9 @@ class FleetNames:
     @property
     def link_pattern(self) -> re.Pattern[str]:
         p = re.escape(self.prefix)
-        return re.compile(rf"{p}v\d+|{p}p\d+|{re.escape(self.bridge)}")
+        return re.compile(
+            rf"{p}v\d+|{p}p\d+|{p}x0|{p}y0|{re.escape(self.bridge)}|{re.escape(self.internal_bridge)}"
+        )
 
     # -- the operator's side ---------------------------------------------------------------------
     @property

@@ -2,26 +2,45 @@
 
 Every step records what it is about to create first (``record(kind, name)``, write-ahead), so
 ``down`` can remove a half-built node after a crash, and nothing it did not record.
+
+A ``Shape`` says what kind of lab the fleet imitates: ``bastion`` puts every node on an internal
+bridge this machine has no address on, and gives the head a second interface on the external
+bridge (its sshd listens on both; the workers' inventory entries jump through it); ``mixed``
+gives each node its own sshd port and interface name (users and homes differ already).
 """
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from launch.fleets.local.naming import NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.prereqs import SSHD, run
-from launch.job.inventory import Host
+from launch.job.inventory import Host, JumpHost
 
 Record = Callable[[str, str], None]
 
 
-def sshd_config(names: FleetNames, i: int, host_key: Path) -> str:
-    """The node's sshd: own host key, listens only on the node's address, only this user."""
+@dataclass(frozen=True)
+class Shape:
+    """How the fleet's network and nodes look (``LocalFleet.up(bastion=, mixed=)``)."""
+
+    bastion: bool = False
+    mixed: bool = False
+
+    def listen(self, names: FleetNames, i: int) -> list[str]:
+        port = names.ssh_port(i, self.mixed)
+        extra = [names.external_address] if self.bastion and i == 0 else []
+        return [f"{address}:{port}" for address in [names.address(i), *extra]]
+
+
+def sshd_config(names: FleetNames, i: int, host_key: Path, shape: Shape = Shape()) -> str:
+    """The node's sshd: own host key, listens only on the node's address(es), only this user."""
     node_dir = names.node_dir(i)
     lines = [
-        f"ListenAddress {names.address(i)}:22",
+        *(f"ListenAddress {where}" for where in shape.listen(names, i)),
         f"HostKey {host_key}",
         f"PidFile {node_dir / 'sshd.pid'}",
         f"AllowUsers {names.node_name(i)}",
@@ -42,25 +61,29 @@ def sshd_config(names: FleetNames, i: int, host_key: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def make_network(names: FleetNames, i: int, total: int, record: Record) -> None:
-    """Namespace, veth pair (node side renamed eth0), address, routes to the other blocks, overlay."""
+def make_network(names: FleetNames, i: int, total: int, record: Record, shape: Shape = Shape()) -> None:
+    """Namespace, veth pair (node side renamed eth0, ``lan<i>`` when mixed), address, routes to the other blocks, overlay."""
     ns, veth, peer, addr = names.netns(i), names.veth(i), names.peer(i), names.address(i)
+    iface = names.interface(i, shape.mixed)
+    bridge = names.internal_bridge if shape.bastion else names.bridge
     record("netns", ns)
     run(["ip", "netns", "add", ns])
     record("link", veth)
     record("link", peer)
     run(["ip", "link", "add", veth, "type", "veth", "peer", "name", peer])
     run(["ip", "link", "set", peer, "netns", ns])
-    run(["ip", "-n", ns, "link", "set", peer, "name", "eth0"])
-    run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0"])
-    run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+    run(["ip", "-n", ns, "link", "set", peer, "name", iface])
+    run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", iface])
+    run(["ip", "-n", ns, "link", "set", iface, "up"])
     run(["ip", "-n", ns, "link", "set", "lo", "up"])
     own_block = i // NODES_PER_BLOCK
     for block in range(names.blocks(total)):
         if block != own_block:  # one L2 bridge: the other blocks are on-link too
-            run(["ip", "-n", ns, "route", "add", f"{names.block_prefix(block)}.0/24", "dev", "eth0"])
-    run(["ip", "link", "set", veth, "master", names.bridge])
+            run(["ip", "-n", ns, "route", "add", f"{names.block_prefix(block)}.0/24", "dev", iface])
+    run(["ip", "link", "set", veth, "master", bridge])
     run(["ip", "link", "set", veth, "up"])
+    if shape.bastion and i == 0:
+        make_external_link(names, record)
     # Per-namespace /etc overlays: every node resolves every node; DNS fails fast (no route out).
     etc = names.netns_etc(i)
     record("netns_etc", str(etc))
@@ -68,6 +91,20 @@ def make_network(names: FleetNames, i: int, total: int, record: Record) -> None:
     hosts_lines = ["127.0.0.1 localhost"] + [f"{names.address(j)} {names.node_name(j)}" for j in range(total)]
     (etc / "hosts").write_text("\n".join(hosts_lines) + "\n")
     (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+
+
+def make_external_link(names: FleetNames, record: Record) -> None:
+    """Bastion mode: the head's second interface (``ext0``) on the external bridge."""
+    ns, veth, peer = names.netns(0), names.external_veth(), names.external_peer()
+    record("link", veth)
+    record("link", peer)
+    run(["ip", "link", "add", veth, "type", "veth", "peer", "name", peer])
+    run(["ip", "link", "set", peer, "netns", ns])
+    run(["ip", "-n", ns, "link", "set", peer, "name", "ext0"])
+    run(["ip", "-n", ns, "addr", "add", f"{names.external_address}/24", "dev", "ext0"])
+    run(["ip", "-n", ns, "link", "set", "ext0", "up"])
+    run(["ip", "link", "set", veth, "master", names.bridge])
+    run(["ip", "link", "set", veth, "up"])
 
 
 def make_user(names: FleetNames, i: int, operator_pub: str, record: Record) -> None:
@@ -98,26 +135,44 @@ def make_user(names: FleetNames, i: int, operator_pub: str, record: Record) -> N
     shutil.chown(ssh_dir / "authorized_keys", name, name)
 
 
-def make_node(names: FleetNames, i: int, total: int, operator_pub: str, python: str, record: Record) -> Host:
-    make_network(names, i, total, record)
+def make_node(
+    names: FleetNames,
+    i: int,
+    total: int,
+    operator_pub: str,
+    python: str,
+    record: Record,
+    shape: Shape = Shape(),
+) -> Host:
+    make_network(names, i, total, record, shape)
     make_user(names, i, operator_pub, record)
     node_dir = names.node_dir(i)
     node_dir.mkdir(parents=True, exist_ok=True)
     host_key = node_dir / "ssh_host_ed25519_key"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", names.node_name(i), "-f", str(host_key)])
-    (node_dir / "sshd_config").write_text(sshd_config(names, i, host_key))
+    (node_dir / "sshd_config").write_text(sshd_config(names, i, host_key, shape))
     return Host(
         name=names.node_name(i),
-        address=names.address(i),
+        address=names.external_address if shape.bastion and i == 0 else names.address(i),
         private_address=names.address(i),
         user=names.node_name(i),
-        port=22,
+        port=names.ssh_port(i, shape.mixed),
         key=names.key_path,
         host_key=host_key.with_suffix(".pub").read_text().strip(),
         gpus=0,
-        interface="eth0",
+        interface=names.interface(i, shape.mixed),
         python=python,
     )
+
+
+def behind_head(hosts: list[Host]) -> list[Host]:
+    """Bastion mode: the workers reach this machine only through the head (its external address
+    and its own pinned host key)."""
+    head = hosts[0]
+    jump = JumpHost(
+        address=head.address, port=head.port, user=head.user, key=head.key, host_key=head.host_key
+    )
+    return [head] + [h.model_copy(update={"proxy_jump": jump}) for h in hosts[1:]]
 
 
 def start_sshd(names: FleetNames, i: int) -> None:

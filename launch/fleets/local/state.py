@@ -1,7 +1,8 @@
 """The local fleet's record of what it created: the only ground on which ``down`` removes anything.
 
 ``$FLEETRUN_HOME/localfleet/<prefix>/created.jsonl``: one JSON line per thing (``user``, ``home``,
-``netns``, ``netns_etc``, ``link``, ``run_netns``), appended and fsynced *before* the thing is
+``netns``, ``netns_etc``, ``link``, ``run_netns``, ``route``: a bastion fleet's
+``unreachable`` route for its internal subnet in the root namespace), appended and fsynced *before* the thing is
 created (write-ahead), so a crash at any point of ``up`` leaves a record that covers everything
 that may exist. ``up`` checks that no name it is about to use exists before it records or creates
 anything, so a recorded name is never someone else's. Users carry a second proof, a GECOS marker
@@ -15,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("user", "home", "netns", "netns_etc", "link", "run_netns")
+KINDS = ("user", "home", "netns", "netns_etc", "link", "run_netns", "route")
 MAX_STATE_BYTES = 4 * 1024 * 1024
 
 

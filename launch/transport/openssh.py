@@ -1,0 +1,68 @@
+"""OpenSSH client command lines (rsync ``-e``, pulls) with the same strict checking as paramiko.
+
+A host behind a bastion gets its jump as a ``ProxyCommand`` running ``ssh -W`` with the same
+strict options: ``-J``/``ProxyJump`` does not carry command-line ``-o`` options to the jump hop.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from launch.job.inventory import Host, JumpHost
+from launch.transport.jump import DEFAULT_CONNECT_TIMEOUT
+
+
+def ssh_token_safe(value: str) -> str:
+    """``value`` with ``%`` doubled: OpenSSH expands ``%h``-style tokens in ``-i``,
+    ``UserKnownHostsFile`` and ``ProxyCommand``, and an inventory's paths are untrusted text."""
+    return value.replace("%", "%%")
+
+
+def _strict_options(known_hosts: Path, connect_timeout: int) -> list[str]:
+    return [
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={ssh_token_safe(str(known_hosts))}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"ConnectTimeout={connect_timeout}",
+        "-o",
+        "LogLevel=ERROR",
+        "-F",
+        "/dev/null",
+    ]
+
+
+def proxy_command(jump: JumpHost, known_hosts: Path, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT) -> str:
+    """The ``ProxyCommand`` that reaches a host through ``jump``: ``ssh -W`` with strict checking.
+
+    Not ``-J``/``ProxyJump``: OpenSSH does not pass command-line ``-o`` options to the jump hop,
+    which would then check its key against ``~/.ssh/known_hosts`` (or ask). Here the jump hop gets
+    fleetrun's known_hosts, ``StrictHostKeyChecking=yes``, ``BatchMode``, no config file, and only
+    the jump's own key. Every value is shell-quoted (the command runs under ``sh -c``) and its
+    ``%`` doubled twice over (expanded once by the outer ssh in ``ProxyCommand``, once more by the
+    inner one in ``-i``/``UserKnownHostsFile``); ``%h``/``%p`` are the only tokens left.
+    """
+    argv = ["ssh", "-p", str(jump.port), "-l", jump.user, *_strict_options(known_hosts, connect_timeout)]
+    if jump.key is not None:
+        argv += ["-o", "IdentitiesOnly=yes", "-i", ssh_token_safe(str(jump.key))]
+    options = ssh_token_safe(shlex.join(argv))
+    return f"{options} -W '[%h]:%p' -- {ssh_token_safe(shlex.quote(jump.address))}"
+
+
+def openssh_command(
+    host: Host, known_hosts: Path, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+) -> list[str]:
+    """The OpenSSH client invocation (for rsync ``-e``) with the same strict checking as paramiko,
+    through the host's jump host when it has one (``proxy_command``)."""
+    cmd = ["ssh", "-p", str(host.port), *_strict_options(known_hosts, connect_timeout)]
+    if host.key is not None:
+        cmd += ["-o", "IdentitiesOnly=yes", "-i", ssh_token_safe(str(host.key))]
+    if host.proxy_jump is not None:
+        cmd += ["-o", f"ProxyCommand={proxy_command(host.proxy_jump, known_hosts, connect_timeout)}"]
+    return cmd
