@@ -71,6 +71,8 @@ class NodePlan:
 
     def describe(self) -> str:
         where = f"{self.host.user}@{host_port(self.host.address, self.host.port)}"
+        if self.host.proxy_jump is not None:
+            where += f" via {self.host.proxy_jump.label}"
         return f"{self.host.name} ({where}, node rank {self.node_rank}, {self.role})"
 
 

@@ -1,0 +1,165 @@
+"""A lab behind a login node, on the local fleet: ``LocalFleet.up(bastion=True, mixed=True)``.
+
+The nodes sit on an internal bridge this machine has no address on (and an ``unreachable`` route
+for their subnet); the head has a second interface on the external bridge and is the workers'
+jump host (``proxy_jump``: its external address and its own pinned host key). Each node also
+has its own sshd port and interface name. Everything goes through the real CLI or the real
+transport: ``fab doctor``, ``fab train`` (rsync through the ``ProxyCommand``, paramiko through
+one shared jump connection, pulls back through it), ``fab exec``, and plain OpenSSH.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launch.fleets.local import LocalFleet
+from launch.job.inventory import Inventory
+from launch.transport.ssh import Fleet, openssh_command
+from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, write_playbook
+
+pytestmark = needs_root()
+PREFIX = fleet_prefix("j")
+
+
+@pytest.fixture(scope="module")
+def bastion(fleetrun_home: Path) -> Iterator[LocalFleet]:
+    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(6))
+    fleet.up(3, say=lambda _m: None, bastion=True, mixed=True)
+    yield fleet
+    left = fleet.down(say=lambda _m: None)
+    assert not any(left.values()), f"local fleet left things behind: {left}"
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False).stdout
+    assert f"{PREFIX}bi" not in links and f"{PREFIX}x0" not in links, (
+        "both bridges and the head's second link gone"
+    )
+    routes = subprocess.run(
+        ["ip", "route", "show", "type", "unreachable"], capture_output=True, text=True
+    ).stdout
+    assert fleet.internal_subnet not in routes, "the unreachable route is removed with the fleet"
+
+
+def fab(*args: str, home: Path, runs: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FLEETRUN_HOME": str(home), "COLUMNS": "200"}
+    if runs is not None:
+        env["FLEETRUN_RUNS"] = str(runs)
+    return subprocess.run(
+        [str(REPO / ".venv" / "bin" / "fab"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_inventory_says_the_workers_are_behind_the_head(bastion: LocalFleet) -> None:
+    inv = bastion.inventory()
+    head, workers = inv.hosts[0], inv.hosts[1:]
+    assert head.proxy_jump is None and head.address == bastion.external_address
+    assert head.private_address == bastion.address(0), "the cluster still meets on the internal network"
+    for host in workers:
+        assert host.proxy_jump is not None
+        assert (host.proxy_jump.address, host.proxy_jump.port) == (head.address, head.port)
+        assert host.proxy_jump.host_key == head.host_key and host.proxy_jump.user == head.user
+    assert len({h.port for h in inv.hosts}) == 3 and len({h.interface for h in inv.hosts}) == 3
+
+
+def test_this_machine_cannot_reach_a_worker_directly(bastion: LocalFleet) -> None:
+    worker = bastion.inventory().hosts[1]
+    with pytest.raises(OSError), socket.create_connection((worker.address, worker.port), timeout=3):
+        pass
+    with socket.create_connection((bastion.external_address, bastion.ssh_port(0, True)), timeout=3) as sock:
+        sock.settimeout(3)
+        assert sock.recv(64).startswith(b"SSH-2.0-"), "the head's external sshd answers"
+
+
+def test_every_node_through_one_shared_jump_connection(bastion: LocalFleet, fleetrun_home: Path) -> None:
+    inv = bastion.inventory()
+    known_hosts = inv.write_known_hosts(fleetrun_home / "kh-bastion")
+    assert f"[{bastion.external_address}]:2200 " in known_hosts.read_text()
+    with Fleet(inv.hosts, known_hosts) as fleet:
+        results = fleet.run("hostname", timeout=30)
+        assert {name: getattr(r, "stdout", repr(r)).strip() for name, r in results.items()} == {
+            h.name: h.name for h in inv.hosts
+        }
+        head = f"{bastion.external_address}:2200"
+        ss = subprocess.run(
+            ["ss", "-Htn", "state", "established", "dst", head], capture_output=True, text=True, check=True
+        ).stdout
+        assert len(ss.splitlines()) == 2, (
+            f"the head's own connection and one jump connection, not one per node:\n{ss}"
+        )
+
+
+def test_doctor_and_a_digits_job_through_the_bastion(
+    bastion: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+) -> None:
+    doctor = fab("doctor", "--verbose", "--inventory", f"local:{PREFIX}", home=fleetrun_home)
+    assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
+    for i in range(3):
+        assert f"{bastion.node_name(i)} interface  ok     lan{i} MTU" in doctor.stdout, doctor.stdout[-3000:]
+
+    playbook = write_playbook(tmp_path / "job.yaml", digits_workdir, name="t-bastion", outputs="outputs")
+    runs = tmp_path / "runs"
+    proc = fab("train", str(playbook), "--inventory", f"local:{PREFIX}", home=fleetrun_home, runs=runs)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "succeeded (completed)" in proc.stdout
+    world = " ".join(proc.stdout.split())
+    for i in range(3):
+        assert f"{i}@{bastion.node_name(i)}({bastion.address(i)})" in world, (
+            "ranks meet on the private addresses"
+        )
+    (folder,) = runs.iterdir()
+    for i in (1, 2):
+        pulled = folder / "nodes" / bastion.node_name(i)
+        assert (pulled / "metrics.jsonl").is_file() or (pulled / "node.log").is_file(), (
+            "pulled through the jump"
+        )
+        assert f"IFACE=lan{i}\n" in (pulled / "launch.sh").read_text(), "the node's own interface"
+
+
+def test_a_wrong_jump_host_key_is_refused_on_both_transports(bastion: LocalFleet, tmp_path: Path) -> None:
+    """The workers alone (so the head's real key is pinned nowhere), the jump pinned with node 1's key."""
+    data = bastion.inventory().to_yaml_data()
+    wrong = data["hosts"][1]["host_key"]
+    workers = []
+    for host in data["hosts"][1:]:
+        host["proxy_jump"]["host_key"] = wrong
+        workers.append({k: v for k, v in host.items() if v is not None})
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": workers}))
+    home = tmp_path / "home"
+    proc = fab("exec", "hostname", "--inventory", str(inventory), home=home)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    jump = f"{bastion.node_name(0)}@{bastion.external_address}:2200"
+    for i in (1, 2):
+        line = next(
+            x for x in proc.stdout.splitlines() if x.startswith(f"fleetrun: {bastion.node_name(i)}: FAILED")
+        )
+        assert f"jump host: host key at {jump} does not match the pinned key" in line
+        assert "proxy_jump.host_key" in line
+    assert f"{bastion.node_name(1)}: {bastion.node_name(1)}" not in proc.stdout, "no command ran"
+
+    lab = Inventory.from_static_yaml(inventory)
+    known_hosts = lab.write_known_hosts(tmp_path / "kh")
+    pinned = known_hosts.read_text()
+    worker = lab.hosts[0]
+    ssh = subprocess.run(
+        [*openssh_command(worker, known_hosts), f"{worker.user}@{worker.address}", "hostname"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ssh.returncode == 255 and "Host key verification failed" in ssh.stderr, ssh.stderr
+    assert known_hosts.read_text() == pinned, "nothing learned"
+    assert not (home / "known_hosts").exists() or all(
+        bastion.inventory().hosts[0].host_key not in p.read_text() for p in (home / "known_hosts").iterdir()
+    ), "the head's real key was never written anywhere"
