@@ -163,3 +163,23 @@ def test_a_wrong_jump_host_key_is_refused_on_both_transports(bastion: LocalFleet
     assert not (home / "known_hosts").exists() or all(
         bastion.inventory().hosts[0].host_key not in p.read_text() for p in (home / "known_hosts").iterdir()
     ), "the head's real key was never written anywhere"
+
+
+def test_a_node_the_jump_host_cannot_reach_is_named_with_the_jump(
+    bastion: LocalFleet, tmp_path: Path
+) -> None:
+    """Node 2 listed on a port nothing listens on: the jump host connects, the channel is refused."""
+    data = bastion.inventory().to_yaml_data()
+    data["hosts"][2]["port"] = 2299
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": data["hosts"]}))
+    proc = fab("exec", "hostname", "--inventory", str(inventory), home=tmp_path / "home")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    two = bastion.node_name(2)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith(f"fleetrun: {two}: FAILED"))
+    jump = f"{bastion.node_name(0)}@{bastion.external_address}:2200"
+    assert f"unreachable at {bastion.address(2)}:2299 through jump host {jump}" in line
+    assert "the jump host could not connect" in line
+    assert f"{bastion.node_name(1)}: {bastion.node_name(1)}" in proc.stdout, (
+        "the node behind it that is up answers"
+    )

@@ -8,6 +8,7 @@ parsers that will read it, not on a re-implementation of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,6 +23,7 @@ import yaml
 
 from launch.errors import SpecError
 from launch.job.inventory import Host, Inventory, JumpHost
+from launch.transport import openssh
 from launch.transport.ssh import openssh_command, proxy_command
 
 KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOvhipRqRG6pVVv2ReJ6BqUyaR82FT9Wa5PVWfYDKj6l"
@@ -234,3 +236,22 @@ def test_a_host_without_a_jump_gets_no_proxy_command(tmp_path: Path) -> None:
     assert not any(a.startswith("ProxyCommand") for a in argv)
     jump = JumpHost(address="fd00::5", user="alice", host_key=KEY_J)
     assert proxy_command(jump, tmp_path / "kh").endswith("-W '[%h]:%p' -- fd00::5"), "IPv6 bracketed by ssh"
+
+
+def test_openssh_commands_through_one_jump_host_are_bounded() -> None:
+    """At most JUMP_SLOTS at once through one login node; other jumps and direct hosts are free."""
+    jump = JumpHost(address="login.lab.example", user="alice", host_key=KEY_J)
+    behind = Host(name="gpu2", address="10.1.0.11", user="bob", host_key=KEY_B, proxy_jump=jump)
+    other = behind.model_copy(
+        update={"proxy_jump": jump.model_copy(update={"address": "login2.lab.example"})}
+    )
+    direct = Host(name="gpu1", address="10.1.0.10", user="bob", host_key=KEY_A)
+    with contextlib.ExitStack() as stack:
+        for _ in range(openssh.JUMP_SLOTS):
+            stack.enter_context(openssh.jump_slot(behind))
+        slot = openssh._slots[jump.endpoint]
+        assert slot.acquire(blocking=False) is False, "a ninth command waits for a slot"
+        with openssh.jump_slot(other), openssh.jump_slot(direct):
+            pass
+    assert slot.acquire(blocking=False) is True, "slots are given back"
+    slot.release()

@@ -19,6 +19,7 @@ from launch.planning.cluster_ssh import revoke_command
 from launch.reports.safe_text import clean, markup_safe
 from launch.run.run_folder import RunFolder
 from launch.run.watch import AGENT
+from launch.transport.openssh import jump_slot
 from launch.transport.ssh import Fleet, NodeConnection, openssh_command
 
 
@@ -167,14 +168,15 @@ def pull(
         target.mkdir(parents=True, exist_ok=True)
         source = host.rsync_target(f"{run_dir}/")
         rsh = shlex.join(openssh_command(host, known_hosts))
-        proc = subprocess.run(
-            pull_argv(source, target, rsh, max_file_bytes),
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=3600,
-            check=False,
-        )
+        with jump_slot(host):
+            proc = subprocess.run(
+                pull_argv(source, target, rsh, max_file_bytes),
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=3600,
+                check=False,
+            )
         if proc.returncode != 0:
             raise HostError(host.name, clean(rsync_error(proc.stderr, proc.returncode), 600))
         return [line for line in proc.stdout.splitlines() if line.endswith(" is over max-size")]

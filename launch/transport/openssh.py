@@ -2,11 +2,17 @@
 
 A host behind a bastion gets its jump as a ``ProxyCommand`` running ``ssh -W`` with the same
 strict options: ``-J``/``ProxyJump`` does not carry command-line ``-o`` options to the jump hop.
+Each such command is one more SSH connection to the login node, so at most ``JUMP_SLOTS`` run
+through one jump host at a time (``jump_slot``): sshd's default ``MaxStartups 10:30:100`` starts
+dropping a user's concurrent handshakes past 10.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from launch.job.inventory import Host, JumpHost
@@ -66,3 +72,21 @@ def openssh_command(
     if host.proxy_jump is not None:
         cmd += ["-o", f"ProxyCommand={proxy_command(host.proxy_jump, known_hosts, connect_timeout)}"]
     return cmd
+
+
+JUMP_SLOTS = 8
+_slots_guard = threading.Lock()
+_slots: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+
+
+@contextlib.contextmanager
+def jump_slot(host: Host) -> Iterator[None]:
+    """Hold one of the ``JUMP_SLOTS`` OpenSSH commands allowed through ``host``'s jump host at
+    once (no limit for a host reached directly)."""
+    if host.proxy_jump is None:
+        yield
+        return
+    with _slots_guard:
+        slot = _slots.setdefault(host.proxy_jump.endpoint, threading.BoundedSemaphore(JUMP_SLOTS))
+    with slot:
+        yield

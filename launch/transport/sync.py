@@ -22,6 +22,7 @@ from launch.errors import HostError
 from launch.job.inventory import Host
 from launch.planning import remote_layout as layout
 from launch.settings import DEFAULT_FANOUT
+from launch.transport.openssh import jump_slot
 from launch.transport.ssh import ensure_open_files, openssh_command, parallel_map
 
 NODELIB = Path(__file__).resolve().parent.parent / "nodelib"
@@ -117,7 +118,8 @@ def sync_host(
     for source, remote, filters in transfers:
         argv = rsync_argv(source, host, remote, known_hosts, filters)
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+            with jump_slot(host):
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             raise HostError(host.name, f"rsync of {source} timed out after {timeout:.0f} s") from None
         if proc.returncode != 0:
