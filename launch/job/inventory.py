@@ -8,8 +8,9 @@ Three sources feed the same model, so everything downstream (plans, SSH, sync) i
 Where the machines came from is ``Inventory.fleet``, a typed reference that only fleetrun's own
 state can set to anything but ``LabFleet`` (see ``launch.fleets.kinds``).
 
-Every host carries a pinned host key. fleetrun writes a known_hosts file from those keys and
-connects with strict checking: no trust on first use, ever.
+Every host carries a pinned host key, and so does a host's jump host (``proxy_jump``: a login
+node in front of the lab). fleetrun writes a known_hosts file from those keys and connects with
+strict checking on every hop: no trust on first use, ever.
 """
 
 from __future__ import annotations
