@@ -11,10 +11,10 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-from fabric import task
 from invoke import Collection
 from invoke.exceptions import Exit
 
+from launch.cli.task_help import ROOT, task
 from launch.errors import FleetrunError
 from launch.settings import Settings, active, current
 
@@ -308,3 +308,4 @@ ns.add_task(watch)
 ns.add_task(pull)
 ns.add_task(exec_)
 ns.add_collection(local)
+ROOT.append(ns)  # what `fab TASK --help` prints from (launch.cli.task_help)
