@@ -39,7 +39,7 @@ def _help_of(make: object, argv: list[str], capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_collection_has_every_task() -> None:
-    assert {"train", "show", "exec", "local.up", "logs"} <= set(TASKS)
+    assert {"train", "show", "exec", "local.up", "logs", "export"} <= set(TASKS)
 
 
 @pytest.mark.parametrize("make", [_fab, fleetrun_program], ids=["fab", "fleetrun"])
