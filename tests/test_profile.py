@@ -208,3 +208,47 @@ def test_a_range_from_the_first_step_and_a_run_ending_inside_it(tmp_path: Path) 
     assert _step_regions(chrome) == list(range(1, 14))
     names = {e.get("name") for e in json.loads(chrome.read_text())["traceEvents"]}
     assert "aten::linear" in names
+
+
+def test_fab_show_lists_each_nodes_traces_and_tensorboard_folder() -> None:
+    from launch.reports.views import profile_traces, render_text, show_run
+    from launch.run.records import RunRecord
+
+    artifacts = [
+        "metrics.jsonl",
+        "nodes/n0/profile/trace-rank0-steps20-30.json",
+        "nodes/n0/profile/ops-rank0.txt",
+        "nodes/n0/profile/plugins/profile/r1/rank0.1700000000.pt.trace.json",
+        "nodes/n1/profile/trace-rank1-steps20-30.json",
+        "nodes/n1/profile/plugins/profile/r1/rank1.1700000001.pt.trace.json",
+        "nodes/n1/outputs/trace-rank9-steps1-2.json",  # the job's own file, not a profile
+    ]
+    traces, boards = profile_traces(artifacts)
+    assert traces == [artifacts[1], artifacts[4]]
+    assert boards == ["nodes/n0/profile", "nodes/n1/profile"]
+    record = RunRecord(
+        id="r1",
+        playbook_path="p.yaml",
+        playbook_name="p",
+        playbook_hash=None,
+        git_commit=None,
+        inventory={},
+        launcher="torchrun",
+        started_at=0.0,
+        ended_at=1.0,
+        state="succeeded",
+        stop_rule=None,
+        stop_reason=None,
+        exit_codes={},
+        last_metrics={},
+        cost_usd=None,
+        run_dir="/runs/r1",
+        artifacts=artifacts,
+    )
+    shown = render_text(show_run(record), width=200)
+    assert "/runs/r1/nodes/n0/profile/trace-rank0-steps20-30.json" in shown
+    assert "tensorboard --logdir /runs/r1/nodes/n1/profile" in shown
+    without = render_text(
+        show_run(RunRecord(**{**record.__dict__, "artifacts": ["metrics.jsonl"]})), width=200
+    )
+    assert "profile" not in without

@@ -83,7 +83,6 @@ class HelpfulTask(fabric.Task):  # type: ignore[misc]
         if kwargs.pop(HELP_FLAG, False):
             print_task_help(self)
             return None
-        kwargs.pop(HELP_FLAG, None)
         return super().__call__(*args, **kwargs)
 
 
