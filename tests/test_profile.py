@@ -252,3 +252,12 @@ def test_fab_show_lists_each_nodes_traces_and_tensorboard_folder() -> None:
         show_run(RunRecord(**{**record.__dict__, "artifacts": ["metrics.jsonl"]})), width=200
     )
     assert "profile" not in without
+
+
+def test_a_rank_past_the_jobs_processes_is_refused(tmp_path: Path) -> None:
+    path = _playbook(tmp_path, '{steps: "5-6", ranks: [0, 4]}')
+    path.write_text(path.read_text() + "procs_per_node: 2\n")
+    with pytest.raises(SpecError, match=r"field 'profile': .*rank 4 does not exist: the job has 4 processes"):
+        load_job_spec(path)
+    path.write_text(path.read_text().replace("ranks: [0, 4]", "ranks: [0, 3]"))
+    assert load_job_spec(path).profile is not None

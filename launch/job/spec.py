@@ -295,6 +295,19 @@ class JobSpec(BaseModel):
                 raise ValueError("expected a non-empty path")
         return value
 
+    @field_validator("profile")
+    @classmethod
+    def _profile_ranks_exist(cls, value: ProfileSpec | None, info: ValidationInfo) -> ProfileSpec | None:
+        """A rank past the job's processes would never be profiled: said now, when it is known."""
+        nodes, procs = info.data.get("nodes"), info.data.get("procs_per_node")
+        if value is not None and isinstance(nodes, int) and isinstance(procs, int):
+            world = nodes * procs
+            if max(value.ranks) >= world:
+                raise ValueError(
+                    f"ranks: rank {max(value.ranks)} does not exist: the job has {world} processes (ranks 0-{world - 1})"
+                )
+        return value
+
     @field_validator("stop")
     @classmethod
     def _stop_bounded(cls, value: StopRules) -> StopRules:

@@ -239,6 +239,10 @@ def export_pytorchjob(
         if spec.setup
         else []
     )
+    if spec.procs_per_node == "auto":
+        notes.append(
+            f"procs_per_node is auto: {procs} process(es) and {gpus_per_node} GPU(s) per pod (--gpus sets both)"
+        )
     if spec.data_dir:
         notes.append(f"data_dir {spec.data_dir}: mount it into the pods at that path (a volume)")
     notes += [
