@@ -139,6 +139,8 @@ class JobSpec(BaseModel):
             (exported as ``FLEETRUN_OUTPUT_DIR`` and ``SM_MODEL_DIR``); pulled back after the run.
         data_dir: path on the nodes holding training data (exported as ``FLEETRUN_DATA_DIR`` and
             ``SM_CHANNEL_TRAINING``).
+        profile: ``torch.profiler`` for a range of steps on some ranks (``ProfileSpec``); traces
+            land in each node's run directory under ``profile/`` and are pulled with it.
         python: interpreter on the nodes that the job's environment is built from; defaults to
             the inventory host's ``python``.
         rdzv_port: TCP port of the rendezvous on the head node, or ``auto`` (the default): a port
@@ -151,8 +153,6 @@ class JobSpec(BaseModel):
         relay_sync_above: with more nodes than this, code is uploaded to the head once and the
             head copies it to the workers over the private network (``launch.transport.sync_relay``),
             instead of one upload per node from the laptop.
-        profile: ``torch.profiler`` for a range of steps on some ranks (``ProfileSpec``); traces
-            land in each node's run directory under ``profile/`` and are pulled with it.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -169,13 +169,13 @@ class JobSpec(BaseModel):
     secret_env: list[str] = Field(default_factory=list, max_length=MAX_ENV_VARS)
     outputs: str = Field(default="outputs", max_length=255)
     data_dir: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
+    profile: ProfileSpec | None = None
     python: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
     rdzv_port: int | Literal["auto"] = "auto"
     max_restarts: int = Field(default=0, ge=0, le=100)
     stop: StopRules = Field(default_factory=StopRules)
     teardown: Teardown = Teardown.ALWAYS
     relay_sync_above: int = Field(default=16, ge=1, le=100_000)
-    profile: ProfileSpec | None = None
 
     @field_validator("teardown", mode="before")
     @classmethod
