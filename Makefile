@@ -17,7 +17,8 @@ test: setup lint typecheck horovod pytest
 setup: system-deps $(STAMP)
 
 # openssh-server, rsync and iproute2 for the local fleet (nodes are namespaces running real sshd);
-# pdsh only as bench/scale.py's baseline (its smoke test runs in `make test`).
+# pdsh only as bench/scale.py's baseline (its smoke test runs in `make test`); shellcheck for the
+# lint test of images/ scripts (tests/infra/test_bootstrap.py), which a machine without it skips.
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -26,6 +27,7 @@ system-deps:
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v pgrep >/dev/null || missing="$$missing procps"; \
 	command -v pdsh >/dev/null || missing="$$missing pdsh"; \
+	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \

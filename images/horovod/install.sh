@@ -36,7 +36,7 @@ command -v "$PY" >/dev/null 2>&1 || [ -x "$PY" ] || die "no interpreter $PY"
 
 # CPU collectives over Gloo unless HOROVOD_GPU_OPERATIONS (e.g. NCCL) asks for more: part of the
 # cache key, so a CPU-only wheel is never reused where GPU collectives were asked for.
-OPS=$(echo "${HOROVOD_GPU_OPERATIONS:-cpu}" | tr 'A-Z' 'a-z')
+OPS=$(echo "${HOROVOD_GPU_OPERATIONS:-cpu}" | tr '[:upper:]' '[:lower:]')
 
 installed() {
     FLEETRUN_HVD_OPS=$OPS "$PY" - <<'EOF' 2>/dev/null

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-from fabric import task
 from invoke import Collection
 from invoke.exceptions import Exit
 
+from launch.cli.task_help import ROOT, task
 from launch.errors import FleetrunError
 from launch.settings import Settings, active, current
 
@@ -298,6 +298,42 @@ def exec_(
         raise Exit(code=1)
 
 
+@task(
+    help={
+        "playbook": "job file, e.g. playbooks/digits-ddp.yaml",
+        "to": "what to export to: pytorchjob (a Kubeflow Training Operator PyTorchJob)",
+        "image": "container image the pods run (built from images/docker/Dockerfile; see its header)",
+        "nodes": "override the playbook's node count",
+        "gpus": "GPUs per node (default: procs_per_node when a number, else 1; 0 for a CPU job)",
+        "namespace": "Kubernetes namespace of the job (default: default)",
+        "output": "write the manifest here instead of printing it",
+    }
+)
+@_friendly
+def export(
+    c: Any,
+    playbook: str,
+    to: str = "pytorchjob",
+    image: str = "",
+    nodes: int = 0,
+    gpus: int = -1,
+    namespace: str = "default",
+    output: str = "",
+) -> None:
+    """Write a playbook as a Kubeflow PyTorchJob manifest (master + workers, env, GPUs, elastic policy)."""
+    from launch.cli import export as exporting
+
+    exporting.export(
+        playbook,
+        to=to,
+        image=image,
+        nodes=nodes or None,
+        gpus=None if gpus < 0 else gpus,
+        namespace=namespace,
+        output=output or None,
+    )
+
+
 local = Collection("local")
 local.add_task(local_up, "up")
 local.add_task(local_down, "down")
@@ -316,4 +352,6 @@ ns.add_task(logs)
 ns.add_task(watch)
 ns.add_task(pull)
 ns.add_task(exec_)
+ns.add_task(export)
 ns.add_collection(local)
+ROOT.append(ns)  # what `fab TASK --help` prints from (launch.cli.task_help)

@@ -12,6 +12,9 @@ Records are JSON lines appended to ``$FLEETRUN_RUN_DIR/metrics.jsonl`` (each flu
 watcher reads them while training runs); the final record goes to ``status.json``, written
 atomically. Outside fleetrun (no ``FLEETRUN_RUN_DIR``), files go to ``./fleetrun-metrics``.
 A metric record: ``{"step": 12, "time": <unix>, "elapsed": <s>, "loss": 0.52, ...}``.
+
+Every rank's ``log`` also drives the playbook's ``profile:`` (``fleetrun_profile``): the steps it
+sees are the ones torch.profiler records, so an unchanged training loop is profiled.
 """
 
 from __future__ import annotations
@@ -20,7 +23,15 @@ import json
 import math
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launch.nodelib import fleetrun_profile
+else:
+    try:  # imported as launch.nodelib.fleetrun_metrics (tests, the laptop)
+        from . import fleetrun_profile
+    except ImportError:  # beside this file in ~/.fleetrun/lib, on the job's PYTHONPATH
+        import fleetrun_profile
 
 
 def _rank() -> int:
@@ -58,6 +69,8 @@ class Metrics:
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
         elif os.environ.get("FLEETRUN_RUN_DIR") and run_dir is None:
             self._mark_elsewhere()
+        # profiler hook: every rank, enabled or not (profile.ranks picks them)
+        self._profiler = fleetrun_profile.for_rank(self.rank, self.run_dir)
 
     def _mark_elsewhere(self) -> None:
         """Tell this node's watchdog that rank 0 (and so the metrics) runs on another node.
@@ -79,6 +92,8 @@ class Metrics:
 
     def log(self, step: int, **scalars: Any) -> None:
         """One metric record. NaN and Inf are kept (the watcher's NaN rule needs to see them)."""
+        if self._profiler is not None:  # profiler hook, on every rank
+            self._profiler.on_step(int(step))
         if not self.enabled:
             return
         now = time.time()
@@ -94,6 +109,8 @@ class Metrics:
 
     def finish(self, status: str = "succeeded", message: str = "", **fields: Any) -> None:
         """The final status record; written atomically so a reader never sees half of it."""
+        if self._profiler is not None:  # profiler hook: a run ended inside the range keeps its trace
+            self._profiler.stop()
         if not self.enabled:
             return
         record = {"status": status, "time": time.time(), "step": self.last_step, "message": message, **fields}

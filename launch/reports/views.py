@@ -197,6 +197,22 @@ def runs_table(records: Sequence[RunRecord], *, now: float | None = None) -> Tab
     return table
 
 
+def profile_traces(artifacts: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The profiler's files among a run's artifacts (``fleetrun_profile`` writes them on the nodes):
+    the Chrome traces, and each node's ``profile`` folder in TensorBoard's profiler layout."""
+    traces, boards = [], []
+    for path in artifacts:
+        parts = str(path).split("/")
+        if len(parts) == 4 and parts[0] == "nodes" and parts[2] == "profile":
+            if parts[3].startswith("trace-rank") and parts[3].endswith(".json"):
+                traces.append(clean(path, 400))
+        elif len(parts) >= 6 and parts[0] == "nodes" and parts[2:5] == ["profile", "plugins", "profile"]:
+            board = clean("/".join(parts[:3]), 400)
+            if board not in boards:
+                boards.append(board)
+    return traces, boards
+
+
 def show_run(record: RunRecord, *, now: float | None = None) -> Group:
     """``fab show <id>``: every field of one run, then the end-of-run summary."""
     grid = Table.grid(padding=(0, 2))
@@ -217,6 +233,14 @@ def show_run(record: RunRecord, *, now: float | None = None) -> Group:
     ]
     for key, value in rows:
         _add_row(grid, key, value)
+    traces, boards = profile_traces(record.artifacts)
+    base = clean(record.run_dir, 400).rstrip("/") + "/" if record.run_dir else ""
+    for i, trace in enumerate(traces):
+        _add_row(grid, "profile" if i == 0 else "", f"{base}{trace}")
+    if traces:
+        _add_row(grid, "", "(Chrome traces: open in ui.perfetto.dev or chrome://tracing)")
+    for board in boards:
+        _add_row(grid, "" if traces else "profile", f"tensorboard --logdir {base}{board}")
     # the record holds the inventory as ``Inventory.to_yaml_data()``: its hosts, in rank order
     hosts = record.inventory.get("hosts") if isinstance(record.inventory, dict) else None
     if isinstance(hosts, list):

@@ -125,7 +125,10 @@ def test_bootstrap_script_checks_what_the_issue_asks() -> None:
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
 def test_shell_scripts_pass_shellcheck() -> None:
-    subprocess.run(["shellcheck", str(BOOTSTRAP_SCRIPT), str(PACKER_DIR / "provision.sh")], check=True)
+    """Every shell script under images/ (bootstrap, Packer provisioning, the Horovod build)."""
+    scripts = sorted(IMAGES.rglob("*.sh"))
+    assert BOOTSTRAP_SCRIPT in scripts and PACKER_DIR / "provision.sh" in scripts
+    subprocess.run(["shellcheck", *map(str, scripts)], check=True)
 
 
 def test_baked_image_and_container_definitions() -> None:

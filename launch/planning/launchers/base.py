@@ -209,6 +209,8 @@ class Launcher(ABC):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in host.gpu_indices)
         if isinstance(spec.rdzv_port, int):
             env["MASTER_PORT"] = str(spec.rdzv_port)
+        if spec.profile is not None:  # read by the node helper fleetrun_profile
+            env.update(spec.profile.node_env())
         env.update(spec.env)
         return env
 

@@ -1,0 +1,79 @@
+"""``fab export``: a playbook as another system's job definition (the manifest is built in
+``launch.planning.export_pytorchjob``; this module reads the playbook and writes the file)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from launch.errors import FleetrunError, SpecError
+from launch.job.spec import load_job_spec
+from launch.reports.safe_text import clean
+
+TARGETS = ("pytorchjob",)
+
+
+def _relative_workdir(workdir: Path, context: Path) -> str | None:
+    try:
+        return str(workdir.resolve().relative_to(context.resolve())) or "."
+    except ValueError:
+        return None
+
+
+def export(
+    playbook: str,
+    *,
+    to: str,
+    image: str,
+    nodes: int | None = None,
+    gpus: int | None = None,
+    namespace: str = "default",
+    output: str | None = None,
+) -> Path | None:
+    """Export ``playbook``; the manifest goes to ``output`` (or stdout), the notes to stderr."""
+    if to not in TARGETS:
+        raise SpecError(f"--to: expected one of {', '.join(TARGETS)}, got {to[:40]!r}")
+    if not image:
+        raise SpecError(
+            "--image: the container image the pods run is required (see images/docker/Dockerfile)"
+        )
+    try:
+        from launch.planning.export_pytorchjob import build_command, export_pytorchjob
+    except ImportError as exc:
+        raise FleetrunError(
+            f"exporting a PyTorchJob needs the Training Operator SDK ({exc}): pip install 'fleetrun[kubeflow]'"
+        ) from None
+    spec = load_job_spec(playbook)
+    result = export_pytorchjob(spec, image, nodes=nodes, gpus_per_node=gpus, namespace=namespace)
+    text = (
+        f"# PyTorchJob exported by fleetrun from {clean(playbook, 300)} (kubectl apply -f this file)\n"
+        + yaml.safe_dump(result.manifest, sort_keys=False, width=1000)
+    )
+    target = None
+    if output:
+        target = Path(output)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # env may hold secrets
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+        except OSError as exc:
+            raise FleetrunError(f"--output: cannot write {clean(output, 300)}: {clean(exc)}") from None
+        print(f"wrote {clean(target, 300)}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    context = Path.cwd()
+    workdir = _relative_workdir(spec.workdir, context)
+    if workdir is None:
+        print(
+            f"note: the workdir {clean(spec.workdir, 300)} is outside {clean(context, 300)}; build the image "
+            "from a directory holding both it and launch/nodelib",
+            file=sys.stderr,
+        )
+    else:
+        print(f"image: {build_command(spec, image, '.', workdir)}", file=sys.stderr)
+    for note in result.notes:
+        print(f"note: {clean(note, 300)}", file=sys.stderr)
+    return target
