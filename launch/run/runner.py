@@ -223,6 +223,24 @@ class Runner:
                 f"{sum(r.bytes_sent for r in synced)} bytes sent in all; "
                 f"{relayed} node(s) from the head, {len(synced) - relayed} from this machine"
             )
+        self.sync_channels()
+
+    def sync_channels(self) -> None:
+        """The playbook's ``local`` data channels (``SM_CHANNEL_<NAME>``) to every node."""
+        channels = {n: Path(c.local) for n, c in self.spec.all_channels().items() if c.local is not None}
+        if not channels:
+            return
+        results = self.transfers.sync_channels(
+            self.fleet, self.spec.name, channels, self.known_hosts, parallel=self.options.max_parallel
+        )
+        errors = {n: r for n, r in results.items() if isinstance(r, BaseException)}
+        if errors:
+            raise StepFailed("sync", errors)
+        sent = [r for r in results.values() if isinstance(r, SyncResult)]
+        self.reporter.say(
+            f"  data channel(s) {', '.join(sorted(channels))}: {sum(r.files_sent for r in sent)} file(s), "
+            f"{sum(r.bytes_sent for r in sent)} bytes sent to {len(sent)} node(s)"
+        )
 
     def setup(self) -> dict[str, str]:
         """Per-node environment + setup commands; skipped (with the reason) when unchanged."""

@@ -1,0 +1,57 @@
+"""Copy a playbook's ``local`` data channels to every node before the start (rsync over SSH).
+
+A channel ``{local: data/test}`` is a folder on this machine; every node gets it at
+``~/.fleetrun/data/<job>/<channel>`` (``SM_CHANNEL_<NAME>`` points there). Incremental like the
+code sync (only changed files travel on a re-run), but without the ``.gitignore`` filters: data
+folders are usually ignored by git and are exactly what must travel. Each node is sent the data
+from this machine; for large data sets use a folder already on the nodes (``path:``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from launch.errors import HostError
+from launch.job.inventory import Host
+from launch.planning.launchers.sagemaker import channel_dir
+from launch.settings import DEFAULT_FANOUT
+from launch.transport.ssh import Fleet, parallel_map
+from launch.transport.sync import SyncResult, _stat, rsync_argv
+
+ChannelSyncFn = Callable[..., dict[str, SyncResult | BaseException]]
+"""``sync_channels(fleet, job, channels, known_hosts, parallel=)``: results or errors per host."""
+
+
+def sync_host_channels(
+    host: Host, job: str, channels: Mapping[str, Path], known_hosts: Path, timeout: float = 3600
+) -> SyncResult:
+    files = size = 0
+    for name, source in sorted(channels.items()):
+        argv = rsync_argv(source, host, channel_dir(job, name), known_hosts, [])
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise HostError(host.name, f"rsync of channel {name} timed out after {timeout:.0f} s") from None
+        if proc.returncode != 0:
+            detail = " / ".join(proc.stderr.strip().splitlines()[-3:])
+            raise HostError(
+                host.name, f"rsync of channel {name} ({source}) failed ({proc.returncode}): {detail}"
+            )
+        files += _stat(proc.stdout, "Number of regular files transferred")
+        size += _stat(proc.stdout, "Total transferred file size")
+    return SyncResult(host.name, files, size)
+
+
+def sync_channels(
+    fleet: Fleet,
+    job: str,
+    channels: Mapping[str, Path],
+    known_hosts: Path,
+    parallel: int = DEFAULT_FANOUT,
+) -> dict[str, SyncResult | BaseException]:
+    """Every local channel to every node of ``fleet``, nodes in parallel (bounded)."""
+    return parallel_map(
+        fleet.hosts, lambda h: sync_host_channels(h, job, channels, known_hosts), max_parallel=parallel
+    )
