@@ -131,6 +131,7 @@ def test_compare_table_and_plot(home: Path) -> None:
     row_b = next(line for line in text.splitlines() if "mlp-b" in line)
     assert "0.1" in row_a and "succeeded" in row_a and "2:05" in row_a and "$0.50" in row_a
     assert "nan / 1.654" in row_b and "failed" in row_b  # final loss NaN, best before it
+    assert "same in every run: hidden=16" in text and "hidden " not in text.split("same in every run")[0]
     data = plot.read_bytes()
     assert data[:8] == PNG and struct.unpack(">II", data[16:24]) == (900, 500)
 

@@ -19,14 +19,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from launch.errors import FleetrunError
 from launch.reports.safe_text import clean, safe_text
 from launch.reports.tensorboard import metric_scalars, record_step
-from launch.reports.views import fmt_cost, fmt_duration, fmt_number, fmt_time
+from launch.reports.views import fmt_cost, fmt_duration, fmt_number
 from launch.run.records import RunRecord
 
-MAX_METRICS = 6
+MAX_METRICS = 5
 """Metric columns in the table (``loss`` first): a job logging 200 names would make it unreadable."""
 MAX_HYPERPARAMETERS = 12
 MAX_CURVE_POINTS = 100_000
@@ -183,31 +184,41 @@ def differing_hyperparameters(runs: Sequence[ComparedRun]) -> list[str]:
 
 
 def compare_table(runs: Sequence[ComparedRun], now: float | None = None) -> Table:
-    """Runs as rows: id, outcome, hyperparameters, final/best of each metric, duration, cost."""
-    hps = hyperparameter_columns(runs)
+    """Runs as rows: id, outcome, the hyperparameters that differ, final/best of each metric,
+    duration, cost; the hyperparameters every run shares go in the caption."""
+    names = hyperparameter_columns(runs)
+    differing = [n for n in names if len({repr(r.record.hyperparameters.get(n)) for r in runs}) > 1]
+    shared = [n for n in names if n not in differing and len(runs) > 1]
     metrics = metric_columns(runs)
-    table = Table(title=f"fab compare: {len(runs)} run(s)", show_lines=False)
-    for title in ("run", "outcome", *hps):
-        table.add_column(safe_text(clean(title, 40)), overflow="fold")
+    caption = None
+    if shared:
+        first = runs[0].record.hyperparameters
+        caption = clean(
+            "same in every run: " + ", ".join(f"{n}={fmt_number(first.get(n))}" for n in shared), 400
+        )
+    else:
+        differing = names
+    table = Table(title=f"fab compare: {len(runs)} run(s)", caption=caption)
+    table.add_column("run", no_wrap=True)
+    table.add_column("outcome")
+    for name in differing:
+        table.add_column(safe_text(clean(name, 40)), overflow="fold")
     for name in metrics:
         arrow = "min" if lower_is_better(name) else "max"
-        table.add_column(safe_text(f"{clean(name, 40)}\nfinal / best ({arrow})"), justify="right")
+        table.add_column(
+            Text.assemble(safe_text(clean(name, 40)), f"\nfinal / best ({arrow})"), justify="right"
+        )
     table.add_column("duration", justify="right")
     table.add_column("cost", justify="right")
-    table.add_column("started")
     for run in runs:
         rec = run.record
         cells = [safe_text(rec.id), safe_text(rec.state)]
-        cells += [safe_text(clean(fmt_number(rec.hyperparameters.get(n)), 40)) for n in hps]
+        cells += [safe_text(clean(fmt_number(rec.hyperparameters.get(n)), 40)) for n in differing]
         for name in metrics:
             final = run.metrics.final.get(name)
             best = run.metrics.best.get(name)
             cells.append(safe_text(f"{fmt_number(final)} / {fmt_number(best)}"))
-        cells += [
-            safe_text(fmt_duration(rec.duration_s(now))),
-            safe_text(fmt_cost(rec.cost_usd)),
-            safe_text(fmt_time(rec.started_at)),
-        ]
+        cells += [safe_text(fmt_duration(rec.duration_s(now))), safe_text(fmt_cost(rec.cost_usd))]
         table.add_row(*cells)
     return table
 
