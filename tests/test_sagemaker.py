@@ -81,7 +81,7 @@ def test_hyperparameters_are_encoded_as_sagemaker_does() -> None:
         ({"hyperparameters": {"tag": "a\nb"}}, "tag: a value must be one line"),
         ({"channels": {"train-set": "/data"}}, "'train-set' is not a valid channel name"),
         ({"channels": {"test": {"path": "/a", "local": "data/test"}}}, "expected exactly one of 'path'"),
-        ({"channels": {"test": {"bucket": "x"}}}, "field 'channels.test.bucket'"),
+        ({"channels": {"test": {"s3": "x"}}}, "field 'channels.test.s3'"),
         ({"channels": {"test": {"local": "missing"}}}, "field 'channels.test.local': directory"),
         ({"channels": {"test": {"local": "/"}}}, "is the root or home directory"),
         ({"data_dir": "/data", "channels": {"training": "/x"}}, "data_dir is the 'training' channel"),
@@ -220,3 +220,74 @@ def test_launch_script_gives_the_script_sagemakers_environment(tmp_path: Path) -
 def test_training_env_survives_garbage() -> None:
     env = training_env({"SM_HOSTS": "not json", "SM_NUM_CPUS": "x", "SM_CHANNELS": "[]"})
     assert env["hosts"] == [] and env["num_cpus"] == 0 and env["is_master"] is False
+
+
+# ------------------------------------------------------------------ channels from the fleet's bucket
+
+
+def test_bucket_channels_by_fleet_kind() -> None:
+    from launch.fleets.kinds.refs import LabFleet, LocalFleetRef, StackFleetRef
+    from launch.fleets.kinds.registry import fleet_kind
+
+    aws = fleet_kind(StackFleetRef(cluster_id="c", cloud="aws", bucket="bkt"))
+    gcp = fleet_kind(StackFleetRef(cluster_id="c", cloud="gcp", bucket="bkt"))
+    assert aws.bucket_download_argv("data/x") == [
+        "aws",
+        "s3",
+        "sync",
+        "--only-show-errors",
+        "s3://bkt/data/x",
+        "{dest}",
+    ]
+    assert gcp.bucket_download_argv("data/x") == [
+        "gcloud",
+        "storage",
+        "rsync",
+        "--recursive",
+        "gs://bkt/data/x",
+        "{dest}",
+    ]
+    for bucketless in (LabFleet(), LocalFleetRef(prefix="fr"), StackFleetRef(cluster_id="c", cloud="aws")):
+        assert fleet_kind(bucketless).bucket_download_argv("data/x") is None
+
+
+def test_bucket_channel_command_runs_on_a_node(tmp_path: Path) -> None:
+    """The command a node runs, with a stand-in copy tool for the cloud's CLI, in a real sh."""
+    from launch.transport.channel_sync import bucket_commands
+
+    bucket = tmp_path / "bucket" / "data" / "val"
+    bucket.mkdir(parents=True)
+    (bucket / "part-0.csv").write_text("x,label\n1,0\n")
+    commands = bucket_commands(
+        "smjob", {"val": "data/val"}, lambda src: ["cp", "-R", f"{tmp_path}/bucket/{src}/.", "{dest}"]
+    )
+    home = tmp_path / "node"
+    home.mkdir()
+    subprocess.run(
+        ["sh", "-c", commands["val"]], env={"HOME": str(home), "PATH": os.environ["PATH"]}, check=True
+    )
+    assert (home / ".fleetrun" / "data" / "smjob" / "val" / "part-0.csv").read_text() == "x,label\n1,0\n"
+    with pytest.raises(Exception, match="channel 'val' is taken from the fleet's bucket"):
+        bucket_commands("smjob", {"val": "data/val"}, lambda _src: None)
+
+
+def test_bucket_channel_in_the_plan_and_on_a_bucketless_fleet(tmp_path: Path) -> None:
+    from launch.run.channels import copy_channels
+    from launch.run.reporter import RecordingReporter
+    from launch.run.transfers import Transfers
+
+    plan = torchrun_plan(tmp_path, channels={"val": {"bucket": "datasets/val/"}})
+    assert plan.nodes[0].env["SM_CHANNEL_VAL"] == "$HOME/.fleetrun/data/smjob/val"
+    assert 'export SM_CHANNEL_VAL="$HOME"/.fleetrun/data/smjob/val' in (plan.nodes[0].launch_script or "")
+    spec = load_job_spec(playbook(tmp_path, channels={"val": {"bucket": "datasets/val"}}))
+    inventory = sample_inventory(2)  # lab machines: no bucket
+    errors = copy_channels(spec, inventory, None, tmp_path, Transfers(), 4, RecordingReporter())  # type: ignore[arg-type]
+    assert list(errors) == [inventory.hosts[0].name] and "this fleet has no bucket" in str(errors["n0"])
+
+
+@pytest.mark.parametrize("prefix", ["../x", "a/../b", "s3://bkt/x", "/abs", "a b"])
+def test_bucket_prefix_must_be_inside_the_fleets_bucket(tmp_path: Path, prefix: str) -> None:
+    with pytest.raises(
+        SpecError, match="field 'channels.val': .*is not a key prefix inside the fleet's bucket"
+    ):
+        load_job_spec(playbook(tmp_path, channels={"val": {"bucket": prefix}}))

@@ -8,9 +8,11 @@ strings are as they are and other values JSON). Data arrives as named channels, 
 encodings (the rules of sagemaker-training-toolkit's ``mapping.to_cmd_args``/``to_env_vars``),
 so a script written for SageMaker reads the same values under fleetrun.
 
-A channel is a folder on every node (``training: /data/digits/train``, or ``{path: ...}``), or a
+A channel is a folder on every node (``training: /data/digits/train``, or ``{path: ...}``), a
 folder on this machine (``{local: data/test}``, relative to the playbook) that ``fab train``
-copies to every node before the start (``~/.fleetrun/data/<job>/<channel>``).
+copies to every node before the start, or a prefix in the fleet's bucket (``{bucket:
+datasets/digits}``) that every node copies from the bucket with its own role before the start
+(both land in ``~/.fleetrun/data/<job>/<channel>``).
 
 Pure: validation only; the launchers turn these into environment and arguments.
 """
@@ -35,28 +37,48 @@ MAX_HYPERPARAMETERS = 256
 MAX_CHANNELS = 64
 MAX_HP_VALUE_CHARS = 4096
 MAX_PATH_CHARS = 4096
+BUCKET_PREFIX_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._=+-]*(/[A-Za-z0-9_][A-Za-z0-9._=+-]*)*/?")
+"""A key prefix inside the fleet's bucket: relative, no ``..``, no URL scheme (the bucket is the fleet's)."""
 
 HyperparameterValue = bool | int | float | str
 
 
 class Channel(BaseModel):
-    """One named data channel: ``path`` on the nodes, or ``local`` on this machine (synced)."""
+    """One named data channel: ``path`` on the nodes, ``local`` on this machine (synced), or a
+    ``bucket`` prefix (copied from the fleet's bucket by each node)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
     local: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
+    bucket: str | None = Field(default=None, max_length=1024)
 
     @model_validator(mode="after")
     def _one_source(self) -> Channel:
-        given = [name for name in ("path", "local") if getattr(self, name) is not None]
+        given = [
+            getattr(self, name) for name in ("path", "local", "bucket") if getattr(self, name) is not None
+        ]
         if len(given) != 1:
-            raise ValueError("expected exactly one of 'path' (a folder on every node) or 'local' (synced)")
-        value = self.path if self.path is not None else self.local
-        assert value is not None
+            raise ValueError(
+                "expected exactly one of 'path' (a folder on every node), 'local' (a folder here, synced) "
+                "or 'bucket' (a prefix in the fleet's bucket)"
+            )
+        value = given[0]
         if not value.strip() or CONTROL_CHARS.search(value):
             raise ValueError("expected a folder path without control characters")
+        if self.bucket is not None and (
+            not BUCKET_PREFIX_RE.fullmatch(self.bucket) or ".." in self.bucket.split("/")
+        ):
+            raise ValueError(
+                f"bucket: {self.bucket[:80]!r} is not a key prefix inside the fleet's bucket (relative, "
+                "letters, digits, '._=+-/', no '..'; the bucket itself is the fleet's)"
+            )
         return self
+
+    @property
+    def copied(self) -> bool:
+        """Whether fleetrun copies this channel to ``~/.fleetrun/data/<job>/<name>`` (local, bucket)."""
+        return self.path is None
 
 
 def check_hyperparameters(value: dict[str, HyperparameterValue]) -> dict[str, HyperparameterValue]:

@@ -34,6 +34,7 @@ from launch.planning.plan import LaunchPlan, NodePlan
 from launch.reports.safe_text import clean
 from launch.rules.preflight import errors_by_node
 from launch.rules.stoprules import StopDecision
+from launch.run.channels import copy_channels
 from launch.run.doctor import gather
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter, RichReporter
@@ -226,21 +227,18 @@ class Runner:
         self.sync_channels()
 
     def sync_channels(self) -> None:
-        """The playbook's ``local`` data channels (``SM_CHANNEL_<NAME>``) to every node."""
-        channels = {n: Path(c.local) for n, c in self.spec.all_channels().items() if c.local is not None}
-        if not channels:
-            return
-        results = self.transfers.sync_channels(
-            self.fleet, self.spec.name, channels, self.known_hosts, parallel=self.options.max_parallel
+        """The playbook's ``local`` and ``bucket`` data channels (``SM_CHANNEL_<NAME>``) to every node."""
+        errors = copy_channels(
+            self.spec,
+            self.inventory,
+            self.fleet,
+            self.known_hosts,
+            self.transfers,
+            self.options.max_parallel,
+            self.reporter,
         )
-        errors = {n: r for n, r in results.items() if isinstance(r, BaseException)}
         if errors:
             raise StepFailed("sync", errors)
-        sent = [r for r in results.values() if isinstance(r, SyncResult)]
-        self.reporter.say(
-            f"  data channel(s) {', '.join(sorted(channels))}: {sum(r.files_sent for r in sent)} file(s), "
-            f"{sum(r.bytes_sent for r in sent)} bytes sent to {len(sent)} node(s)"
-        )
 
     def setup(self) -> dict[str, str]:
         """Per-node environment + setup commands; skipped (with the reason) when unchanged."""

@@ -39,13 +39,13 @@ def host_names(count: int) -> list[str]:
 
 
 def channel_dir(job: str, name: str) -> str:
-    """Where a ``local`` channel is copied on every node (relative to the home)."""
+    """Where a ``local`` or ``bucket`` channel is copied on every node (relative to the home)."""
     return f"{layout.ROOT}/data/{job}/{name}"
 
 
 def channel_value(job: str, name: str, channel: Channel) -> str:
-    """``SM_CHANNEL_<NAME>``: the node path as given, or ``$HOME/...`` for a synced folder."""
-    if channel.local is not None:
+    """``SM_CHANNEL_<NAME>``: the node path as given, or ``$HOME/...`` for a copied folder."""
+    if channel.copied:
         return layout.home(channel_dir(job, name))
     assert channel.path is not None
     return channel.path
@@ -84,7 +84,7 @@ def sagemaker_env(spec: JobSpec, inventory: Inventory, rank: int, run_dir: str) 
 def home_relative_keys(spec: JobSpec) -> set[str]:
     """``SM_*`` keys whose ``$HOME/...`` values the node's shell expands (synced channels, outputs)."""
     keys = {"SM_MODEL_DIR", "SM_OUTPUT_DIR", "SM_OUTPUT_DATA_DIR"}
-    keys |= {f"SM_CHANNEL_{name.upper()}" for name, ch in spec.all_channels().items() if ch.local is not None}
+    keys |= {f"SM_CHANNEL_{name.upper()}" for name, ch in spec.all_channels().items() if ch.copied}
     return keys
 
 
