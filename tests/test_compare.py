@@ -85,6 +85,24 @@ def test_records_keep_hyperparameters(tmp_path: Path) -> None:
         assert db.schema_version == 2
 
 
+def test_a_database_from_before_hyperparameters_is_migrated(tmp_path: Path) -> None:
+    import sqlite3
+
+    from launch.run.records import MIGRATIONS
+
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.executescript(MIGRATIONS[0])
+    db.executescript(
+        "CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (1);"
+        "INSERT INTO runs (id, started_at, state) VALUES ('old', 1.0, 'succeeded');"
+    )
+    db.commit()
+    db.close()
+    with RunRecords(tmp_path / "old.db") as records:
+        old = records.get("old")
+        assert old is not None and old.hyperparameters == {} and records.schema_version == 2
+
+
 def test_summarize_metrics_final_best_and_curve() -> None:
     metrics = summarize_metrics(metric_lines(0.01, nan_at=20))
     assert math.isnan(metrics.final["loss"]) and metrics.best["loss"] == pytest.approx(2.0 * math.exp(-0.19))

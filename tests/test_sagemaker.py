@@ -79,6 +79,7 @@ def test_hyperparameters_are_encoded_as_sagemaker_does() -> None:
         ({"hyperparameters": {"lr": [1, 2]}}, "field 'hyperparameters.lr"),
         ({"hyperparameters": {"lr": float("nan")}}, "lr: expected a finite number"),
         ({"hyperparameters": {"tag": "a\nb"}}, "tag: a value must be one line"),
+        ({"hyperparameters": {"api-token": "t"}}, "'api-token' looks like a credential"),
         ({"channels": {"train-set": "/data"}}, "'train-set' is not a valid channel name"),
         ({"channels": {"test": {"path": "/a", "local": "data/test"}}}, "expected exactly one of 'path'"),
         ({"channels": {"test": {"s3": "x"}}}, "field 'channels.test.s3'"),

@@ -263,6 +263,13 @@ class JobSpec(BaseModel):
     @field_validator("hyperparameters")
     @classmethod
     def _hyperparameters(cls, value: dict[str, HyperparameterValue]) -> dict[str, HyperparameterValue]:
+        for name in value:
+            if is_secret_name(name.replace("-", "_")):
+                # Hyperparameters are recorded, compared and printed; credentials belong in env.
+                raise ValueError(
+                    f"{name[:80]!r} looks like a credential: hyperparameters are recorded with the run and "
+                    "shown by fab compare; pass it through env (masked in plans) instead"
+                )
         return check_hyperparameters(value)
 
     @field_validator("channels", mode="before")
