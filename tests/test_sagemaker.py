@@ -135,6 +135,9 @@ def test_each_node_gets_sagemakers_values(tmp_path: Path) -> None:
     assert json.loads(worker["SM_USER_ARGS"])[:2] == ["--arch", "mlp"]
     script = plan.nodes[1].launch_script or ""
     assert 'export SM_CHANNEL_TEST="$HOME"/.fleetrun/data/smjob/test' in script
+    assert plan.notes == [
+        f"data channel test: {tmp_path}/data/test on this machine, copied to ~/.fleetrun/data/smjob/test on every node"
+    ]
     exec_line = script.strip().splitlines()[-1]
     assert exec_line.startswith(
         "exec env SM_HP_BATCH-SIZE=64 SM_HP_LEARNING-RATE=0.01 python -m torch.distributed.run"
@@ -279,6 +282,7 @@ def test_bucket_channel_in_the_plan_and_on_a_bucketless_fleet(tmp_path: Path) ->
 
     plan = torchrun_plan(tmp_path, channels={"val": {"bucket": "datasets/val/"}})
     assert plan.nodes[0].env["SM_CHANNEL_VAL"] == "$HOME/.fleetrun/data/smjob/val"
+    assert "data channel val: datasets/val/ in the fleet's bucket, copied by each node" in plan.render()
     assert 'export SM_CHANNEL_VAL="$HOME"/.fleetrun/data/smjob/val' in (plan.nodes[0].launch_script or "")
     spec = load_job_spec(playbook(tmp_path, channels={"val": {"bucket": "datasets/val"}}))
     inventory = sample_inventory(2)  # lab machines: no bucket

@@ -160,6 +160,7 @@ class Launcher(ABC):
                 f"code sync: {len(nodes)} nodes > relay_sync_above ({spec.relay_sync_above}): uploaded once to "
                 f"{nodes[0].host.name}, which copies it to the other {len(nodes) - 1} over the private network"
             )
+        notes += sagemaker.channel_notes(spec)
         return LaunchPlan(
             run_id=run_id,
             job=spec.name,

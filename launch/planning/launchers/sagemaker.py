@@ -51,6 +51,20 @@ def channel_value(job: str, name: str, channel: Channel) -> str:
     return channel.path
 
 
+def channel_notes(spec: JobSpec) -> list[str]:
+    """Plan notes for the channels fleetrun copies before the start (the dry run shows them)."""
+    notes = []
+    for name, channel in sorted(spec.all_channels().items()):
+        where = f"~/{channel_dir(spec.name, name)} on every node"
+        if channel.local is not None:
+            notes.append(f"data channel {name}: {channel.local} on this machine, copied to {where}")
+        elif channel.bucket is not None:
+            notes.append(
+                f"data channel {name}: {channel.bucket} in the fleet's bucket, copied by each node to {where}"
+            )
+    return notes
+
+
 def gpu_count(host: Host) -> int | None:
     return len(host.gpu_indices) if host.gpu_indices is not None else host.gpu_count
 
