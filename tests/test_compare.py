@@ -211,6 +211,22 @@ def test_runs_tensorboard_links_every_run(home: Path) -> None:
     assert "_hparams_/session_start_info" in mux.PluginRunToTagToContent("hparams")["mlp-a/tensorboard"]
 
 
+def test_plot_labels_are_text(tmp_path: Path, home: Path) -> None:
+    """A hyperparameter value is never read as matplotlib mathtext (a bad formula fails savefig)."""
+    from dataclasses import replace
+
+    with RunRecords(home / "home" / "runs.db") as db:
+        run = db.get("mlp-a")
+    assert run is not None
+    runs = [
+        ComparedRun(replace(run, hyperparameters={"tag": "$\\frac{"}), summarize_metrics(metric_lines(0.1))),
+        ComparedRun(
+            replace(run, id="other", hyperparameters={"tag": "$x^$"}), summarize_metrics(metric_lines(0.2))
+        ),
+    ]
+    assert plot_compare(runs, tmp_path / "m.png").read_bytes()[:8] == PNG
+
+
 def test_plot_without_losses(tmp_path: Path, home: Path) -> None:
     with RunRecords(home / "home" / "runs.db") as db:
         run = db.get("mlp-a")

@@ -30,9 +30,9 @@ def plot_compare(runs: Sequence[ComparedRun], path: str | Path, *, title: str | 
         points = [(s, v) for s, v in run.metrics.loss_curve if math.isfinite(v)]
         if not points:
             continue
-        ax.plot(
-            [s for s, _ in points], [v for _, v in points], linewidth=1.2, label=curve_label(run, differing)
-        )
+        # '$' would start matplotlib's mathtext (and a malformed formula fails the savefig)
+        label = curve_label(run, differing).replace("$", r"\$")
+        ax.plot([s for s, _ in points], [v for _, v in points], linewidth=1.2, label=label)
         low, high = min(low, *(v for _, v in points)), max(high, *(v for _, v in points))
         drawn += 1
     if drawn:
