@@ -211,6 +211,15 @@ def test_runs_tensorboard_links_every_run(home: Path) -> None:
     assert "_hparams_/session_start_info" in mux.PluginRunToTagToContent("hparams")["mlp-a/tensorboard"]
 
 
+def test_show_lists_the_hyperparameters(home: Path) -> None:
+    from launch.reports.views import show_run
+
+    with RunRecords(home / "home" / "runs.db") as db:
+        run = db.get("mlp-b")
+    assert run is not None
+    assert "hyperparameters  hidden=16, lr=0.01" in render_text(show_run(run), width=200)
+
+
 def test_plot_labels_are_text(tmp_path: Path, home: Path) -> None:
     """A hyperparameter value is never read as matplotlib mathtext (a bad formula fails savefig)."""
     from dataclasses import replace
