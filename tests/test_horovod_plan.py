@@ -24,7 +24,7 @@ from launch.planning import cluster_ssh
 from launch.planning.launchers import get_launcher
 from launch.planning.launchers.horovod import HorovodLauncher, rank_command
 from launch.planning.plan import LaunchPlan
-from tests.conftest import SAMPLE_HOST_KEYS, sample_inventory
+from tests.conftest import REPO, SAMPLE_HOST_KEYS, sample_inventory
 
 FAKE_KEY = cluster_ssh.ClusterKey(
     private_key="-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-material\n-----END OPENSSH PRIVATE KEY-----\n",
@@ -272,6 +272,9 @@ def write_fake_node(home: Path, job: str) -> None:
         f'VIRTUAL_ENV="{env_bin.parent}"; export VIRTUAL_ENV; PATH="{env_bin}:$PATH"\n'
     )
     (home / ".fleetrun" / "work" / job).mkdir(parents=True)
+    lib = home / ".fleetrun" / "lib"  # what the sync ships: the node library
+    lib.mkdir(parents=True)
+    shutil.copy(REPO / "launch" / "nodelib" / "fleetrun_sagemaker.py", lib)
 
 
 def run_rank(

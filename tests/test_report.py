@@ -1,4 +1,4 @@
-"""Report: loss PNG, TensorBoard event files (decoded by hand and by TensorBoard), rich views."""
+"""Report: loss PNG and rich views (TensorBoard files: tests/test_tensorboard.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from launch.reports.plot import plot_loss
-from launch.reports.tensorboard import TensorBoardWriter, crc32c, masked_crc32c, write_tensorboard
 from launch.reports.views import live_table, render_text, runs_table, show_run, summary_panel
 from launch.rules.metrics_stream import LossPoint, MetricsStream
 from launch.rules.stoprules import NodeObservation, Observation, StopDecision
@@ -22,134 +21,12 @@ T0 = 1_764_000_000.0
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-# ------------------------------------------------------------------ a minimal independent reader
-
-
-def read_records(path: Path) -> list[bytes]:
-    """Split a TFRecord file, checking both CRCs of every record."""
-    data = path.read_bytes()
-    out, pos = [], 0
-    while pos < len(data):
-        header = data[pos : pos + 8]
-        (length,) = struct.unpack("<Q", header)
-        assert struct.unpack("<I", data[pos + 8 : pos + 12])[0] == masked_crc32c(header)
-        body = data[pos + 12 : pos + 12 + length]
-        assert struct.unpack("<I", data[pos + 12 + length : pos + 16 + length])[0] == masked_crc32c(body)
-        out.append(body)
-        pos += 16 + length
-    return out
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return result, pos
-
-
-def parse_fields(buf: bytes) -> list[tuple[int, Any]]:
-    """Protobuf wire format to (field number, raw value) pairs."""
-    fields: list[tuple[int, Any]] = []
-    pos = 0
-    while pos < len(buf):
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        value: int | bytes
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-        elif wire == 1:
-            value, pos = buf[pos : pos + 8], pos + 8
-        elif wire == 5:
-            value, pos = buf[pos : pos + 4], pos + 4
-        elif wire == 2:
-            size, pos = _varint(buf, pos)
-            value, pos = buf[pos : pos + size], pos + size
-        else:
-            raise AssertionError(f"unexpected wire type {wire}")
-        fields.append((number, value))
-    return fields
-
-
-def decode_event(buf: bytes) -> dict[str, Any]:
-    event: dict[str, Any] = {"scalars": {}}
-    for number, value in parse_fields(buf):
-        if number == 1:
-            event["wall_time"] = struct.unpack("<d", value)[0]
-        elif number == 2:
-            event["step"] = value
-        elif number == 3:
-            event["file_version"] = value.decode()
-        elif number == 5:
-            for vnum, vbuf in parse_fields(value):
-                assert vnum == 1
-                parts = dict(parse_fields(vbuf))
-                event["scalars"][parts[1].decode()] = struct.unpack("<f", parts[2])[0]
-    return event
-
-
 RECORDS: list[dict[str, Any]] = [
     {"event": "world", "time": T0, "world_size": 2, "ranks": []},
     {"step": 1, "time": T0 + 1, "elapsed": 1.0, "loss": 2.0, "lr": 0.1},
     {"step": 2, "time": T0 + 2, "elapsed": 2.0, "loss": 1.5, "lr": 0.1, "note": "text is skipped"},
     {"step": 3, "time": T0 + 3, "elapsed": 3.0, "loss": float("nan")},
 ]
-
-
-# ------------------------------------------------------------------ TensorBoard
-
-
-def test_crc32c_known_answer() -> None:
-    assert crc32c(b"123456789") == 0xE3069283  # the standard CRC-32C check value
-    assert crc32c(b"") == 0
-
-
-def test_event_file_decodes_to_the_metrics(tmp_path: Path) -> None:
-    path = write_tensorboard(RECORDS, tmp_path)
-    assert path.name.startswith("events.out.tfevents.")
-    events = [decode_event(r) for r in read_records(path)]
-    assert events[0]["file_version"] == "brain.Event:2"
-    scalars = [(e["step"], e["wall_time"], e["scalars"]) for e in events[1:]]
-    assert scalars[0] == (1, T0 + 1, {"loss": 2.0, "lr": pytest.approx(0.1)})
-    assert scalars[1][2] == {"loss": 1.5, "lr": pytest.approx(0.1)}
-    assert scalars[2][0] == 3 and math.isnan(scalars[2][2]["loss"])
-    assert len(events) == 4  # the world event is not a scalar
-
-
-def test_export_twice_replaces_the_previous_file(tmp_path: Path) -> None:
-    write_tensorboard(RECORDS, tmp_path)
-    (tmp_path / "events.out.tfevents.1.other").write_bytes(b"")  # not ours: kept
-    write_tensorboard(RECORDS, tmp_path)
-    ours = list(tmp_path.glob("events.out.tfevents.*.fleetrun"))
-    assert len(ours) == 1 and (tmp_path / "events.out.tfevents.1.other").exists()
-
-
-def test_incremental_writer_is_readable_after_each_flush(tmp_path: Path) -> None:
-    with TensorBoardWriter(tmp_path, wall_time=T0) as writer:
-        assert writer.add_record(RECORDS[1]) == 2
-        assert len(read_records(writer.path)) == 2  # header + one event, already on disk
-        assert writer.add_record(RECORDS[0]) == 0  # events are not scalars
-        assert writer.add_record({"step": "x", "loss": 1.0}) == 0
-        assert writer.add_record({"step": 4.0, "loss": 1.0}) == 1
-        writer.add_scalars(-1, {"x": 1.0}, wall_time=T0)  # negative steps encode as int64
-    last = decode_event(read_records(writer.path)[-1])
-    assert last["step"] == 2**64 - 1 and last["scalars"] == {"x": 1.0}
-
-
-def test_tensorboard_itself_reads_the_file(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    write_tensorboard(RECORDS, tmp_path)
-    acc = EventAccumulator(str(tmp_path))
-    acc.Reload()
-    assert sorted(acc.Tags()["scalars"]) == ["loss", "lr"]
-    loss = acc.Scalars("loss")
-    assert [(e.step, e.wall_time) for e in loss] == [(1, T0 + 1), (2, T0 + 2), (3, T0 + 3)]
-    assert loss[0].value == 2.0 and math.isnan(loss[2].value)
 
 
 # ------------------------------------------------------------------ loss plot

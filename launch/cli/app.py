@@ -89,6 +89,7 @@ def train(
         inventory=inv.to_yaml_data(),
         launcher=spec.launcher,
         run_dir=str(folder.path),
+        hyperparameters=spec.hyperparameters,
     )
     reporter = RichReporter(console)
     reporter.say(

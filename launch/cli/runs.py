@@ -214,7 +214,7 @@ def pull_again(run: str, console: Console) -> TeardownOutcome:
         with Fleet(target.inventory.hosts, known_hosts) as fleet:
             errors = pull(fleet, target.run_id, folder, known_hosts, console)
         folder.collect_rank0_files()
-        write_reports(folder, reporter)
+        write_reports(folder, reporter, record.hyperparameters)
         decided = decide_teardown(target.teardown, record.state, errors, {})
         if decided.action is TeardownAction.TEAR_DOWN:
             teardown = tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}"))

@@ -164,15 +164,72 @@ def demo(c: Any, nodes: int = 3, playbook: str = "playbooks/digits-ddp.yaml") ->
         raise Exit(code=1)
 
 
-@task(help={"limit": "how many runs, newest first"})
+RUN_FILTER_HELP = {
+    "playbook": "only runs of this playbook (its name, or its file name without .yaml)",
+    "outcome": "only runs that ended so: succeeded, failed, stopped, interrupted or running",
+    "since": "only runs started since: a date (2026-11-20), a date and time, or an age (12h, 3d)",
+    "json": "print JSON instead of a table (for scripts)",
+}
+
+
+@task(
+    help={
+        "limit": "how many runs, newest first",
+        **RUN_FILTER_HELP,
+        "tensorboard": "link every listed run's TensorBoard files into this folder (tensorboard --logdir it)",
+    }
+)
 @_friendly
-def runs(c: Any, limit: int = 20) -> None:
-    """List recorded runs: outcome, stop reason, elapsed time, cost."""
+def runs(
+    c: Any,
+    limit: int = 20,
+    playbook: str = "",
+    outcome: str = "",
+    since: str = "",
+    json: bool = False,
+    tensorboard: str = "",
+) -> None:
+    """List recorded runs: outcome, stop reason, elapsed time, cost (filters, --json, --tensorboard)."""
     from rich.console import Console
 
-    from launch.cli import runs as history
+    from launch.cli import experiments
 
-    history.list_runs(Console(), limit=limit)
+    experiments.list_runs(
+        Console(),
+        limit=limit,
+        playbook=playbook,
+        outcome=outcome,
+        since=since,
+        as_json=json,
+        tensorboard=tensorboard,
+    )
+
+
+@task(
+    help={
+        "runs": "ids, prefixes or 'last', separated by commas (r1,r2,r3); 'all': every run the filters keep",
+        **RUN_FILTER_HELP,
+        "plot": "where to write the overlaid loss plot (PNG; '' for none)",
+    },
+)
+@_friendly
+def compare(
+    c: Any,
+    runs: str,
+    playbook: str = "",
+    outcome: str = "",
+    since: str = "",
+    plot: str = "compare-loss.png",
+    json: bool = False,
+) -> None:
+    """Runs side by side: hyperparameters, final and best metrics, duration, cost; one loss plot."""
+    from rich.console import Console
+
+    from launch.cli import experiments
+
+    experiments.compare(
+        Console(), runs, playbook=playbook, outcome=outcome, since=since, plot=plot, as_json=json
+    )
 
 
 @task(help={"run": "run id, a unique prefix of one, or 'last'"})
@@ -347,6 +404,7 @@ ns.add_task(demo)
 ns.add_task(up)
 ns.add_task(down)
 ns.add_task(runs)
+ns.add_task(compare)
 ns.add_task(show)
 ns.add_task(logs)
 ns.add_task(watch)

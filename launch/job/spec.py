@@ -19,6 +19,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from launch.errors import SpecError
+from launch.job.sagemaker import (
+    MAX_CHANNELS,
+    MAX_HYPERPARAMETERS,
+    Channel,
+    HyperparameterValue,
+    channel_from_yaml,
+    check_channel_names,
+    check_hyperparameters,
+    hyperparameter_args,
+)
 from launch.job.shell_text import CONTROL_CHARS, control_operators
 from launch.job.validation import describe_validation_error, load_yaml_mapping, printable, read_text_bounded
 from launch.rules.stoprules import StopRules, Teardown
@@ -153,6 +163,12 @@ class JobSpec(BaseModel):
         relay_sync_above: with more nodes than this, code is uploaded to the head once and the
             head copies it to the workers over the private network (``launch.transport.sync_relay``),
             instead of one upload per node from the laptop.
+        hyperparameters: name -> scalar, passed as SageMaker passes them: ``--name value``
+            arguments after the entrypoint, and ``SM_HPS``/``SM_HP_<NAME>`` (``launch.job.sagemaker``);
+            recorded with the run for ``fab compare``.
+        channels: name -> a folder on every node (``/data/x`` or ``{path: /data/x}``) or a folder on
+            this machine (``{local: dir}``, relative to the playbook, copied to every node before
+            the start); exported as ``SM_CHANNEL_<NAME>`` and listed in ``SM_CHANNELS``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -176,6 +192,11 @@ class JobSpec(BaseModel):
     stop: StopRules = Field(default_factory=StopRules)
     teardown: Teardown = Teardown.ALWAYS
     relay_sync_above: int = Field(default=16, ge=1, le=100_000)
+    # -- SageMaker-style inputs (launch.job.sagemaker) --
+    hyperparameters: dict[str, HyperparameterValue] = Field(
+        default_factory=dict, max_length=MAX_HYPERPARAMETERS
+    )
+    channels: dict[str, Channel] = Field(default_factory=dict, max_length=MAX_CHANNELS)
 
     @field_validator("teardown", mode="before")
     @classmethod
@@ -323,6 +344,52 @@ class JobSpec(BaseModel):
                 raise ValueError(f"{name}: expected a finite number at most {bound:g}, got {item!r}")
         return value
 
+    # -- SageMaker-style inputs: hyperparameters and channels --------------------------------------
+    @field_validator("hyperparameters")
+    @classmethod
+    def _hyperparameters(cls, value: dict[str, HyperparameterValue]) -> dict[str, HyperparameterValue]:
+        for name in value:
+            if is_secret_name(name.replace("-", "_")):
+                # Hyperparameters are recorded, compared and printed; credentials belong in env.
+                raise ValueError(
+                    f"{name[:80]!r} looks like a credential: hyperparameters are recorded with the run and "
+                    "shown by fab compare; pass it through env (masked in plans) instead"
+                )
+        return check_hyperparameters(value)
+
+    @field_validator("channels", mode="before")
+    @classmethod
+    def _channels_short_form(cls, value: object) -> object:
+        if isinstance(value, dict):
+            return {key: channel_from_yaml(item) for key, item in value.items()}
+        return value
+
+    @field_validator("channels")
+    @classmethod
+    def _channels(cls, value: dict[str, Channel], info: ValidationInfo) -> dict[str, Channel]:
+        check_channel_names(value)
+        if info.data.get("data_dir") and any(name.lower() == "training" for name in value):
+            raise ValueError(
+                "data_dir is the 'training' channel (SM_CHANNEL_TRAINING): give it under channels or "
+                "as data_dir, not both"
+            )
+        return value
+
+    def all_channels(self) -> dict[str, Channel]:
+        """The channels, with ``data_dir`` as the ``training`` channel (what it always was)."""
+        if self.data_dir and not self.channels:
+            return {"training": Channel(path=self.data_dir)}
+        if self.data_dir:
+            return {"training": Channel(path=self.data_dir), **self.channels}
+        return dict(self.channels)
+
+    def entry_command(self) -> str:
+        """The entrypoint as the nodes run it: the playbook's text, then the hyperparameters as
+        SageMaker passes them (``--name value``, each word quoted)."""
+        if not self.hyperparameters:
+            return self.entrypoint
+        return self.entrypoint.rstrip() + " " + shlex.join(hyperparameter_args(self.hyperparameters))
+
     def secret_values(self) -> dict[str, str]:
         """The playbook's environment values that plans must never print (``secret_env`` or a secret-looking name)."""
         listed = set(self.secret_env)
@@ -375,6 +442,7 @@ def load_job_spec(path: str | Path) -> JobSpec:
             raise SpecError(
                 f"{shown}: field 'workdir': cannot resolve {workdir[:80]!r}: {printable(exc)}"
             ) from None
+    _resolve_local_channels(data, path, shown)
     try:
         spec = JobSpec.model_validate(data, strict=True)
     except ValidationError as exc:
@@ -393,6 +461,11 @@ def load_job_spec(path: str | Path) -> JobSpec:
         raise SpecError(f"{shown}: field 'workdir': the path {where} is not valid UTF-8") from None
     if spec.requirements:
         _check_requirements(spec, shown)
+    for name, channel in spec.channels.items():
+        if channel.local is not None and not Path(channel.local).is_dir():
+            raise SpecError(
+                f"{shown}: field 'channels.{name}.local': directory {printable(channel.local, 400)} does not exist"
+            )
     from launch.planning.launchers import launcher_class  # the launchers import this module
 
     for field, problem in launcher_class(spec.launcher).check_spec(spec):
@@ -419,3 +492,27 @@ def _check_requirements(spec: JobSpec, shown: str) -> None:
         spec.requirements_text()
     except SpecError as exc:
         raise SpecError(f"{shown}: field 'requirements': {exc}") from None
+
+
+def _resolve_local_channels(data: dict[str, object], path: Path, shown: str) -> None:
+    """``channels.<name>.local`` is relative to the playbook, like ``workdir``: made absolute here,
+    before validation, so the model holds the folder that will be synced (not the root or home)."""
+    channels = data.get("channels")
+    if not isinstance(channels, dict):
+        return
+    for name, channel in channels.items():
+        if not isinstance(channel, dict) or not isinstance(channel.get("local"), str):
+            continue
+        local = channel["local"]
+        where = f"{shown}: field 'channels.{printable(name, 80)}.local'"
+        if not local.strip() or CONTROL_CHARS.search(local) or len(local) > MAX_PATH_CHARS:
+            raise SpecError(f"{where}: expected a directory path, got {local[:80]!r}")
+        try:
+            resolved = (path.parent / Path(local).expanduser()).resolve()
+        except (OSError, RuntimeError) as exc:
+            raise SpecError(f"{where}: cannot resolve {local[:80]!r}: {printable(exc)}") from None
+        if resolved in (Path("/"), Path.home().resolve()):
+            raise SpecError(
+                f"{where}: {printable(resolved, 400)} is the root or home directory; it would be copied whole"
+            )
+        channels[name] = {**channel, "local": str(resolved)}

@@ -246,4 +246,7 @@ def show_run(record: RunRecord, *, now: float | None = None) -> Group:
     if isinstance(hosts, list):
         names = [clean(h.get("name", "?"), 100) if isinstance(h, dict) else clean(h, 100) for h in hosts]
         _add_row(grid, "nodes", f"{len(names)}: {', '.join(names)}")
+    if record.hyperparameters:
+        hps = ", ".join(f"{k}={fmt_number(v)}" for k, v in sorted(record.hyperparameters.items()))
+        _add_row(grid, "hyperparameters", clean(hps, 2000))
     return Group(grid, summary_panel(record))

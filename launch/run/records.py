@@ -67,10 +67,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX runs_started_at ON runs (started_at);
     CREATE INDEX runs_state ON runs (state);
     """,
+    # The playbook's hyperparameters (``fab compare`` puts runs side by side by them).
+    """
+    ALTER TABLE runs ADD COLUMN hyperparameters TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_JSON_COLUMNS = ("inventory", "exit_codes", "last_metrics", "artifacts")
+_JSON_COLUMNS = ("inventory", "exit_codes", "last_metrics", "artifacts", "hyperparameters")
 _UPDATABLE = frozenset(
     {
         "playbook_hash",
@@ -113,6 +117,7 @@ class RunRecord:
     watcher_pid: int | None = None
     watcher_host: str | None = None
     heartbeat_at: float | None = None
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
 
     def duration_s(self, now: float | None = None) -> float:
         """Seconds from start to end (or to ``now`` while not ended)."""
@@ -219,6 +224,7 @@ class RunRecords:
         run_id: str | None = None,
         watcher_pid: int | None = None,
         watcher_host: str | None = None,
+        hyperparameters: Mapping[str, Any] | None = None,
     ) -> RunRecord:
         """Insert a ``running`` record and return it. The watcher pid defaults to this process."""
         started = time.time() if started_at is None else started_at
@@ -226,8 +232,9 @@ class RunRecords:
         with self._transaction() as db:
             db.execute(
                 """INSERT INTO runs (id, playbook_path, playbook_name, playbook_hash, git_commit,
-                   inventory, launcher, started_at, state, run_dir, watcher_pid, watcher_host, heartbeat_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)""",
+                   inventory, launcher, started_at, state, run_dir, watcher_pid, watcher_host, heartbeat_at,
+                   hyperparameters)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)""",
                 (
                     rid,
                     playbook_path,
@@ -241,6 +248,7 @@ class RunRecords:
                     os.getpid() if watcher_pid is None else watcher_pid,
                     watcher_host or socket.gethostname(),
                     started,
+                    _encode("hyperparameters", dict(hyperparameters or {})),
                 ),
             )
         return self._require(rid)

@@ -34,6 +34,7 @@ from launch.planning.plan import LaunchPlan, NodePlan
 from launch.reports.safe_text import clean
 from launch.rules.preflight import errors_by_node
 from launch.rules.stoprules import StopDecision
+from launch.run.channels import copy_channels
 from launch.run.doctor import gather
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter, RichReporter
@@ -223,6 +224,21 @@ class Runner:
                 f"{sum(r.bytes_sent for r in synced)} bytes sent in all; "
                 f"{relayed} node(s) from the head, {len(synced) - relayed} from this machine"
             )
+        self.sync_channels()
+
+    def sync_channels(self) -> None:
+        """The playbook's ``local`` and ``bucket`` data channels (``SM_CHANNEL_<NAME>``) to every node."""
+        errors = copy_channels(
+            self.spec,
+            self.inventory,
+            self.fleet,
+            self.known_hosts,
+            self.transfers,
+            self.options.max_parallel,
+            self.reporter,
+        )
+        if errors:
+            raise StepFailed("sync", errors)
 
     def setup(self) -> dict[str, str]:
         """Per-node environment + setup commands; skipped (with the reason) when unchanged."""

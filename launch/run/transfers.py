@@ -15,6 +15,7 @@ from rich.console import Console
 
 from launch.run.artifacts import pull
 from launch.run.run_folder import RunFolder
+from launch.transport.channel_sync import ChannelSyncFn, fetch_channels, sync_channels
 from launch.transport.ssh import Fleet
 from launch.transport.sync import SyncResult
 from launch.transport.sync_relay import sync_fleet
@@ -29,3 +30,7 @@ PullFn = Callable[[Fleet, str, RunFolder, Path, Console], dict[str, str]]
 class Transfers:
     sync: SyncFn = sync_fleet
     pull: PullFn = pull
+    sync_channels: ChannelSyncFn = sync_channels
+    """The playbook's ``local`` data channels to every node (``launch.transport.channel_sync``)."""
+    fetch_channels: Callable[..., dict[str, str | BaseException]] = fetch_channels
+    """Every node copies the ``bucket`` channels from the fleet's bucket."""

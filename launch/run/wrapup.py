@@ -39,7 +39,10 @@ __all__ = ["RunResult", "RunSummary", "upload_to_bucket", "wrap_up", "write_repo
 T = TypeVar("T")
 
 
-def write_reports(folder: RunFolder, reporter: Reporter) -> None:
+def write_reports(
+    folder: RunFolder, reporter: Reporter, hyperparameters: dict[str, Any] | None = None
+) -> None:
+    """The loss plot and the TensorBoard event file (scalars, and the run's hyperparameters)."""
     if not (folder.path / "metrics.jsonl").exists():
         return
     records, summary = folder.read_metrics()
@@ -47,11 +50,17 @@ def write_reports(folder: RunFolder, reporter: Reporter) -> None:
     try:
         if len(history):
             plot_loss(history, folder.path / "loss.png", title=folder.path.name)
-        write_tensorboard(records, folder.path / "tensorboard")
+        write_tensorboard(records, folder.path / "tensorboard", hyperparameters=hyperparameters)
     except Exception as exc:  # noqa: BLE001 - a plot must never hide the run's outcome
         reporter.say(
             ("  could not write the loss plot / TensorBoard files: ", "yellow"), (str(exc), "yellow")
         )
+
+
+def recorded_hyperparameters(records: RunRecords, run_id: str) -> dict[str, Any] | None:
+    """The hyperparameters the run was started with (for the TensorBoard HParams session)."""
+    record = records.get(run_id)
+    return record.hyperparameters if record is not None else None
 
 
 def upload_to_bucket(fleet: Fleet, target: WatchTarget, reporter: Reporter) -> dict[str, str]:
@@ -179,7 +188,11 @@ def wrap_up(
         fleet.close()
     rank0_node = steps.run("collecting rank 0's files", folder.collect_rank0_files, lambda _m: None)
     if started_job:
-        steps.run("writing the loss plot", lambda: write_reports(folder, reporter), lambda _m: None)
+        steps.run(
+            "writing the loss plot",
+            lambda: write_reports(folder, reporter, recorded_hyperparameters(records, target.run_id)),
+            lambda _m: None,
+        )
     facts = steps.run(
         "reading the watcher's facts",
         lambda: watch_facts(watcher, target.started_at),

@@ -67,6 +67,10 @@ class CloudOps(Protocol):
         role; ``{src}`` stands for the local directory."""
         ...
 
+    def download_argv(self, bucket: str, src: str) -> list[str]:
+        """The command a node runs to copy ``<bucket>/<src>`` into a local folder (``{dest}``)."""
+        ...
+
     def poweroff_hook(self) -> str:
         """The shell script the on-node watchdog runs to end its own node's billing."""
         ...

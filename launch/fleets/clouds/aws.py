@@ -59,6 +59,9 @@ class AwsOps:
     def upload_argv(self, bucket: str, dest: str) -> list[str]:
         return ["aws", "s3", "sync", "--only-show-errors", "{src}", f"s3://{bucket}/{dest}"]
 
+    def download_argv(self, bucket: str, src: str) -> list[str]:
+        return ["aws", "s3", "sync", "--only-show-errors", f"s3://{bucket}/{src}", "{dest}"]
+
     def poweroff_hook(self) -> str:
         return POWEROFF_HOOK
 

@@ -75,6 +75,9 @@ class GcpOps:
     def upload_argv(self, bucket: str, dest: str) -> list[str]:
         return ["gcloud", "storage", "rsync", "--recursive", "{src}", f"gs://{bucket}/{dest}"]
 
+    def download_argv(self, bucket: str, src: str) -> list[str]:
+        return ["gcloud", "storage", "rsync", "--recursive", f"gs://{bucket}/{src}", "{dest}"]
+
     def poweroff_hook(self) -> str:
         return POWEROFF_HOOK
 

@@ -69,6 +69,11 @@ class FleetKind(Protocol):
         fleet's bucket, or None when the fleet has no bucket."""
         ...
 
+    def bucket_download_argv(self, src: str) -> list[str] | None:
+        """The command a node runs to copy ``src`` under the fleet's bucket into a local folder
+        (``{dest}``): a playbook's ``{bucket: ...}`` data channel. None when the fleet has no bucket."""
+        ...
+
     def tear_down(self, say: Say) -> TeardownOutcome:
         """Remove the fleet and confirm nothing remains. May raise ``FleetrunError``."""
         ...

@@ -49,6 +49,9 @@ class LabKind:
     def bucket_upload_argv(self, dest: str) -> list[str] | None:
         return None
 
+    def bucket_download_argv(self, src: str) -> list[str] | None:
+        return None
+
     def tear_down(self, say: Say) -> TeardownOutcome:
         return TeardownOutcome(
             TeardownState.KEPT, "lab machines are never torn down; the run's processes were stopped"

@@ -43,6 +43,9 @@ class LocalFleetKind:
     def bucket_upload_argv(self, dest: str) -> list[str] | None:
         return None
 
+    def bucket_download_argv(self, src: str) -> list[str] | None:
+        return None
+
     def tear_down(self, say: Say) -> TeardownOutcome:
         from launch.fleets.local import LocalFleet  # root-only I/O, imported when used
 

@@ -49,6 +49,9 @@ class StackKind:
     def bucket_upload_argv(self, dest: str) -> list[str] | None:
         return self.cloud.upload_argv(self.ref.bucket, dest) if self.ref.bucket else None
 
+    def bucket_download_argv(self, src: str) -> list[str] | None:
+        return self.cloud.download_argv(self.ref.bucket, src) if self.ref.bucket else None
+
     def tear_down(self, say: Say) -> TeardownOutcome:
         if not self.ref.stack:
             return TeardownOutcome(

@@ -15,6 +15,7 @@ from launch.fleets.kinds.lab import POWEROFF_HOOK as LAB_POWEROFF_HOOK
 from launch.job.inventory import Host, Inventory, host_port
 from launch.job.spec import JobSpec
 from launch.planning import remote_layout as layout
+from launch.planning.launchers import sagemaker
 from launch.planning.plan import LaunchPlan, NodePlan, RemoteFile, export_line, home_export_line
 
 TF_PORT = 2222
@@ -23,7 +24,15 @@ RDZV_PORT_FILE = "rdzv_port"
 launch time (sent with ``launch.sh`` in the start bundle); every node's launch script reads it."""
 # fleetrun's own variables whose values start with $HOME and are expanded by the node's shell.
 # Everything else, the playbook's env included, is exported literally.
-HOME_RELATIVE_KEYS = frozenset({"FLEETRUN_RUN_DIR", "FLEETRUN_OUTPUT_DIR", "SM_MODEL_DIR"})
+HOME_RELATIVE_KEYS = frozenset(
+    {"FLEETRUN_RUN_DIR", "FLEETRUN_OUTPUT_DIR", "SM_MODEL_DIR", "SM_OUTPUT_DIR", "SM_OUTPUT_DATA_DIR"}
+)
+
+
+def home_relative_keys(spec: JobSpec) -> frozenset[str]:
+    """The keys of ``HOME_RELATIVE_KEYS`` and the synced channels' ``SM_CHANNEL_<NAME>``, less any the
+    playbook's ``env`` sets itself (those are its own values, exported literally)."""
+    return frozenset(HOME_RELATIVE_KEYS | sagemaker.home_relative_keys(spec)) - spec.env.keys()
 
 
 def sh_quote(value: str) -> str:
@@ -151,6 +160,7 @@ class Launcher(ABC):
                 f"code sync: {len(nodes)} nodes > relay_sync_above ({spec.relay_sync_above}): uploaded once to "
                 f"{nodes[0].host.name}, which copies it to the other {len(nodes) - 1} over the private network"
             )
+        notes += sagemaker.channel_notes(spec)
         return LaunchPlan(
             run_id=run_id,
             job=spec.name,
@@ -187,7 +197,6 @@ class Launcher(ABC):
             "FLEETRUN_JOB": spec.name,
             "FLEETRUN_RUN_DIR": run_dir,
             "FLEETRUN_OUTPUT_DIR": f"{run_dir}/{spec.outputs}",
-            "SM_MODEL_DIR": f"{run_dir}/{spec.outputs}",
             "FLEETRUN_NODE_RANK": str(rank),
             "FLEETRUN_NUM_NODES": str(len(ips)),
             "FLEETRUN_NODE_IPS": ",".join(ips),
@@ -203,7 +212,8 @@ class Launcher(ABC):
             env["FLEETRUN_PROCS_PER_NODE"] = str(procs)
         if spec.data_dir:
             env["FLEETRUN_DATA_DIR"] = spec.data_dir
-            env["SM_CHANNEL_TRAINING"] = spec.data_dir
+        # What a SageMaker script reads (SM_HOSTS, SM_CHANNEL_<NAME>, SM_HP_<NAME>, ...), per node.
+        env.update(sagemaker.sagemaker_env(spec, inventory, rank, run_dir))
         host = inventory.hosts[rank]
         if host.gpu_indices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in host.gpu_indices)
@@ -223,7 +233,7 @@ class Launcher(ABC):
             f"# fleetrun: job {spec.name}, run {run_id}, node {host.name}",
             "set -e",
         ]
-        lines += env_export_lines(env, HOME_RELATIVE_KEYS - spec.env.keys())
+        lines += env_export_lines(env, home_relative_keys(spec))
         lines.append(f'export PYTHONPATH="$HOME/{layout.LIB}${{PYTHONPATH:+:$PYTHONPATH}}"')
         if spec.rdzv_port == "auto" and self.uses_rdzv_port and "MASTER_PORT" not in spec.env:
             lines.append(rdzv_port_line(run_id))
@@ -236,8 +246,9 @@ class Launcher(ABC):
             )
         lines.append(f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"')
         lines.append('mkdir -p "$FLEETRUN_OUTPUT_DIR"')
+        lines += sagemaker.runtime_lines()
         lines.append(f'cd "$HOME/{layout.workdir(spec.name)}"')
-        lines.append(f"exec {command}")
+        lines.append(f"exec {sagemaker.exec_env_prefix(spec)}{command}")
         return "\n".join(lines) + "\n"
 
 

@@ -34,10 +34,11 @@ from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.planning import cluster_ssh
 from launch.planning import remote_layout as layout
+from launch.planning.launchers import sagemaker
 from launch.planning.launchers.base import (
-    HOME_RELATIVE_KEYS,
     Launcher,
     env_export_lines,
+    home_relative_keys,
     iface_line,
     resolved_procs,
     sh_quote,
@@ -264,7 +265,7 @@ class HorovodLauncher(Launcher):
             "export PATH PYTHONPATH",
             "unset VIRTUAL_ENV",
         ]
-        lines += env_export_lines(node.env, HOME_RELATIVE_KEYS - spec.env.keys())
+        lines += env_export_lines(node.env, home_relative_keys(spec))
         lines += [
             "# torch.distributed's names for what Horovod assigned, so either API finds its rank.",
             'export RANK="$HOROVOD_RANK" LOCAL_RANK="$HOROVOD_LOCAL_RANK" WORLD_SIZE="$HOROVOD_SIZE"',
@@ -279,12 +280,13 @@ class HorovodLauncher(Launcher):
             f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"',
             f'RUN_DIR="$HOME"/{sh_quote(layout.rundir(run_id))}',
             'mkdir -p "$FLEETRUN_OUTPUT_DIR"',
+            *sagemaker.runtime_lines(),
             f'cd "$HOME/{layout.workdir(spec.name)}"',
             "# The entrypoint as the playbook wrote it; output to horovodrun (the head's log) and a rank log.",
             'RC_FILE="$RUN_DIR/.rank-$HOROVOD_RANK.rc"',
             "set +e",
             "{",
-            spec.entrypoint.strip(),
+            sagemaker.exec_env_prefix(spec) + spec.entry_command().strip(),
             'echo "$?" > "$RC_FILE"',
             '} 2>&1 | tee -a "$RUN_DIR/rank-$HOROVOD_RANK.log"',
             'rc=$(cat "$RC_FILE" 2>/dev/null || echo 1)',

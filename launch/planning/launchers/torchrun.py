@@ -85,4 +85,4 @@ class TorchrunLauncher(Launcher):
             f"--local-addr={host.private_address}",
             f"--max-restarts={spec.max_restarts}",
         ]
-        return " ".join(words) + " " + entrypoint_tail(spec.entrypoint)
+        return " ".join(words) + " " + entrypoint_tail(spec.entry_command())

@@ -1,0 +1,151 @@
+"""A playbook's ``hyperparameters:`` and named data ``channels:``, as SageMaker defines them.
+
+SageMaker passes a job's hyperparameters to its entry point twice: as command-line arguments
+(``--name value``, names sorted, a one-letter name as ``-n``; strings as they are, other values
+with ``str``) and as environment (``SM_HPS``, a JSON object, and one ``SM_HP_<NAME>`` each, where
+strings are as they are and other values JSON). Data arrives as named channels, each a folder
+(``SM_CHANNEL_<NAME>``; their names in ``SM_CHANNELS``). The functions here reproduce those
+encodings (the rules of sagemaker-training-toolkit's ``mapping.to_cmd_args``/``to_env_vars``),
+so a script written for SageMaker reads the same values under fleetrun.
+
+A channel is a folder on every node (``training: /data/digits/train``, or ``{path: ...}``), a
+folder on this machine (``{local: data/test}``, relative to the playbook) that ``fab train``
+copies to every node before the start, or a prefix in the fleet's bucket (``{bucket:
+datasets/digits}``) that every node copies from the bucket with its own role before the start
+(both land in ``~/.fleetrun/data/<job>/<channel>``).
+
+Pure: validation only; the launchers turn these into environment and arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from launch.job.shell_text import CONTROL_CHARS
+
+HP_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+"""A hyperparameter name: it becomes ``--name`` and ``SM_HP_<NAME>`` (``batch-size`` is allowed,
+as on SageMaker, where scripts read ``--batch-size``)."""
+CHANNEL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+"""A channel name: it becomes ``SM_CHANNEL_<NAME>``, which a POSIX shell must be able to export."""
+MAX_HYPERPARAMETERS = 256
+MAX_CHANNELS = 64
+MAX_HP_VALUE_CHARS = 4096
+MAX_PATH_CHARS = 4096
+BUCKET_PREFIX_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._=+-]*(/[A-Za-z0-9_][A-Za-z0-9._=+-]*)*/?")
+"""A key prefix inside the fleet's bucket: relative, no ``..``, no URL scheme (the bucket is the fleet's)."""
+
+HyperparameterValue = bool | int | float | str
+
+
+class Channel(BaseModel):
+    """One named data channel: ``path`` on the nodes, ``local`` on this machine (synced), or a
+    ``bucket`` prefix (copied from the fleet's bucket by each node)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
+    local: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
+    bucket: str | None = Field(default=None, max_length=1024)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Channel:
+        given = [
+            getattr(self, name) for name in ("path", "local", "bucket") if getattr(self, name) is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "expected exactly one of 'path' (a folder on every node), 'local' (a folder here, synced) "
+                "or 'bucket' (a prefix in the fleet's bucket)"
+            )
+        value = given[0]
+        if not value.strip() or CONTROL_CHARS.search(value):
+            raise ValueError("expected a folder path without control characters")
+        if self.bucket is not None and (
+            not BUCKET_PREFIX_RE.fullmatch(self.bucket) or ".." in self.bucket.split("/")
+        ):
+            raise ValueError(
+                f"bucket: {self.bucket[:80]!r} is not a key prefix inside the fleet's bucket (relative, "
+                "letters, digits, '._=+-/', no '..'; the bucket itself is the fleet's)"
+            )
+        return self
+
+    @property
+    def copied(self) -> bool:
+        """Whether fleetrun copies this channel to ``~/.fleetrun/data/<job>/<name>`` (local, bucket)."""
+        return self.path is None
+
+
+def check_hyperparameters(value: dict[str, HyperparameterValue]) -> dict[str, HyperparameterValue]:
+    """Names usable as ``--name`` and ``SM_HP_<NAME>``; scalar values that JSON and a shell can carry."""
+    seen: dict[str, str] = {}
+    for name, item in value.items():
+        if not HP_NAME_RE.fullmatch(name):
+            raise ValueError(
+                f"{name[:80]!r} is not a valid hyperparameter name (a letter or '_' first, then letters, "
+                "digits, '_', '-', '.'; at most 64 characters)"
+            )
+        other = seen.setdefault(name.upper(), name)
+        if other != name:
+            raise ValueError(f"{other!r} and {name!r} would both be SM_HP_{name.upper()}")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{name}: expected a finite number, got {item!r}")
+        if isinstance(item, str) and (len(item) > MAX_HP_VALUE_CHARS or CONTROL_CHARS.search(item)):
+            raise ValueError(
+                f"{name}: a value must be one line without control characters, at most {MAX_HP_VALUE_CHARS} characters"
+            )
+    return value
+
+
+def check_channel_names(value: dict[str, Channel]) -> dict[str, Channel]:
+    seen: dict[str, str] = {}
+    for name in value:
+        if not CHANNEL_NAME_RE.fullmatch(name):
+            raise ValueError(
+                f"{name[:80]!r} is not a valid channel name (a letter first, then letters, digits, '_'; "
+                "it becomes SM_CHANNEL_<NAME>)"
+            )
+        other = seen.setdefault(name.upper(), name)
+        if other != name:
+            raise ValueError(f"{other!r} and {name!r} would both be SM_CHANNEL_{name.upper()}")
+    return value
+
+
+def channel_from_yaml(value: object) -> object:
+    """``training: /data/x`` is short for ``training: {path: /data/x}``."""
+    return {"path": value} if isinstance(value, str) else value
+
+
+def cli_value(value: HyperparameterValue) -> str:
+    """A value on the command line, as SageMaker writes it (``str``: ``True``, ``0.01``, ``64``)."""
+    return str(value)
+
+
+def env_value(value: HyperparameterValue) -> str:
+    """A value in ``SM_HP_<NAME>``, as SageMaker writes it (strings as they are, others as JSON)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def hyperparameter_args(hyperparameters: dict[str, HyperparameterValue]) -> list[str]:
+    """``--name value`` per hyperparameter, names sorted; a one-letter name is ``-n``."""
+    args: list[str] = []
+    for name in sorted(hyperparameters):
+        args += [f"--{name}" if len(name) > 1 else f"-{name}", cli_value(hyperparameters[name])]
+    return args
+
+
+def hyperparameter_env(hyperparameters: dict[str, HyperparameterValue]) -> dict[str, str]:
+    """``SM_HPS`` and ``SM_HP_<NAME>`` for each (names upper-cased, as SageMaker does)."""
+    env = {"SM_HPS": json.dumps(hyperparameters, sort_keys=True, separators=(",", ":"))}
+    for name, value in hyperparameters.items():
+        env[f"SM_HP_{name.upper()}"] = env_value(value)
+    return env
+
+
+def json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,122 @@
+"""The environment a SageMaker training script expects, per node, so it runs unchanged.
+
+What SageMaker's training toolkit sets (its ``ENVIRONMENT_VARIABLES.md``), with fleetrun's values:
+
+* ``SM_HOSTS``: ``["algo-1", ..., "algo-N"]``, SageMaker's container names, in node-rank order
+  (``algo-1`` is the head, node rank 0, as SageMaker's leader is ``algo-1``); ``SM_CURRENT_HOST``
+  is this node's. Scripts compare the two (``current_host == hosts[0]``) or take the index as
+  the node rank; both give fleetrun's ``NODE_RANK``. The inventory's own names stay in
+  ``FLEETRUN_NODE_IPS`` and the run records.
+* ``SM_MODEL_DIR`` (the playbook's ``outputs``), ``SM_OUTPUT_DIR``/``SM_OUTPUT_DATA_DIR`` (under
+  the run directory, which is pulled back whole), ``SM_CHANNELS`` and ``SM_CHANNEL_<NAME>``,
+  ``SM_HPS``/``SM_HP_<NAME>`` and ``SM_USER_ARGS``, ``SM_LOG_LEVEL``, ``SM_RESOURCE_CONFIG``.
+* What only the node knows is set by its launch script: ``SM_NUM_CPUS`` (``nproc``),
+  ``SM_NUM_GPUS`` (the host's GPUs when the inventory says, else ``nvidia-smi``),
+  ``SM_NETWORK_INTERFACE_NAME`` (the cluster interface), and ``SM_TRAINING_ENV``, the JSON of all
+  of it, written by ``fleetrun_sagemaker`` (node library) from those variables.
+
+A hyperparameter named like ``batch-size`` gives ``SM_HP_BATCH-SIZE``, as on SageMaker; a POSIX
+shell cannot ``export`` such a name, so those few are passed by ``env`` on the command that
+starts the job. Pure: text and dictionaries only.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from launch.job.inventory import Host, Inventory
+from launch.job.sagemaker import Channel, hyperparameter_args, hyperparameter_env, json_text
+from launch.job.spec import ENV_NAME_RE, JobSpec
+from launch.planning import remote_layout as layout
+
+SM_TRAINING_ENV_MODULE = "fleetrun_sagemaker"
+LOG_LEVEL_INFO = "20"
+
+
+def host_names(count: int) -> list[str]:
+    """SageMaker's container names for ``count`` nodes, in node-rank order."""
+    return [f"algo-{i + 1}" for i in range(count)]
+
+
+def channel_dir(job: str, name: str) -> str:
+    """Where a ``local`` or ``bucket`` channel is copied on every node (relative to the home)."""
+    return f"{layout.ROOT}/data/{job}/{name}"
+
+
+def channel_value(job: str, name: str, channel: Channel) -> str:
+    """``SM_CHANNEL_<NAME>``: the node path as given, or ``$HOME/...`` for a copied folder."""
+    if channel.copied:
+        return layout.home(channel_dir(job, name))
+    assert channel.path is not None
+    return channel.path
+
+
+def channel_notes(spec: JobSpec) -> list[str]:
+    """Plan notes for the channels fleetrun copies before the start (the dry run shows them)."""
+    notes = []
+    for name, channel in sorted(spec.all_channels().items()):
+        where = f"~/{channel_dir(spec.name, name)} on every node"
+        if channel.local is not None:
+            notes.append(f"data channel {name}: {channel.local} on this machine, copied to {where}")
+        elif channel.bucket is not None:
+            notes.append(
+                f"data channel {name}: {channel.bucket} in the fleet's bucket, copied by each node to {where}"
+            )
+    return notes
+
+
+def gpu_count(host: Host) -> int | None:
+    return len(host.gpu_indices) if host.gpu_indices is not None else host.gpu_count
+
+
+def sagemaker_env(spec: JobSpec, inventory: Inventory, rank: int, run_dir: str) -> dict[str, str]:
+    """The planned ``SM_*`` variables of node ``rank``; shell-exportable names only."""
+    hosts = host_names(len(inventory.hosts))
+    channels = spec.all_channels()
+    env = {
+        "SM_HOSTS": json_text(hosts),
+        "SM_CURRENT_HOST": hosts[rank],
+        "SM_RESOURCE_CONFIG": json_text({"current_host": hosts[rank], "hosts": hosts}),
+        "SM_MODEL_DIR": f"{run_dir}/{spec.outputs}",
+        "SM_OUTPUT_DIR": f"{run_dir}/output",
+        "SM_OUTPUT_DATA_DIR": f"{run_dir}/output/data",
+        "SM_CHANNELS": json_text(sorted(channels)),
+        "SM_LOG_LEVEL": LOG_LEVEL_INFO,
+        "SM_USER_ARGS": json_text(hyperparameter_args(spec.hyperparameters)),
+    }
+    count = gpu_count(inventory.hosts[rank])
+    if count is not None:
+        env["SM_NUM_GPUS"] = str(count)
+    for name, channel in channels.items():
+        env[f"SM_CHANNEL_{name.upper()}"] = channel_value(spec.name, name, channel)
+    env.update(
+        {k: v for k, v in hyperparameter_env(spec.hyperparameters).items() if ENV_NAME_RE.fullmatch(k)}
+    )
+    return env
+
+
+def home_relative_keys(spec: JobSpec) -> set[str]:
+    """``SM_*`` keys whose ``$HOME/...`` values the node's shell expands (synced channels, outputs)."""
+    keys = {"SM_MODEL_DIR", "SM_OUTPUT_DIR", "SM_OUTPUT_DATA_DIR"}
+    keys |= {f"SM_CHANNEL_{name.upper()}" for name, ch in spec.all_channels().items() if ch.copied}
+    return keys
+
+
+def exec_env_prefix(spec: JobSpec) -> str:
+    """``env 'SM_HP_BATCH-SIZE=64' `` for hyperparameters whose names a shell cannot export, else ''."""
+    odd = {k: v for k, v in hyperparameter_env(spec.hyperparameters).items() if not ENV_NAME_RE.fullmatch(k)}
+    if not odd or any(k in spec.env for k in odd):
+        return ""
+    return "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(odd.items())) + " "
+
+
+def runtime_lines() -> list[str]:
+    """Launch-script lines (after the job's venv is active, ``IFACE`` known) for what only the node knows."""
+    return [
+        "SM_NUM_CPUS=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN); export SM_NUM_CPUS",
+        "[ -n \"${SM_NUM_GPUS:-}\" ] || SM_NUM_GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
+        "export SM_NUM_GPUS",
+        'SM_NETWORK_INTERFACE_NAME="${IFACE:-}"; export SM_NETWORK_INTERFACE_NAME',
+        'mkdir -p "$SM_OUTPUT_DATA_DIR"',
+        f"SM_TRAINING_ENV=$(python -m {SM_TRAINING_ENV_MODULE}); export SM_TRAINING_ENV",
+    ]
