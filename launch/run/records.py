@@ -67,10 +67,13 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX runs_started_at ON runs (started_at);
     CREATE INDEX runs_state ON runs (state);
     """,
+    # one run id, several attempts (``recovery:``): each attempt's nodes, end and steps recomputed
+    "ALTER TABLE runs ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]'",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_JSON_COLUMNS = ("inventory", "exit_codes", "last_metrics", "artifacts")
+_JSON_COLUMNS = ("inventory", "exit_codes", "last_metrics", "artifacts", "attempts")
+_LIST_COLUMNS = ("artifacts", "attempts")
 _UPDATABLE = frozenset(
     {
         "playbook_hash",
@@ -82,6 +85,7 @@ _UPDATABLE = frozenset(
         "cost_usd",
         "run_dir",
         "artifacts",
+        "attempts",
         "watcher_pid",
         "watcher_host",
         "heartbeat_at",
@@ -113,6 +117,8 @@ class RunRecord:
     watcher_pid: int | None = None
     watcher_host: str | None = None
     heartbeat_at: float | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    """With ``recovery:``: one entry per attempt (``launch.rules.recovery.AttemptEnd.to_json``)."""
 
     def duration_s(self, now: float | None = None) -> float:
         """Seconds from start to end (or to ``now`` while not ended)."""
@@ -123,7 +129,7 @@ class RunRecord:
 def _row_to_record(row: sqlite3.Row) -> RunRecord:
     data = dict(row)
     for column in _JSON_COLUMNS:
-        data[column] = json.loads(data[column]) if data[column] else ({} if column != "artifacts" else [])
+        data[column] = json.loads(data[column]) if data[column] else ([] if column in _LIST_COLUMNS else {})
     return RunRecord(**data)
 
 
@@ -132,7 +138,7 @@ def _encode(column: str, value: Any) -> Any:
     if column not in _JSON_COLUMNS:
         return value
     if value is None:
-        value = [] if column == "artifacts" else {}
+        value = [] if column in _LIST_COLUMNS else {}
     return json.dumps(value)
 
 

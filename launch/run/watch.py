@@ -69,6 +69,8 @@ class NodeWatch:
     malformed: tuple[str, ...] = ()
     """What the node agent last reported unreadable on the node (an ``rc`` that is no number...)."""
     stream: MetricsStream = field(default_factory=MetricsStream)
+    preempted: bool = False
+    """The node's watchdog reported a preemption notice (its cloud is taking the machine back)."""
 
 
 class Watcher:
@@ -145,6 +147,7 @@ class Watcher:
             node.stream.feed(answer.metrics)
         node.offset = answer.offset
         node.malformed = answer.malformed
+        node.preempted = node.preempted or bool(getattr(answer, "preempted", False))
         if answer.status is not None:
             status = parse_status(answer.status.to_dict())
             if status is not None:

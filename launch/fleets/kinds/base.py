@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from launch.job.inventory import Host
 
 Say = Callable[[str], None]
 
@@ -75,6 +78,13 @@ class FleetKind(Protocol):
 
     def tags(self) -> dict[str, str]:
         """The tags/labels that mark this fleet's resources (what a leftovers audit looks for)."""
+        ...
+
+    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+        """A working machine in place of ``host``, which a run lost (``recovery:``): its ``Host``,
+        with the new pinned host key when the machine is new, or None when this kind cannot give
+        one within ``timeout_s`` (the run then goes on without it when elastic, else fails).
+        The old machine's processes are assumed gone; only the new one is synced and set up."""
         ...
 
 

@@ -15,7 +15,7 @@ from launch.fleets.kinds.base import Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import LocalFleetRef
 
 if TYPE_CHECKING:
-    from launch.job.inventory import Inventory
+    from launch.job.inventory import Host, Inventory
 
 SELECTOR = "local"
 
@@ -58,6 +58,15 @@ class LocalFleetKind:
 
     def tags(self) -> dict[str, str]:
         return {PREFIX_TAG: self.ref.prefix}
+
+    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+        """A fresh node (empty home, new host key) in the lost one's place; see ``replace_node``."""
+        from launch.fleets.local import LocalFleet  # root-only I/O, imported when used
+        from launch.fleets.local.power import replace_node
+
+        new = replace_node(LocalFleet(prefix=self.ref.prefix, subnet=0), host)
+        say(f"{host.name}: replaced by a fresh node (new host key pinned)")
+        return new
 
 
 def load_local_inventory(prefix: str | None, save_keys: bool = True) -> Inventory:

@@ -26,7 +26,7 @@ from launch.fleets.kinds.refs import StackFleetRef
 from launch.job.validation import describe_validation_error, load_json_mapping, printable
 
 if TYPE_CHECKING:
-    from launch.job.inventory import Inventory
+    from launch.job.inventory import Host, Inventory
 
 SELECTOR = "stack"
 OUTPUTS_SUFFIX = ".json"
@@ -67,6 +67,17 @@ class StackKind:
 
     def tags(self) -> dict[str, str]:
         return {self.cloud.cluster_tag: self.ref.cluster_id}
+
+    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+        """Refresh + up through the Automation API recreates only the missing instance; its new
+        host key comes from the outputs (``launch.fleets.stack_replace``). A cluster known only from
+        an outputs file has no stack to update: None."""
+        if not self.ref.stack:
+            say(f"{host.name}: no stack name (inventory from an outputs file); cannot replace it")
+            return None
+        from launch.fleets import stack_replace  # Pulumi, imported only by cloud users
+
+        return stack_replace.replace_node(self.ref.stack, host, on_output=say)
 
 
 def inventory_from_stack_outputs(
