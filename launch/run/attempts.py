@@ -67,6 +67,7 @@ ATTEMPT_FILES = (
     "guard.log",
     "guard-outcome.json",
     "launch.sh",
+    "metrics-elsewhere",
 )
 """What one attempt leaves in the run directory; moved to ``attempt-<n>/`` before the next starts."""
 CHECK_TIMEOUT_S = 3.0
