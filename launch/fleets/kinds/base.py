@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 Say = Callable[[str], None]
 
@@ -67,6 +70,15 @@ class FleetKind(Protocol):
     def bucket_upload_argv(self, dest: str) -> list[str] | None:
         """The command a node runs to copy its run directory (``{src}``) to ``dest`` under the
         fleet's bucket, or None when the fleet has no bucket."""
+        ...
+
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        """How nodes copy checkpoints to and from ``prefix`` under the fleet's bucket (the checkpoint
+        helper, the watchdog before a node goes), or None without a bucket."""
+        ...
+
+    def preemption_poller(self) -> str:
+        """The preemption-notice poller the watchdog runs (``fleetrun_protocol.POLLERS``), or ""."""
         ...
 
     def tear_down(self, say: Say) -> TeardownOutcome:

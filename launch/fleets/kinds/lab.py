@@ -22,6 +22,7 @@ from launch.job.validation import describe_validation_error, load_yaml_mapping
 
 if TYPE_CHECKING:
     from launch.job.inventory import Inventory
+    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 ALLOWED_KEYS = ("defaults", "hosts")
 REFUSED_KEYS = ("teardown", "stack", "cluster_id", "bucket", "cloud", "fleet")
@@ -48,6 +49,12 @@ class LabKind:
 
     def bucket_upload_argv(self, dest: str) -> list[str] | None:
         return None
+
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        return None
+
+    def preemption_poller(self) -> str:
+        return ""
 
     def tear_down(self, say: Say) -> TeardownOutcome:
         return TeardownOutcome(
