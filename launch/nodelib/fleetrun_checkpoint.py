@@ -422,9 +422,19 @@ def should_save(everywhere: bool = False) -> bool:
 # -- torch conveniences (in their own module; imported last, they use the names above) ---------
 
 if TYPE_CHECKING:
-    from launch.nodelib.fleetrun_checkpoint_torch import STATE_FILE, load_training_state, save_training_state
+    from launch.nodelib.fleetrun_checkpoint_torch import (
+        STATE_FILE,
+        load_training_state,
+        resume_training_state,
+        save_training_state,
+    )
 else:
-    from fleetrun_checkpoint_torch import STATE_FILE, load_training_state, save_training_state  # noqa: E402
+    from fleetrun_checkpoint_torch import (
+        STATE_FILE,
+        load_training_state,
+        resume_training_state,
+        save_training_state,
+    )  # noqa: E402
 
 __all__ = [
     "STATE_FILE",
@@ -435,6 +445,7 @@ __all__ = [
     "default",
     "latest",
     "load_training_state",
+    "resume_training_state",
     "save",
     "save_training_state",
     "should_save",

@@ -85,6 +85,14 @@ def save_training_state(
     return cp.save(step, lambda path: torch.save(state, os.path.join(path, STATE_FILE)))
 
 
+def _apply(state: dict[str, Any], model: Any, optimizer: Any) -> dict[str, Any]:
+    model.load_state_dict(state["model"])
+    if optimizer is not None and state.get("optimizer") is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    _restore_rng(state.get("rng") or {})
+    return {k: state.get(k) for k in ("step", "epoch", "sampler", "extra", "attempt")}
+
+
 def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> dict[str, Any]:
     """Restore model, optimizer and RNG from ``ckpt``; returns step, epoch, sampler and extra.
 
@@ -94,8 +102,48 @@ def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> 
     import torch
 
     state = torch.load(ckpt.file(STATE_FILE), map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
-    if optimizer is not None and state.get("optimizer") is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    _restore_rng(state.get("rng") or {})
-    return {k: state.get(k) for k in ("step", "epoch", "sampler", "extra", "attempt")}
+    return _apply(state, model, optimizer)
+
+
+def resume_training_state(
+    model: Any, optimizer: Any = None, checkpointer: Checkpointer | None = None
+) -> dict[str, Any] | None:
+    """Every rank resumes from the same checkpoint, or none does (returns None: a fresh start).
+
+    Rank 0 finds it (``latest()``: resume_from, its disk, the bucket) and, under
+    torch.distributed, sends its bytes to the other ranks: their disks need not hold it (rank 0
+    wrote it on another node), and two ranks must never start from different steps. Every rank
+    gets rank 0's RNG state. Sharded checkpoints: each rank loads its own shard.
+    The answer adds ``source`` and ``path`` to ``load_training_state``'s.
+    """
+    import io
+
+    import torch
+
+    cp = checkpointer or default()
+    dist = _distributed()
+    if dist is None or cp.sharded:
+        found = cp.latest()
+        if found is None:
+            return None
+        return {**load_training_state(found, model, optimizer), "source": found.source, "path": found.path}
+    payload: list[Any] = [None]
+    if dist.get_rank() == 0:
+        found = cp.latest()
+        if found is not None:
+            with open(found.file(STATE_FILE), "rb") as fh:
+                payload = [(fh.read(), found.source, found.path)]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    dist.broadcast_object_list(payload, src=0, device=device)
+    if payload[0] is None:
+        return None
+    data, source, path = payload[0]
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    return {**_apply(state, model, optimizer), "source": source, "path": path}
+
+
+def _distributed() -> Any:
+    """``torch.distributed`` when a process group is up, else None."""
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
