@@ -147,7 +147,7 @@ class Watcher:
             node.stream.feed(answer.metrics)
         node.offset = answer.offset
         node.malformed = answer.malformed
-        node.preempted = node.preempted or bool(getattr(answer, "preempted", False))
+        node.preempted = node.preempted or answer.preempted is not None
         if answer.status is not None:
             status = parse_status(answer.status.to_dict())
             if status is not None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from launch.job.inventory import Host
+    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 Say = Callable[[str], None]
 
@@ -70,6 +71,15 @@ class FleetKind(Protocol):
     def bucket_upload_argv(self, dest: str) -> list[str] | None:
         """The command a node runs to copy its run directory (``{src}``) to ``dest`` under the
         fleet's bucket, or None when the fleet has no bucket."""
+        ...
+
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        """How nodes copy checkpoints to and from ``prefix`` under the fleet's bucket (the checkpoint
+        helper, the watchdog before a node goes), or None without a bucket."""
+        ...
+
+    def preemption_poller(self) -> str:
+        """The preemption-notice poller the watchdog runs (``fleetrun_protocol.POLLERS``), or ""."""
         ...
 
     def tear_down(self, say: Say) -> TeardownOutcome:

@@ -22,6 +22,7 @@ from launch.job.validation import describe_validation_error, load_yaml_mapping
 
 if TYPE_CHECKING:
     from launch.job.inventory import Host, Inventory
+    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 REPLACE_POLL_S = 5.0
 
@@ -50,6 +51,12 @@ class LabKind:
 
     def bucket_upload_argv(self, dest: str) -> list[str] | None:
         return None
+
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        return None
+
+    def preemption_poller(self) -> str:
+        return ""
 
     def tear_down(self, say: Say) -> TeardownOutcome:
         return TeardownOutcome(

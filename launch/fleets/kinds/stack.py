@@ -27,6 +27,7 @@ from launch.job.validation import describe_validation_error, load_json_mapping, 
 
 if TYPE_CHECKING:
     from launch.job.inventory import Host, Inventory
+    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 SELECTOR = "stack"
 OUTPUTS_SUFFIX = ".json"
@@ -48,6 +49,12 @@ class StackKind:
 
     def bucket_upload_argv(self, dest: str) -> list[str] | None:
         return self.cloud.upload_argv(self.ref.bucket, dest) if self.ref.bucket else None
+
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        return self.cloud.bucket_commands(self.ref.bucket, prefix) if self.ref.bucket else None
+
+    def preemption_poller(self) -> str:
+        return self.cloud.preemption_poller()
 
     def tear_down(self, say: Say) -> TeardownOutcome:
         if not self.ref.stack:
