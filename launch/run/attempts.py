@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +48,7 @@ from launch.rules.recovery import (
     without,
 )
 from launch.rules.stoprules import StopDecision
+from launch.run.checkpoints import spread_latest
 from launch.run.records import RunRecords
 from launch.run.run_folder import RunFolder
 from launch.run.summary import RunSummary
@@ -68,6 +70,8 @@ ATTEMPT_FILES = (
     "guard-outcome.json",
     "launch.sh",
     "metrics-elsewhere",
+    "preempt.json",
+    "signals",
 )
 """What one attempt leaves in the run directory; moved to ``attempt-<n>/`` before the next starts."""
 CHECK_TIMEOUT_S = 3.0
@@ -311,6 +315,7 @@ class Attempts:
         if fresh:
             self.say(f"  attempt {self.attempt}: syncing and setting up {', '.join(sorted(fresh))} only")
             runner.prepare_only([h for h in new_hosts if h.name in fresh])
+        self.spread_checkpoint()
         runner.rdzv_port = runner.claim()
         target = dataclasses.replace(
             target,
@@ -322,6 +327,23 @@ class Attempts:
         self.say(f"  attempt {self.attempt}: starting on {', '.join(h.name for h in new_hosts)}")
         runner.start(target)
         return target
+
+    def spread_checkpoint(self) -> None:
+        """The newest complete checkpoint onto every node that lacks it (no bucket needed)."""
+        runner = self.runner
+        staging = runner.folder.path / ".recovery"
+        try:
+            runner.resume_from, said = spread_latest(
+                runner.fleet, runner.hosts, runner.plan.run_id, runner.known_hosts, staging
+            )
+            self.say(f"  {said}")
+        except HostError as exc:
+            runner.resume_from = None
+            self.say(
+                f"  could not spread the latest checkpoint ({clean(exc, 300)}); each node resumes from what it holds"
+            )
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def attempts_json(self) -> list[dict[str, object]]:
         return [a.to_json() for a in self.ended]

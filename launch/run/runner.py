@@ -29,7 +29,7 @@ from launch.job.spec import JobSpec
 from launch.nodelib.fleetrun_protocol import FileBundle, ProtocolError, StartAnswer
 from launch.planning import remote_layout as layout
 from launch.planning.claim import busy_gpus, parse_probe, probe_command
-from launch.planning.launchers.base import ATTEMPT_FILE, RDZV_PORT_FILE
+from launch.planning.launchers.base import ATTEMPT_FILE, RDZV_PORT_FILE, RESUME_FILE
 from launch.planning.plan import LaunchPlan, NodePlan
 from launch.reports.safe_text import clean
 from launch.rules.preflight import errors_by_node
@@ -130,6 +130,8 @@ class Runner:
         self.attempts = Attempts(self)
         self.attempt = 1
         """Sent to every node as ``attempt`` with ``launch.sh`` (``FLEETRUN_ATTEMPT``)."""
+        self.resume_from: str | None = None
+        """For a later attempt: the checkpoint every node resumes from (``FLEETRUN_RESUME_FROM``)."""
 
     def adopt(self, plan: LaunchPlan, inventory: Inventory, known_hosts: Path, *, attempt: int) -> None:
         """The next attempt's plan and fleet (replaced hosts pinned in ``known_hosts``)."""
@@ -336,6 +338,8 @@ class Runner:
             if node.launch_script is not None:
                 files["launch.sh"] = node.launch_script
                 files[ATTEMPT_FILE] = str(self.attempt)
+                if self.resume_from is not None:
+                    files[RESUME_FILE] = self.resume_from
                 if self.rdzv_port is not None:
                     files[RDZV_PORT_FILE] = str(self.rdzv_port)
                 command = f'{AGENT} start "$HOME/{run_dir}" --stdin'

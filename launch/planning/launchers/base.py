@@ -78,13 +78,15 @@ def rdzv_port_line(run_id: str) -> str:
 
 def attempt_lines(run_id: str) -> list[str]:
     """Shell that exports ``FLEETRUN_ATTEMPT`` (digits only, else 1) and, when the laptop sent one,
-    ``FLEETRUN_RESUME_FROM``. Files, not plan text: the plan is made once, attempts come later."""
+    ``FLEETRUN_RESUME_FROM`` (a path relative to the home becomes absolute; an absolute path or a
+    bucket URL is kept). Files, not plan text: the plan is made once, attempts come later."""
     run_dir = f'"$HOME/{layout.rundir(run_id)}'
     return [
         f'FLEETRUN_ATTEMPT=$(cat {run_dir}/{ATTEMPT_FILE}" 2>/dev/null || true); '
         "case \"$FLEETRUN_ATTEMPT\" in ''|*[!0-9]*) FLEETRUN_ATTEMPT=1;; esac; export FLEETRUN_ATTEMPT",
-        f'if [ -s {run_dir}/{RESUME_FILE}" ]; then '
-        f'FLEETRUN_RESUME_FROM=$(cat {run_dir}/{RESUME_FILE}"); export FLEETRUN_RESUME_FROM; fi',
+        f'if [ -s {run_dir}/{RESUME_FILE}" ]; then FLEETRUN_RESUME_FROM=$(cat {run_dir}/{RESUME_FILE}"); '
+        'case "$FLEETRUN_RESUME_FROM" in /*|*://*) ;; *) FLEETRUN_RESUME_FROM="$HOME/$FLEETRUN_RESUME_FROM";; esac; '
+        "export FLEETRUN_RESUME_FROM; fi",
     ]
 
 
