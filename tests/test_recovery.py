@@ -175,6 +175,15 @@ def test_classify() -> None:
     assert classify(RANK_FAILED, pre, 5.0) == Loss("preempted", ("n2",), "n2 preempted")
 
 
+def test_unreachable_node_that_answers_again_is_watched_on() -> None:
+    from launch.rules.recovery import answered_again
+
+    unreachable = StopDecision("failed", "unreachable", "cannot reach n2", ("n2",))
+    assert answered_again(unreachable, evidence(n0=(True,), n1=(True,), n2=(False, True))) == ("n2",)
+    assert answered_again(unreachable, evidence(n0=(True,), n1=(True,), n2=(False,) * 6)) == ()
+    assert answered_again(RANK_FAILED, evidence(n0=(True,), n1=(True,), n2=(True,))) == ()
+
+
 def test_gather_evidence_rechecks_only_the_silent_nodes() -> None:
     hosts = sample_inventory(3).hosts
     now = [0.0]

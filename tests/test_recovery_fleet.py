@@ -111,19 +111,6 @@ def test_node_lost_is_replaced_and_the_run_resumes(fleet3: LocalFleet, tmp_path:
     assert_nothing_running(fleet3)
 
 
-def test_rank_failing_every_time_stops_after_max_restarts(fleet3: LocalFleet, tmp_path: Path) -> None:
-    book = playbook(
-        tmp_path, "--fail-rank 1 --fail-step 8", recovery={"max_restarts": 1, "on": ["rank_failed"]}
-    )
-    result = run_with_fault(book, fleet3, None)
-    assert result.outcome == "failed" and result.rule == "rank_failed", result.reason
-    assert "max_restarts (1) reached" in result.reason, result.reason
-    with history.open_records() as records:
-        record = records.get(result.run_id)
-    assert record is not None and [a["loss"] for a in record.attempts] == ["rank_failed", "rank_failed"]
-    assert_nothing_running(fleet3)
-
-
 def test_elastic_survivors_go_on(fleet3: LocalFleet, tmp_path: Path) -> None:
     book = playbook(tmp_path, nodes="2:3", recovery={"replace_lost_nodes": False})
     started, old = time.time(), run_dirs(fleet3)

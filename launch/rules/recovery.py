@@ -29,6 +29,7 @@ __all__ = [
     "Loss",
     "LossKind",
     "NodeEvidence",
+    "answered_again",
     "RecoveryPlan",
     "RecoveryPolicy",
     "classify",
@@ -173,6 +174,19 @@ def classify(decision: StopDecision, evidence: Mapping[str, NodeEvidence], confi
     if decision.rule in ("rank_failed", "vanished"):
         return Loss("rank_failed", decision.nodes, decision.reason)
     return None
+
+
+def answered_again(decision: StopDecision, evidence: Mapping[str, NodeEvidence]) -> tuple[str, ...]:
+    """Nodes the ``unreachable`` rule gave up on that answered a re-check: a slow poll or a short
+    network blip, not a lost node. Empty unless every node the decision names answered: then the
+    attempt goes on being watched instead of ending (never a false recovery, nor a false failure)."""
+    if decision.rule != "unreachable" or not decision.nodes:
+        return ()
+    if all(any(evidence[n].checks) for n in decision.nodes if n in evidence) and all(
+        n in evidence for n in decision.nodes
+    ):
+        return decision.nodes
+    return ()
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from launch.rules.recovery import (
     NodeEvidence,
     RecoveryPlan,
     RecoveryPolicy,
+    answered_again,
     classify,
     plan_recovery,
     steps_recomputed,
@@ -75,6 +76,9 @@ ATTEMPT_FILES = (
 )
 """What one attempt leaves in the run directory; moved to ``attempt-<n>/`` before the next starts."""
 CHECK_TIMEOUT_S = 3.0
+MAX_RECHECKS = 5
+"""Times per run the watcher goes on after nodes answered a re-check; past it (a node whose sshd
+answers but whose agent never does) the unreachable decision stands."""
 CHECK_EVERY_S = 1.0
 
 
@@ -166,6 +170,8 @@ class Attempts:
         self.ended: list[AttemptEnd] = []
         self.attempt = 1
         self.histories: list[tuple[int, list[LossPoint]]] = []
+        self.false_alarms = 0
+        """Times the unreachable rule fired and every node it named answered a re-check."""
         self.target: WatchTarget | None = None
         self.watcher: Watcher | None = None
         """The latest attempt's, for a wrap-up after an unexpected error between attempts."""
@@ -179,13 +185,19 @@ class Attempts:
     def say(self, text: str) -> None:
         self.runner.reporter.say(text)
 
-    def loss_of(self, decision: StopDecision, watcher: Watcher | None) -> Loss | None:
+    def loss_of(self, decision: StopDecision, watcher: Watcher | None) -> Loss | None | str:
+        """The loss behind ``decision``, or the names of the nodes that answered again (a string:
+        the attempt is not over, keep watching)."""
         if decision.outcome != "failed" or decision.rule not in LOSS_RULES:
             return None
-        self.say(f"  attempt {self.attempt} ended ({decision.rule}); checking which nodes are really gone")
+        self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
         evidence = gather_evidence(
             self.runner.hosts, self.policy.confirm_s, preempted=preempted_nodes(watcher)
         )
+        back = answered_again(decision, evidence)
+        if back and self.false_alarms < MAX_RECHECKS:
+            self.false_alarms += 1
+            return ", ".join(back)
         return classify(decision, evidence, self.policy.confirm_s)
 
     def record(
@@ -229,6 +241,14 @@ class Attempts:
         joins the decision's). Returns the last decision, target and watcher for the wrap-up."""
         while True:
             loss = self.loss_of(decision, watcher) if self.policy.enabled else None
+            if isinstance(loss, str) and watcher is not None:
+                self.say(f"  {clean(loss)}: answered again; not lost, watching on")
+                for name in loss.split(", "):
+                    self.runner.fleet.connections[name].close()  # the next poll reconnects
+                decision = watch_safely(watcher, self.runner.folder.path)
+                continue
+            if isinstance(loss, str):
+                loss = None
             names = [h.name for h in self.runner.hosts]
             plan = plan_recovery(self.policy, loss, self.attempt, names, self.runner.plan.min_nodes)
             if plan.stop is None:
