@@ -143,6 +143,7 @@ class Runner:
     def prepare_only(self, hosts: list[Host]) -> None:
         """Sync and set up only ``hosts`` (new nodes of a later attempt); the others have both."""
         everyone, fleet = self.hosts, self.fleet
+        self.lib_current -= {h.name for h in hosts}  # a new machine: its disk holds nothing of ours
         self.hosts = hosts
         self.fleet = Fleet(hosts, self.known_hosts, max_parallel=self.options.max_parallel)
         try:
