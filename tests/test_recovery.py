@@ -67,6 +67,17 @@ def test_recovery_section_and_elastic_nodes(tmp_path: Path) -> None:
     assert spec.recovery.on == ["node_lost", "rank_failed"] and spec.recovery.grace_s == 20.0
 
 
+def test_unquoted_on_key_in_yaml(tmp_path: Path) -> None:
+    """PyYAML reads ``on:`` as true; the playbook still means the list of losses."""
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "name: job\nworkdir: .\nentrypoint: python train.py\nnodes: 2:3\n"
+        "recovery:\n  max_restarts: 1\n  on: [preempted, rank_failed]\n"
+    )
+    spec = load_job_spec(path)
+    assert spec.recovery.on == ["preempted", "rank_failed"] and (spec.min_nodes, spec.nodes) == (2, 3)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [

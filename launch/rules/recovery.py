@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from launch.rules.stoprules import StopDecision
 
@@ -77,6 +77,16 @@ class RecoveryPolicy(BaseModel):
     grace_s: float = Field(default=30.0, ge=0.0, le=3600.0)
     confirm_s: float = Field(default=5.0, ge=0.0, le=600.0)
     replace_timeout_s: float = Field(default=900.0, gt=0.0, le=24 * 3600.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: object) -> object:
+        """YAML 1.1 (PyYAML) reads an unquoted ``on:`` key as the boolean true: take it as ``on``."""
+        if isinstance(data, dict) and True in data:
+            if "on" in data:
+                raise ValueError("'on' is given twice (once unquoted, read by YAML as true)")
+            data = {("on" if k is True else k): v for k, v in data.items()}
+        return data
 
     @field_validator("on")
     @classmethod
