@@ -110,6 +110,7 @@ def one_run(tmp: Path, fleet: LocalFleet, lose: bool, grace_s: float, confirm_s:
         row["loss_to_first_resumed_step_s"] = round(marks["resumed"] - marks["lost"], 1)
         row["attempt1_end_after_loss_s"] = round(float(attempts[0]["ended_at"]) - marks["lost"], 1)
         row["attempt2_launch_after_loss_s"] = round(float(attempts[1]["started_at"]) - marks["lost"], 1)
+        row["recovery_steps_s"] = attempts[1].get("recovery_s")
         row["attempt2_launch_to_first_step_s"] = round(marks["resumed"] - float(attempts[1]["started_at"]), 1)
     return row
 
@@ -147,6 +148,10 @@ def main() -> int:
             f"{('-' if gap is None else f'{gap:.1f} s'):>23} {('-' if start is None else f'{start:.1f} s'):>26} "
             f"{('-' if first is None else f'{first:.1f} s'):>17} {r['steps_recomputed']!s:>10}"
         )
+    for r in rows:
+        if r.get("recovery_steps_s"):
+            steps = ", ".join(f"{k} {v:.1f} s" for k, v in r["recovery_steps_s"].items())  # type: ignore[union-attr]
+            print(f"  recovery steps: {steps}")
     if median is not None:
         verdict = "meets" if median <= GOAL_S else "misses"
         print(

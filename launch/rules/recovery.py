@@ -273,6 +273,9 @@ class AttemptEnd:
     steps_recomputed: int | None = None
     replaced: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()
+    recovery_s: tuple[tuple[str, float], ...] = ()
+    """For attempts after the first: seconds each step of the recovery that started it took
+    (re-checks, stopping the survivors, replacement, sync and setup, checkpoint copy, start)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -289,6 +292,7 @@ class AttemptEnd:
             "steps_recomputed": self.steps_recomputed,
             "replaced": list(self.replaced),
             "dropped": list(self.dropped),
+            "recovery_s": {name: round(seconds, 2) for name, seconds in self.recovery_s},
         }
 
 

@@ -170,6 +170,9 @@ class Attempts:
         self.ended: list[AttemptEnd] = []
         self.attempt = 1
         self.histories: list[tuple[int, list[LossPoint]]] = []
+        self.timings: dict[str, float] = {}
+        self.started_by: dict[str, float] = {}
+        """Seconds per step of the recovery now under way (recorded with the attempt it starts)."""
         self.false_alarms = 0
         """Times the unreachable rule fired and every node it named answered a re-check."""
         self.target: WatchTarget | None = None
@@ -191,9 +194,11 @@ class Attempts:
         if decision.outcome != "failed" or decision.rule not in LOSS_RULES:
             return None
         self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
+        started = time.monotonic()
         evidence = gather_evidence(
             self.runner.hosts, self.policy.confirm_s, preempted=preempted_nodes(watcher)
         )
+        self.timings = {"recheck": time.monotonic() - started}
         back = answered_again(decision, evidence)
         if back and self.false_alarms < MAX_RECHECKS:
             self.false_alarms += 1
@@ -222,7 +227,7 @@ class Attempts:
                 nodes=tuple(h.name for h in self.runner.hosts),
                 started_at=started_at,
                 ended_at=time.time(),
-                outcome=decision.outcome,
+                outcome="preempted" if loss is not None and loss.kind == "preempted" else decision.outcome,
                 rule=decision.rule,
                 reason=decision.reason,
                 loss=loss.kind if loss is not None else None,
@@ -231,6 +236,7 @@ class Attempts:
                 steps_recomputed=recomputed,
                 replaced=plan.replace,
                 dropped=plan.drop,
+                recovery_s=tuple(self.started_by.items()),
             )
         )
 
@@ -266,6 +272,7 @@ class Attempts:
             )
             self.attempt += 1
             target = self.target = self.relaunch(target, plan)
+            self.started_by, self.timings = self.timings, {}
             watcher = self.watcher = build_watcher(
                 target,
                 self.runner.fleet,
@@ -285,9 +292,12 @@ class Attempts:
         self.say(
             f"  stopping the attempt on {len(survivors)} node(s), {self.policy.grace_s:g} s to checkpoint"
         )
+        started = time.monotonic()
         errors = stop_survivors(
             runner.fleet, survivors, runner.plan.run_id, self.policy.grace_s, self.attempt
         )
+        self.timings["stop_survivors"] = time.monotonic() - started
+        started = time.monotonic()
         if errors:
             return RecoveryPlan(
                 stop=f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
@@ -309,6 +319,7 @@ class Attempts:
             else:
                 replaced[name] = new
         self.new_hosts = replaced
+        self.timings["replace"] = time.monotonic() - started
         if failed:
             fallback = without(failed, [h.name for h in runner.hosts], runner.plan.min_nodes)
             if fallback.stop is not None:
@@ -332,10 +343,15 @@ class Attempts:
         new_plan = launcher.plan(spec, inventory, runner.plan.run_id, poweroff_hook=hook)
         runner.fleet.close()
         runner.adopt(new_plan, inventory, known_hosts, attempt=self.attempt)
+        started = time.monotonic()
         if fresh:
             self.say(f"  attempt {self.attempt}: syncing and setting up {', '.join(sorted(fresh))} only")
             runner.prepare_only([h for h in new_hosts if h.name in fresh])
+        self.timings["sync_setup"] = time.monotonic() - started
+        started = time.monotonic()
         self.spread_checkpoint()
+        self.timings["checkpoint_copy"] = time.monotonic() - started
+        started = time.monotonic()
         runner.rdzv_port = runner.claim()
         target = dataclasses.replace(
             target,
@@ -346,6 +362,7 @@ class Attempts:
         target.save()
         self.say(f"  attempt {self.attempt}: starting on {', '.join(h.name for h in new_hosts)}")
         runner.start(target)
+        self.timings["claim_start"] = time.monotonic() - started
         return target
 
     def spread_checkpoint(self) -> None:
