@@ -310,3 +310,16 @@ def test_notice_signals_every_rank_and_waits_for_the_bucket(
         subprocess.run(
             [sys.executable, AGENT, "stop", run_id, "5"], capture_output=True, timeout=60, check=False
         )
+
+
+def test_the_laptop_keeps_the_preempted_mark() -> None:
+    """The watcher's model of a node keeps the notice once seen, and its observation says so."""
+    from launch.run.watch import NodeWatch, Watcher
+
+    watcher = object.__new__(Watcher)  # only the absorbing step, no fleet
+    node = NodeWatch("n1", starts_processes=True)
+    notice = PreemptionNotice(noticed_at=100.0, source="gce-metadata", signalled=1)
+    Watcher._absorb(watcher, node, PollAnswer(state="running", preempted=notice), 1.0)
+    Watcher._absorb(watcher, node, PollAnswer(state="exited", rc=143), 2.0)
+    assert node.preempted == notice, "a later answer without the file does not clear it"
+    assert node.state == "exited" and node.preempted.source == "gce-metadata"
