@@ -361,3 +361,22 @@ def test_the_torch_state_round_trips_with_rng(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0 and "round trip ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_local_fleet_bucket_only_on_test_addresses() -> None:
+    from pydantic import ValidationError
+
+    from launch.fleets.kinds.local import LocalFleetKind
+    from launch.fleets.kinds.refs import LocalFleetRef
+
+    ref = LocalFleetRef(prefix="ab", bucket="ckpt", s3_endpoint="http://198.18.46.1:9000")
+    commands = LocalFleetKind(ref).bucket_commands("runs/r1")
+    assert commands is not None and commands.url == "s3://ckpt/runs/r1"
+    assert commands.env["AWS_ENDPOINT_URL"] == "http://198.18.46.1:9000"
+    assert commands.sync[0].endswith("/venv/bin/aws"), "the image's aws CLI, found by path"
+    upload = LocalFleetKind(ref).bucket_upload_argv("runs/r1/n0")
+    assert upload is not None and upload[-1] == "s3://ckpt/runs/r1/n0" and "{src}" in upload
+    assert LocalFleetKind(LocalFleetRef(prefix="ab")).bucket_commands("runs/r1") is None
+    for endpoint in ("http://10.0.0.1:9000", "https://198.18.0.1:9000", "http://52.216.1.1:80", "http://x:1"):
+        with pytest.raises(ValidationError):
+            LocalFleetRef(prefix="ab", bucket="ckpt", s3_endpoint=endpoint)
