@@ -162,13 +162,15 @@ while not cp.should_save():
     time.sleep(0.01)
 cp.save(step, lambda path: open(path + "/weights.bin", "w").write("saved"))
 print("saved", step, flush=True)
-time.sleep(300)
+sys.stdin.readline()
+print("still here", flush=True)
 """
 
 
-def test_sigterm_turns_into_should_save_and_a_second_one_kills(tmp_path: Path) -> None:
+def test_sigterm_turns_into_should_save_and_never_kills_mid_save(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", SIGTERM_SCRIPT, str(NODELIB), str(tmp_path)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "RANK": "0"},
@@ -181,8 +183,14 @@ def test_sigterm_turns_into_should_save_and_a_second_one_kills(tmp_path: Path) -
         assert line[0] == "saved", "the first SIGTERM asks for a checkpoint instead of killing"
         assert (tmp_path / "ckpt" / f"step-{line[1]}" / "MANIFEST.json").exists()
         assert (tmp_path / "signals" / "rank-0").exists(), "the signal time is noted for the benchmark"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == -signal.SIGTERM, "a second SIGTERM kills as usual"
+        first = (tmp_path / "signals" / "rank-0").read_text()
+        proc.send_signal(signal.SIGTERM)  # a second stop (torchrun's, the laptop's) while saving
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "still here", "a second SIGTERM does not kill"
+        assert proc.wait(timeout=30) == 0
+        assert (tmp_path / "signals" / "rank-0").read_text() == first, "the first signal's time is kept"
     finally:
         proc.kill()
         proc.wait()
@@ -353,3 +361,22 @@ def test_the_torch_state_round_trips_with_rng(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0 and "round trip ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_local_fleet_bucket_only_on_test_addresses() -> None:
+    from pydantic import ValidationError
+
+    from launch.fleets.kinds.local import LocalFleetKind
+    from launch.fleets.kinds.refs import LocalFleetRef
+
+    ref = LocalFleetRef(prefix="ab", bucket="ckpt", s3_endpoint="http://198.18.46.1:9000")
+    commands = LocalFleetKind(ref).bucket_commands("runs/r1")
+    assert commands is not None and commands.url == "s3://ckpt/runs/r1"
+    assert commands.env["AWS_ENDPOINT_URL"] == "http://198.18.46.1:9000"
+    assert commands.sync[0].endswith("/venv/bin/aws"), "the image's aws CLI, found by path"
+    upload = LocalFleetKind(ref).bucket_upload_argv("runs/r1/n0")
+    assert upload is not None and upload[-1] == "s3://ckpt/runs/r1/n0" and "{src}" in upload
+    assert LocalFleetKind(LocalFleetRef(prefix="ab")).bucket_commands("runs/r1") is None
+    for endpoint in ("http://10.0.0.1:9000", "https://198.18.0.1:9000", "http://52.216.1.1:80", "http://x:1"):
+        with pytest.raises(ValidationError):
+            LocalFleetRef(prefix="ab", bucket="ckpt", s3_endpoint=endpoint)

@@ -123,6 +123,7 @@ class Checkpointer:
         self.bucket = fleetrun_bucket.Bucket(commands) if commands else None
         self.pointer_name = f"LATEST.rank-{self.rank}.json" if sharded else fleetrun_bucket.POINTER
         self._stop = threading.Event()
+        self._signalled = False
         self._cond = threading.Condition()
         self._queued: int | None = None
         self._busy: int | None = None
@@ -315,21 +316,22 @@ class Checkpointer:
 
     # -- stopping ----------------------------------------------------------------------------------
     def install_sigterm_handler(self) -> None:
-        """SIGTERM sets the flag instead of killing the rank; a second SIGTERM kills as before.
+        """SIGTERM sets the flag instead of killing the rank, every time.
 
+        A rank checkpointing after a notice may get SIGTERM again (its node's notice and the
+        laptop's stop, torchrun's shutdown): it must not die mid-save. A script that never asks
+        ``should_save()`` is still stopped: fleetrun and torchrun follow SIGTERM with SIGKILL.
         Only from the main thread (Python's rule); elsewhere the flag file still works.
         """
         if threading.current_thread() is not threading.main_thread():
             return
-        previous = signal.getsignal(signal.SIGTERM)
 
         def on_sigterm(signum: int, frame: Any) -> None:
-            if self._stop.is_set():
-                signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
+            first = not self._signalled
+            self._signalled = True
             self._stop.set()
-            _mark_signal(self.run_dir, self.rank)
+            if first:
+                _mark_signal(self.run_dir, self.rank)
 
         with contextlib.suppress(ValueError, OSError):
             signal.signal(signal.SIGTERM, on_sigterm)

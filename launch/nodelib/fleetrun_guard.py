@@ -269,32 +269,27 @@ def on_notice(
 
 
 def wait_durable(run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadline: float) -> int | None:
-    """The step that reached the bucket after ``noticed`` (the ranks' own uploads), or None.
+    """The newest step that reached the bucket after ``noticed``, once the ranks are done, or None.
 
-    When the ranks are gone and no upload came (a rank died before its upload finished), the
-    newest complete checkpoint on this node is uploaded from here, with the same commands.
+    The ranks upload their checkpoint themselves and exit (the helper's ``wait_uploaded``); the
+    watchdog waits for them (until ``deadline``), then reads the bucket's pointer. When no upload
+    came after the notice (a rank died before its upload finished), the newest complete
+    checkpoint on this node made after the notice is uploaded from here, with the same commands.
     """
+    while time.time() < deadline and fleetrun_preempt.rank_pids(cfg.run_id):
+        time.sleep(0.5)
     if cfg.bucket is None:
-        while time.time() < deadline and fleetrun_preempt.rank_pids(cfg.run_id):
-            time.sleep(0.5)
         return None
     bucket = fleetrun_bucket.Bucket(cfg.bucket)
-    uploaded_here = False
-    while time.time() < deadline:
-        step = bucket.durable_since(noticed)
-        if step is not None:
-            return step
-        if not uploaded_here and not fleetrun_preempt.rank_pids(cfg.run_id):
-            uploaded_here = True
-            local = fleetrun_checkpoint.Checkpointer(
-                run_dir=run_dir, bucket=cfg.bucket, rank=0, handle_sigterm=False
-            )
-            found = local.latest(hashes=False)
-            if found is not None and found.source == "node" and found.manifest.created >= noticed:
-                log(f"uploading checkpoint step {found.step} from this node")
-                local._upload(found.step)
-                continue
-        time.sleep(1.0)
+    step = bucket.durable_since(noticed)
+    if step is not None or time.time() >= deadline:
+        return step
+    local = fleetrun_checkpoint.Checkpointer(run_dir=run_dir, bucket=cfg.bucket, rank=0, handle_sigterm=False)
+    found = local.latest(hashes=False)
+    if found is not None and found.source == "node" and found.manifest.created >= noticed:
+        log(f"uploading checkpoint step {found.step} from this node")
+        local._upload(found.step)
+        return bucket.durable_since(noticed)
     return None
 
 

@@ -160,8 +160,20 @@ class Watch:
         return notice
 
 
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            return int(fh.read(4096).rsplit(")", 1)[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def rank_pids(run_id: str) -> list[int]:
-    """This node's rank processes of the run: carrying ``FLEETRUN_RUN_ID`` and a rank variable."""
+    """This node's rank processes of the run: carrying ``FLEETRUN_RUN_ID`` and a rank variable.
+
+    Only the top-most: a rank's children inherit its variables (data loader workers, the
+    ``aws`` CLI uploading its checkpoint), and a SIGTERM to the upload would lose the checkpoint.
+    """
     marker = f"FLEETRUN_RUN_ID={run_id}".encode()
     pids = []
     for entry in os.listdir("/proc"):
@@ -175,7 +187,8 @@ def rank_pids(run_id: str) -> list[int]:
         ours = marker in env and b"FLEETRUN_GUARD=1" not in env
         if ours and any(var.startswith(RANK_VARIABLES) for var in env):
             pids.append(int(entry))
-    return pids
+    ranks = set(pids)
+    return [pid for pid in pids if _parent(pid) not in ranks]
 
 
 def signal_ranks(run_id: str, spare: tuple[int, ...] = ()) -> int:
