@@ -341,7 +341,6 @@ class Attempts:
         launcher = launcher_class(spec.launcher).for_inventory(inventory)
         hook = fleet_kind(inventory.fleet).poweroff_hook()
         new_plan = launcher.plan(spec, inventory, runner.plan.run_id, poweroff_hook=hook)
-        runner.fleet.close()
         runner.adopt(new_plan, inventory, known_hosts, attempt=self.attempt)
         started = time.monotonic()
         if fresh:

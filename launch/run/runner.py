@@ -138,7 +138,14 @@ class Runner:
         self.plan, self.inventory, self.known_hosts, self.attempt = plan, inventory, known_hosts, attempt
         self.hosts = [n.host for n in plan.nodes]
         self.nodes = {n.host.name: n for n in plan.nodes}
-        self.fleet = Fleet(self.hosts, known_hosts, max_parallel=self.options.max_parallel)
+        old, self.fleet = self.fleet, Fleet(self.hosts, known_hosts, max_parallel=self.options.max_parallel)
+        for host in self.hosts:  # survivors keep their connection (same host, same pinned key)
+            conn = old.connections.pop(host.name, None)
+            if conn is not None and conn.host == host:
+                self.fleet.connections[host.name] = conn
+            elif conn is not None:
+                conn.close()
+        old.close()
 
     def prepare_only(self, hosts: list[Host]) -> None:
         """Sync and set up only ``hosts`` (new nodes of a later attempt); the others have both."""
@@ -146,11 +153,11 @@ class Runner:
         self.lib_current -= {h.name for h in hosts}  # a new machine: its disk holds nothing of ours
         self.hosts = hosts
         self.fleet = Fleet(hosts, self.known_hosts, max_parallel=self.options.max_parallel)
+        self.fleet.connections = {h.name: fleet.connections[h.name] for h in hosts}  # shared, kept open
         try:
             self.sync()
             self.setup()
         finally:
-            self.fleet.close()
             self.hosts, self.fleet = everyone, fleet
 
     # -- steps -----------------------------------------------------------------------------------
