@@ -349,3 +349,48 @@ def test_attempts_in_the_record_and_show(tmp_path: Path) -> None:
     assert record is not None and record.attempts[1]["steps_recomputed"] == 2
     text = render_text(show_run(record), width=200)
     assert "attempts" in text and "node_lost: lost n2" in text and "+n2" in text and "11..45" in text
+
+
+# -- the attempts loop on the in-memory fleet ----------------------------------------------------------
+def test_rank_failing_by_itself_is_not_retried_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launch.run import attempts as attempts_module
+    from tests.fakefleet import JobScript, NodeScript, run_on_fake_fleet
+
+    checked: list[str] = []
+    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host: checked.append(host.name) or True)
+    job = JobScript(steps=10, nodes={"n1": NodeScript(exit_at_step=3, exit_code=3)})
+    run = run_on_fake_fleet(tmp_path, monkeypatch, job, recovery={"max_restarts": 2})
+    assert run.summary.outcome == "failed" and run.summary.rule == "rank_failed"
+    assert "Not recovered: rank_failed is not in recovery.on" in run.summary.reason
+    assert sorted(checked) == ["n0", "n1"], "every node re-checked once (all answered)"
+    record = run.records.get(run.summary.run_id)
+    assert [a["loss"] for a in record.attempts] == ["rank_failed"]
+    assert run.fleet.nodes["n0"].stopped and run.fleet.nodes["n1"].stopped
+
+
+def test_unreachable_but_answering_node_is_watched_on_a_bounded_number_of_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sshd answers but the agent never does: the watcher goes on MAX_RECHECKS times, then the
+    unreachable decision stands (no recovery, no endless loop)."""
+    from launch.run import attempts as attempts_module
+    from launch.run.reporter import RecordingReporter
+    from tests.fakefleet import JobScript, NodeScript, run_on_fake_fleet
+
+    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host: True)
+    reporter = RecordingReporter()
+    job = JobScript(steps=1000, nodes={"n1": NodeScript(unreachable_from_step=3)})
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        job,
+        recovery={"max_restarts": 2},
+        stop={"unreachable_timeout_s": 30},
+        reporter=reporter,
+    )
+    assert run.summary.outcome == "failed" and run.summary.rule == "unreachable", run.summary.reason
+    said = "\n".join(reporter.lines)
+    assert said.count("answered again; not lost, watching on") == attempts_module.MAX_RECHECKS
+    assert [a["attempt"] for a in run.records.get(run.summary.run_id).attempts] == [1]

@@ -195,8 +195,8 @@ class Attempts:
             return None
         self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
         started = time.monotonic()
-        evidence = gather_evidence(
-            self.runner.hosts, self.policy.confirm_s, preempted=preempted_nodes(watcher)
+        evidence = gather_evidence(  # sshd_answers looked up here, so tests can stand in for sshd
+            self.runner.hosts, self.policy.confirm_s, check=sshd_answers, preempted=preempted_nodes(watcher)
         )
         self.timings = {"recheck": time.monotonic() - started}
         back = answered_again(decision, evidence)
