@@ -137,7 +137,8 @@ def main() -> int:
     lost = [float(r["loss_to_first_resumed_step_s"]) for r in rows if "loss_to_first_resumed_step_s" in r]  # type: ignore[arg-type]
     median = statistics.median(lost) if lost else None
     print(
-        f"{'scenario':32} {'outcome':10} {'attempts':>8} {'wall':>7} {'loss->1st resumed step':>23} {'recomputed':>10}"
+        f"{'scenario':30} {'outcome':10} {'tries':>5} {'wall':>7} {'loss->1st resumed step':>23} "
+        f"{'of which launch->1st step':>26} {'launch->1st step':>17} {'recomputed':>10}"
     )
     for r in rows:
         gap = r.get("loss_to_first_resumed_step_s")
