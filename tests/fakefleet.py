@@ -456,6 +456,7 @@ def run_on_fake_fleet(
     poll_interval: float = 5.0,
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
+    recovery: dict[str, Any] | None = None,
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and execute it with the real ``Runner``."""
     from launch.cli.app import make_plan
@@ -478,6 +479,7 @@ def run_on_fake_fleet(
         procs_per_node=1,
         teardown=teardown,  # type: ignore[arg-type]
         stop=stop or {},  # type: ignore[arg-type]
+        recovery=recovery or {},  # type: ignore[arg-type]
     )
     plan = make_plan(spec, inventory, run_id="fake-run-1")
     folder = RunFolder.create(plan.run_id, base=tmp_path / "runs")

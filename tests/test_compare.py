@@ -27,7 +27,7 @@ from launch.reports.compare import (
 from launch.reports.compare_plot import plot_compare
 from launch.reports.tensorboard import write_tensorboard
 from launch.reports.views import render_text
-from launch.run.records import RunRecords
+from launch.run.records import SCHEMA_VERSION, RunRecords
 from tests.conftest import quiet_console
 
 T0 = 1_764_000_000.0
@@ -82,7 +82,7 @@ def test_records_keep_hyperparameters(tmp_path: Path) -> None:
         db.start(run_id="s")
         assert db.get("r").hyperparameters == {"lr": 0.1, "arch": "mlp"}  # type: ignore[union-attr]
         assert db.get("s").hyperparameters == {}  # type: ignore[union-attr]
-        assert db.schema_version == 2
+        assert db.schema_version == SCHEMA_VERSION == 3
 
 
 def test_a_database_from_before_hyperparameters_is_migrated(tmp_path: Path) -> None:
@@ -100,7 +100,7 @@ def test_a_database_from_before_hyperparameters_is_migrated(tmp_path: Path) -> N
     db.close()
     with RunRecords(tmp_path / "old.db") as records:
         old = records.get("old")
-        assert old is not None and old.hyperparameters == {} and records.schema_version == 2
+        assert old is not None and old.hyperparameters == {} and records.schema_version == SCHEMA_VERSION
 
 
 def test_summarize_metrics_final_best_and_curve() -> None:

@@ -263,7 +263,10 @@ def test_guard_config_written_by_the_laptop(tmp_path: Path) -> None:
         "{src}",
         f"gs://team-bucket/runs/{t.run_id}/n0",
     )
-    assert not {"is_head", "head_addr", "bucket", "cloud"} & set(t.guard_config("n0").to_dict())
+    assert not {"is_head", "head_addr", "cloud"} & set(t.guard_config("n0").to_dict())
+    # the checkpoint helper's and the watchdog's bucket: the run's prefix, the same CLI
+    assert head.bucket is not None and head.bucket.url == f"gs://team-bucket/runs/{t.run_id}"
+    assert head.bucket.sync[:3] == ("gcloud", "storage", "rsync") and head.preemption == "gce-metadata"
     assert t.upload_argv("n1")[-1] == f"gs://team-bucket/runs/{t.run_id}/n1"  # type: ignore[index]
 
 

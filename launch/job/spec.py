@@ -16,7 +16,15 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from launch.errors import SpecError
 from launch.job.profiling import ProfileSpec
@@ -32,9 +40,11 @@ from launch.job.sagemaker import (
 )
 from launch.job.shell_text import CONTROL_CHARS, control_operators
 from launch.job.validation import describe_validation_error, load_yaml_mapping, printable, read_text_bounded
+from launch.rules.recovery import RecoveryPolicy
 from launch.rules.stoprules import StopRules, Teardown
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+ELASTIC_RE = re.compile(r"([0-9]{1,4}):([0-9]{1,4})")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 OUTPUTS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
@@ -71,7 +81,10 @@ class JobSpec(BaseModel):
         requirements: a pip requirements file inside ``workdir``, installed during setup.
         entrypoint: the command each training process runs, e.g. ``python -m trainer.task --epochs 3``.
         launcher: ``torchrun`` (c10d rendezvous) or ``horovod``.
-        nodes: how many machines of the inventory to use (the first ``nodes`` hosts, head first).
+        nodes: how many machines of the inventory to use (the first ``nodes`` hosts, head first),
+            or ``MIN:MAX`` (elastic: start on MAX, and with ``recovery:`` go on with at least MIN
+            survivors; torchrun gets ``--nnodes=MIN:MAX``). Read as ``nodes`` = MAX, ``min_nodes`` = MIN.
+        min_nodes: set from ``nodes: MIN:MAX``; None for a fixed node count.
         procs_per_node: processes per node, or ``auto``: GPUs on the node (``nvidia-smi``), else 1.
         env: extra environment variables for every process.
         secret_env: names in ``env`` whose values are masked (``***``) in ``--dry-run`` and ``plan.txt``;
@@ -90,6 +103,8 @@ class JobSpec(BaseModel):
             share one (a fixed 29500 is the EADDRINUSE of pytorch#126510).
         max_restarts: torchrun worker-group restarts before the run counts as failed.
         stop: stop rules (NaN loss, stall, plateau, wall time, cost, ...); see ``launch.rules.stoprules``.
+        recovery: what a lost node, a preemption or a failed rank does to the run: by default it
+            ends it; see ``launch.rules.recovery.RecoveryPolicy``.
         teardown: after the run, ``always`` remove the fleet, only ``on_success``, or ``never``.
             Artifacts are pulled first; a failed pull blocks the teardown.
         relay_sync_above: with more nodes than this, code is uploaded to the head once and the
@@ -112,6 +127,7 @@ class JobSpec(BaseModel):
     entrypoint: str = Field(max_length=MAX_COMMAND_CHARS)
     launcher: Literal["torchrun", "horovod"] = "torchrun"
     nodes: int = Field(default=1, ge=1, le=4096)
+    min_nodes: int | None = Field(default=None, ge=1, le=4096)
     procs_per_node: int | Literal["auto"] = "auto"
     env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV_VARS)
     secret_env: list[str] = Field(default_factory=list, max_length=MAX_ENV_VARS)
@@ -122,6 +138,7 @@ class JobSpec(BaseModel):
     rdzv_port: int | Literal["auto"] = "auto"
     max_restarts: int = Field(default=0, ge=0, le=100)
     stop: StopRules = Field(default_factory=StopRules)
+    recovery: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
     teardown: Teardown = Teardown.ALWAYS
     relay_sync_above: int = Field(default=16, ge=1, le=100_000)
     # -- SageMaker-style inputs (launch.job.sagemaker) --
@@ -129,6 +146,26 @@ class JobSpec(BaseModel):
         default_factory=dict, max_length=MAX_HYPERPARAMETERS
     )
     channels: dict[str, Channel] = Field(default_factory=dict, max_length=MAX_CHANNELS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _elastic_nodes(cls, data: object) -> object:
+        """``nodes: "2:3"`` (YAML reads ``2:3`` as a string) is ``min_nodes: 2, nodes: 3``."""
+        if isinstance(data, dict) and isinstance(data.get("nodes"), str):
+            match = ELASTIC_RE.fullmatch(data["nodes"].strip())
+            if match is not None:
+                if "min_nodes" in data:
+                    raise ValueError("give either nodes: MIN:MAX or min_nodes, not both")
+                data = {**data, "min_nodes": int(match.group(1)), "nodes": int(match.group(2))}
+        return data
+
+    @field_validator("min_nodes")
+    @classmethod
+    def _min_at_most_max(cls, value: int | None, info: ValidationInfo) -> int | None:
+        nodes = info.data.get("nodes")
+        if value is not None and isinstance(nodes, int) and value > nodes:
+            raise ValueError(f"nodes: MIN:MAX needs MIN <= MAX, got {value}:{nodes}")
+        return value
 
     @field_validator("teardown", mode="before")
     @classmethod

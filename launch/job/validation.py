@@ -14,6 +14,7 @@ through ``printable`` so an error message stays one line and never carries contr
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,22 @@ def _yaml_error(source: str, exc: yaml.YAMLError) -> SpecError:
     where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
     problem = getattr(exc, "problem", None) or str(exc)
     return SpecError(f"{printable(source, 400)}: not valid YAML{where}: {printable(problem, 200)}")
+
+
+_INT_TAG = "tag:yaml.org,2002:int"
+# YAML 1.1 reads ``2:3`` as the base-60 integer 123, which turns ``nodes: 2:3`` (elastic MIN:MAX)
+# into 123 nodes; YAML 1.2 dropped base 60. Integers here are YAML 1.1's without it.
+StrictSafeLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _INT_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+StrictSafeLoader.add_implicit_resolver(
+    _INT_TAG,
+    re.compile(
+        r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$",
+    ),
+    list("-+0123456789"),
+)
 
 
 def parse_yaml(text: str, source: str) -> Any:

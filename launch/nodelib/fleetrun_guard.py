@@ -31,6 +31,7 @@ off (rule ``guard_error``), with the traceback in ``guard.log``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import socket
@@ -42,10 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
-    from launch.nodelib import fleetrun_node
+    from launch.nodelib import fleetrun_bucket, fleetrun_checkpoint, fleetrun_node, fleetrun_preempt
     from launch.nodelib import fleetrun_protocol as protocol
 else:
-    import fleetrun_node  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_bucket  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_checkpoint  # noqa: E402
+    import fleetrun_node  # noqa: E402
+    import fleetrun_preempt  # noqa: E402
     import fleetrun_protocol as protocol  # noqa: E402
 
 TICK = 1.0
@@ -54,6 +58,8 @@ SCAN_CHUNK = 4 * protocol.MAX_METRICS_LINE_BYTES
 """Bytes of ``metrics.jsonl`` read at a time: a line longer than a chunk is skipped, counted."""
 SCAN_CHUNKS_PER_TICK = 8
 ELSEWHERE = "metrics-elsewhere"
+NOTICE_MARGIN_S = 5.0
+"""Stop waiting for the checkpoint this long before the cloud's notice window ends."""
 """Touched by the metrics helper of ranks other than 0: rank 0's metrics go to another node."""
 
 
@@ -235,14 +241,85 @@ def shut_down(
         log("no power-off hook on this node (lab machine): processes stopped, machine kept")
 
 
+def on_notice(
+    run_dir: str, cfg: protocol.GuardConfig, notice: fleetrun_preempt.Notice, window: float
+) -> None:
+    """The cloud will take this node: flag, SIGTERM the ranks, wait for a durable checkpoint.
+
+    The flag file comes first, so a rank checking ``should_save()`` before its signal arrives
+    still saves; the record says how many ranks were told and which step reached the bucket
+    after the notice (the laptop reads it: the attempt was preempted, not failed).
+    """
+    noticed = time.time()
+    record = protocol.PreemptionNotice(noticed_at=noticed, source=cfg.preemption, detail=notice.detail)
+    fleetrun_preempt.write_notice(run_dir, record)
+    sent = fleetrun_preempt.signal_ranks(cfg.run_id, spare=(os.getpid(),))
+    record = dataclasses.replace(record, signalled=sent)
+    fleetrun_preempt.write_notice(run_dir, record)
+    log(f"preemption notice ({notice.detail[:120]}): SIGTERM sent to {sent} rank(s)")
+    deadline = noticed + (cfg.notice_window_s or window) - NOTICE_MARGIN_S
+    step = wait_durable(run_dir, cfg, noticed, deadline)
+    record = dataclasses.replace(record, durable_step=step, durable_at=None if step is None else time.time())
+    fleetrun_preempt.write_notice(run_dir, record)
+    log(
+        f"checkpoint step {step} is in the bucket, {time.time() - noticed:.1f} s after the notice"
+        if step is not None
+        else "no checkpoint reached the bucket after the notice"
+    )
+
+
+def wait_durable(run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadline: float) -> int | None:
+    """The newest step that reached the bucket after ``noticed``, once the ranks are done, or None.
+
+    The ranks upload their checkpoint themselves and exit (the helper's ``wait_uploaded``); the
+    watchdog waits for them (until ``deadline``), then reads the bucket's pointer. When no upload
+    came after the notice (a rank died before its upload finished), the newest complete
+    checkpoint on this node made after the notice is uploaded from here, with the same commands.
+    """
+    while time.time() < deadline and fleetrun_preempt.rank_pids(cfg.run_id):
+        time.sleep(0.5)
+    if cfg.bucket is None:
+        return None
+    bucket = fleetrun_bucket.Bucket(cfg.bucket)
+    step = bucket.durable_since(noticed)
+    if step is not None or time.time() >= deadline:
+        return step
+    local = fleetrun_checkpoint.Checkpointer(run_dir=run_dir, bucket=cfg.bucket, rank=0, handle_sigterm=False)
+    found = local.latest(hashes=False)
+    if found is not None and found.source == "node" and found.manifest.created >= noticed:
+        log(f"uploading checkpoint step {found.step} from this node")
+        local._upload(found.step)
+        return bucket.durable_since(noticed)
+    return None
+
+
+def poll_notice(run_dir: str, cfg: protocol.GuardConfig, memory: dict[str, Any], now: float) -> None:
+    """One preemption poll (at most one a second); handles the first notice, logs errors sparingly."""
+    watcher = memory.get("notice")
+    if watcher is None or memory.get("preempted"):
+        return
+    notice = watcher.poll(now)
+    if watcher.last_error and watcher.errors % 60 == 1:
+        log(f"preemption poll failed ({watcher.errors} so far): {watcher.last_error}")
+    if notice is not None:
+        memory["preempted"] = True
+        on_notice(run_dir, cfg, notice, watcher.window_s)
+
+
 def watch(run_dir: str, cfg: protocol.GuardConfig) -> tuple[str, str, int]:
-    """Wait for the watcher to go silent, then for a stop rule; returns (rule, reason, malformed)."""
+    """Wait for the watcher to go silent, then for a stop rule; returns (rule, reason, malformed).
+
+    Preemption notices are polled all along, watcher or not: the laptop cannot see them.
+    """
     guard_started = time.time()
     memory: dict[str, Any] = {}
+    if cfg.preemption:
+        memory["notice"] = fleetrun_preempt.Watch(cfg.preemption, cfg.metadata_address)
     announced = False
     reported_malformed = 0
     while True:
         now = time.time()
+        poll_notice(run_dir, cfg, memory, now)
         beat = mtime(os.path.join(run_dir, "watcher-heartbeat")) or guard_started
         if now - beat < cfg.watcher_lost_after_s:
             if announced:

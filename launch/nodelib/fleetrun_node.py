@@ -292,6 +292,18 @@ def read_status(run_dir: str, notes: list[str]) -> protocol.StatusRecord | None:
         return None
 
 
+def read_preemption(run_dir: str, notes: list[str]) -> protocol.PreemptionNotice | None:
+    """``preempt.json`` (the watchdog's record of a preemption notice), or None."""
+    data = _read_bounded(os.path.join(run_dir, "preempt.json"), protocol.MAX_SMALL_ANSWER_BYTES)
+    if not data:
+        return None
+    try:
+        return protocol.PreemptionNotice.from_json(data)
+    except protocol.ProtocolError as exc:
+        notes.append(str(exc))
+        return None
+
+
 def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.PollAnswer:
     """One short answer: process state, exit code, new metrics bytes, final status, log tail.
 
@@ -311,6 +323,7 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
         pass
     if heartbeat:
         _touch(os.path.join(run_dir, "watcher-heartbeat"))
+    preempted = read_preemption(run_dir, notes)
     return protocol.PollAnswer(
         state=state,
         rc=rc,
@@ -321,6 +334,7 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
         log_tail=_tail(os.path.join(run_dir, "node.log"), LOG_TAIL_BYTES),
         gpu_util=gpu_utilization(),
         malformed=tuple(notes[: protocol.MAX_NOTES]),
+        preempted=preempted,
     )
 
 

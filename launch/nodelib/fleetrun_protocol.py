@@ -39,9 +39,11 @@ from typing import TYPE_CHECKING, Any
 # Wire rules and the relay's messages live in their own modules; everything is re-exported here,
 # so callers import one module. Laptop: as ``launch.nodelib.*``; node: beside this file.
 if TYPE_CHECKING or __package__:
+    from launch.nodelib.fleetrun_bucket_messages import *  # noqa: F403
     from launch.nodelib.fleetrun_relay_messages import *  # noqa: F403
     from launch.nodelib.fleetrun_wire import *  # noqa: F403
 else:  # pragma: no cover - the node side
+    from fleetrun_bucket_messages import *  # type: ignore[no-redef]  # noqa: F403
     from fleetrun_relay_messages import *  # type: ignore[no-redef]  # noqa: F403
     from fleetrun_wire import *  # type: ignore[no-redef]  # noqa: F403
 
@@ -58,7 +60,11 @@ class GuardConfig:
     ``expects_metrics``: this node should see the job's metrics appear (the startup-timeout
     rule); ``upload_argv``: the command that copies the run directory to the bucket, with
     ``{src}`` for the directory (empty: no bucket). The cloud-specific part of an upload is
-    decided on the laptop, so nodes need no per-cloud logic.
+    decided on the laptop, so nodes need no per-cloud logic. ``bucket``: the run's checkpoint
+    storage commands (``fleetrun_checkpoint``; None: checkpoints stay on the node);
+    ``preemption``: which notice poller the watchdog runs (one of ``POLLERS``, "" for none),
+    against ``metadata_address``; ``notice_window_s``: how long the cloud gives after a notice
+    (None: the poller's own, 120 s for EC2 spot, 30 s for GCE).
     """
 
     run_id: str
@@ -75,6 +81,10 @@ class GuardConfig:
     max_wall_time_s: float | None = None
     unreachable_timeout_s: float | None = None
     upload_argv: tuple[str, ...] = ()
+    bucket: BucketCommands | None = None  # noqa: F405
+    preemption: str = ""
+    metadata_address: str = "169.254.169.254"
+    notice_window_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +103,10 @@ class GuardConfig:
             "max_wall_time_s": self.max_wall_time_s,
             "unreachable_timeout_s": self.unreachable_timeout_s,
             "upload_argv": list(self.upload_argv),
+            "bucket": None if self.bucket is None else self.bucket.to_dict(),
+            "preemption": self.preemption,
+            "metadata_address": self.metadata_address,
+            "notice_window_s": self.notice_window_s,
         }
 
     def to_json(self) -> str:
@@ -107,6 +121,11 @@ class GuardConfig:
                 "guard.json: field 'upload_argv': no '{src}' placeholder for the run directory"
             )
         lost = f.positive("watcher_lost_after_s")
+        bucket = f.data.get("bucket")
+        poller = f.data.get("preemption") or ""
+        if poller and poller not in POLLERS:  # noqa: F405
+            raise f._fail("preemption", " / ".join(POLLERS), poller)  # noqa: F405
+        window = f.positive("notice_window_s", 3600.0)
         started = f.number("started_at", 0.0, MAX_TIMESTAMP, required=True)
         assert started is not None
         return cls(
@@ -124,6 +143,10 @@ class GuardConfig:
             max_wall_time_s=f.positive("max_wall_time_s"),
             unreachable_timeout_s=f.positive("unreachable_timeout_s"),
             upload_argv=upload_argv,
+            bucket=None if bucket is None else BucketCommands.from_dict(bucket, "guard.json: bucket"),  # noqa: F405
+            preemption=str(poller),
+            metadata_address=f.address(f.data.get("metadata_address", "169.254.169.254"), "metadata_address"),
+            notice_window_s=window,
         )
 
 
@@ -223,6 +246,8 @@ class PollAnswer:
     gpu_util: float | None = None
     malformed: tuple[str, ...] = ()
     error: str = ""
+    preempted: PreemptionNotice | None = None  # noqa: F405
+    """Set once the cloud announced this node's end (``preempt.json``, written by the watchdog)."""
 
     def to_json(self) -> str:
         return encode(
@@ -237,6 +262,7 @@ class PollAnswer:
                 "gpu_util": self.gpu_util,
                 "malformed": list(self.malformed),
                 "error": self.error,
+                "preempted": None if self.preempted is None else self.preempted.to_dict(),
             },
             allow_nan=True,  # a status field may be NaN (finish(loss=nan)); Python reads it back
         )
@@ -260,6 +286,7 @@ class PollAnswer:
         except (binascii.Error, ValueError):
             raise f._fail("metrics_b64", "base64", encoded) from None
         status = f.data.get("status")
+        preempted = f.data.get("preempted")
         return cls(
             state=str(state),
             rc=f.optional_integer("rc", -(2**31), 2**31 - 1),
@@ -270,6 +297,9 @@ class PollAnswer:
             log_tail=f.text("log_tail", MAX_LOG_TAIL, tail=True),
             gpu_util=f.number("gpu_util", 0.0, 100.0),
             malformed=f.strings("malformed", MAX_NOTES, _note),
+            preempted=None
+            if preempted is None
+            else PreemptionNotice.from_dict(preempted, "poll answer: preempted"),  # noqa: F405
         )
 
 

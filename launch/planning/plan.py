@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from launch.job.inventory import Host, host_port
+from launch.rules.recovery import RecoveryPolicy, describe_policy
 
 MASK = "***"
 """What ``--dry-run`` and ``plan.txt`` show in place of a secret value."""
@@ -91,6 +92,10 @@ class LaunchPlan:
     rdzv_port: int | str | None = None
     """The head's rendezvous port: a number, ``"auto"`` (chosen free on the head at launch time and
     sent to every starting node as ``rdzv_port``), or None when the launcher needs none."""
+    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+    """What a lost node, a preemption or a failed rank does to the run (the playbook's ``recovery:``)."""
+    min_nodes: int | None = None
+    """Elastic jobs (``nodes: MIN:MAX``): the fewest nodes a later attempt may run on."""
 
     @property
     def head(self) -> NodePlan:
@@ -113,6 +118,7 @@ class LaunchPlan:
                 else self.rdzv_port
             )
             out.append(f"# rendezvous port: {port}")
+        out.append(f"# recovery: {describe_policy(self.recovery, self.min_nodes, len(self.nodes))}")
         out += [f"# note: {n}" for n in self.notes]
         for node in self.nodes:
             out.append("")

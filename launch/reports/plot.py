@@ -10,12 +10,20 @@ from pathlib import Path
 from launch.rules.metrics_stream import LossPoint
 
 
-def plot_loss(history: Sequence[LossPoint], path: str | Path, *, title: str | None = None) -> Path:
+def plot_loss(
+    history: Sequence[LossPoint],
+    path: str | Path,
+    *,
+    title: str | None = None,
+    resumes: Sequence[tuple[int, int]] = (),
+) -> Path:
     """Write a loss-vs-step PNG to ``path`` (atomically) and return the path.
 
     Uses matplotlib's object API with the Agg canvas, never pyplot, so it needs no display
     and leaves no global figure state behind in the long-lived watcher. Non-finite losses
     cannot be drawn; the first one is marked with a red line so the blow-up is visible.
+    ``resumes``: (attempt, first step) of each attempt after the first (``recovery:``), marked
+    with a grey line, so steps computed twice show as the overlap before it.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -33,8 +41,11 @@ def plot_loss(history: Sequence[LossPoint], path: str | Path, *, title: str | No
             ax.set_yscale("log")
     else:
         ax.text(0.5, 0.5, "no finite loss logged", ha="center", va="center", transform=ax.transAxes)
+    for attempt, step in resumes:
+        ax.axvline(step, color="tab:gray", linestyle=":", label=f"attempt {attempt} resumes at step {step}")
     if bad is not None:
         ax.axvline(bad.step, color="tab:red", linestyle="--", label=f"loss {bad.loss} at step {bad.step}")
+    if bad is not None or resumes:
         ax.legend(loc="upper right")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")

@@ -249,4 +249,35 @@ def show_run(record: RunRecord, *, now: float | None = None) -> Group:
     if record.hyperparameters:
         hps = ", ".join(f"{k}={fmt_number(v)}" for k, v in sorted(record.hyperparameters.items()))
         _add_row(grid, "hyperparameters", clean(hps, 2000))
+    if record.attempts:
+        return Group(grid, attempts_table(record.attempts), summary_panel(record))
     return Group(grid, summary_panel(record))
+
+
+def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
+    """One row per attempt of a run (``recovery:``): its nodes, how it ended, steps done again.
+
+    The entries come from the run record, which a newer fleetrun may have written: every value
+    is shown through ``clean`` and a missing one as ``-``."""
+    table = Table(title="attempts", title_justify="left")
+    for name in ("#", "nodes", "ended", "why", "steps", "recomputed", "replaced / dropped"):
+        table.add_column(name, overflow="fold")
+    for entry in attempts[:100]:
+        if not isinstance(entry, Mapping):
+            continue
+        nodes = entry.get("nodes")
+        first, last = entry.get("first_step"), entry.get("last_step")
+        changed = [f"+{n}" for n in entry.get("replaced") or []] + [
+            f"-{n}" for n in entry.get("dropped") or []
+        ]
+        _add_row(
+            table,
+            clean(entry.get("attempt", "-"), 10),
+            clean(", ".join(str(n) for n in nodes) if isinstance(nodes, list) else "-", 400),
+            Text(clean(entry.get("outcome", "-"), 20), style=_STATE_STYLE.get(str(entry.get("outcome")), "")),
+            clean(f"{entry.get('loss') or entry.get('rule') or '-'}: {entry.get('reason') or ''}", 300),
+            clean(f"{first if first is not None else '-'}..{last if last is not None else '-'}", 40),
+            clean(entry.get("steps_recomputed") if entry.get("steps_recomputed") is not None else "-", 20),
+            clean(" ".join(changed) or "-", 200),
+        )
+    return table

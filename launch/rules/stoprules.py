@@ -124,6 +124,9 @@ class NodeObservation:
     """When ``state == "unreachable"``: the last time SSH to it worked, if ever."""
     gpu_util: float | None = None
     """Mean GPU utilisation percent on the node; None when unknown or no GPU."""
+    preempted: bool = False
+    """The cloud announced this node's end (a preemption notice seen by its watchdog): an attempt
+    that ends here was preempted, not failed."""
 
 
 @dataclass(frozen=True)

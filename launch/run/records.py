@@ -71,10 +71,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN hyperparameters TEXT NOT NULL DEFAULT '{}';
     """,
+    # one run id, several attempts (``recovery:``): each attempt's nodes, end and steps recomputed
+    "ALTER TABLE runs ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]'",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_JSON_COLUMNS = ("inventory", "exit_codes", "last_metrics", "artifacts", "hyperparameters")
+_JSON_COLUMNS = ("inventory", "exit_codes", "last_metrics", "artifacts", "hyperparameters", "attempts")
+_LIST_COLUMNS = ("artifacts", "attempts")
 _UPDATABLE = frozenset(
     {
         "playbook_hash",
@@ -86,6 +89,7 @@ _UPDATABLE = frozenset(
         "cost_usd",
         "run_dir",
         "artifacts",
+        "attempts",
         "watcher_pid",
         "watcher_host",
         "heartbeat_at",
@@ -118,6 +122,8 @@ class RunRecord:
     watcher_host: str | None = None
     heartbeat_at: float | None = None
     hyperparameters: dict[str, Any] = field(default_factory=dict)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    """With ``recovery:``: one entry per attempt (``launch.rules.recovery.AttemptEnd.to_json``)."""
 
     def duration_s(self, now: float | None = None) -> float:
         """Seconds from start to end (or to ``now`` while not ended)."""
@@ -128,7 +134,7 @@ class RunRecord:
 def _row_to_record(row: sqlite3.Row) -> RunRecord:
     data = dict(row)
     for column in _JSON_COLUMNS:
-        data[column] = json.loads(data[column]) if data[column] else ({} if column != "artifacts" else [])
+        data[column] = json.loads(data[column]) if data[column] else ([] if column in _LIST_COLUMNS else {})
     return RunRecord(**data)
 
 
@@ -137,7 +143,7 @@ def _encode(column: str, value: Any) -> Any:
     if column not in _JSON_COLUMNS:
         return value
     if value is None:
-        value = [] if column == "artifacts" else {}
+        value = [] if column in _LIST_COLUMNS else {}
     return json.dumps(value)
 
 

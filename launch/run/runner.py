@@ -29,11 +29,12 @@ from launch.job.spec import JobSpec
 from launch.nodelib.fleetrun_protocol import FileBundle, ProtocolError, StartAnswer
 from launch.planning import remote_layout as layout
 from launch.planning.claim import busy_gpus, parse_probe, probe_command
-from launch.planning.launchers.base import RDZV_PORT_FILE
+from launch.planning.launchers.base import ATTEMPT_FILE, RDZV_PORT_FILE, RESUME_FILE
 from launch.planning.plan import LaunchPlan, NodePlan
 from launch.reports.safe_text import clean
 from launch.rules.preflight import errors_by_node
 from launch.rules.stoprules import StopDecision
+from launch.run.attempts import Attempts, record_attempts
 from launch.run.channels import copy_channels
 from launch.run.doctor import gather
 from launch.run.records import RunRecords
@@ -127,6 +128,38 @@ class Runner:
         self.timings: dict[str, float] = {}
         self.lib_current: set[str] = set()
         self.rdzv_port: int | None = None
+        self.attempts = Attempts(self)
+        self.attempt = 1
+        """Sent to every node as ``attempt`` with ``launch.sh`` (``FLEETRUN_ATTEMPT``)."""
+        self.resume_from: str | None = None
+        """For a later attempt: the checkpoint every node resumes from (``FLEETRUN_RESUME_FROM``)."""
+
+    def adopt(self, plan: LaunchPlan, inventory: Inventory, known_hosts: Path, *, attempt: int) -> None:
+        """The next attempt's plan and fleet (replaced hosts pinned in ``known_hosts``)."""
+        self.plan, self.inventory, self.known_hosts, self.attempt = plan, inventory, known_hosts, attempt
+        self.hosts = [n.host for n in plan.nodes]
+        self.nodes = {n.host.name: n for n in plan.nodes}
+        old, self.fleet = self.fleet, Fleet(self.hosts, known_hosts, max_parallel=self.options.max_parallel)
+        for host in self.hosts:  # survivors keep their connection (same host, same pinned key)
+            conn = old.connections.pop(host.name, None)
+            if conn is not None and conn.host == host:
+                self.fleet.connections[host.name] = conn
+            elif conn is not None:
+                conn.close()
+        old.close()
+
+    def prepare_only(self, hosts: list[Host]) -> None:
+        """Sync and set up only ``hosts`` (new nodes of a later attempt); the others have both."""
+        everyone, fleet = self.hosts, self.fleet
+        self.lib_current -= {h.name for h in hosts}  # a new machine: its disk holds nothing of ours
+        self.hosts = hosts
+        self.fleet = Fleet(hosts, self.known_hosts, max_parallel=self.options.max_parallel)
+        self.fleet.connections = {h.name: fleet.connections[h.name] for h in hosts}  # shared, kept open
+        try:
+            self.sync()
+            self.setup()
+        finally:
+            self.hosts, self.fleet = everyone, fleet
 
     # -- steps -----------------------------------------------------------------------------------
     def _fan_out(
@@ -328,6 +361,9 @@ class Runner:
             files = {"guard.json": target.guard_config(node.host.name).to_json()}
             if node.launch_script is not None:
                 files["launch.sh"] = node.launch_script
+                files[ATTEMPT_FILE] = str(self.attempt)
+                if self.resume_from is not None:
+                    files[RESUME_FILE] = self.resume_from
                 if self.rdzv_port is not None:
                     files[RDZV_PORT_FILE] = str(self.rdzv_port)
                 command = f'{AGENT} start "$HOME/{run_dir}" --stdin'
@@ -393,6 +429,7 @@ class Runner:
                 completion_grace_s=self.options.completion_grace_s,
             )
             decision = watch_safely(watcher, self.folder.path)
+            decision, target, watcher = self.attempts.run(target, watcher, decision)
         except StepFailed as exc:
             decision = StopDecision("failed", f"{exc.step}_failed", str(exc), tuple(exc.errors))
         except KeyboardInterrupt:
@@ -404,7 +441,9 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - still stop, pull, record and tear down by policy
             step = "starting the run" if started_job else "preparing the fleet"
             decision = crash_decision(self.folder.path, exc, step)
-        return wrap_up(
+        if self.attempts.target is not None:  # an error between attempts: wrap the latest one up
+            target, watcher = self.attempts.target, self.attempts.watcher or watcher
+        summary = wrap_up(
             target,
             self.fleet,
             decision,
@@ -417,6 +456,9 @@ class Runner:
             teardown_applies=teardown_applies,
             transfers=self.transfers,
         )
+        if self.attempts.ended and (self.plan.recovery.enabled or len(self.attempts.ended) > 1):
+            record_attempts(self.folder, self.records, summary, self.attempts)
+        return summary
 
     def _keep_running(self) -> bool:
         assert self.ask_keep_running is not None

@@ -22,9 +22,14 @@ MAX_WATCH_JSON_BYTES = 64 * 1024**2
 """``watch.json`` grows with the inventory; a file larger than this is not one fleetrun wrote."""
 
 
+def run_prefix(run_id: str) -> str:
+    """A run's prefix in the fleet's bucket; its checkpoints are under ``<prefix>/checkpoints/``."""
+    return f"runs/{run_id}"
+
+
 def bucket_dest(run_id: str, node: str) -> str:
     """Where a node's run directory goes under the fleet's bucket."""
-    return f"runs/{run_id}/{node}"
+    return f"{run_prefix(run_id)}/{node}"
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class WatchTarget:
         """
         head = self.inventory.head
         rules = self.rules
+        kind = fleet_kind(self.inventory.fleet)
         return GuardConfig(
             run_id=self.run_id,
             node=node,
@@ -86,6 +92,8 @@ class WatchTarget:
             max_wall_time_s=rules.max_wall_time_s,
             unreachable_timeout_s=rules.unreachable_timeout_s,
             upload_argv=tuple(self.upload_argv(node) or ()),
+            bucket=kind.bucket_commands(run_prefix(self.run_id)),
+            preemption=kind.preemption_poller(),
         )
 
     @classmethod

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 
 from launch.errors import HostError
-from launch.nodelib.fleetrun_protocol import PollAnswer, PollRequest, ProtocolError
+from launch.nodelib.fleetrun_protocol import PollAnswer, PollRequest, PreemptionNotice, ProtocolError
 from launch.planning import remote_layout as layout
 from launch.reports.safe_text import safe_text
 from launch.reports.views import live_table
@@ -68,6 +68,8 @@ class NodeWatch:
     """Answers refused by the protocol (garbage, wrong types, agent errors)."""
     malformed: tuple[str, ...] = ()
     """What the node agent last reported unreadable on the node (an ``rc`` that is no number...)."""
+    preempted: PreemptionNotice | None = None
+    """The cloud announced this node's end (the watchdog's ``preempt.json``); kept once seen."""
     stream: MetricsStream = field(default_factory=MetricsStream)
 
 
@@ -145,6 +147,8 @@ class Watcher:
             node.stream.feed(answer.metrics)
         node.offset = answer.offset
         node.malformed = answer.malformed
+        if answer.preempted is not None:
+            node.preempted = answer.preempted
         if answer.status is not None:
             status = parse_status(answer.status.to_dict())
             if status is not None:
@@ -182,6 +186,7 @@ class Watcher:
                     exit_code=rc if state == "exited" else None,
                     last_reachable_at=node.last_reachable_at,
                     gpu_util=node.gpu_util,
+                    preempted=node.preempted is not None,
                 )
             )
         exits = {

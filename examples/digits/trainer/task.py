@@ -4,6 +4,12 @@ Run by fleetrun as ``torchrun ... -m trainer.task --epochs 5``; also runs alone 
 Logs through fleetrun's metrics helper (rank 0 writes), records which host each rank ran on,
 and saves the final model to ``$FLEETRUN_OUTPUT_DIR``. ``--fail-rank``/``--fail-step`` make one
 rank exit non-zero on purpose, to exercise failure handling.
+
+Checkpoints through fleetrun's checkpoint helper: every ``--checkpoint-every`` steps (default
+``$FLEETRUN_CHECKPOINT_EVERY``, 0 = only when asked), and at the next step once any rank got
+SIGTERM or its node a preemption notice (then every rank exits with 143 after the checkpoint is
+in the bucket). A later attempt resumes mid-epoch from the newest checkpoint: model, optimizer,
+epoch and step, the position in the epoch's batches, and the RNG.
 """
 
 from __future__ import annotations
@@ -28,10 +34,15 @@ from trainer.data import load_digits
 from trainer.model import build_model
 
 try:
+    import fleetrun_checkpoint as ckpt
     from fleetrun_metrics import Metrics
-except ImportError:  # outside fleetrun: the helper lives in fleetrun's launch/nodelib
+except ImportError:  # outside fleetrun: the helpers live in fleetrun's launch/nodelib
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "launch", "nodelib"))
+    import fleetrun_checkpoint as ckpt
     from fleetrun_metrics import Metrics
+
+STOPPED_FOR_CHECKPOINT = 143
+"""Exit code after a checkpoint asked for by SIGTERM or a preemption notice (128 + SIGTERM)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-step", type=int, default=5, help="... at this step")
     p.add_argument("--nan-at-step", type=int, default=-1, help="from this step on, the logged loss is NaN")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout in seconds")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=int(os.environ.get("FLEETRUN_CHECKPOINT_EVERY", "0") or 0),
+        help="steps between checkpoints (0: only on SIGTERM or a preemption notice)",
+    )
     return p.parse_args(argv)
 
 
@@ -118,11 +135,30 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
-    step = 0
+    checkpoints = ckpt.default()  # installs the SIGTERM handler: a stop asks for a checkpoint
+    step, first_epoch, skip = 0, 0, 0
+    resumed = ckpt.resume_training_state(model, optimizer)  # before any step: DDP synced already
+    if resumed is not None:
+        step, first_epoch = int(resumed["step"]), int(resumed["epoch"])
+        skip = int((resumed["sampler"] or {}).get("batches_done", 0))
+        metrics.event(
+            "resumed", step=step, epoch=first_epoch, source=resumed["source"], attempt=ckpt.attempt()
+        )
+        if rank == 0:
+            print(f"resumed from step {step} (epoch {first_epoch}, {resumed['source']})", flush=True)
+
+    def checkpoint(epoch: int, batches_done: int) -> None:
+        sampler_state = {"epoch": epoch, "batches_done": batches_done, "seed": args.seed}
+        ckpt.save_training_state(step, model, optimizer, epoch=epoch, sampler_state=sampler_state)
+        metrics.event("checkpoint", step=step, epoch=epoch)
+
     started = time.time()
-    for epoch in range(args.epochs):
+    last_loss = float("nan")
+    for epoch in range(first_epoch, args.epochs):
         sampler.set_epoch(epoch)
-        for x, y in loader:
+        for batch, (x, y) in enumerate(loader):
+            if epoch == first_epoch and batch < skip:
+                continue  # these batches were trained on before the checkpoint
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             loss = loss_fn(ddp(x), y)
@@ -138,14 +174,24 @@ def main(argv: list[str] | None = None) -> int:
                 reduced /= world
             if 0 <= args.nan_at_step <= step:
                 reduced = reduced * float("nan")  # a diverged run, as the stop rules see it
-            metrics.log(step=step, loss=float(reduced), epoch=epoch, lr=args.lr)
+            last_loss = float(reduced)
+            metrics.log(step=step, loss=last_loss, epoch=epoch, lr=args.lr)
+            stop = checkpoints.should_save(everywhere=True)  # any rank's SIGTERM stops every rank
+            if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+                checkpoint(epoch, batch + 1)
+            if stop:
+                durable = checkpoints.wait_uploaded(timeout=60)
+                metrics.event("stopped_for_checkpoint", step=step, uploaded=durable)
+                print(f"rank {rank}: checkpoint at step {step} after a stop request; exiting", flush=True)
+                sys.stdout.flush()
+                os._exit(STOPPED_FOR_CHECKPOINT)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
         val_loss, val_acc = evaluate(model, test_loader)
         metrics.log(step=step, val_loss=val_loss, val_accuracy=val_acc, epoch=epoch)
         if rank == 0:
             print(
-                f"epoch {epoch}: step {step} loss {float(loss.detach()):.4f} val_loss {val_loss:.4f} val_acc {val_acc:.3f}",
+                f"epoch {epoch}: step {step} loss {last_loss:.4f} val_loss {val_loss:.4f} val_acc {val_acc:.3f}",
                 flush=True,
             )
 

@@ -17,7 +17,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 
 class ErrorKind(str, Enum):
@@ -69,6 +72,15 @@ class CloudOps(Protocol):
 
     def download_argv(self, bucket: str, src: str) -> list[str]:
         """The command a node runs to copy ``<bucket>/<src>`` into a local folder (``{dest}``)."""
+        ...
+
+    def bucket_commands(self, bucket: str, prefix: str) -> BucketCommands:
+        """How a node copies checkpoints to and from ``<bucket>/<prefix>`` (the checkpoint helper
+        and the watchdog run these; the same CLI as ``upload_argv``)."""
+        ...
+
+    def preemption_poller(self) -> str:
+        """Which preemption-notice poller the on-node watchdog runs (``fleetrun_protocol.POLLERS``)."""
         ...
 
     def poweroff_hook(self) -> str:

@@ -10,7 +10,12 @@ from fleetrun_contract.cluster import AWS_CLUSTER_TAG as CLUSTER_TAG
 from fleetrun_contract.cluster import aws_region_of
 from launch.errors import FleetrunError
 from launch.fleets.clouds import ClusterLocation, ErrorKind, Rules, classify, missing_sdk
+from launch.nodelib.fleetrun_protocol import BucketCommands
 
+# The one S3 uploader: the run directory's copy, checkpoints up and down, old checkpoints removed.
+COPY = ("aws", "s3", "cp", "--only-show-errors", "{src}", "{dest}")
+SYNC = ("aws", "s3", "sync", "--only-show-errors", "{src}", "{dest}")
+REMOVE = ("aws", "s3", "rm", "--recursive", "--only-show-errors", "{dest}")
 LIVE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 """Every state but terminated: a stopped instance still bills for its volumes (and its EIP)."""
 
@@ -57,7 +62,13 @@ class AwsOps:
         return classify(message, ERROR_RULES)
 
     def upload_argv(self, bucket: str, dest: str) -> list[str]:
-        return ["aws", "s3", "sync", "--only-show-errors", "{src}", f"s3://{bucket}/{dest}"]
+        return [arg.replace("{dest}", f"s3://{bucket}/{dest}") for arg in SYNC]
+
+    def bucket_commands(self, bucket: str, prefix: str) -> BucketCommands:
+        return BucketCommands(url=f"s3://{bucket}/{prefix}", copy=COPY, sync=SYNC, remove=REMOVE)
+
+    def preemption_poller(self) -> str:
+        return "ec2-imdsv2"
 
     def download_argv(self, bucket: str, src: str) -> list[str]:
         return ["aws", "s3", "sync", "--only-show-errors", f"s3://{bucket}/{src}", "{dest}"]

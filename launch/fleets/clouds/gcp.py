@@ -9,6 +9,12 @@ from fleetrun_contract.cluster import GCP_CLUSTER_LABEL as CLUSTER_LABEL
 from fleetrun_contract.cluster import gcp_region_of
 from launch.errors import FleetrunError
 from launch.fleets.clouds import ClusterLocation, ErrorKind, Rules, classify, missing_sdk
+from launch.nodelib.fleetrun_protocol import BucketCommands
+
+# The one Cloud Storage uploader: the run directory's copy, checkpoints up and down, removal.
+COPY = ("gcloud", "storage", "cp", "{src}", "{dest}")
+SYNC = ("gcloud", "storage", "rsync", "--recursive", "{src}", "{dest}")
+REMOVE = ("gcloud", "storage", "rm", "--recursive", "{dest}")
 
 POWEROFF_HOOK = """\
 #!/bin/sh
@@ -73,7 +79,13 @@ class GcpOps:
         return classify(message, ERROR_RULES)
 
     def upload_argv(self, bucket: str, dest: str) -> list[str]:
-        return ["gcloud", "storage", "rsync", "--recursive", "{src}", f"gs://{bucket}/{dest}"]
+        return [arg.replace("{dest}", f"gs://{bucket}/{dest}") for arg in SYNC]
+
+    def bucket_commands(self, bucket: str, prefix: str) -> BucketCommands:
+        return BucketCommands(url=f"gs://{bucket}/{prefix}", copy=COPY, sync=SYNC, remove=REMOVE)
+
+    def preemption_poller(self) -> str:
+        return "gce-metadata"
 
     def download_argv(self, bucket: str, src: str) -> list[str]:
         return ["gcloud", "storage", "rsync", "--recursive", f"gs://{bucket}/{src}", "{dest}"]

@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from launch.job.inventory import Host
+    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 Say = Callable[[str], None]
 
@@ -74,12 +78,28 @@ class FleetKind(Protocol):
         (``{dest}``): a playbook's ``{bucket: ...}`` data channel. None when the fleet has no bucket."""
         ...
 
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        """How nodes copy checkpoints to and from ``prefix`` under the fleet's bucket (the checkpoint
+        helper, the watchdog before a node goes), or None without a bucket."""
+        ...
+
+    def preemption_poller(self) -> str:
+        """The preemption-notice poller the watchdog runs (``fleetrun_protocol.POLLERS``), or ""."""
+        ...
+
     def tear_down(self, say: Say) -> TeardownOutcome:
         """Remove the fleet and confirm nothing remains. May raise ``FleetrunError``."""
         ...
 
     def tags(self) -> dict[str, str]:
         """The tags/labels that mark this fleet's resources (what a leftovers audit looks for)."""
+        ...
+
+    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+        """A working machine in place of ``host``, which a run lost (``recovery:``): its ``Host``,
+        with the new pinned host key when the machine is new, or None when this kind cannot give
+        one within ``timeout_s`` (the run then goes on without it when elastic, else fails).
+        The old machine's processes are assumed gone; only the new one is synced and set up."""
         ...
 
 

@@ -21,7 +21,10 @@ from launch.fleets.kinds.refs import LabFleet
 from launch.job.validation import describe_validation_error, load_yaml_mapping
 
 if TYPE_CHECKING:
-    from launch.job.inventory import Inventory
+    from launch.job.inventory import Host, Inventory
+    from launch.nodelib.fleetrun_protocol import BucketCommands
+
+REPLACE_POLL_S = 5.0
 
 ALLOWED_KEYS = ("defaults", "hosts")
 REFUSED_KEYS = ("teardown", "stack", "cluster_id", "bucket", "cloud", "fleet")
@@ -52,6 +55,12 @@ class LabKind:
     def bucket_download_argv(self, src: str) -> list[str] | None:
         return None
 
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        return None
+
+    def preemption_poller(self) -> str:
+        return ""
+
     def tear_down(self, say: Say) -> TeardownOutcome:
         return TeardownOutcome(
             TeardownState.KEPT, "lab machines are never torn down; the run's processes were stopped"
@@ -59,6 +68,23 @@ class LabKind:
 
     def tags(self) -> dict[str, str]:
         return {}
+
+    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+        """Lab machines are not made by fleetrun: wait (up to ``timeout_s``) for the host's sshd to
+        answer again (a reboot, a network fixed) and give back the same host, its pinned key
+        unchanged (a changed key is still refused when the run connects). None when it stays away."""
+        import socket
+        import time
+
+        say(f"{host.name}: lab machine; waiting up to {timeout_s:.0f} s for it to answer again")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((host.address, host.port), timeout=REPLACE_POLL_S):
+                    return host
+            except OSError:
+                time.sleep(min(REPLACE_POLL_S, max(0.0, deadline - time.monotonic())))
+        return None
 
 
 def _resolve_key(entry: dict[str, object], path: Path) -> None:

@@ -15,7 +15,8 @@ from launch.fleets.kinds.base import Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import LocalFleetRef
 
 if TYPE_CHECKING:
-    from launch.job.inventory import Inventory
+    from launch.job.inventory import Host, Inventory
+    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 SELECTOR = "local"
 
@@ -23,6 +24,12 @@ POWEROFF_HOOK = (
     "# local fleet: the fleet's power daemon (root) stops this node\n"
     'touch "$HOME/.fleetrun/poweroff-request"\n'
 )
+LOCAL_S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "fleetrun-local",
+    "AWS_SECRET_ACCESS_KEY": "fleetrun-local",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+"""Dummy keys for the fleet's own S3-compatible server (it accepts any)."""
 PREFIX_TAG = "fleetrun:local-prefix"
 """Every resource of a local fleet (users, namespaces, links, state) is named from its prefix."""
 
@@ -41,7 +48,37 @@ class LocalFleetKind:
         return POWEROFF_HOOK
 
     def bucket_upload_argv(self, dest: str) -> list[str] | None:
-        return None
+        commands = self.bucket_commands(dest)
+        if commands is None:
+            return None
+        return [
+            "env",
+            *(f"{k}={v}" for k, v in sorted(commands.env.items())),
+            *commands.sync[:-1],
+            commands.url,
+        ]
+
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        """The S3 commands against the fleet's own S3-compatible server, run with the image's ``aws``
+        (dummy keys: the server is a test's, on this machine)."""
+        if not (self.ref.bucket and self.ref.s3_endpoint):
+            return None
+        from launch.fleets.clouds import aws
+        from launch.fleets.local.prereqs import image_python
+        from launch.nodelib.fleetrun_protocol import BucketCommands
+
+        cli = str(image_python().parent / "aws")
+        env = {**LOCAL_S3_ENV, "AWS_ENDPOINT_URL": self.ref.s3_endpoint}
+        return BucketCommands(
+            url=f"s3://{self.ref.bucket}/{prefix}",
+            copy=(cli, *aws.COPY[1:]),
+            sync=(cli, *aws.SYNC[1:]),
+            remove=(cli, *aws.REMOVE[1:]),
+            env=env,
+        )
+
+    def preemption_poller(self) -> str:
+        return self.ref.preemption_poller
 
     def bucket_download_argv(self, src: str) -> list[str] | None:
         return None
@@ -61,6 +98,15 @@ class LocalFleetKind:
 
     def tags(self) -> dict[str, str]:
         return {PREFIX_TAG: self.ref.prefix}
+
+    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+        """A fresh node (empty home, new host key) in the lost one's place; see ``replace_node``."""
+        from launch.fleets.local import LocalFleet  # root-only I/O, imported when used
+        from launch.fleets.local.power import replace_node
+
+        new = replace_node(LocalFleet(prefix=self.ref.prefix, subnet=0), host)
+        say(f"{host.name}: replaced by a fresh node (new host key pinned)")
+        return new
 
 
 def load_local_inventory(prefix: str | None, save_keys: bool = True) -> Inventory:

@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 PREFIX_PATTERN = r"^[a-z][a-z0-9]{0,5}\z"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\z"
 BUCKET_PATTERN = r"^[a-z0-9][a-z0-9._-]{1,221}[a-z0-9]\z"
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+LOCAL_ENDPOINT_PATTERN = rf"^http://(127\.{_OCTET}|198\.1[89])\.{_OCTET}\.{_OCTET}:[1-9][0-9]{{0,4}}\z"
+"""A local fleet's S3 endpoint: http on loopback or 198.18.0.0/15 (the range reserved for network
+tests, where local fleets live), with a port: never an address outside this machine's tests."""
 
 
 class _Ref(BaseModel):
@@ -30,10 +34,20 @@ class LabFleet(_Ref):
 
 
 class LocalFleetRef(_Ref):
-    """The local fleet (network-namespace nodes on this machine) named by ``prefix``."""
+    """The local fleet (network-namespace nodes on this machine) named by ``prefix``.
+
+    ``bucket`` and ``s3_endpoint``: an S3-compatible server on this machine that the nodes use as
+    their bucket (tests, demos: the bucket path without a cloud); the endpoint must be a plain
+    http URL on loopback or the local fleets' test range 198.18.0.0/15, so a local fleet never
+    sends its runs anywhere else. ``preemption_poller``: the watchdog polls that notice (a test's own metadata
+    server at 169.254.169.254 inside a node); "" (the default) for none.
+    """
 
     kind: Literal["local"] = "local"
     prefix: str = Field(pattern=PREFIX_PATTERN)
+    bucket: str | None = Field(default=None, pattern=BUCKET_PATTERN)
+    s3_endpoint: str | None = Field(default=None, pattern=LOCAL_ENDPOINT_PATTERN)
+    preemption_poller: Literal["", "ec2-imdsv2", "gce-metadata"] = ""
 
 
 class StackFleetRef(_Ref):

@@ -26,7 +26,8 @@ from launch.fleets.kinds.refs import StackFleetRef
 from launch.job.validation import describe_validation_error, load_json_mapping, printable
 
 if TYPE_CHECKING:
-    from launch.job.inventory import Inventory
+    from launch.job.inventory import Host, Inventory
+    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 SELECTOR = "stack"
 OUTPUTS_SUFFIX = ".json"
@@ -52,6 +53,12 @@ class StackKind:
     def bucket_download_argv(self, src: str) -> list[str] | None:
         return self.cloud.download_argv(self.ref.bucket, src) if self.ref.bucket else None
 
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        return self.cloud.bucket_commands(self.ref.bucket, prefix) if self.ref.bucket else None
+
+    def preemption_poller(self) -> str:
+        return self.cloud.preemption_poller()
+
     def tear_down(self, say: Say) -> TeardownOutcome:
         if not self.ref.stack:
             return TeardownOutcome(
@@ -70,6 +77,17 @@ class StackKind:
 
     def tags(self) -> dict[str, str]:
         return {self.cloud.cluster_tag: self.ref.cluster_id}
+
+    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+        """Refresh + up through the Automation API recreates only the missing instance; its new
+        host key comes from the outputs (``launch.fleets.stack_replace``). A cluster known only from
+        an outputs file has no stack to update: None."""
+        if not self.ref.stack:
+            say(f"{host.name}: no stack name (inventory from an outputs file); cannot replace it")
+            return None
+        from launch.fleets import stack_replace  # Pulumi, imported only by cloud users
+
+        return stack_replace.replace_node(self.ref.stack, host, on_output=say)
 
 
 def inventory_from_stack_outputs(

@@ -17,11 +17,18 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import shutil
+import socket
 import stat
 import sys
 import time
 
+import yaml
+
 from launch.fleets.local.fleet import LocalFleet
+from launch.fleets.local.node import start_sshd
+from launch.fleets.local.prereqs import run
+from launch.job.inventory import Host, Inventory
 
 REQUEST = "poweroff-request"
 
@@ -61,6 +68,58 @@ def serve(fleet: LocalFleet, interval: float = 0.5) -> None:
                 (node_dir / "powered-off").write_text(f"{time.time()}\n")
             print(f"{time.strftime('%H:%M:%S')} powered off {user}", flush=True)
         time.sleep(interval)
+
+
+def replace_node(fleet: LocalFleet, host: Host) -> Host:
+    """A fresh machine in place of a lost node, as a cloud gives one: same name and address, an
+    empty disk and a NEW host key (the operator must pin it again; the old one is refused).
+
+    Whatever is left of the node is powered off first (its processes, its sshd), its home is
+    emptied but for the operator's authorized key (what a new VM gets from its image and
+    metadata), a new host key is generated, sshd starts again, and the fleet's own inventory
+    file is rewritten with the new key. Returns the new ``Host``.
+    """
+    index = fleet.node_index(host.name)
+    created = fleet.state.load()
+    if index is None or not fleet.is_ours(host.name, created):
+        raise ValueError(f"{host.name} is not a node of local fleet {fleet.prefix}")
+    fleet.stop_node(index)
+    entry = pwd.getpwnam(host.name)
+    home = entry.pw_dir
+    for name in os.listdir(home):
+        if name == ".ssh":
+            continue
+        path = os.path.join(home, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    node_dir = fleet.node_dir(index)
+    (node_dir / "powered-off").unlink(missing_ok=True)
+    key = node_dir / "ssh_host_ed25519_key"
+    for old in (key, key.with_suffix(".pub")):
+        old.unlink(missing_ok=True)
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(key)])
+    start_sshd(fleet, index)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection((host.address, host.port), timeout=0.5):
+                break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sshd did not come back on {host.name}") from None
+            time.sleep(0.05)
+    new = host.model_copy(update={"host_key": key.with_suffix(".pub").read_text().strip()})
+    inventory = fleet.inventory()
+    hosts = [new if h.name == host.name else h for h in inventory.hosts]
+    updated = inventory.model_copy(update={"hosts": hosts})
+    Inventory.model_validate(updated.to_yaml_data())  # still a valid inventory before it is written
+    tmp = fleet.inventory_path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(updated.to_yaml_data(), sort_keys=False))
+    tmp.replace(fleet.inventory_path)
+    return new
 
 
 if __name__ == "__main__":

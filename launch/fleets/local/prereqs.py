@@ -69,7 +69,9 @@ def image_python() -> Path:
 
 
 def ensure_image(say: Callable[[str], None] = print) -> Path:
-    """Build the shared Python the nodes start from (torch CPU + numpy), once.
+    """Build the shared Python the nodes start from (torch CPU, numpy, the aws CLI), once.
+
+    An image built before a requirement was added (the aws CLI) is completed in place.
 
     Made from Debian's ``/usr/bin/python3`` outside ``/root``: a venv of the pyenv Python under
     /root is unusable by node users (/root is mode 700).
@@ -77,12 +79,15 @@ def ensure_image(say: Callable[[str], None] = print) -> Path:
     python = image_python()
     if python.exists():
         probe = run([str(python), "-c", "import torch, numpy"], check=False, timeout=120)
-        if probe.returncode == 0:
+        if probe.returncode == 0 and (python.parent / "aws").exists():
             return python
-    base = shutil.which("python3", path="/usr/bin:/usr/local/bin") or "/usr/bin/python3"
-    say(f"building the local fleet image at {image_dir()} (torch CPU, numpy; about a minute, once)")
-    image_dir().mkdir(parents=True, exist_ok=True)
-    run([base, "-m", "venv", str(image_dir() / "venv")], timeout=300)
+    if python.exists():  # completed in place: nodes of running fleets may be using this Python
+        say(f"completing the local fleet image at {image_dir()} from {REQUIREMENTS}")
+    else:
+        base = shutil.which("python3", path="/usr/bin:/usr/local/bin") or "/usr/bin/python3"
+        say(f"building the local fleet image at {image_dir()} (torch CPU, numpy; about a minute, once)")
+        image_dir().mkdir(parents=True, exist_ok=True)
+        run([base, "-m", "venv", str(image_dir() / "venv")], timeout=300)
     proc = subprocess.run(
         [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", str(REQUIREMENTS)],
         text=True,

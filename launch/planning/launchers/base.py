@@ -22,10 +22,24 @@ TF_PORT = 2222
 RDZV_PORT_FILE = "rdzv_port"
 """With ``rdzv_port: auto``: the file in the run directory holding the port chosen on the head at
 launch time (sent with ``launch.sh`` in the start bundle); every node's launch script reads it."""
+ATTEMPT_FILE = "attempt"
+"""The attempt number (1-based), sent with ``launch.sh`` in the start bundle of every attempt."""
+RESUME_FILE = "resume_from"
+"""Optional: a complete checkpoint directory the laptop chose for this node (sent like ``attempt``)."""
+CHECKPOINTS = "checkpoints"
+"""``$FLEETRUN_CHECKPOINT_DIR``: under the run directory, so it is the same path in every attempt
+of a run on a node, is pulled with the run, and goes to the bucket with it."""
 # fleetrun's own variables whose values start with $HOME and are expanded by the node's shell.
 # Everything else, the playbook's env included, is exported literally.
 HOME_RELATIVE_KEYS = frozenset(
-    {"FLEETRUN_RUN_DIR", "FLEETRUN_OUTPUT_DIR", "SM_MODEL_DIR", "SM_OUTPUT_DIR", "SM_OUTPUT_DATA_DIR"}
+    {
+        "FLEETRUN_RUN_DIR",
+        "FLEETRUN_OUTPUT_DIR",
+        "SM_MODEL_DIR",
+        "SM_OUTPUT_DIR",
+        "SM_OUTPUT_DATA_DIR",
+        "FLEETRUN_CHECKPOINT_DIR",
+    }
 )
 
 
@@ -74,6 +88,20 @@ def rdzv_port_line(run_id: str) -> str:
         "echo 'fleetrun: no rendezvous port was sent with this launch script' >&2; exit 2;; esac; "
         "export MASTER_PORT"
     )
+
+
+def attempt_lines(run_id: str) -> list[str]:
+    """Shell that exports ``FLEETRUN_ATTEMPT`` (digits only, else 1) and, when the laptop sent one,
+    ``FLEETRUN_RESUME_FROM`` (a path relative to the home becomes absolute; an absolute path or a
+    bucket URL is kept). Files, not plan text: the plan is made once, attempts come later."""
+    run_dir = f'"$HOME/{layout.rundir(run_id)}'
+    return [
+        f'FLEETRUN_ATTEMPT=$(cat {run_dir}/{ATTEMPT_FILE}" 2>/dev/null || true); '
+        "case \"$FLEETRUN_ATTEMPT\" in ''|*[!0-9]*) FLEETRUN_ATTEMPT=1;; esac; export FLEETRUN_ATTEMPT",
+        f'if [ -s {run_dir}/{RESUME_FILE}" ]; then FLEETRUN_RESUME_FROM=$(cat {run_dir}/{RESUME_FILE}"); '
+        'case "$FLEETRUN_RESUME_FROM" in /*|*://*) ;; *) FLEETRUN_RESUME_FROM="$HOME/$FLEETRUN_RESUME_FROM";; esac; '
+        "export FLEETRUN_RESUME_FROM; fi",
+    ]
 
 
 def resolved_procs(spec: JobSpec, host: Host) -> int | None:
@@ -170,6 +198,8 @@ class Launcher(ABC):
             notes=notes,
             secrets=spec.secret_values(),
             rdzv_port=spec.rdzv_port if self.uses_rdzv_port else None,
+            recovery=spec.recovery,
+            min_nodes=spec.min_nodes,
         )
 
     def node_env(
@@ -197,6 +227,7 @@ class Launcher(ABC):
             "FLEETRUN_JOB": spec.name,
             "FLEETRUN_RUN_DIR": run_dir,
             "FLEETRUN_OUTPUT_DIR": f"{run_dir}/{spec.outputs}",
+            "FLEETRUN_CHECKPOINT_DIR": f"{run_dir}/{CHECKPOINTS}",
             "FLEETRUN_NODE_RANK": str(rank),
             "FLEETRUN_NUM_NODES": str(len(ips)),
             "FLEETRUN_NODE_IPS": ",".join(ips),
@@ -237,6 +268,7 @@ class Launcher(ABC):
         lines.append(f'export PYTHONPATH="$HOME/{layout.LIB}${{PYTHONPATH:+:$PYTHONPATH}}"')
         if spec.rdzv_port == "auto" and self.uses_rdzv_port and "MASTER_PORT" not in spec.env:
             lines.append(rdzv_port_line(run_id))
+        lines += attempt_lines(run_id)
         lines.append(iface_line(host))
         lines.append('[ -n "$IFACE" ] && export GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"')
         if procs is None:

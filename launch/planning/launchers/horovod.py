@@ -111,6 +111,14 @@ class HorovodLauncher(Launcher):
         self.install_script = install_script
 
     @classmethod
+    def check_spec(cls, spec: JobSpec) -> list[tuple[str, str]]:
+        if spec.min_nodes is not None:
+            return [
+                ("nodes", "nodes: MIN:MAX (elastic) needs launcher: torchrun; horovodrun here is not elastic")
+            ]
+        return []
+
+    @classmethod
     def for_inventory(cls, inventory: Inventory, dry_run: bool = False) -> HorovodLauncher:
         return load_horovod_launcher(inventory, dry_run=dry_run)
 

@@ -71,7 +71,7 @@ class TorchrunLauncher(Launcher):
             "python",
             "-m",
             "torch.distributed.run",
-            f"--nnodes={len(inventory.hosts)}",
+            f"--nnodes={nnodes(spec, len(inventory.hosts))}",
             "--nproc-per-node=" + (str(procs) if procs is not None else '"$NPROC"'),
             "--rdzv-backend=c10d",
             "--rdzv-endpoint="
@@ -86,3 +86,14 @@ class TorchrunLauncher(Launcher):
             f"--max-restarts={spec.max_restarts}",
         ]
         return " ".join(words) + " " + entrypoint_tail(spec.entry_command())
+
+
+def nnodes(spec: JobSpec, hosts: int) -> str:
+    """``--nnodes``: ``MIN:MAX`` for an elastic job (``nodes: MIN:MAX``), else the host count.
+
+    MAX is the hosts of this attempt: an attempt that goes on with the survivors of a lost node
+    completes its rendezvous as soon as they have all joined, instead of waiting torchrun's last
+    call for a node that will not come."""
+    if spec.min_nodes is None:
+        return str(hosts)
+    return f"{min(spec.min_nodes, hosts)}:{hosts}"

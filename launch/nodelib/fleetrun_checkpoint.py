@@ -1,0 +1,456 @@
+"""Checkpoint helper for training code run by fleetrun. Standard library only (torch optional).
+
+Usage in a training script::
+
+    import fleetrun_checkpoint as ckpt
+    found = ckpt.latest()                       # resume_from, else this node, else the bucket
+    if found:
+        state = ckpt.load_training_state(found, model, optimizer)   # RNG restored too
+    for step in ...:
+        ...
+        if step % every == 0 or ckpt.should_save(everywhere=True):
+            ckpt.save_training_state(step, model, optimizer, epoch=epoch, sampler_state=...)
+        if ckpt.should_save(everywhere=True):  # SIGTERM, stop request or preemption notice
+            ckpt.wait_uploaded(60); sys.exit(143)
+
+Why: a lost node, a preempted VM or a stop must cost at most one checkpoint interval, not the run.
+A checkpoint is ``$FLEETRUN_CHECKPOINT_DIR/step-<N>/`` (default ``$FLEETRUN_RUN_DIR/checkpoints``)
+with ``MANIFEST.json`` (size and sha256 of every file). It is written to a temporary directory,
+fsynced and renamed, so a crash mid-write never leaves a directory that looks complete; one whose
+files differ from the manifest (a truncated upload, a full disk) is never resumed from. The last
+``keep`` (3) are kept. Rank 0 writes (the others return at once) unless ``sharded``: then each rank
+writes ``step-<N>/rank-<R>/``. After the local write, a background thread copies the step to the
+run's bucket (``<url>/checkpoints/step-<N>/``, then the ``LATEST.json`` pointer), so a step waits
+only for the local disk; a replacement node with an empty disk resumes from the bucket.
+
+``should_save()`` turns true on SIGTERM (a handler installed here: torchrun's stop, fleetrun's
+stop, the watchdog's preemption path) or when the watchdog's flag file ``preempt.json`` appears.
+Environment (set per attempt by the laptop): ``FLEETRUN_ATTEMPT``, ``FLEETRUN_CHECKPOINT_DIR``,
+``FLEETRUN_RESUME_FROM`` (a checkpoint directory, or a bucket URL of one, preferred when complete).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if TYPE_CHECKING:
+    from launch.nodelib import fleetrun_bucket
+    from launch.nodelib import fleetrun_protocol as protocol
+    from launch.nodelib.fleetrun_checkpoint_files import MANIFEST, replace_dir, seal, verify
+else:
+    import fleetrun_bucket  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_protocol as protocol  # noqa: E402
+    from fleetrun_checkpoint_files import MANIFEST, replace_dir, seal, verify  # noqa: E402
+
+FLAG_FILE = "preempt.json"
+KEEP = 3
+_STEP_RE = re.compile(r"step-(\d{1,18})")
+
+
+def _env_int(names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            continue
+    return default
+
+
+def attempt() -> int:
+    """This attempt's number (1-based; ``FLEETRUN_ATTEMPT``): 1 outside fleetrun."""
+    return max(1, _env_int(("FLEETRUN_ATTEMPT",), 1))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint: ``path`` holds this rank's files (the step dir, or its shard)."""
+
+    path: str
+    step: int
+    source: str
+    """``resume_from`` (the laptop chose it), ``node`` (this node's disk) or ``bucket``."""
+    manifest: protocol.Manifest
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+
+class Checkpointer:
+    """Checkpoints of one run on this node, and its bucket copy. See the module docstring."""
+
+    def __init__(
+        self,
+        directory: str | None = None,
+        keep: int = KEEP,
+        sharded: bool = False,
+        rank: int | None = None,
+        world: int | None = None,
+        bucket: protocol.BucketCommands | None | bool = True,
+        run_dir: str | None = None,
+        resume_from: str | None = None,
+        handle_sigterm: bool = True,
+    ) -> None:
+        self.run_dir = run_dir if run_dir is not None else os.environ.get("FLEETRUN_RUN_DIR", "")
+        default_dir = os.path.join(self.run_dir, "checkpoints") if self.run_dir else "fleetrun-checkpoints"
+        self.directory = os.path.abspath(
+            directory or os.environ.get("FLEETRUN_CHECKPOINT_DIR") or default_dir
+        )
+        self.keep = max(1, int(keep))
+        self.sharded = sharded
+        self.rank = (
+            _env_int(("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"), 0)
+            if rank is None
+            else rank
+        )
+        self.world = (
+            _env_int(("WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE"), 1) if world is None else world
+        )
+        self.resume_from = (
+            resume_from if resume_from is not None else os.environ.get("FLEETRUN_RESUME_FROM", "")
+        )
+        commands = fleetrun_bucket.read_commands(self.run_dir) if bucket is True else bucket or None
+        self.bucket = fleetrun_bucket.Bucket(commands) if commands else None
+        self.pointer_name = f"LATEST.rank-{self.rank}.json" if sharded else fleetrun_bucket.POINTER
+        self._stop = threading.Event()
+        self._signalled = False
+        self._cond = threading.Condition()
+        self._queued: int | None = None
+        self._busy: int | None = None
+        self._thread: threading.Thread | None = None
+        self.uploaded_step: int | None = None
+        self.upload_error = ""
+        if handle_sigterm:
+            self.install_sigterm_handler()
+
+    # -- where things are ----------------------------------------------------------------------
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes checkpoints (rank 0, or every rank when sharded)."""
+        return self.sharded or self.rank == 0
+
+    def _own(self, step_dir: str) -> str:
+        return os.path.join(step_dir, f"rank-{self.rank}") if self.sharded else step_dir
+
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, f"step-{step}")
+
+    def steps(self) -> list[int]:
+        """Steps with a directory on this node, newest first (complete or not)."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        return sorted((int(m.group(1)) for n in names if (m := _STEP_RE.fullmatch(n))), reverse=True)
+
+    # -- finding one -----------------------------------------------------------------------------
+    def latest(self, hashes: bool = True) -> Checkpoint | None:
+        """The newest complete checkpoint: ``FLEETRUN_RESUME_FROM``, this node, the bucket, or None."""
+        if self.resume_from:
+            found = self._resume_from(hashes)
+            if found is not None:
+                return found
+        for step in self.steps():
+            path = self._own(self.step_dir(step))
+            manifest = verify(path, hashes)
+            if manifest is not None:
+                return Checkpoint(path, manifest.step, "node", manifest)
+        return self._from_bucket()
+
+    def _resume_from(self, hashes: bool) -> Checkpoint | None:
+        source = self.resume_from.rstrip("/")
+        if "://" in source:
+            match = _STEP_RE.fullmatch(source.rsplit("/", 1)[-1])
+            if self.bucket is None or match is None:
+                return None
+            got = self._download(int(match.group(1)), self._own(source))
+            return None if got is None else Checkpoint(got.path, got.step, "resume_from", got.manifest)
+        path = (
+            self._own(source)
+            if self.sharded and not os.path.exists(os.path.join(source, MANIFEST))
+            else source
+        )
+        manifest = verify(path, hashes)
+        return None if manifest is None else Checkpoint(path, manifest.step, "resume_from", manifest)
+
+    def _from_bucket(self) -> Checkpoint | None:
+        if self.bucket is None:
+            return None
+        pointer = self.bucket.pointer(self.pointer_name)
+        for step in pointer.steps if pointer else ():
+            got = self._download(step, self._own(self.bucket.checkpoints_url(f"step-{step}")))
+            if got is not None:
+                return got
+        return None
+
+    def _download(self, step: int, url: str) -> Checkpoint | None:
+        """Copy one step (this rank's part) from the bucket, verify it, move it into place."""
+        assert self.bucket is not None
+        os.makedirs(self.directory, exist_ok=True)
+        tmp = os.path.join(self.directory, f".incoming-{step}-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            ok, message = self.bucket.sync(url, tmp)
+            manifest = verify(tmp) if ok else None
+            if manifest is None or manifest.step != step:
+                _log(f"checkpoint step {step} from {url}: {message if not ok else 'incomplete, skipped'}")
+                return None
+            final = self._own(self.step_dir(step))
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            replace_dir(tmp, final)
+            return Checkpoint(final, step, "bucket", manifest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- saving ----------------------------------------------------------------------------------
+    def save(self, step: int, writer: Callable[[str], object]) -> Checkpoint | None:
+        """Write step ``step`` with ``writer(directory)``; returns after the local write.
+
+        Ranks that do not write (not rank 0, unsharded) return None without calling ``writer``.
+        The bucket copy follows in the background (``wait_uploaded`` blocks for it).
+        """
+        if not self.writes:
+            return None
+        step = int(step)
+        os.makedirs(self.directory, exist_ok=True)
+        tmp = os.path.join(self.directory, f".tmp-step-{step}-rank-{self.rank}-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        try:
+            writer(tmp)
+            manifest = seal(
+                tmp, step, self.rank if self.sharded else None, self.world if self.sharded else None
+            )
+            final = self._own(self.step_dir(step))
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            replace_dir(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._rotate()
+        if self.bucket is not None:
+            self._enqueue(step)
+        return Checkpoint(final, step, "node", manifest)
+
+    def _rotate(self) -> None:
+        """Keep the newest ``keep`` steps (never one still waiting for its upload)."""
+        with self._cond:
+            protected = {self._queued, self._busy}
+        for step in self.steps()[self.keep :]:
+            if step in protected:
+                continue
+            own = self._own(self.step_dir(step))
+            shutil.rmtree(own, ignore_errors=True)
+            if self.sharded:
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.step_dir(step))  # the last shard out removes the step
+
+    # -- the bucket copy ---------------------------------------------------------------------------
+    def _enqueue(self, step: int) -> None:
+        with self._cond:
+            self._queued = step  # a newer step replaces one not yet started: only the newest matters
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._uploader, name="fleetrun-checkpoint-upload", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _uploader(self) -> None:
+        while True:
+            with self._cond:
+                while self._queued is None:
+                    if not self._cond.wait(timeout=600):
+                        self._thread = None
+                        return
+                step, self._queued, self._busy = self._queued, None, self._queued
+            try:
+                self._upload(step)
+            except Exception as exc:  # noqa: BLE001 - an upload failure must not end training
+                self.upload_error = f"{type(exc).__name__}: {exc}"
+                _log(f"checkpoint step {step}: upload failed: {self.upload_error}")
+            with self._cond:
+                self._busy = None
+                self._cond.notify_all()
+
+    def _upload(self, step: int) -> None:
+        assert self.bucket is not None
+        local = self._own(self.step_dir(step))
+        ok, message = self.bucket.sync(local, self._own(self.bucket.checkpoints_url(f"step-{step}")))
+        if not ok:
+            self.upload_error = message
+            _log(f"checkpoint step {step}: upload failed: {message}")
+            return
+        old = self.bucket.pointer(self.pointer_name)
+        steps = sorted({step, *(old.steps if old else ())}, reverse=True)
+        kept, dropped = steps[: self.keep], steps[self.keep :]
+        ok, message = self.bucket.put_pointer(
+            protocol.BucketPointer(tuple(kept), time.time()), self.pointer_name
+        )
+        if not ok:
+            self.upload_error = message
+            _log(f"checkpoint step {step}: uploaded, but the pointer was not: {message}")
+            return
+        self.uploaded_step, self.upload_error = step, ""
+        for gone in dropped:
+            if self.bucket.commands.remove:
+                self.bucket.remove(self._own(self.bucket.checkpoints_url(f"step-{gone}")) + "/")
+
+    def wait_uploaded(self, timeout: float | None = None) -> bool:
+        """Block until every saved step reached the bucket (or failed); False on timeout.
+
+        True without a bucket. Whether the last upload worked: ``upload_error`` is empty.
+        """
+        with self._cond:
+            done = self._cond.wait_for(lambda: self._queued is None and self._busy is None, timeout)
+        return bool(done) and not self.upload_error
+
+    # -- stopping ----------------------------------------------------------------------------------
+    def install_sigterm_handler(self) -> None:
+        """SIGTERM sets the flag instead of killing the rank, every time.
+
+        A rank checkpointing after a notice may get SIGTERM again (its node's notice and the
+        laptop's stop, torchrun's shutdown): it must not die mid-save. A script that never asks
+        ``should_save()`` is still stopped: fleetrun and torchrun follow SIGTERM with SIGKILL.
+        Only from the main thread (Python's rule); elsewhere the flag file still works.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            first = not self._signalled
+            self._signalled = True
+            self._stop.set()
+            if first:
+                _mark_signal(self.run_dir, self.rank)
+
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGTERM, on_sigterm)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def should_save(self, everywhere: bool = False) -> bool:
+        """True once a SIGTERM or the preemption flag file arrived: checkpoint at this step.
+
+        ``everywhere``: agree across ranks (one all-reduce with torch.distributed), so every rank
+        saves at the same step even though only one node got the notice; call it on every rank.
+        """
+        if not self._stop.is_set() and self.run_dir and os.path.exists(os.path.join(self.run_dir, FLAG_FILE)):
+            self._stop.set()
+        flag = self._stop.is_set()
+        if everywhere:
+            flag = _any_rank(flag)
+            if flag:
+                self._stop.set()
+        return flag
+
+
+def _mark_signal(run_dir: str, rank: int) -> None:
+    """Note when this rank got SIGTERM (``signals/rank-<R>``): the notice-to-signal benchmark reads it."""
+    if not run_dir:
+        return
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.join(run_dir, "signals"), exist_ok=True)
+        with open(os.path.join(run_dir, "signals", f"rank-{rank}"), "w", encoding="utf-8") as fh:
+            fh.write(repr(time.time()))
+
+
+def _log(message: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(f"fleetrun_checkpoint: {message}", file=sys.stderr, flush=True)
+
+
+def _any_rank(flag: bool) -> bool:
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return flag
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    if dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+# -- the module-level helper ------------------------------------------------------------------------
+
+_default: Checkpointer | None = None
+
+
+def default() -> Checkpointer:
+    """The process's checkpointer from the environment (made on first use, SIGTERM handler too)."""
+    global _default
+    if _default is None:
+        _default = Checkpointer()
+    return _default
+
+
+def configure(**kwargs: Any) -> Checkpointer:
+    """Replace the process's checkpointer (``keep``, ``sharded``, ``directory``...)."""
+    global _default
+    _default = Checkpointer(**kwargs)
+    return _default
+
+
+def latest(hashes: bool = True) -> Checkpoint | None:
+    return default().latest(hashes)
+
+
+def save(step: int, writer: Callable[[str], object]) -> Checkpoint | None:
+    return default().save(step, writer)
+
+
+def wait_uploaded(timeout: float | None = None) -> bool:
+    return default().wait_uploaded(timeout)
+
+
+def should_save(everywhere: bool = False) -> bool:
+    return default().should_save(everywhere)
+
+
+# -- torch conveniences (in their own module; imported last, they use the names above) ---------
+
+if TYPE_CHECKING:
+    from launch.nodelib.fleetrun_checkpoint_torch import (
+        STATE_FILE,
+        load_training_state,
+        resume_training_state,
+        save_training_state,
+    )
+else:
+    from fleetrun_checkpoint_torch import (
+        STATE_FILE,
+        load_training_state,
+        resume_training_state,
+        save_training_state,
+    )  # noqa: E402
+
+__all__ = [
+    "STATE_FILE",
+    "Checkpoint",
+    "Checkpointer",
+    "attempt",
+    "configure",
+    "default",
+    "latest",
+    "load_training_state",
+    "resume_training_state",
+    "save",
+    "save_training_state",
+    "should_save",
+    "verify",
+    "wait_uploaded",
+]

@@ -1,0 +1,106 @@
+"""The checkpoint helper's on-disk format: the manifest, the atomic write, the verification.
+
+A checkpoint directory is complete only when its ``MANIFEST.json`` exists and every file it lists
+has the listed size (and, when loading, sha256). The writer's files are fsynced, then the
+manifest, then the directory is renamed into place: a crash at any point leaves either the old
+state or a temporary directory, never a step that looks complete and is not. Standard library
+only; shipped to nodes beside ``fleetrun_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import sys
+import time
+from typing import TYPE_CHECKING
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if TYPE_CHECKING:
+    from launch.nodelib import fleetrun_protocol as protocol
+else:
+    import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
+
+MANIFEST = "MANIFEST.json"
+_HASH_CHUNK = 1024 * 1024
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(path: str) -> protocol.Manifest | None:
+    try:
+        with open(os.path.join(path, MANIFEST), "rb") as fh:
+            return protocol.Manifest.from_json(fh.read(protocol.MAX_MANIFEST_BYTES + 1))
+    except (OSError, protocol.ProtocolError):
+        return None
+
+
+def verify(path: str, hashes: bool = True) -> protocol.Manifest | None:
+    """The manifest when every file it lists is there with its size (and sha256), else None."""
+    manifest = read_manifest(path)
+    if manifest is None:
+        return None
+    for name, (size, sha) in manifest.files.items():
+        full = os.path.join(path, name)
+        try:
+            if os.path.islink(full) or os.path.getsize(full) != size:
+                return None
+            if hashes and _sha256(full) != sha:
+                return None
+        except OSError:
+            return None
+    return manifest
+
+
+def _fsync_dir(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def seal(tmp: str, step: int, rank: int | None, world: int | None) -> protocol.Manifest:
+    """fsync every file the writer left in ``tmp`` and write its manifest (fsynced too)."""
+    files: dict[str, tuple[int, str]] = {}
+    for root, dirs, names in os.walk(tmp):
+        dirs.sort()
+        for name in sorted(names):
+            full = os.path.join(root, name)
+            rel = os.path.relpath(full, tmp).replace(os.sep, "/")
+            if rel == MANIFEST:
+                continue
+            if os.path.islink(full) or not os.path.isfile(full):
+                raise ValueError(f"checkpoint writer left {rel!r}, which is not a regular file")
+            with open(full, "rb") as fh:
+                os.fsync(fh.fileno())
+            files[rel] = (os.path.getsize(full), _sha256(full))
+        _fsync_dir(root)
+    manifest = protocol.Manifest(step=step, files=files, created=time.time(), rank=rank, world=world)
+    with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
+        fh.write(manifest.to_json())
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    return manifest
+
+
+def replace_dir(src: str, dest: str) -> None:
+    """Rename ``src`` to ``dest``; an existing ``dest`` (the same step saved again) goes first."""
+    old = None
+    if os.path.exists(dest):
+        old = f"{dest}.old-{os.getpid()}-{time.monotonic_ns()}"
+        os.rename(dest, old)
+    os.rename(src, dest)
+    _fsync_dir(os.path.dirname(dest))
+    if old:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,382 @@
+"""The checkpoint helper (``launch/nodelib/fleetrun_checkpoint.py``) on this machine's disk.
+
+Imported the way nodes import it (``~/.fleetrun/lib`` on the path, plain module names). The
+bucket path runs the real ``aws`` CLI against a local S3-compatible server (``tests/s3server.py``);
+one test uses a shell command as its storage to hold an upload back deterministically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.s3server import S3Server, aws_cli, have_s3_tools
+
+NODELIB = Path(__file__).resolve().parent.parent / "launch" / "nodelib"
+sys.path.insert(0, str(NODELIB))
+
+import fleetrun_checkpoint as ckpt  # noqa: E402
+import fleetrun_protocol as protocol  # noqa: E402
+
+
+def writer(payload: bytes, extra: dict[str, bytes] | None = None):  # noqa: ANN201
+    def write(path: str) -> None:
+        Path(path, "weights.bin").write_bytes(payload)
+        for name, data in (extra or {}).items():
+            Path(path, name).parent.mkdir(parents=True, exist_ok=True)
+            Path(path, name).write_bytes(data)
+
+    return write
+
+
+def make(tmp_path: Path, **kwargs: object) -> ckpt.Checkpointer:
+    options: dict[str, object] = {
+        "directory": str(tmp_path / "ckpt"),
+        "bucket": None,
+        "run_dir": str(tmp_path),
+        "resume_from": "",
+        "handle_sigterm": False,
+        "rank": 0,
+        "world": 1,
+    }
+    options.update(kwargs)
+    return ckpt.Checkpointer(**options)  # type: ignore[arg-type]
+
+
+def test_save_writes_a_manifest_and_latest_finds_it(tmp_path: Path) -> None:
+    cp = make(tmp_path)
+    saved = cp.save(10, writer(b"abc", {"sub/opt.bin": b"xyz"}))
+    assert saved is not None and saved.step == 10
+    manifest = json.loads((tmp_path / "ckpt" / "step-10" / "MANIFEST.json").read_text())
+    assert manifest["step"] == 10 and set(manifest["files"]) == {"weights.bin", "sub/opt.bin"}
+    assert (
+        manifest["files"]["weights.bin"]["size"] == 3
+        and len(manifest["files"]["weights.bin"]["sha256"]) == 64
+    )
+    found = cp.latest()
+    assert found is not None and (found.step, found.source) == (10, "node")
+    assert Path(found.file("weights.bin")).read_bytes() == b"abc"
+    assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith(".")], "no temp dir left"
+
+
+def test_a_writer_that_fails_leaves_no_checkpoint(tmp_path: Path) -> None:
+    cp = make(tmp_path)
+    cp.save(1, writer(b"good"))
+
+    def broken(path: str) -> None:
+        Path(path, "weights.bin").write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        cp.save(2, broken)
+    assert cp.steps() == [1]
+    found = cp.latest()
+    assert found is not None and found.step == 1
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-1"]
+
+
+def test_truncated_or_corrupted_files_are_never_resumed_from(tmp_path: Path) -> None:
+    cp = make(tmp_path)
+    cp.save(1, writer(b"one" * 100))
+    cp.save(2, writer(b"two" * 100))
+    weights = tmp_path / "ckpt" / "step-2" / "weights.bin"
+    weights.write_bytes(b"two" * 50)  # truncated
+    found = cp.latest()
+    assert found is not None and found.step == 1, "a truncated file fails the size check"
+    weights.write_bytes(b"owt" * 100)  # same size, other bytes
+    assert ckpt.verify(str(weights.parent), hashes=False) is not None, "sizes alone cannot see this"
+    assert ckpt.verify(str(weights.parent)) is None, "the sha256 check does"
+    found = cp.latest()
+    assert found is not None and found.step == 1
+    (tmp_path / "ckpt" / "step-1" / "MANIFEST.json").write_text('{"step": 1, "files": [[[')
+    assert cp.latest() is None, "a garbage manifest is no checkpoint"
+
+
+def test_a_step_dir_without_manifest_is_incomplete(tmp_path: Path) -> None:
+    cp = make(tmp_path)
+    cp.save(3, writer(b"x"))
+    (tmp_path / "ckpt" / "step-9").mkdir()
+    (tmp_path / "ckpt" / "step-9" / "weights.bin").write_bytes(b"y")
+    found = cp.latest()
+    assert found is not None and found.step == 3
+
+
+def test_keeps_the_last_n(tmp_path: Path) -> None:
+    cp = make(tmp_path, keep=3)
+    for step in range(1, 7):
+        cp.save(step * 10, writer(str(step).encode()))
+    assert cp.steps() == [60, 50, 40]
+    cp.save(50, writer(b"again"))  # the same step saved again replaces it
+    assert cp.steps() == [60, 50, 40]
+    assert (tmp_path / "ckpt" / "step-50" / "weights.bin").read_bytes() == b"again"
+
+
+def test_resume_from_is_preferred_when_complete(tmp_path: Path) -> None:
+    cp = make(tmp_path)
+    cp.save(5, writer(b"five"))
+    cp.save(8, writer(b"eight"))
+    chosen = make(tmp_path, resume_from=str(tmp_path / "ckpt" / "step-5")).latest()
+    assert chosen is not None and (chosen.step, chosen.source) == (5, "resume_from")
+    bad = make(tmp_path, resume_from=str(tmp_path / "nowhere")).latest()
+    assert bad is not None and (bad.step, bad.source) == (8, "node"), "an incomplete choice falls back"
+
+
+def test_only_rank_zero_writes_unless_sharded(tmp_path: Path) -> None:
+    called: list[str] = []
+    other = make(tmp_path, rank=1, world=2)
+    assert other.save(1, lambda path: called.append(path)) is None and not called
+    shards = [make(tmp_path, rank=r, world=2, sharded=True) for r in (0, 1)]
+    for r, cp in enumerate(shards):
+        saved = cp.save(4, writer(f"shard{r}".encode()))
+        assert saved is not None and saved.path.endswith(f"step-4/rank-{r}")
+    manifest = json.loads((tmp_path / "ckpt" / "step-4" / "rank-1" / "MANIFEST.json").read_text())
+    assert (manifest["rank"], manifest["world"]) == (1, 2)
+    found = shards[1].latest()
+    assert found is not None and Path(found.file("weights.bin")).read_bytes() == b"shard1"
+    assert make(tmp_path, rank=2, world=3, sharded=True).latest() is None, "rank 2 has no shard"
+
+
+def test_should_save_on_the_flag_file(tmp_path: Path) -> None:
+    cp = make(tmp_path)
+    assert not cp.should_save()
+    (tmp_path / "preempt.json").write_text("{}")
+    assert cp.should_save() and cp.should_save(everywhere=True)
+
+
+SIGTERM_SCRIPT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import fleetrun_checkpoint as ckpt
+cp = ckpt.Checkpointer(directory=sys.argv[2] + "/ckpt", bucket=None, run_dir=sys.argv[2], resume_from="")
+print("ready", flush=True)
+step = 0
+while not cp.should_save():
+    step += 1
+    time.sleep(0.01)
+cp.save(step, lambda path: open(path + "/weights.bin", "w").write("saved"))
+print("saved", step, flush=True)
+sys.stdin.readline()
+print("still here", flush=True)
+"""
+
+
+def test_sigterm_turns_into_should_save_and_never_kills_mid_save(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_SCRIPT, str(NODELIB), str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RANK": "0"},
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        line = proc.stdout.readline().split()
+        assert line[0] == "saved", "the first SIGTERM asks for a checkpoint instead of killing"
+        assert (tmp_path / "ckpt" / f"step-{line[1]}" / "MANIFEST.json").exists()
+        assert (tmp_path / "signals" / "rank-0").exists(), "the signal time is noted for the benchmark"
+        first = (tmp_path / "signals" / "rank-0").read_text()
+        proc.send_signal(signal.SIGTERM)  # a second stop (torchrun's, the laptop's) while saving
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "still here", "a second SIGTERM does not kill"
+        assert proc.wait(timeout=30) == 0
+        assert (tmp_path / "signals" / "rank-0").read_text() == first, "the first signal's time is kept"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_save_returns_before_the_upload_finishes(tmp_path: Path) -> None:
+    gate, store = tmp_path / "go", tmp_path / "store"
+    held = f'while [ ! -e {gate} ]; do sleep 0.05; done; mkdir -p "$2" && cp -r "$1"/. "$2"'
+    copy = 'mkdir -p "$(dirname "$2")" && cp "$1" "$2"'
+    commands = protocol.BucketCommands(
+        url=f"file://{store}",
+        copy=(
+            "sh",
+            "-c",
+            copy.replace("$1", '"${1#file://}"').replace("$2", "${2#file://}"),
+            "sh",
+            "{src}",
+            "{dest}",
+        ),
+        sync=(
+            "sh",
+            "-c",
+            held.replace("$1", "${1#file://}").replace("$2", "${2#file://}"),
+            "sh",
+            "{src}",
+            "{dest}",
+        ),
+    )
+    cp = make(tmp_path, bucket=commands)
+    saved = cp.save(7, writer(b"seven"))
+    assert saved is not None and (tmp_path / "ckpt" / "step-7" / "MANIFEST.json").exists()
+    assert not cp.wait_uploaded(0.2), "the upload is held back by the gate: save did not wait for it"
+    assert not (store / "checkpoints" / "step-7").exists()
+    gate.touch()
+    assert cp.wait_uploaded(60), cp.upload_error
+    assert (store / "checkpoints" / "step-7" / "weights.bin").read_bytes() == b"seven"
+    pointer = json.loads((store / "checkpoints" / "LATEST.json").read_text())
+    assert pointer["steps"] == [7] and cp.uploaded_step == 7
+
+
+# -- the real bucket path: moto's S3 server and the aws CLI ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    missing = have_s3_tools()
+    if missing:
+        pytest.skip(missing)
+    with S3Server() as server:
+        server.create_bucket("ckpt-unit")
+        yield server
+
+
+def test_background_upload_to_s3_keeps_the_last_n(tmp_path: Path, s3: S3Server) -> None:
+    commands = s3.commands("ckpt-unit", "runs/r-keep", cli=aws_cli())
+    cp = make(tmp_path, bucket=commands, keep=2)
+    for step in (1, 2, 3):
+        cp.save(step, writer(f"w{step}".encode()))
+        assert cp.wait_uploaded(120), cp.upload_error
+    keys = s3.keys("ckpt-unit", "runs/r-keep/checkpoints/")
+    steps = sorted({k.split("/")[3] for k in keys if "/step-" in k})
+    assert steps == ["step-2", "step-3"], keys
+    assert "runs/r-keep/checkpoints/step-3/MANIFEST.json" in keys
+    pointer = json.loads(s3.get("ckpt-unit", "runs/r-keep/checkpoints/LATEST.json"))
+    assert pointer["steps"] == [3, 2]
+
+
+def test_latest_comes_from_the_bucket_when_the_disk_is_gone(tmp_path: Path, s3: S3Server) -> None:
+    commands = s3.commands("ckpt-unit", "runs/r-lost", cli=aws_cli())
+    first = make(tmp_path / "node-a", bucket=commands)
+    first.save(12, writer(b"twelve", {"opt.bin": b"o" * 1000}))
+    assert first.wait_uploaded(120), first.upload_error
+    fresh = make(tmp_path / "node-b", bucket=commands)  # a replacement node: empty disk
+    found = fresh.latest()
+    assert found is not None and (found.step, found.source) == (12, "bucket")
+    assert Path(found.file("weights.bin")).read_bytes() == b"twelve"
+    again = fresh.latest()
+    assert again is not None and again.source == "node", "downloaded once, then found on the disk"
+    assert make(tmp_path / "node-c", bucket=None).latest() is None, "no disk, no bucket: none"
+
+
+def test_a_corrupted_bucket_copy_falls_back_to_an_older_step(tmp_path: Path, s3: S3Server) -> None:
+    commands = s3.commands("ckpt-unit", "runs/r-bad", cli=aws_cli())
+    writer_node = make(tmp_path / "a", bucket=commands)
+    for step in (1, 2):
+        writer_node.save(step, writer(f"step{step}".encode()))
+        assert writer_node.wait_uploaded(120), writer_node.upload_error
+    s3.put("ckpt-unit", "runs/r-bad/checkpoints/step-2/weights.bin", b"step")  # truncated in the bucket
+    found = make(tmp_path / "b", bucket=commands).latest()
+    assert found is not None and (found.step, found.source) == (1, "bucket")
+    assert not (tmp_path / "b" / "ckpt" / "step-2").exists(), "the bad copy is not kept"
+
+
+def test_resume_from_a_bucket_url(tmp_path: Path, s3: S3Server) -> None:
+    commands = s3.commands("ckpt-unit", "runs/r-url", cli=aws_cli())
+    node = make(tmp_path / "a", bucket=commands)
+    for step in (3, 6):
+        node.save(step, writer(f"s{step}".encode()))
+        assert node.wait_uploaded(120), node.upload_error
+    chosen = make(tmp_path / "b", bucket=commands, resume_from=f"{commands.url}/checkpoints/step-3").latest()
+    assert chosen is not None and (chosen.step, chosen.source) == (3, "resume_from")
+    assert Path(chosen.file("weights.bin")).read_bytes() == b"s3"
+
+
+def test_an_unreachable_bucket_is_reported_not_raised(tmp_path: Path) -> None:
+    commands = protocol.BucketCommands(
+        url="s3://nowhere/runs/r",
+        copy=("fleetrun-no-such-cli", "cp", "{src}", "{dest}"),
+        sync=("fleetrun-no-such-cli", "sync", "{src}", "{dest}"),
+    )
+    cp = make(tmp_path, bucket=commands)
+    assert cp.save(1, writer(b"x")) is not None, "the local checkpoint is made anyway"
+    assert not cp.wait_uploaded(30) and "no fleetrun-no-such-cli CLI" in cp.upload_error
+    found = cp.latest()
+    assert found is not None and found.source == "node"
+
+
+TORCH_SCRIPT = """
+import random, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import fleetrun_checkpoint as ckpt
+cp = ckpt.Checkpointer(directory=sys.argv[2], bucket=None, run_dir="", resume_from="", rank=0)
+model = torch.nn.Linear(3, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model(torch.ones(1, 3)).sum().backward()
+optimizer.step()
+torch.manual_seed(7)
+random.seed(7)
+saved = ckpt.save_training_state(42, model, optimizer, epoch=3, sampler_state={"pos": 17}, checkpointer=cp)
+assert saved is not None
+expected = (torch.rand(4), random.random())
+other = torch.nn.Linear(3, 2)
+other_opt = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+found = cp.latest()
+state = ckpt.load_training_state(found, other, other_opt)
+assert (state["step"], state["epoch"], state["sampler"]) == (42, 3, {"pos": 17}), state
+assert torch.equal(other.weight, model.weight)
+assert other_opt.state_dict()["state"][0]["momentum_buffer"] is not None
+assert torch.equal(torch.rand(4), expected[0]) and random.random() == expected[1], "RNG restored"
+print("round trip ok")
+"""
+
+
+def torch_python() -> str | None:
+    """This Python when it has torch, else the local fleet's image (torch CPU), else None."""
+    try:
+        import torch  # noqa: F401
+
+        return sys.executable
+    except ImportError:
+        pass
+    from launch.fleets.local import image_python
+
+    image = image_python()
+    return str(image) if image.exists() else None
+
+
+def test_the_torch_state_round_trips_with_rng(tmp_path: Path) -> None:
+    python = torch_python()
+    if python is None:
+        pytest.skip("no Python with torch here (make setup builds the local fleet image)")
+    out = subprocess.run(
+        [python, "-c", TORCH_SCRIPT, str(NODELIB), str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0 and "round trip ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_local_fleet_bucket_only_on_test_addresses() -> None:
+    from pydantic import ValidationError
+
+    from launch.fleets.kinds.local import LocalFleetKind
+    from launch.fleets.kinds.refs import LocalFleetRef
+
+    ref = LocalFleetRef(prefix="ab", bucket="ckpt", s3_endpoint="http://198.18.46.1:9000")
+    commands = LocalFleetKind(ref).bucket_commands("runs/r1")
+    assert commands is not None and commands.url == "s3://ckpt/runs/r1"
+    assert commands.env["AWS_ENDPOINT_URL"] == "http://198.18.46.1:9000"
+    assert commands.sync[0].endswith("/venv/bin/aws"), "the image's aws CLI, found by path"
+    upload = LocalFleetKind(ref).bucket_upload_argv("runs/r1/n0")
+    assert upload is not None and upload[-1] == "s3://ckpt/runs/r1/n0" and "{src}" in upload
+    assert LocalFleetKind(LocalFleetRef(prefix="ab")).bucket_commands("runs/r1") is None
+    for endpoint in ("http://10.0.0.1:9000", "https://198.18.0.1:9000", "http://52.216.1.1:80", "http://x:1"):
+        with pytest.raises(ValidationError):
+            LocalFleetRef(prefix="ab", bucket="ckpt", s3_endpoint=endpoint)
