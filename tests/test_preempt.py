@@ -216,6 +216,10 @@ while not cp.should_save():
     if step % 20 == 0:
         cp.save(step, lambda p: open(p + "/weights.bin", "w").write("w%d" % step))
     time.sleep(0.02)
+for _ in range(1000):  # the flag file comes first; the SIGTERM right after it (then exit)
+    if cp._signalled:
+        break
+    time.sleep(0.01)
 cp.save(step, lambda p: open(p + "/weights.bin", "w").write("final %d" % step))
 ok = cp.wait_uploaded(60)
 print("rank", cp.rank, "saved", step, "uploaded", ok, cp.upload_error, flush=True)

@@ -120,9 +120,9 @@ class Bucket:
                 fh.write(pointer.to_json())
             return self.copy(local, self.checkpoints_url(name))
 
-    def durable_since(self, since: float, name: str = POINTER) -> int | None:
-        """The newest step uploaded after ``since`` (the pointer was rewritten since), or None."""
+    def durable_since(self, since: float, name: str = POINTER) -> tuple[int, bool] | None:
+        """The newest step uploaded after ``since`` and whether it was also made after it, or None."""
         pointer = self.pointer(name, timeout=20.0)
         if pointer is None or not pointer.steps or pointer.updated < since:
             return None
-        return pointer.steps[0]
+        return pointer.steps[0], pointer.created is not None and pointer.created >= since

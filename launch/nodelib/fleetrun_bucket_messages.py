@@ -188,15 +188,17 @@ class BucketPointer:
     """``<url>/checkpoints/LATEST.json``: the steps whose upload finished, newest first.
 
     Written after a step's files are in the bucket, so a step listed here is complete there (its
-    manifest is still checked after download). ``updated`` tells the watchdog whether a
-    checkpoint became durable after a preemption notice.
+    manifest is still checked after download). ``updated`` and ``created`` (when the newest
+    step was made) tell the watchdog whether a checkpoint made after a preemption notice is
+    durable.
     """
 
     steps: tuple[int, ...]
     updated: float
+    created: float | None = None
 
     def to_json(self) -> str:
-        return encode({"steps": list(self.steps), "updated": self.updated})
+        return encode({"steps": list(self.steps), "updated": self.updated, "created": self.created})
 
     @classmethod
     def from_json(cls, data: bytes | bytearray | str) -> BucketPointer:
@@ -209,7 +211,11 @@ class BucketPointer:
                 raise f._fail("steps", "step numbers", step)
         updated = f.number("updated", 0.0, MAX_TIMESTAMP, required=True)
         assert updated is not None
-        return cls(steps=tuple(sorted(set(steps), reverse=True)), updated=updated)
+        return cls(
+            steps=tuple(sorted(set(steps), reverse=True)),
+            updated=updated,
+            created=f.number("created", 0.0, MAX_TIMESTAMP),
+        )
 
 
 @dataclass(frozen=True)

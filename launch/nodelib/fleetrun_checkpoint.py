@@ -293,8 +293,10 @@ class Checkpointer:
         old = self.bucket.pointer(self.pointer_name)
         steps = sorted({step, *(old.steps if old else ())}, reverse=True)
         kept, dropped = steps[: self.keep], steps[self.keep :]
+        manifest = verify(local, hashes=False) if step == kept[0] else None
+        created = None if manifest is None else manifest.created
         ok, message = self.bucket.put_pointer(
-            protocol.BucketPointer(tuple(kept), time.time()), self.pointer_name
+            protocol.BucketPointer(tuple(kept), time.time(), created), self.pointer_name
         )
         if not ok:
             self.upload_error = message

@@ -272,25 +272,33 @@ def wait_durable(run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadli
     """The newest step that reached the bucket after ``noticed``, once the ranks are done, or None.
 
     The ranks upload their checkpoint themselves and exit (the helper's ``wait_uploaded``); the
-    watchdog waits for them (until ``deadline``), then reads the bucket's pointer. When no upload
-    came after the notice (a rank died before its upload finished), the newest complete
-    checkpoint on this node made after the notice is uploaded from here, with the same commands.
+    watchdog waits for this node's ranks (until ``deadline``), then reads the bucket's pointer
+    until it moves (rank 0 may be on another node, still uploading). A complete checkpoint made
+    on this node after the notice that did not reach the bucket (its rank died mid-upload) is
+    uploaded from here, with the same commands.
     """
     while time.time() < deadline and fleetrun_preempt.rank_pids(cfg.run_id):
         time.sleep(0.5)
     if cfg.bucket is None:
         return None
     bucket = fleetrun_bucket.Bucket(cfg.bucket)
-    step = bucket.durable_since(noticed)
-    if step is not None or time.time() >= deadline:
-        return step
     local = fleetrun_checkpoint.Checkpointer(run_dir=run_dir, bucket=cfg.bucket, rank=0, handle_sigterm=False)
     found = local.latest(hashes=False)
-    if found is not None and found.source == "node" and found.manifest.created >= noticed:
-        log(f"uploading checkpoint step {found.step} from this node")
-        local._upload(found.step)
-        return bucket.durable_since(noticed)
-    return None
+    stranded = found is not None and found.source == "node" and found.manifest.created >= noticed
+    older: int | None = None
+    while True:  # rank 0 may run on another node and still be uploading: poll the pointer
+        durable = bucket.durable_since(noticed)
+        if durable is not None and durable[1]:
+            return durable[0]  # made and uploaded after the notice: the ranks' last word
+        older = durable[0] if durable is not None else older
+        if time.time() >= deadline:
+            return older  # uploaded after the notice, made just before it
+        if stranded and found is not None:
+            stranded = False
+            log(f"uploading checkpoint step {found.step} from this node")
+            local._upload(found.step)
+            continue
+        time.sleep(1.0)
 
 
 def poll_notice(run_dir: str, cfg: protocol.GuardConfig, memory: dict[str, Any], now: float) -> None:

@@ -346,6 +346,19 @@ class Attempts:
         if fresh:
             self.say(f"  attempt {self.attempt}: syncing and setting up {', '.join(sorted(fresh))} only")
             runner.prepare_only([h for h in new_hosts if h.name in fresh])
+            # a lab host that answered again may still run the lost attempt (a partition healed):
+            # stopped like the survivors were; a fresh machine has nothing to stop
+            errors = stop_survivors(
+                runner.fleet,
+                [h for h in new_hosts if h.name in fresh],
+                runner.plan.run_id,
+                5.0,
+                self.attempt - 1,
+            )
+            if errors:
+                raise HostError(
+                    next(iter(errors)), f"could not stop the lost attempt there: {'; '.join(errors.values())}"
+                )
         self.timings["sync_setup"] = time.monotonic() - started
         started = time.monotonic()
         self.spread_checkpoint()

@@ -6,6 +6,10 @@ previous step) and its failure semantics: the first non-zero exit (or a vanished
 node stops the others and fails the run, naming the node. Watching and stop rules live in
 ``launch.run.watch`` / ``launch.rules.stoprules``; stopping, pulling and teardown in ``launch.run.wrapup``.
 
+With a ``recovery:`` section, a loss ends an attempt, not the run: ``launch.run.attempts`` checks
+the evidence, replaces or drops lost nodes and starts the next attempt (same run id) through this
+runner's steps (``adopt``, ``prepare_only``, ``claim``, ``start``).
+
 Every way out of ``execute`` after the fleet was touched goes through the wrap-up, an unexpected
 exception included (it becomes a ``failed`` run with ``traceback.txt``). The runner never prompts:
 what to do on Ctrl-C is asked through the ``ask_keep_running`` callback the CLI passes in.

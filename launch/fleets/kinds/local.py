@@ -115,7 +115,7 @@ def load_local_inventory(prefix: str | None, save_keys: bool = True) -> Inventor
 
     fleet = local_fleet(prefix)
     inventory = fleet.inventory()
-    if inventory.fleet != LocalFleetRef(prefix=fleet.prefix):
+    if not isinstance(inventory.fleet, LocalFleetRef) or inventory.fleet.prefix != fleet.prefix:
         raise FleetrunError(
             f"{fleet.inventory_path}: this file does not describe local fleet {fleet.prefix!r}; "
             f"recreate the fleet (fab local.down --prefix {fleet.prefix}; fab local.up)"
