@@ -3,7 +3,8 @@
 The bucket path is tested for real: the nodes (or this machine, for unit tests) run the real
 ``aws`` CLI against this server with ``AWS_ENDPOINT_URL`` and dummy keys. The server listens on
 one address only: loopback for unit tests, the local fleet's bridge address for fleet tests, so
-nothing outside this machine (or outside the fleet) can reach it. Reusable by other tests::
+nothing outside this machine (or outside the fleet) can reach it. moto keeps its buckets in the
+process, across servers: each test module uses bucket names of its own. Reusable by other tests::
 
     with S3Server("10.41.0.1") as s3:          # or S3Server() for 127.0.0.1
         s3.create_bucket("ckpt")

@@ -380,3 +380,42 @@ def test_a_local_fleet_bucket_only_on_test_addresses() -> None:
     for endpoint in ("http://10.0.0.1:9000", "https://198.18.0.1:9000", "http://52.216.1.1:80", "http://x:1"):
         with pytest.raises(ValidationError):
             LocalFleetRef(prefix="ab", bucket="ckpt", s3_endpoint=endpoint)
+
+
+def test_the_digits_trainer_resumes_mid_epoch_to_the_same_parameters(tmp_path: Path) -> None:
+    """Two ranks (torchrun, gloo): a run cut after epoch 0 and resumed from its step-20
+    checkpoint (rank 0's, broadcast) ends with the parameters of an uninterrupted run."""
+    python = torch_python()
+    if python is None:
+        pytest.skip("no Python with torch here (make setup builds the local fleet image)")
+    digits = Path(__file__).resolve().parent.parent / "examples" / "digits"
+
+    def train(run_dir: Path, *args: str) -> str:
+        run_dir.mkdir(exist_ok=True)
+        env = {
+            **os.environ,
+            "FLEETRUN_RUN_DIR": str(run_dir),
+            "PYTHONPATH": str(NODELIB),
+            "OMP_NUM_THREADS": "1",
+        }
+        argv = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        out = subprocess.run(
+            [*argv, "-m", "trainer.task", *args],
+            cwd=digits,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return out.stdout
+
+    def checksums(run_dir: Path) -> list[str]:
+        return json.loads((run_dir / "status.json").read_text())["param_checksums"]
+
+    train(tmp_path / "whole", "--epochs", "2")
+    train(tmp_path / "cut", "--epochs", "1", "--checkpoint-every", "10")
+    resumed = train(tmp_path / "cut", "--epochs", "2", "--checkpoint-every", "10")
+    assert "resumed from step 20 (epoch 0, node)" in resumed
+    assert checksums(tmp_path / "cut") == checksums(tmp_path / "whole")
+    assert len(set(checksums(tmp_path / "cut"))) == 1, "every rank holds the same parameters"

@@ -124,6 +124,7 @@ class Checkpointer:
         self.pointer_name = f"LATEST.rank-{self.rank}.json" if sharded else fleetrun_bucket.POINTER
         self._stop = threading.Event()
         self._signalled = False
+        self._told = False
         self._cond = threading.Condition()
         self._queued: int | None = None
         self._busy: int | None = None
@@ -347,24 +348,31 @@ class Checkpointer:
         ``everywhere``: agree across ranks (one all-reduce with torch.distributed), so every rank
         saves at the same step even though only one node got the notice; call it on every rank.
         """
-        if not self._stop.is_set() and self.run_dir and os.path.exists(os.path.join(self.run_dir, FLAG_FILE)):
+        how = "sigterm" if self._stop.is_set() else ""
+        if not how and self.run_dir and os.path.exists(os.path.join(self.run_dir, FLAG_FILE)):
+            how = "flag"
             self._stop.set()
         flag = self._stop.is_set()
         if everywhere:
             flag = _any_rank(flag)
-            if flag:
+            if flag and not self._stop.is_set():
+                how = "peer"
                 self._stop.set()
+        if flag and not self._told:
+            self._told = True
+            _mark_signal(self.run_dir, self.rank, f"told-rank-{self.rank}", how)
         return flag
 
 
-def _mark_signal(run_dir: str, rank: int) -> None:
-    """Note when this rank got SIGTERM (``signals/rank-<R>``): the notice-to-signal benchmark reads it."""
+def _mark_signal(run_dir: str, rank: int, name: str = "", how: str = "sigterm") -> None:
+    """Note when this rank got SIGTERM (``signals/rank-<R>``) or first heard of a stop, and how
+    (``signals/told-rank-<R>``): the notice-to-signal benchmark reads them."""
     if not run_dir:
         return
     with contextlib.suppress(OSError):
         os.makedirs(os.path.join(run_dir, "signals"), exist_ok=True)
-        with open(os.path.join(run_dir, "signals", f"rank-{rank}"), "w", encoding="utf-8") as fh:
-            fh.write(repr(time.time()))
+        with open(os.path.join(run_dir, "signals", name or f"rank-{rank}"), "w", encoding="utf-8") as fh:
+            fh.write(f"{time.time()!r} {how}")
 
 
 def _log(message: str) -> None:
