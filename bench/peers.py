@@ -167,8 +167,8 @@ class RayCluster:
             },
             "auth": {"ssh_user": inventory.hosts[0].user, "ssh_private_key": str(self.key)},
             "setup_commands": [bashrc],
-            # no `ray stop` first (Ray's default): the nodes share this machine's PID namespace, and
-            # `ray stop` on a worker would stop every node's Ray processes of the same user, the head's too
+            # no `ray stop` first (Ray's default): the nodes are fresh, and on a fleet whose nodes
+            # share one PID namespace `ray stop` on a worker stops every node's Ray, the head's too
             "head_start_ray_commands": [
                 f"ray start --head --port=6379 --dashboard-host={self.head} --autoscaling-config=~/ray_bootstrap_config.yaml",
             ],

@@ -3,7 +3,8 @@ node with its own mount namespace (its own home directory and ``/tmp``), as clou
 
 Asserts through real SSH sessions that the nodes share a login but not their files, that a digits
 job trains on them with ``fab train`` (fleetrun works with one user as with per-node users), that a
-node's power-off kills only that node although all nodes share a uid, and that ``down`` leaves no
+node's power-off kills only that node although all nodes share a uid (and each node sees only its
+own processes: a PID namespace with sshd as its init), and that ``down`` leaves no
 mount, namespace file, user or directory behind.
 """
 
@@ -114,6 +115,9 @@ def test_power_off_stops_only_that_node_although_the_uid_is_shared(vm: LocalFlee
     _run_all(vm, "sleep 600 >/dev/null 2>&1 </dev/null & disown; echo started")
     node0, node1 = _sleeps(vm, 0), _sleeps(vm, 1)
     assert len(node0) == 1 and len(node1) == 1, (node0, node1)
+    inside = _run_all(vm, "echo $(pgrep -x sleep | wc -l) $(cat /proc/1/comm)")
+    for name, answer in inside.items():
+        assert answer.stdout.split() == ["1", "sshd"], (name, answer.stdout, "a PID namespace per node")
     request = vm.home(1) / ".fleetrun" / "poweroff-request"
     request.parent.mkdir(exist_ok=True)
     request.touch()

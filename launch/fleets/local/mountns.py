@@ -12,7 +12,9 @@ The namespaces are persistent: ``unshare --mount=<file>`` binds each one to a fi
 ``/run/fleetrun-mnt/<prefix>/`` (a directory bind-mounted on itself and made private, which the
 kernel requires of a namespace file's parent mount), so fleet operations (``sshd``'s start, a test
 looking around a node) enter it with ``nsenter --mount=<file>``. Propagation is private both ways:
-nothing a node mounts reaches this machine, nor the other nodes. ``down`` unmounts the files and the
+nothing a node mounts reaches this machine, nor the other nodes. Each node's sshd also runs in a
+PID namespace of its own (``node.start_sshd``), as its init: every node shares one uid, and without
+it ``ray stop`` or ``pkill -u`` on one node would reach the others. ``down`` unmounts the files and the
 directory and removes them; the per-node directories go with the fleet's records (``node_home``).
 """
 

@@ -13,6 +13,7 @@ gives every node the same user and home path and its own ``/tmp`` (``launch.flee
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,5 +205,20 @@ def start_sshd(names: FleetNames, i: int, shape: Shape = Shape()) -> None:
         f"hostname {names.node_name(i)} && "
         f"exec {SSHD} -f {node_dir / 'sshd_config'} -E {node_dir / 'sshd.log'}"
     )
-    enter = mountns.enter_argv(names, i) if shape.vm else []
-    run([*enter, "ip", "netns", "exec", names.netns(i), "unshare", "--uts", "sh", "-c", script])
+    if not shape.vm:
+        run(["ip", "netns", "exec", names.netns(i), "unshare", "--uts", "sh", "-c", script])
+        return
+    # VM mode: also a PID namespace of its own, with sshd in the foreground as its init (it reaps
+    # what it adopts), so a node sees only its own processes: `ray stop` or `pkill -u` on one node
+    # cannot reach another node's processes of the same user. `unshare` waits in the background.
+    subprocess.Popen(
+        [
+            *mountns.enter_argv(names, i),
+            *["ip", "netns", "exec", names.netns(i), "unshare", "--uts", "--pid", "--fork", "--mount-proc"],
+            *["sh", "-c", script.replace(f"exec {SSHD} ", f"exec {SSHD} -D ")],
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
