@@ -170,7 +170,9 @@ class RayCluster:
             # no `ray stop` first (Ray's default): the nodes are fresh, and on a fleet whose nodes
             # share one PID namespace `ray stop` on a worker stops every node's Ray, the head's too
             "head_start_ray_commands": [
-                f"ray start --head --port=6379 --dashboard-host={self.head} --autoscaling-config=~/ray_bootstrap_config.yaml",
+                # Ray 2.60's default autoscaler (v2) counts the head (same node type under the local
+                # provider) toward min_workers and starts one worker of two; v1 starts them all
+                f"RAY_enable_autoscaler_v2=0 ray start --head --port=6379 --dashboard-host={self.head} --autoscaling-config=~/ray_bootstrap_config.yaml",
             ],
             "worker_start_ray_commands": ["ray start --address=$RAY_HEAD_IP:6379"],
         }
@@ -356,7 +358,11 @@ class Ray(Tool):
 
 def to_first_step(tool: Tool, run_id: str, since: float) -> float:
     proc, paths = tool.start(run_id, START_EPOCHS)
-    out, _ = proc.communicate(timeout=DEADLINE_S)
+    try:
+        out, _ = proc.communicate(timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise BenchError(f"{tool.name}: no end within {DEADLINE_S} s") from None
     if proc.returncode != 0:
         raise BenchError(f"{tool.name}: job failed ({proc.returncode}): {tail(out, 12)}")
     if isinstance(tool, Fleetrun):
@@ -406,23 +412,30 @@ def kill_to_failed(tool: Tool, fleet: LocalFleet, nodes: int, run_id: str) -> di
     }
 
 
+def node_processes(fleet: LocalFleet, i: int) -> dict[int, str]:
+    """Processes in node ``i`` other than its sshd (its init, listener and sessions): pid -> command."""
+    out = {}
+    for text in sh(["ip", "netns", "pids", fleet.netns(i)]).stdout.split():
+        try:
+            cmd = (
+                Path(f"/proc/{text}/cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+                .strip()
+            )
+        except OSError:
+            continue
+        if cmd and not cmd.startswith("sshd") and "/sshd " not in cmd:
+            out[int(text)] = cmd
+    return out
+
+
 def leftovers(fleet: LocalFleet, nodes: int) -> dict[str, Any]:
     """Per node: processes besides sshd, files in the node's own /tmp, listening TCP ports besides sshd's."""
     out: dict[str, Any] = {"processes": [], "tmp_files": [], "ports": []}
     for i in range(nodes):
-        for text in sh(["ip", "netns", "pids", fleet.netns(i)]).stdout.split():
-            try:
-                cmd = (
-                    Path(f"/proc/{text}/cmdline")
-                    .read_bytes()
-                    .replace(b"\0", b" ")
-                    .decode(errors="replace")
-                    .strip()
-                )
-            except OSError:
-                continue
-            if not cmd.startswith("sshd") and "/sshd " not in cmd and not cmd.startswith("/usr/sbin/sshd"):
-                out["processes"].append(f"node{i}: {cmd[:80]}")
+        out["processes"] += [f"node{i}: {cmd[:80]}" for cmd in node_processes(fleet, i).values()]
         tmp = node_tmp(fleet, i)
         out["tmp_files"] += [f"node{i}: {p.name}" for p in sorted(tmp.iterdir())] if tmp.is_dir() else []
         ports = sh(["ss", "-N", fleet.netns(i), "-Hltn"]).stdout.split("\n")
@@ -434,9 +447,10 @@ def leftovers(fleet: LocalFleet, nodes: int) -> dict[str, Any]:
 
 
 def clean_nodes(fleet: LocalFleet, nodes: int) -> None:
-    """Between tools: kill what a tool left and empty the nodes' /tmp, so each starts alike."""
-    for pids in job_pids(fleet, nodes).values():
-        for pid in pids:
+    """Between tools: kill what a tool left (every process but sshd) and empty the nodes' /tmp,
+    so each tool starts alike and its leftovers are its own."""
+    for i in range(nodes):
+        for pid in node_processes(fleet, i):
             subprocess.run(["kill", "-9", str(pid)], check=False)
     for i in range(nodes):
         tmp = node_tmp(fleet, i)
