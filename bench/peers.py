@@ -581,6 +581,10 @@ def main() -> int:
         if any(left.values()):
             result["errors"].append({"tool": "fleet", "error": f"fleet {PREFIX} left {left}"})
         shutil.rmtree(work, ignore_errors=True)
+        if cluster is not None:  # the key copy, the shim and the pinned hosts: nothing of this fleet stays
+            cluster.key.unlink(missing_ok=True)
+            shutil.rmtree(cluster.shim_dir, ignore_errors=True)
+            (PEERS_DIR / f"known_hosts-{fleet.prefix}").unlink(missing_ok=True)
     for name, t in timings.items():
         kills = t["kill"]
         result["tools"][name] = {
