@@ -498,7 +498,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("the local fleet needs root", file=sys.stderr)
         return 2
-    if "FLEETRUN_HOME" not in os.environ:
+    own_home = "FLEETRUN_HOME" not in os.environ
+    if own_home:
         os.environ["FLEETRUN_HOME"] = tempfile.mkdtemp(prefix="fleetrun-peers-")
     result: dict[str, Any] = {
         "command": "python bench/peers.py " + shlex.join(sys.argv[1:]),
@@ -581,6 +582,8 @@ def main() -> int:
         if any(left.values()):
             result["errors"].append({"tool": "fleet", "error": f"fleet {PREFIX} left {left}"})
         shutil.rmtree(work, ignore_errors=True)
+        if own_home:
+            shutil.rmtree(os.environ["FLEETRUN_HOME"], ignore_errors=True)
         if cluster is not None:  # the key copy, the shim and the pinned hosts: nothing of this fleet stays
             cluster.key.unlink(missing_ok=True)
             shutil.rmtree(cluster.shim_dir, ignore_errors=True)
