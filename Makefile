@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fleetrun-installed
 
-.PHONY: demo test setup system-deps horovod lint typecheck pytest bench bench-scale clean clean-image
+.PHONY: demo test setup system-deps horovod lint typecheck pytest bench bench-scale bench-peers clean clean-image
 
 demo: setup
 	$(BIN)/fab demo
@@ -70,9 +70,14 @@ bench: setup
 	$(BIN)/python bench/horovod_vs_torchrun.py
 	$(BIN)/python bench/pulumi_eval.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/peers.py
 
 bench-scale: setup
 	$(BIN)/python bench/scale.py
+
+# fleetrun next to Ray's cluster launcher and pdsh-started torchrun (installs Ray 2.60.0 into its own venv).
+bench-peers: setup
+	$(BIN)/python bench/peers.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist *.egg-info

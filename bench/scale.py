@@ -53,8 +53,11 @@ from launch.transport.ssh import Fleet, openssh_command  # noqa: E402
 from launch.transport.sync import LIB_VERSION, SyncResult, lib_is_current  # noqa: E402
 from launch.transport.sync_relay import sync_fleet  # noqa: E402
 
-PREFIX, SUBNET = "frp", 10
-TRAIN_PREFIX, TRAIN_SUBNET = "frq", 11
+# Fleet names and subnets; overridable so that two checkouts on one machine do not share a fleet.
+PREFIX = os.environ.get("FLEETRUN_BENCH_PREFIX", "frp")
+SUBNET = int(os.environ.get("FLEETRUN_BENCH_SUBNET", "10"))
+TRAIN_PREFIX = os.environ.get("FLEETRUN_BENCH_TRAIN_PREFIX", "frq")
+TRAIN_SUBNET = int(os.environ.get("FLEETRUN_BENCH_TRAIN_SUBNET", "11"))
 JOB = "bench-scale"
 PLAIN_DIR = "bench-rsync"  # the rsync loop's remote dir, apart from fleetrun's ~/.fleetrun/work/<job>
 PLAIN_RDZV_PORT = 29531

@@ -109,17 +109,24 @@ def plan(c: Any, playbook: str, inventory: str = "local") -> None:
         "subnet": "198.18.<subnet>.0/24",
         "bastion": "workers on an internal bridge this machine cannot reach; the head is their jump host",
         "mixed": "a sshd port and an interface name of its own on each node",
+        "vm": "like cloud VMs: one user and home path on every node, each with its own home and /tmp",
     }
 )
 @_friendly
 def local_up(
-    c: Any, nodes: int = 3, prefix: str = "", subnet: int = -1, bastion: bool = False, mixed: bool = False
+    c: Any,
+    nodes: int = 3,
+    prefix: str = "",
+    subnet: int = -1,
+    bastion: bool = False,
+    mixed: bool = False,
+    vm: bool = False,
 ) -> None:
     """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
     from launch.cli import app
 
     fleet = app.local_fleet(prefix or None, None if subnet < 0 else subnet)
-    inventory = fleet.up(nodes, bastion=bastion, mixed=mixed)
+    inventory = fleet.up(nodes, bastion=bastion, mixed=mixed, vm=vm)
     for host in inventory.hosts:
         via = f" via {host.proxy_jump.label}" if host.proxy_jump else ""
         print(f"  {host.name}  {host.user}@{host.address}:{host.port}{via}  {host.host_key[:40]}...")

@@ -14,7 +14,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,19 +81,27 @@ def rsync_filters(workdir: Path) -> list[str]:
     return args
 
 
-def rsync_argv(source: Path, host: Host, remote_dir: str, known_hosts: Path, filters: list[str]) -> list[str]:
-    """rsync invocation copying the *contents* of ``source`` into ``~/<remote_dir>`` on ``host``."""
+def rsync_argv(
+    source: Path | Sequence[str], host: Host, remote_dir: str, known_hosts: Path, filters: list[str]
+) -> list[str]:
+    """rsync copying the *contents* of ``source`` into ``~/<remote_dir>`` on ``host``.
+
+    A list of sources is sent with ``--relative`` (each source names its own ``/./`` root).
+    """
     ssh = shlex.join(openssh_command(host, known_hosts))
+    sources = [f"{source}/"] if isinstance(source, Path) else list(source)
+    relative = [] if isinstance(source, Path) else ["--relative"]
     return [
         "rsync",
         "-az",
+        *relative,
         "--delete",
         "--mkpath",
         "--stats",
         *filters,
         "-e",
         ssh,
-        f"{source}/",
+        *sources,
         host.rsync_target(f"{remote_dir}/"),
     ]
 
@@ -106,32 +114,68 @@ def _stat(output: str, label: str) -> int:
     return 0
 
 
+def single_transfer_filters(workdir: Path, job: str) -> list[str]:
+    """The workdir's filters for one rsync rooted at ``~/.fleetrun`` (workdir and library together).
+
+    rsync anchors a leading ``/`` at the transfer root, which is now ``~/.fleetrun`` rather than the
+    workdir: anchored ``.git/info/exclude`` patterns are moved under the job's workdir. The library
+    and the directories leading to the workdir are included first, so that no user pattern (an
+    unanchored ``*.py`` or ``work/``) can drop them.
+    """
+    prefix = "/" + layout.workdir(job).removeprefix(f"{layout.ROOT}/")
+    lib = "/" + layout.LIB.removeprefix(f"{layout.ROOT}/")
+    parts = prefix.strip("/").split("/")
+    keep = [f"--include={lib}/***"] + [f"--include=/{'/'.join(parts[: i + 1])}/" for i in range(len(parts))]
+    rules = []
+    for rule in rsync_filters(workdir):
+        kind, _, pattern = rule.partition("=")
+        if kind in ("--include", "--exclude") and pattern.startswith("/"):
+            rule = f"{kind}={prefix}{pattern}"
+        rules.append(rule)
+    return keep + rules
+
+
 def sync_host(
     host: Host, workdir: Path, job: str, known_hosts: Path, timeout: float = 1800, ship_lib: bool = True
 ) -> SyncResult:
-    """Workdir (and, unless the node has this version already, fleetrun's node library) to one host."""
-    sent_files = 0
-    sent_bytes = 0
-    transfers = [(workdir, layout.workdir(job), rsync_filters(workdir))]
-    if ship_lib:
-        transfers.append((nodelib_source()[0], layout.LIB, []))
-    for source, remote, filters in transfers:
-        argv = rsync_argv(source, host, remote, known_hosts, filters)
+    """Workdir (and, unless the node has this version already, fleetrun's node library) to one host.
+
+    One rsync, not one per directory: both trees are sent with ``--relative`` from a staging
+    directory of two symlinks laid out as on the node (``work/<job>`` -> the workdir, ``lib`` -> the
+    library), so each node costs one SSH handshake and one rsync process. A source ending in ``/``
+    follows its symlink; links *inside* the workdir are copied as links, as before. ``--delete``
+    acts only inside the two sent trees (not in ``work/`` itself: other jobs' workdirs stay).
+    """
+    stage = Path(tempfile.mkdtemp(prefix="fleetrun-sync-"))
+    try:
+        wd_rel = layout.workdir(job).removeprefix(f"{layout.ROOT}/")
+        (stage / wd_rel).parent.mkdir(parents=True)
+        (stage / wd_rel).symlink_to(workdir.resolve(), target_is_directory=True)
+        sources = [f"{stage}/./{wd_rel}/"]
+        if ship_lib:
+            lib_rel = layout.LIB.removeprefix(f"{layout.ROOT}/")
+            (stage / lib_rel).symlink_to(nodelib_source()[0], target_is_directory=True)
+            sources.append(f"{stage}/./{lib_rel}/")
+        argv = rsync_argv(sources, host, layout.ROOT, known_hosts, single_transfer_filters(workdir, job))
         try:
             with jump_slot(host):
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise HostError(host.name, f"rsync of {source} timed out after {timeout:.0f} s") from None
-        if proc.returncode != 0:
-            detail = proc.stderr.strip().splitlines()[-3:]
-            if "Host key verification failed" in proc.stderr:
-                raise HostError(
-                    host.name, "host key verification failed during rsync (key differs from the pinned one)"
-                )
-            raise HostError(host.name, f"rsync of {source} failed ({proc.returncode}): {' / '.join(detail)}")
-        sent_files += _stat(proc.stdout, "Number of regular files transferred")
-        sent_bytes += _stat(proc.stdout, "Total transferred file size")
-    return SyncResult(host.name, sent_files, sent_bytes)
+            raise HostError(host.name, f"rsync of {workdir} timed out after {timeout:.0f} s") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    if proc.returncode != 0:
+        detail = proc.stderr.strip().splitlines()[-3:]
+        if "Host key verification failed" in proc.stderr:
+            raise HostError(
+                host.name, "host key verification failed during rsync (key differs from the pinned one)"
+            )
+        raise HostError(host.name, f"rsync of {workdir} failed ({proc.returncode}): {' / '.join(detail)}")
+    return SyncResult(
+        host.name,
+        _stat(proc.stdout, "Number of regular files transferred"),
+        _stat(proc.stdout, "Total transferred file size"),
+    )
 
 
 def sync_all(

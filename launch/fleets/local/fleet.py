@@ -35,6 +35,7 @@ import yaml
 
 from launch.errors import LocalFleetError
 from launch.fleets.kinds.refs import LocalFleetRef
+from launch.fleets.local import mountns
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.node import Shape, behind_head, make_node, start_sshd
 from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
@@ -117,7 +118,8 @@ class LocalFleet(FleetNames):
             "homes": [
                 h
                 for h in self._matching_paths(HOMES, lambda n: bool(self.user_pattern.fullmatch(n)))
-                if h not in created["home"] or Path(h).name not in ours_users | self._gone_users(created)
+                if h not in created["node_home"]
+                and (h not in created["home"] or Path(h).name not in ours_users | self._gone_users(created))
             ],
             "netns_etc": [
                 p
@@ -133,7 +135,9 @@ class LocalFleet(FleetNames):
 
     def conflicts(self, nodes: int) -> list[str]:
         """Names ``up`` would create that exist already (after ``down`` removed the fleet's own)."""
-        found = []
+        found = [f"user {self.vm_user}"] if _exists_user(self.vm_user) else []
+        if os.path.lexists(mountns.mount_dir(self)):
+            found.append(str(mountns.mount_dir(self)))
         for i in range(nodes):
             user = self.node_name(i)
             if _exists_user(user):
@@ -166,7 +170,8 @@ class LocalFleet(FleetNames):
         netns = set(self.existing_netns())
         links = set(self.existing_links())
         homes = [h for h in created["home"] if os.path.lexists(h) and Path(h).name in owners]
-        paths = homes + [p for p in created["netns_etc"] if os.path.lexists(p)]
+        paths = homes + [p for p in created["netns_etc"] + created["node_home"] if os.path.lexists(p)]
+        paths += mountns.mount_leftovers(created)  # VM mode's namespace files and their directory
         return {
             "netns": [n for n in created["netns"] if n in netns],
             "links": [n for n in created["link"] if n in links],
@@ -188,17 +193,20 @@ class LocalFleet(FleetNames):
         build_image: bool = True,
         bastion: bool = False,
         mixed: bool = False,
+        vm: bool = False,
     ) -> Inventory:
         """Build ``nodes`` nodes. ``bastion``: the nodes sit on an internal bridge this machine
         cannot reach, the head also on the external one, and the workers' inventory entries jump
         through the head (``proxy_jump``: its external address and host key). ``mixed``: each node
-        has its own sshd port and interface name. Both off: the default fleet, as it always was."""
+        has its own sshd port and interface name. ``vm``: one user and home path on every node, each
+        node with its own mount namespace (its home and /tmp; ``launch.fleets.local.mountns``).
+        All off: the default fleet, as it always was."""
         require_root()
         if not 1 <= nodes <= MAX_NODES:
             raise LocalFleetError(f"--nodes {nodes}: expected 1..{MAX_NODES}")
         if bastion and not 2 <= nodes <= NODES_PER_BLOCK:
             raise LocalFleetError(f"--nodes {nodes}: a bastion fleet has 2..{NODES_PER_BLOCK} nodes")
-        shape = Shape(bastion=bastion, mixed=mixed)
+        shape = Shape(bastion=bastion, mixed=mixed, vm=vm)
         ensure_tools(say)
         python = ensure_image(say) if build_image else image_python()
         self.down(say=_quiet)
@@ -236,13 +244,15 @@ class LocalFleet(FleetNames):
             for block in range(1, self.blocks(nodes)):
                 run(["ip", "addr", "add", f"{self.block_prefix(block)}.1/24", "dev", self.bridge])
         run(["ip", "link", "set", self.bridge, "up"])
+        if vm:
+            mountns.make_mount_dir(self, record)
         hosts: list[Host] = [
             make_node(self, i, nodes, operator_pub, str(python), record, shape) for i in range(nodes)
         ]
         if bastion:
             hosts = behind_head(hosts)
         for i in range(nodes):
-            start_sshd(self, i)
+            start_sshd(self, i, shape)
         self._wait_for_sshd(nodes, shape)
         self._start_power_daemon()
         inventory = Inventory(
@@ -338,6 +348,7 @@ class LocalFleet(FleetNames):
         users = [u for u in created["user"] if self.is_ours(u, created)]
         unmarked = [u for u in created["user"] if _exists_user(u) and u not in users]
         self._kill(created, users)
+        mountns.remove_mounts(created)
         for user in users:
             gid = pwd.getpwnam(user).pw_gid
             run(["userdel", "--force", "--remove", user], check=False)
@@ -357,6 +368,10 @@ class LocalFleet(FleetNames):
         for ns in created["netns"]:
             if ns in existing_netns:
                 run(["ip", "netns", "del", ns], check=False)
+        for node_home in created["node_home"]:
+            path = Path(node_home)
+            if path.is_dir() and not path.is_symlink() and self._orphaned(path):
+                shutil.rmtree(path, ignore_errors=True)
         for etc in created["netns_etc"]:
             if Path(etc).is_dir() and not Path(etc).is_symlink():
                 shutil.rmtree(etc, ignore_errors=True)

@@ -84,6 +84,11 @@ class FleetNames:
     def node_name(self, i: int) -> str:
         return f"{self.prefix}node{i}"
 
+    @property
+    def vm_user(self) -> str:
+        """VM mode: the one user every node has (as a cloud image's ``ubuntu``)."""
+        return f"{self.prefix}fleet"
+
     def node_index(self, user: str) -> int | None:
         match = re.fullmatch(rf"{re.escape(self.prefix)}node(\d+)", user)
         return int(match.group(1)) if match else None
@@ -118,7 +123,7 @@ class FleetNames:
     # -- patterns: what *could* be this fleet's, by name ------------------------------------------
     @property
     def user_pattern(self) -> re.Pattern[str]:
-        return re.compile(rf"{re.escape(self.prefix)}node\d+")
+        return re.compile(rf"{re.escape(self.prefix)}(node\d+|fleet)")
 
     @property
     def netns_pattern(self) -> re.Pattern[str]:

@@ -6,16 +6,19 @@ Every step records what it is about to create first (``record(kind, name)``, wri
 A ``Shape`` says what kind of lab the fleet imitates: ``bastion`` puts every node on an internal
 bridge this machine has no address on, and gives the head a second interface on the external
 bridge (its sshd listens on both; the workers' inventory entries jump through it); ``mixed``
-gives each node its own sshd port and interface name (users and homes differ already).
+gives each node its own sshd port and interface name (users and homes differ already); ``vm``
+gives every node the same user and home path and its own ``/tmp`` (``launch.fleets.local.mountns``).
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.fleets.local import mountns
 from launch.fleets.local.naming import NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.prereqs import SSHD, run
 from launch.job.inventory import Host, JumpHost
@@ -29,6 +32,16 @@ class Shape:
 
     bastion: bool = False
     mixed: bool = False
+    vm: bool = False
+
+    def user(self, names: FleetNames, i: int) -> str:
+        """Node ``i``'s login: its own (a lab) or, in VM mode, the fleet's one user (a cloud image)."""
+        return names.vm_user if self.vm else names.node_name(i)
+
+    def sshd_dir(self, names: FleetNames, i: int) -> Path:
+        """Where the node's sshd keeps its host key, config, pid and log: in VM mode not under the
+        state directory, which may be under /tmp (tests, benches) and /tmp is the node's own there."""
+        return mountns.sshd_dir(names, i) if self.vm else names.node_dir(i)
 
     def listen(self, names: FleetNames, i: int) -> list[str]:
         port = names.ssh_port(i, self.mixed)
@@ -38,12 +51,12 @@ class Shape:
 
 def sshd_config(names: FleetNames, i: int, host_key: Path, shape: Shape = Shape()) -> str:
     """The node's sshd: own host key, listens only on the node's address(es), only this user."""
-    node_dir = names.node_dir(i)
+    node_dir = shape.sshd_dir(names, i)
     lines = [
         *(f"ListenAddress {where}" for where in shape.listen(names, i)),
         f"HostKey {host_key}",
         f"PidFile {node_dir / 'sshd.pid'}",
-        f"AllowUsers {names.node_name(i)}",
+        f"AllowUsers {shape.user(names, i)}",
         "UsePAM no",
         "PermitRootLogin no",
         "PasswordAuthentication no",
@@ -107,9 +120,11 @@ def make_external_link(names: FleetNames, record: Record) -> None:
     run(["ip", "link", "set", veth, "up"])
 
 
-def make_user(names: FleetNames, i: int, operator_pub: str, record: Record) -> None:
+def make_user(
+    names: FleetNames, i: int, operator_pub: str, record: Record, name: str = "", home: Path | None = None
+) -> None:
     """The node's user, marked as the fleet's (GECOS), own home, no password ('*': usable with UsePAM no)."""
-    name, home = names.node_name(i), names.home(i)
+    name, home = name or names.node_name(i), home or names.home(i)
     record("user", name)
     record("home", str(home))
     run(
@@ -145,9 +160,16 @@ def make_node(
     shape: Shape = Shape(),
 ) -> Host:
     make_network(names, i, total, record, shape)
-    make_user(names, i, operator_pub, record)
-    node_dir = names.node_dir(i)
-    node_dir.mkdir(parents=True, exist_ok=True)
+    if shape.vm:
+        if i == 0:  # one user for the whole fleet; its home path is a bind of each node's own
+            make_user(names, i, operator_pub, record, names.vm_user, names.home(0).with_name(names.vm_user))
+        mountns.make_node_home(names, i, names.vm_user, operator_pub, record)
+        mountns.make_mount_ns(names, i, names.home(0).with_name(names.vm_user), record)
+    else:
+        make_user(names, i, operator_pub, record)
+    names.node_dir(i).mkdir(parents=True, exist_ok=True)
+    node_dir = shape.sshd_dir(names, i)
+    node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     host_key = node_dir / "ssh_host_ed25519_key"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", names.node_name(i), "-f", str(host_key)])
     (node_dir / "sshd_config").write_text(sshd_config(names, i, host_key, shape))
@@ -155,7 +177,7 @@ def make_node(
         name=names.node_name(i),
         address=names.external_address if shape.bastion and i == 0 else names.address(i),
         private_address=names.address(i),
-        user=names.node_name(i),
+        user=shape.user(names, i),
         port=names.ssh_port(i, shape.mixed),
         key=names.key_path,
         host_key=host_key.with_suffix(".pub").read_text().strip(),
@@ -175,11 +197,28 @@ def behind_head(hosts: list[Host]) -> list[Host]:
     return [head] + [h.model_copy(update={"proxy_jump": jump}) for h in hosts[1:]]
 
 
-def start_sshd(names: FleetNames, i: int) -> None:
-    """sshd inside the node's namespace, with the node's own UTS hostname (``unshare --uts``)."""
-    node_dir = names.node_dir(i)
+def start_sshd(names: FleetNames, i: int, shape: Shape = Shape()) -> None:
+    """sshd inside the node's namespace, with the node's own UTS hostname (``unshare --uts``);
+    in VM mode entered through the node's mount namespace, so its sessions see the node's home and /tmp."""
+    node_dir = shape.sshd_dir(names, i)
     script = (
         f"hostname {names.node_name(i)} && "
         f"exec {SSHD} -f {node_dir / 'sshd_config'} -E {node_dir / 'sshd.log'}"
     )
-    run(["ip", "netns", "exec", names.netns(i), "unshare", "--uts", "sh", "-c", script])
+    if not shape.vm:
+        run(["ip", "netns", "exec", names.netns(i), "unshare", "--uts", "sh", "-c", script])
+        return
+    # VM mode: also a PID namespace of its own, with sshd in the foreground as its init (it reaps
+    # what it adopts), so a node sees only its own processes: `ray stop` or `pkill -u` on one node
+    # cannot reach another node's processes of the same user. `unshare` waits in the background.
+    subprocess.Popen(
+        [
+            *mountns.enter_argv(names, i),
+            *["ip", "netns", "exec", names.netns(i), "unshare", "--uts", "--pid", "--fork", "--mount-proc"],
+            *["sh", "-c", script.replace(f"exec {SSHD} ", f"exec {SSHD} -D ")],
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )

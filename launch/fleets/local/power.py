@@ -33,11 +33,13 @@ from launch.job.inventory import Host, Inventory
 REQUEST = "poweroff-request"
 
 
-def take_request(user: str) -> bool:
-    """True (and the request removed) when ``user`` asked for a power-off."""
+def take_request(user: str, home: str = "") -> bool:
+    """True (and the request removed) when ``user`` asked for a power-off (in ``home``: a VM-mode
+    node's own home directory, by default the user's)."""
     try:
         entry = pwd.getpwnam(user)
-        fd = os.open(os.path.join(entry.pw_dir, ".fleetrun"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        where = os.path.join(home or entry.pw_dir, ".fleetrun")
+        fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except (KeyError, OSError):
         return False
     try:
@@ -58,9 +60,13 @@ def take_request(user: str) -> bool:
 def serve(fleet: LocalFleet, interval: float = 0.5) -> None:
     while fleet.state_dir.exists():
         created = fleet.state.load()
-        for user in created["user"]:
-            index = fleet.node_index(user)
-            if index is None or not fleet.is_ours(user, created) or not take_request(user):
+        # per-node users (their own homes), or VM mode's one user (each node's home apart)
+        asks = [(user, "", fleet.node_index(user)) for user in created["user"]]
+        asks += [
+            (fleet.vm_user, home, fleet.node_index(os.path.basename(home))) for home in created["node_home"]
+        ]
+        for user, home, index in asks:
+            if index is None or not fleet.is_ours(user, created) or not take_request(user, home):
                 continue
             fleet.stop_node(index)
             node_dir = fleet.node_dir(index)

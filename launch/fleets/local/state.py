@@ -2,7 +2,8 @@
 
 ``$FLEETRUN_HOME/localfleet/<prefix>/created.jsonl``: one JSON line per thing (``user``, ``home``,
 ``netns``, ``netns_etc``, ``link``, ``run_netns``, ``route``: a bastion fleet's
-``unreachable`` route for its internal subnet in the root namespace), appended and fsynced *before* the thing is
+``unreachable`` route for its internal subnet in the root namespace; a VM-mode fleet's
+``node_home``, ``mountns`` and ``mount_dir``: see ``launch.fleets.local.mountns``), appended and fsynced *before* the thing is
 created (write-ahead), so a crash at any point of ``up`` leaves a record that covers everything
 that may exist. ``up`` checks that no name it is about to use exists before it records or creates
 anything, so a recorded name is never someone else's. Users carry a second proof, a GECOS marker
@@ -16,7 +17,18 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("user", "home", "netns", "netns_etc", "link", "run_netns", "route")
+KINDS = (
+    "user",
+    "home",
+    "netns",
+    "netns_etc",
+    "link",
+    "run_netns",
+    "route",
+    "node_home",
+    "mountns",
+    "mount_dir",
+)
 MAX_STATE_BYTES = 4 * 1024 * 1024
 
 

@@ -1,0 +1,93 @@
+"""Direct sync is one rsync per node (workdir and node library together), on the 3-node local fleet.
+
+One rsync rooted at ``~/.fleetrun`` must still mean what two did: the workdir's filters (anchored
+``.git/info/exclude`` patterns anchored at the workdir, ``.gitignore``), ``--delete`` inside the
+job's workdir only (another job's workdir stays), links inside the workdir kept as links, and the
+library delivered whatever the user's patterns say.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launch.fleets.local import LocalFleet
+from launch.paths import known_hosts_file
+from launch.transport import sync as sync_module
+from launch.transport.sync import SyncResult, nodelib_source, single_transfer_filters, sync_all
+from tests.conftest import needs_root
+
+
+def _tree(root: Path) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "model.py").write_text("X = 1\n")
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(b"x" * 64)
+    (root / "pkg" / "data").mkdir()
+    (root / "pkg" / "data" / "small.txt").write_text("kept: /data is anchored at the workdir\n")
+    (root / ".gitignore").write_text("*.log\n")
+    (root / "run.log").write_text("ignored\n")
+    (root / "latest").symlink_to("pkg")
+    info = root / ".git" / "info"
+    info.mkdir(parents=True)
+    # anchored (must stay anchored at the workdir), and a pattern that would match the library's files
+    (info / "exclude").write_text("/data\nVERSION\n")
+    return root
+
+
+def test_filters_anchor_user_patterns_at_the_workdir_and_protect_the_library(tmp_path: Path) -> None:
+    rules = single_transfer_filters(_tree(tmp_path / "w"), "j1")
+    assert rules[:3] == ["--include=/lib/***", "--include=/work/", "--include=/work/j1/"]
+    assert "--exclude=/work/j1/data" in rules and "--exclude=/data" not in rules
+    assert "--exclude=VERSION" in rules, "unanchored patterns are passed through"
+
+
+@needs_root()
+def test_one_rsync_per_node_delivers_workdir_and_library(
+    fleet: LocalFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inventory = fleet.inventory()
+    kh = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+    homes = [Path("/home") / h.user for h in inventory.hosts]
+    for home, host in zip(homes, inventory.hosts, strict=True):
+        other = home / ".fleetrun" / "work" / "other-job"
+        stale = home / ".fleetrun" / "work" / "t-single" / "stale.py"
+        for path in (other / "keep.txt", stale):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("x\n")
+        subprocess.run(["chown", "-R", f"{host.user}:{host.user}", str(home / ".fleetrun")], check=True)
+    calls: list[list[str]] = []
+    real_run = subprocess.run
+
+    def counting_run(argv: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(argv, list) and argv and argv[0] == "rsync":
+            calls.append(argv)
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(sync_module.subprocess, "run", counting_run)
+    results = sync_all(inventory.hosts, _tree(tmp_path / "code"), "t-single", kh)
+    assert all(isinstance(r, SyncResult) for r in results.values()), results
+    assert len(calls) == len(inventory.hosts), "one rsync per node, not one per directory"
+    for home in homes:
+        work = home / ".fleetrun" / "work" / "t-single"
+        assert (work / "pkg" / "model.py").read_text() == "X = 1\n"
+        assert (work / "pkg" / "data" / "small.txt").exists(), "an anchored pattern must not match deeper"
+        assert not (work / "data").exists(), "/data in .git/info/exclude is the workdir's /data"
+        assert not (work / "run.log").exists(), ".gitignore holds"
+        assert not (work / ".git").exists()
+        assert (work / "latest").is_symlink() and str((work / "latest").readlink()) == "pkg"
+        assert not (work / "stale.py").exists(), "--delete inside the job's workdir"
+        assert (home / ".fleetrun" / "work" / "other-job" / "keep.txt").exists(), "other jobs stay"
+        assert (home / ".fleetrun" / "lib" / "VERSION").read_text().strip() == nodelib_source()[1]
+        assert (home / ".fleetrun" / "lib" / "fleetrun_node.py").is_file()
+    # an unchanged re-sync without the library sends nothing and still one rsync per node
+    calls.clear()
+    again = sync_all(
+        inventory.hosts, tmp_path / "code", "t-single", kh, lib_current={h.name for h in inventory.hosts}
+    )
+    assert len(calls) == len(inventory.hosts)
+    assert all(isinstance(r, SyncResult) and r.files_sent == 0 for r in again.values()), again
+    assert not any(a.endswith("/./lib/") for argv in calls for a in argv), "a current library is not sent"
