@@ -62,8 +62,10 @@ typecheck:
 	$(BIN)/mypy launch fabfile.py infra fleetrun_contract
 
 # Includes tests/test_install.py (marker `install`): the wheel built and installed outside the checkout.
+# Two workers, whole files each (--dist loadfile): fleet tests mostly wait on nodes, so two run
+# side by side on this 2-core machine kind; tests/conftest.py gives each worker its own fleets.
 pytest:
-	$(BIN)/pytest -m "not typecheck"
+	$(BIN)/pytest -m "not typecheck" -n 2 --dist loadfile
 
 bench: setup
 	$(BIN)/python bench/fault_latency.py

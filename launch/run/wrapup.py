@@ -42,15 +42,18 @@ T = TypeVar("T")
 def write_reports(
     folder: RunFolder, reporter: Reporter, hyperparameters: dict[str, Any] | None = None
 ) -> None:
-    """The loss plot and the TensorBoard event file (scalars, and the run's hyperparameters)."""
-    if not (folder.path / "metrics.jsonl").exists():
-        return
-    records, summary = folder.read_metrics()
-    history = summary.history
+    """The loss plot and the TensorBoard event file (scalars, and the run's hyperparameters).
+
+    A run stopped before its first logged step (a wall-time limit during start-up, a crash in
+    the imports) still gets its plot, saying that no loss was logged: the person looking for it
+    learns that from the plot instead of from its absence."""
+    logged = (folder.path / "metrics.jsonl").exists()
+    records, summary = folder.read_metrics() if logged else ([], None)
+    history = summary.history if summary is not None else []
     try:
-        if len(history):
-            plot_loss(history, folder.path / "loss.png", title=folder.path.name)
-        write_tensorboard(records, folder.path / "tensorboard", hyperparameters=hyperparameters)
+        plot_loss(history, folder.path / "loss.png", title=folder.path.name)
+        if logged:
+            write_tensorboard(records, folder.path / "tensorboard", hyperparameters=hyperparameters)
     except Exception as exc:  # noqa: BLE001 - a plot must never hide the run's outcome
         reporter.say(
             ("  could not write the loss plot / TensorBoard files: ", "yellow"), (str(exc), "yellow")
