@@ -181,6 +181,9 @@ def test_notice_checkpoints_to_the_bucket_then_resume_from_it(
     # the node's disk lost: the checkpoint comes from the bucket, and training resumes from it
     (run0,) = run_dirs(fleet, 0)
     wait_for(lambda: "powering this node off" in (run0 / "guard.log").read_text(), 120, "node 0's power-off")
+    # the watchdog logs before it asks; the power daemon kills everything in the namespace when it
+    # acts: wait for that, or the commands below could be killed with the node's last processes
+    wait_for(lambda: (fleet.node_dir(0) / "powered-off").exists(), 60, "node 0 powered off")
     lose_checkpoints(fleet)
     home = f"$HOME/{layout.rundir(run_id)}"
     found = in_node(
