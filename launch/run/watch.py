@@ -23,6 +23,7 @@ from launch.nodelib.fleetrun_protocol import PollAnswer, PollRequest, Preemption
 from launch.planning import remote_layout as layout
 from launch.reports.safe_text import safe_text
 from launch.reports.views import live_table
+from launch.rules.contact import poll_budget
 from launch.rules.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import (
@@ -99,14 +100,14 @@ class Watcher:
         self.serve_command = f'exec {AGENT} serve "$HOME/{layout.rundir(target.run_id)}"'
 
     # -- one poll --------------------------------------------------------------------------------
-    def _poll_node(self, conn: NodeConnection) -> PollAnswer:
+    def _poll_node(self, conn: NodeConnection, timeout: float = POLL_ANSWER_TIMEOUT_S) -> PollAnswer:
         """Ask the node's agent over its persistent poll channel (``NodeConnection.ask``).
 
         The answer is parsed through the node protocol; anything else is a ``BadAnswer``.
         """
         name = conn.host.name
         offset = self.nodes[name].offset
-        line = conn.ask(self.serve_command, PollRequest(offset).to_json(), timeout=POLL_ANSWER_TIMEOUT_S)
+        line = conn.ask(self.serve_command, PollRequest(offset).to_json(), timeout=timeout)
         try:
             answer = PollAnswer.from_json(line)
         except ProtocolError as exc:
@@ -128,7 +129,16 @@ class Watcher:
         for conn in self.fleet.connections.values():
             conn.close_sessions()
 
-    def _absorb(self, node: NodeWatch, answer: PollAnswer | BaseException, now: float) -> None:
+    def _timed_poll(self, conn: NodeConnection, timeout: float) -> tuple[PollAnswer, float]:
+        """The answer and when it arrived: that moment is the node's last contact, not the end
+        of the poll round (which waits for the slowest node)."""
+        answer = self._poll_node(conn, timeout)
+        return answer, time.time()
+
+    def _absorb(
+        self, node: NodeWatch, answer: PollAnswer | BaseException, now: float, arrived_at: float | None = None
+    ) -> None:
+        """Fold one node's answer (or failure) in; ``arrived_at`` is when a good answer came."""
         if isinstance(answer, BaseException):
             node.error = str(answer)
             if isinstance(answer, BadAnswer):
@@ -137,7 +147,7 @@ class Watcher:
                 node.state = "bad answer" if isinstance(answer, BadAnswer) else "unreachable"
             return
         node.error = ""
-        node.last_reachable_at = now
+        node.last_reachable_at = now if arrived_at is None else min(arrived_at, now)
         node.log_tail = answer.log_tail
         node.gpu_util = answer.gpu_util
         node.state = "vanished" if answer.state == "absent" else answer.state
@@ -204,12 +214,24 @@ class Watcher:
         )
 
     def poll_once(self) -> Observation:
-        answers = self.fleet.map(self._poll_node, deadline=POLL_DEADLINE_S)
+        # The round ends when the earliest silent node is due (``poll_budget``): a poll waiting on
+        # a node that went away must not push the unreachable verdict past its limit.
+        budget = poll_budget(
+            self.target.rules.unreachable_timeout_s,
+            [n.last_reachable_at for n in self.nodes.values() if n.state not in ("exited", "vanished")],
+            time.time(),
+            POLL_DEADLINE_S,
+        )
+        timeout = min(POLL_ANSWER_TIMEOUT_S, budget)
+        answers = self.fleet.map(lambda c: self._timed_poll(c, timeout), deadline=budget)
         now = time.time()
-        for name, answer in answers.items():
+        for name, result in answers.items():
             node = self.nodes[name]
             before, malformed_before = node.state, node.malformed
-            self._absorb(node, answer, now)
+            if isinstance(result, BaseException):
+                self._absorb(node, result, now)
+            else:
+                self._absorb(node, result[0], now, arrived_at=result[1])
             shown = ("unreachable", "exited", "bad answer")
             if node.state != before and (node.starts_processes or node.state in shown):
                 rc = f" (exit {node.rc})" if node.rc is not None else ""

@@ -25,6 +25,7 @@ from launch.reports.tensorboard import write_tensorboard
 from launch.rules.pricing import cost_so_far, price_per_node_hour
 from launch.rules.stoprules import StopDecision
 from launch.run.artifacts import revoke_cluster_keys, stop_all
+from launch.run.lost_nodes import confirm_lost, without
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter
 from launch.run.run_folder import RunFolder
@@ -162,28 +163,40 @@ def wrap_up(
     stop_errors: dict[str, str] = {}
     pull_errors: dict[str, str] = {}
     uploads: dict[str, str] = {}
+    reach = fleet
     try:
         if started_job:
             reporter.say((decision.outcome, "bold"), f" ({decision.rule}): {decision.reason}")
             reporter.say("stopping anything left of the run on the nodes, then pulling artifacts")
-            stop_errors = steps.run(
+            # Nodes the watcher lost are probed once, briefly; the ones still silent are left
+            # out of stop, pull and upload (see ``launch.run.lost_nodes``) and count as failed
+            # pulls below, so they still block the teardown.
+            lost: dict[str, str] = steps.run(
+                "probing the nodes the watcher lost", lambda: confirm_lost(fleet, watcher), lambda _m: {}
+            )
+            for name, why in lost.items():
+                reporter.say((f"  {name}: not stopped, not pulled: {why}", "red"))
+            reach = without(fleet, lost)
+            stop_errors = dict(lost)
+            stop_errors |= steps.run(
                 "stopping the run",
-                lambda: stop_all(fleet, target.run_id, reporter.console),
+                lambda: stop_all(reach, target.run_id, reporter.console),
                 lambda msg: dict.fromkeys(hosts, msg),
             )
-            pull_errors = steps.run(
+            pull_errors = dict(lost)
+            pull_errors |= steps.run(
                 "pulling artifacts",
-                lambda: transfers.pull(fleet, target.run_id, folder, known_hosts, reporter.console),
+                lambda: transfers.pull(reach, target.run_id, folder, known_hosts, reporter.console),
                 lambda msg: dict.fromkeys(hosts, msg),
             )
             uploads = steps.run(
                 "uploading to the bucket",
-                lambda: upload_to_bucket(fleet, target, reporter),
+                lambda: upload_to_bucket(reach, target, reporter),
                 lambda msg: {"*": msg},
             )
     finally:
         try:  # a wrap-up never stops half-way: a failed revoke is reported, the key expires anyway
-            revoke_errors = revoke_cluster_keys(fleet)
+            revoke_errors = revoke_cluster_keys(reach)  # a lost node's key expires on its own
         except Exception as exc:  # noqa: BLE001
             revoke_errors = {"*": f"{type(exc).__name__}: {exc}"}
         for name, err in revoke_errors.items():

@@ -1,0 +1,80 @@
+"""The unreachable clock: it runs from the last good answer, and a failing poll never delays the
+verdict past the limit (``launch.rules.contact.poll_budget`` with the ``unreachable`` rule).
+Pure, on injected clock readings; plus the wrap-up on a fake fleet leaving a lost node out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launch.rules.contact import DUE_MARGIN_S, MIN_POLL_BUDGET_S, poll_budget
+from launch.rules.stoprules import NodeObservation, Observation, RuleState, StopRules, evaluate
+from launch.run.lost_nodes import PROBE_S
+from tests.fakefleet import FakeClock, JobScript, NodeScript, run_on_fake_fleet
+
+
+def test_no_limit_keeps_the_longest_poll() -> None:
+    assert poll_budget(None, [100.0], now=101.0, longest_s=20.0) == 20.0
+
+
+def test_poll_ends_when_the_earliest_silent_node_is_due() -> None:
+    # last answers at 100 and 103, limit 10, poll starts at 101: the round may wait until 110.25
+    budget = poll_budget(10.0, [100.0, 103.0], now=101.0, longest_s=20.0)
+    assert budget == pytest.approx(9.0 + DUE_MARGIN_S)
+
+
+def test_never_reached_or_overdue_nodes_do_not_cut_below_the_minimum() -> None:
+    assert poll_budget(10.0, [None], now=101.0, longest_s=20.0) == 20.0
+    assert poll_budget(10.0, [50.0], now=101.0, longest_s=20.0) == MIN_POLL_BUDGET_S
+
+
+def verdict(last_contact: float, now: float, limit: float) -> str | None:
+    rules = StopRules(unreachable_timeout_s=limit)
+    obs = Observation(
+        now=now,
+        started_at=0.0,
+        nodes=(
+            NodeObservation("a", "running", last_reachable_at=now),
+            NodeObservation("b", "unreachable", last_reachable_at=last_contact),
+        ),
+    )
+    decision = evaluate(rules, obs, RuleState())
+    return decision.rule if decision else None
+
+
+def test_a_failed_poll_of_any_length_does_not_delay_the_verdict() -> None:
+    """The node's link goes down just after its answer at t=100; the next poll starts at 101. The
+    poll gives up at the budget, and the observation made then already carries the verdict:
+    at most the limit + the margin after the last contact, whatever the answer timeout."""
+    limit = 10.0
+    for longest in (15.0, 20.0, 60.0):
+        ends = 101.0 + poll_budget(limit, [100.0], now=101.0, longest_s=longest)
+        assert ends <= 100.0 + limit + DUE_MARGIN_S
+        assert verdict(100.0, ends, limit) == "unreachable"
+
+
+def test_clock_starts_at_the_last_answer_not_at_the_failed_poll() -> None:
+    # the failing poll began at 104 (its own deadline would end at 119): the verdict is due at 110
+    assert verdict(100.0, 109.9, 10.0) is None
+    assert verdict(100.0, 110.0, 10.0) == "unreachable"
+
+
+def test_wrap_up_leaves_a_hung_node_out_after_one_short_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node hung since step 2: after the verdict the wrap-up spends one probe on it, not a stop,
+    a pull and their timeouts; its pull still counts as failed, so the teardown is blocked."""
+    clock = FakeClock()
+    job = JobScript(steps=50, nodes={"n1": NodeScript(hang_from_step=2)})
+    run = run_on_fake_fleet(
+        tmp_path, monkeypatch, job, clock=clock, teardown="always", stop={"unreachable_timeout_s": 30}
+    )
+    s = run.summary
+    assert (s.outcome, s.rule) == ("failed", "unreachable")
+    assert "n1" in s.stop_errors and "n1" in s.pull_errors
+    assert s.teardown.state.name == "BLOCKED"
+    hung = run.fleet.nodes["n1"]
+    assert not any(" stop " in c for c in hung.commands), hung.commands[-5:]
+    assert "n1" not in run.fleet.pulled
+    assert clock.now - s.decided_at <= PROBE_S + 1.0  # fake clock: only the probe was charged
