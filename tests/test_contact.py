@@ -78,3 +78,24 @@ def test_wrap_up_leaves_a_hung_node_out_after_one_short_probe(
     assert not any(" stop " in c for c in hung.commands), hung.commands[-5:]
     assert "n1" not in run.fleet.pulled
     assert clock.now - s.decided_at <= PROBE_S + 1.0  # fake clock: only the probe was charged
+
+
+def test_survivors_of_a_lost_node_get_the_short_grace_a_normal_stop_the_long_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A survivor waits in a collective for its lost peer and never reaches a next step to save
+    at: its stop gets PEER_GONE_GRACE_S, not the 10 s a rank may use to checkpoint."""
+    from launch.run.wrapup import PEER_GONE_GRACE_S, STOP_GRACE_S
+
+    (tmp_path / "lost").mkdir()
+    (tmp_path / "ok").mkdir()
+    job = JobScript(steps=50, nodes={"n1": NodeScript(hang_from_step=2)})
+    lost = run_on_fake_fleet(
+        tmp_path / "lost", monkeypatch, job, clock=FakeClock(), stop={"unreachable_timeout_s": 30}
+    )
+    stops = [c for c in lost.fleet.nodes["n0"].commands if " stop " in c]
+    assert stops and all(c.rstrip().endswith(f" {PEER_GONE_GRACE_S}") for c in stops), stops
+
+    ok = run_on_fake_fleet(tmp_path / "ok", monkeypatch, JobScript(steps=5), clock=FakeClock())
+    stops = [c for c in ok.fleet.nodes["n0"].commands if " stop " in c]
+    assert stops and all(c.rstrip().endswith(f" {STOP_GRACE_S}") for c in stops), stops

@@ -40,6 +40,19 @@ __all__ = ["RunResult", "RunSummary", "upload_to_bucket", "wrap_up", "write_repo
 T = TypeVar("T")
 
 
+STOP_GRACE_S = 10.0
+"""SIGTERM -> SIGKILL on a normal stop: a rank using the checkpoint helper saves at its next step."""
+PEER_GONE_GRACE_S = 2.0
+"""The same when a node is lost or its processes vanished: the survivors sit in a collective
+waiting for their lost peer and never reach a next step, so a long grace only delays the exit
+(a kill mid-save leaves the previous checkpoint whole: saves are temp dir + rename)."""
+
+
+def stop_grace(decision: StopDecision, lost: dict[str, str]) -> float:
+    """How long the stop waits between SIGTERM and SIGKILL for this decision."""
+    return PEER_GONE_GRACE_S if lost or decision.rule in ("unreachable", "vanished") else STOP_GRACE_S
+
+
 def write_reports(
     folder: RunFolder, reporter: Reporter, hyperparameters: dict[str, Any] | None = None
 ) -> None:
@@ -180,7 +193,7 @@ def wrap_up(
             stop_errors = dict(lost)
             stop_errors |= steps.run(
                 "stopping the run",
-                lambda: stop_all(reach, target.run_id, reporter.console),
+                lambda: stop_all(reach, target.run_id, reporter.console, grace=stop_grace(decision, lost)),
                 lambda msg: dict.fromkeys(hosts, msg),
             )
             pull_errors = dict(lost)
