@@ -253,10 +253,14 @@ class NodeConnection:
         return self.sessions[command]
 
     def close_sessions(self) -> None:
-        """End the long-lived commands; each exits on end of input."""
-        for session in self.sessions.values():
+        """End the long-lived commands; each exits on end of input.
+
+        Called from the fan-out's timeout path while a worker thread may still be opening a
+        session on this connection: the dict is swapped out first, never iterated while shared.
+        """
+        sessions, self.sessions = self.sessions, {}
+        for session in list(sessions.values()):
             session.close()
-        self.sessions.clear()
 
     def put_file(self, remote_path: str, text: str, mode: int = 0o644) -> None:
         """Write a small file on the node (path relative to the home directory) with ``mode``.
