@@ -419,3 +419,31 @@ def test_the_digits_trainer_resumes_mid_epoch_to_the_same_parameters(tmp_path: P
     assert "resumed from step 20 (epoch 0, node)" in resumed
     assert checksums(tmp_path / "cut") == checksums(tmp_path / "whole")
     assert len(set(checksums(tmp_path / "cut"))) == 1, "every rank holds the same parameters"
+
+
+def test_keeping_the_last_n_deletes_only_checkpoints_fleetrun_wrote(tmp_path: Path) -> None:
+    """Retention never removes a user's ``step-<N>`` directory nor follows a symlink out of the dir."""
+    user = tmp_path / "ckpt" / "step-1"
+    user.mkdir(parents=True)
+    (user / "notes.txt").write_bytes(b"mine")
+    outside = tmp_path / "elsewhere"
+    scratch = make(tmp_path, directory=str(tmp_path / "scratch"), sharded=True)
+    scratch.save(2, writer(b"a copy"))
+    (tmp_path / "scratch" / "step-2").rename(outside)  # a complete shard, outside the checkpoint dir
+    (tmp_path / "ckpt" / "step-2").symlink_to(outside)
+    cp = make(tmp_path, keep=2, sharded=True)
+    for step in (10, 20, 30):
+        cp.save(step, writer(str(step).encode()))
+    assert (user / "notes.txt").read_bytes() == b"mine", "a directory without a manifest is the user's"
+    assert (outside / "rank-0" / "weights.bin").read_bytes() == b"a copy", "a symlink is not followed"
+    assert (tmp_path / "ckpt" / "step-2").is_symlink()
+    assert not (tmp_path / "ckpt" / "step-10").exists(), "fleetrun's own oldest step still goes"
+    assert (tmp_path / "ckpt" / "step-20" / "rank-0" / "MANIFEST.json").is_file()
+    assert (tmp_path / "ckpt" / "step-30" / "rank-0" / "MANIFEST.json").is_file()
+    plain = make(tmp_path, directory=str(tmp_path / "plain"), keep=1)
+    (tmp_path / "plain" / "step-1").mkdir(parents=True)
+    (tmp_path / "plain" / "step-1" / "notes.txt").write_bytes(b"mine too")
+    plain.save(5, writer(b"5"))
+    plain.save(6, writer(b"6"))
+    assert (tmp_path / "plain" / "step-1" / "notes.txt").read_bytes() == b"mine too"
+    assert plain.steps() == [6, 1], "step 5 (fleetrun's) went, the user's step-1 stayed"

@@ -47,11 +47,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
     from launch.nodelib import fleetrun_bucket
     from launch.nodelib import fleetrun_protocol as protocol
-    from launch.nodelib.fleetrun_checkpoint_files import MANIFEST, replace_dir, seal, verify
+    from launch.nodelib.fleetrun_checkpoint_files import MANIFEST, read_manifest, replace_dir, seal, verify
 else:
     import fleetrun_bucket  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402
-    from fleetrun_checkpoint_files import MANIFEST, replace_dir, seal, verify  # noqa: E402
+    from fleetrun_checkpoint_files import (  # noqa: E402
+        MANIFEST,
+        read_manifest,
+        replace_dir,
+        seal,
+        verify,
+    )
 
 FLAG_FILE = "preempt.json"
 KEEP = 3
@@ -242,11 +248,24 @@ class Checkpointer:
             self._enqueue(step)
         return Checkpoint(final, step, "node", manifest)
 
+    def _written_here(self, step: int) -> bool:
+        """Whether ``step``'s directory (this rank's part) is one this helper wrote.
+
+        A real directory (no symlink on the way) holding a manifest of that step: a user's own
+        ``step-<N>`` directory, or a link out of the checkpoint directory, is never deleted.
+        """
+        step_dir = self.step_dir(step)
+        own = self._own(step_dir)
+        if any(os.path.islink(p) for p in (step_dir, own, os.path.join(own, MANIFEST))):
+            return False
+        manifest = read_manifest(own)
+        return manifest is not None and manifest.step == step
+
     def _rotate(self) -> None:
-        """Keep the newest ``keep`` steps (never one still waiting for its upload)."""
+        """Keep the newest ``keep`` steps this helper wrote (never one still waiting for its upload)."""
         with self._cond:
             protected = {self._queued, self._busy}
-        for step in self.steps()[self.keep :]:
+        for step in [s for s in self.steps() if self._written_here(s)][self.keep :]:
             if step in protected:
                 continue
             own = self._own(self.step_dir(step))
