@@ -447,3 +447,19 @@ def test_keeping_the_last_n_deletes_only_checkpoints_fleetrun_wrote(tmp_path: Pa
     plain.save(6, writer(b"6"))
     assert (tmp_path / "plain" / "step-1" / "notes.txt").read_bytes() == b"mine too"
     assert plain.steps() == [6, 1], "step 5 (fleetrun's) went, the user's step-1 stayed"
+
+
+def test_on_node_never_downloads(tmp_path: Path) -> None:
+    """The watchdog's look at this node's disk (``on_node``) runs no bucket command; ``latest`` may."""
+    marker = tmp_path / "bucket-called"
+    touch = ("sh", "-c", f"echo called >> {marker}; exit 1", "sh", "{src}", "{dest}")
+    commands = protocol.BucketCommands(url="file:///nowhere", copy=touch, sync=touch)
+    cp = make(tmp_path, bucket=commands)
+    assert cp.on_node() is None and not marker.exists(), "an empty disk is None, not a download"
+    assert cp.latest() is None and marker.exists(), "latest falls back to the bucket"
+    marker.unlink()
+    (tmp_path / "ckpt").mkdir(exist_ok=True)
+    saved = cp.save(3, writer(b"three"))
+    assert saved is not None
+    found = cp.on_node(hashes=False)
+    assert found is not None and (found.step, found.source) == (3, "node")

@@ -167,12 +167,20 @@ class Checkpointer:
             found = self._resume_from(hashes)
             if found is not None:
                 return found
+        return self.on_node(hashes) or self._from_bucket()
+
+    def on_node(self, hashes: bool = True) -> Checkpoint | None:
+        """The newest complete checkpoint on this node's disk, or None: never a download.
+
+        The watchdog asks this in a preemption window, where fetching the bucket's copy of a
+        checkpoint (``latest``'s last resort) would spend the window on a useless transfer.
+        """
         for step in self.steps():
             path = self._own(self.step_dir(step))
             manifest = verify(path, hashes)
             if manifest is not None:
                 return Checkpoint(path, manifest.step, "node", manifest)
-        return self._from_bucket()
+        return None
 
     def _resume_from(self, hashes: bool) -> Checkpoint | None:
         source = self.resume_from.rstrip("/")

@@ -283,8 +283,8 @@ def wait_durable(run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadli
         return None
     bucket = fleetrun_bucket.Bucket(cfg.bucket)
     local = fleetrun_checkpoint.Checkpointer(run_dir=run_dir, bucket=cfg.bucket, rank=0, handle_sigterm=False)
-    found = local.latest(hashes=False)
-    stranded = found is not None and found.source == "node" and found.manifest.created >= noticed
+    found = local.on_node(hashes=False)
+    stranded = found is not None and found.manifest.created >= noticed
     older: int | None = None
     while True:  # rank 0 may run on another node and still be uploading: poll the pointer
         durable = bucket.durable_since(noticed)
