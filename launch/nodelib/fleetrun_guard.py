@@ -58,9 +58,9 @@ SCAN_CHUNK = 4 * protocol.MAX_METRICS_LINE_BYTES
 """Bytes of ``metrics.jsonl`` read at a time: a line longer than a chunk is skipped, counted."""
 SCAN_CHUNKS_PER_TICK = 8
 ELSEWHERE = "metrics-elsewhere"
+"""Touched by the metrics helper of ranks other than 0: rank 0's metrics go to another node."""
 NOTICE_MARGIN_S = 5.0
 """Stop waiting for the checkpoint this long before the cloud's notice window ends."""
-"""Touched by the metrics helper of ranks other than 0: rank 0's metrics go to another node."""
 
 
 def log(message: str) -> None:
