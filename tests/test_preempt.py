@@ -329,3 +329,28 @@ def test_the_laptop_keeps_the_preempted_mark() -> None:
     Watcher._absorb(watcher, node, PollAnswer(state="exited", rc=143), 2.0)
     assert node.preempted == notice, "a later answer without the file does not clear it"
     assert node.state == "exited" and node.preempted.source == "gce-metadata"
+
+
+def test_a_failing_preemption_path_does_not_end_the_watchdog(
+    tmp_path: Path, metadata: tuple[MetadataServer, str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """preempt.json cannot be written (here: no run directory; on a node: a full disk): the error
+    is logged and the watchdog goes on, instead of ending in ``guard_error``, which would stop
+    the ranks while they save their checkpoint."""
+    from launch.nodelib import fleetrun_guard as guard
+
+    _, address, control = metadata
+    cfg = GuardConfig(
+        run_id="r-preempt-broken",
+        node="n0",
+        started_at=time.time(),
+        watcher_lost_after_s=3600,
+        preemption="gce-metadata",
+        metadata_address=address,
+    )
+    memory: dict[str, object] = {"notice": preempt.Watch("gce-metadata", address, interval=0)}
+    (control / "notice").touch()
+    guard.poll_notice(str(tmp_path / "gone"), cfg, memory, time.time())
+    assert memory["preempted"] is True, "the notice was seen and handled once"
+    out = capsys.readouterr().out
+    assert "the preemption path failed" in out and "FileNotFoundError" in out

@@ -311,7 +311,10 @@ def poll_notice(run_dir: str, cfg: protocol.GuardConfig, memory: dict[str, Any],
         log(f"preemption poll failed ({watcher.errors} so far): {watcher.last_error}")
     if notice is not None:
         memory["preempted"] = True
-        on_notice(run_dir, cfg, notice, watcher.window_s)
+        try:
+            on_notice(run_dir, cfg, notice, watcher.window_s)
+        except Exception:  # noqa: BLE001 - the node goes anyway; guard_error would kill ranks mid-save
+            log(f"the preemption path failed; the stop rules go on:\n{traceback.format_exc().rstrip()}")
 
 
 def watch(run_dir: str, cfg: protocol.GuardConfig) -> tuple[str, str, int]:
