@@ -45,8 +45,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, BinaryIO
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
@@ -280,25 +280,22 @@ def _process_state(run_dir: str, notes: list[str]) -> tuple[str, int | None, flo
     return "absent", None, None
 
 
-def read_status(run_dir: str, notes: list[str]) -> protocol.StatusRecord | None:
-    """``status.json`` (the job's final record) parsed through the protocol, or None."""
-    data = _read_bounded(os.path.join(run_dir, "status.json"), protocol.MAX_STATUS_BYTES)
+_Record = TypeVar("_Record")
+
+
+def _read_record(
+    run_dir: str, name: str, limit: int, parse: Callable[[bytes], _Record], notes: list[str]
+) -> _Record | None:
+    """One small JSON record of the run directory parsed through the protocol, or None.
+
+    ``status.json`` (the job's final record) and ``preempt.json`` (the watchdog's record of a
+    preemption notice): absent is None, malformed is a note, never an exception.
+    """
+    data = _read_bounded(os.path.join(run_dir, name), limit)
     if not data:
         return None
     try:
-        return protocol.StatusRecord.from_json(data)
-    except protocol.ProtocolError as exc:
-        notes.append(str(exc))
-        return None
-
-
-def read_preemption(run_dir: str, notes: list[str]) -> protocol.PreemptionNotice | None:
-    """``preempt.json`` (the watchdog's record of a preemption notice), or None."""
-    data = _read_bounded(os.path.join(run_dir, "preempt.json"), protocol.MAX_SMALL_ANSWER_BYTES)
-    if not data:
-        return None
-    try:
-        return protocol.PreemptionNotice.from_json(data)
+        return parse(data)
     except protocol.ProtocolError as exc:
         notes.append(str(exc))
         return None
@@ -323,13 +320,16 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
         pass
     if heartbeat:
         _touch(os.path.join(run_dir, "watcher-heartbeat"))
-    preempted = read_preemption(run_dir, notes)
+    limit = protocol.MAX_SMALL_ANSWER_BYTES
+    preempted = _read_record(run_dir, "preempt.json", limit, protocol.PreemptionNotice.from_json, notes)
     return protocol.PollAnswer(
         state=state,
         rc=rc,
         offset=offset + len(chunk),
         metrics=chunk,
-        status=read_status(run_dir, notes),
+        status=_read_record(
+            run_dir, "status.json", protocol.MAX_STATUS_BYTES, protocol.StatusRecord.from_json, notes
+        ),
         exited_at=exited_at,
         log_tail=_tail(os.path.join(run_dir, "node.log"), LOG_TAIL_BYTES),
         gpu_util=gpu_utilization(),
