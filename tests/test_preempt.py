@@ -77,6 +77,20 @@ def test_gce_header_flow(metadata: tuple[MetadataServer, str, Path]) -> None:
     assert notice is not None and "TRUE" in notice.detail and watch.window_s == 30.0
 
 
+def test_polls_once_per_interval_and_again_after_the_clock_steps_back(
+    metadata: tuple[MetadataServer, str, Path],
+) -> None:
+    """At most one request per interval; a wall clock stepped back (NTP) does not stop polling."""
+    _, address, control = metadata
+    watch = preempt.Watch("gce-metadata", address, interval=10.0)
+    asked = lambda: requests(control).count("/computeMetadata/v1/instance/preempted")  # noqa: E731
+    assert watch.poll(1000.0) is None and asked() == 1
+    assert watch.poll(1005.0) is None and asked() == 1, "inside the interval: no request"
+    assert watch.poll(1010.0) is None and asked() == 2
+    (control / "notice").touch()
+    assert watch.poll(400.0) is not None and asked() == 3, "the clock went back 10 minutes: polled"
+
+
 @pytest.mark.parametrize("mode", ["500", "garbage", "slow"])
 def test_a_bad_metadata_server_is_no_notice_and_never_an_error(
     metadata: tuple[MetadataServer, str, Path], mode: str

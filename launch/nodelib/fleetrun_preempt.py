@@ -147,7 +147,9 @@ class Watch:
         return self.poller.window_s
 
     def poll(self, now: float) -> Notice | None:
-        if now < self.next_at:
+        """``now`` is the watchdog's wall clock: a clock stepped back (NTP on a fresh VM) polls at
+        once, where ``now < next_at`` alone would stop polling for as long as the step."""
+        if self.next_at - self.interval <= now < self.next_at:
             return None
         self.next_at = now + self.interval
         try:
