@@ -65,11 +65,12 @@ def module_fleet(prefix: str, subnet: int, nodes: int, **options: bool) -> Itera
 
 
 def fab(
-    *args: str, home: Path, runs: Path | None = None, timeout: float = 300
+    *args: str, home: Path, runs: Path | None = None, timeout: float = 300, columns: int = 200
 ) -> subprocess.CompletedProcess[str]:
-    """The real ``fab`` CLI of this checkout as its own process, its output captured (200 columns,
-    so verdict and summary lines are not wrapped), its state under ``home`` and runs under ``runs``."""
-    env = {**os.environ, "FLEETRUN_HOME": str(home), "COLUMNS": "200"}
+    """The real ``fab`` CLI of this checkout as its own process, its output captured (``columns``
+    wide: rich folds verdict lines and long paths to the terminal's width), its state under
+    ``home`` and runs under ``runs``."""
+    env = {**os.environ, "FLEETRUN_HOME": str(home), "COLUMNS": str(columns)}
     if runs is not None:
         env["FLEETRUN_RUNS"] = str(runs)
     return subprocess.run(
