@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,42 @@ def fleet_subnet(offset: int) -> int:
     return offset + SUBNET_BASE
 
 
+@contextmanager
+def module_fleet(prefix: str, subnet: int, nodes: int, **options: bool) -> Iterator[LocalFleet]:
+    """A test module's own local fleet (``LocalFleet.up`` options such as ``bastion``, ``mixed``,
+    ``vm``); torn down when the block ends, failing the module if ``down`` leaves anything behind.
+
+    The caller passes ``fleet_prefix(...)`` and ``fleet_subnet(...)`` itself, in its own file:
+    tests/test_fleet_names_unique.py reads them there.
+    """
+    fleet = LocalFleet(prefix=prefix, subnet=subnet)
+    fleet.up(nodes, say=lambda _m: None, **options)
+    try:
+        yield fleet
+    finally:
+        left = fleet.down(say=lambda _m: None)
+        assert not any(left.values()), f"local fleet left things behind: {left}"
+
+
+def fab(
+    *args: str, home: Path, runs: Path | None = None, timeout: float = 300, columns: int = 200
+) -> subprocess.CompletedProcess[str]:
+    """The real ``fab`` CLI of this checkout as its own process, its output captured (``columns``
+    wide: rich folds verdict lines and long paths to the terminal's width), its state under
+    ``home`` and runs under ``runs``."""
+    env = {**os.environ, "FLEETRUN_HOME": str(home), "COLUMNS": str(columns)}
+    if runs is not None:
+        env["FLEETRUN_RUNS"] = str(runs)
+    return subprocess.run(
+        [str(REPO / ".venv" / "bin" / "fab"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def needs_root() -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         os.geteuid() != 0, reason="the local fleet needs root (network namespaces, users, sshd)"
@@ -73,11 +110,8 @@ def fleet(fleetrun_home: Path) -> Iterator[object]:
     if os.geteuid() != 0:
         pytest.skip("the local fleet needs root (network namespaces, users, sshd)")
 
-    local = LocalFleet(prefix=TEST_PREFIX, subnet=TEST_SUBNET)
-    local.up(3, say=lambda _m: None)
-    yield local
-    left = local.down(say=lambda _m: None)
-    assert not any(left.values()), f"local fleet left things behind: {left}"
+    with module_fleet(TEST_PREFIX, TEST_SUBNET, 3) as local:
+        yield local
 
 
 def user_processes(user: str) -> list[str]:

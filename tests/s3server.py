@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -122,6 +123,19 @@ def have_s3_tools() -> str:
     if aws_cli() is None:
         return "the aws CLI is not installed (pip install -e '.[dev]')"
     return ""
+
+
+def serve_bucket(bucket: str) -> Iterator[S3Server]:
+    """For a module fixture (``yield from``): a loopback server with ``bucket`` created; the
+    module is skipped, saying why, where moto or the aws CLI is missing."""
+    import pytest  # here, not at the top: bench/ imports this module without pytest
+
+    missing = have_s3_tools()
+    if missing:
+        pytest.skip(missing)
+    with S3Server() as server:
+        server.create_bucket(bucket)
+        yield server
 
 
 os.environ.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")

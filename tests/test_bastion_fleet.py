@@ -10,7 +10,6 @@ one shared jump connection, pulls back through it), ``fab exec``, and plain Open
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import yaml
 from launch.fleets.local import LocalFleet
 from launch.job.inventory import Inventory
 from launch.transport.ssh import Fleet, openssh_command
-from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, write_playbook
+from tests.conftest import fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("j")
@@ -30,11 +29,8 @@ PREFIX = fleet_prefix("j")
 
 @pytest.fixture(scope="module")
 def bastion(fleetrun_home: Path) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(6))
-    fleet.up(3, say=lambda _m: None, bastion=True, mixed=True)
-    yield fleet
-    left = fleet.down(say=lambda _m: None)
-    assert not any(left.values()), f"local fleet left things behind: {left}"
+    with module_fleet(PREFIX, fleet_subnet(6), 3, bastion=True, mixed=True) as fleet:
+        yield fleet
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False).stdout
     assert f"{PREFIX}bi" not in links and f"{PREFIX}x0" not in links, (
         "both bridges and the head's second link gone"
@@ -43,20 +39,6 @@ def bastion(fleetrun_home: Path) -> Iterator[LocalFleet]:
         ["ip", "route", "show", "type", "unreachable"], capture_output=True, text=True
     ).stdout
     assert fleet.internal_subnet not in routes, "the unreachable route is removed with the fleet"
-
-
-def fab(*args: str, home: Path, runs: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FLEETRUN_HOME": str(home), "COLUMNS": "200"}
-    if runs is not None:
-        env["FLEETRUN_RUNS"] = str(runs)
-    return subprocess.run(
-        [str(REPO / ".venv" / "bin" / "fab"), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_the_inventory_says_the_workers_are_behind_the_head(bastion: LocalFleet) -> None:

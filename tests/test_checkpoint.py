@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.s3server import S3Server, aws_cli, have_s3_tools
+from tests.s3server import S3Server, aws_cli, serve_bucket
 
 NODELIB = Path(__file__).resolve().parent.parent / "launch" / "nodelib"
 sys.path.insert(0, str(NODELIB))
@@ -236,12 +236,7 @@ def test_save_returns_before_the_upload_finishes(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    missing = have_s3_tools()
-    if missing:
-        pytest.skip(missing)
-    with S3Server() as server:
-        server.create_bucket("ckpt-unit")
-        yield server
+    yield from serve_bucket("ckpt-unit")
 
 
 def test_background_upload_to_s3_keeps_the_last_n(tmp_path: Path, s3: S3Server) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,9 @@ def _fab() -> Program:
     )
 
 
-def _help_of(make: object, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
-    assert callable(make)
+def _help_of(
+    make: Callable[[], Program], argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> tuple[str, str]:
     make().run(argv, exit=False)
     captured = capsys.readouterr()
     return captured.out, captured.err
@@ -45,7 +47,7 @@ def test_the_collection_has_every_task() -> None:
 @pytest.mark.parametrize("make", [_fab, fleetrun_program], ids=["fab", "fleetrun"])
 @pytest.mark.parametrize("name", TASKS)
 def test_every_task_prints_its_help_whichever_way_asked(
-    name: str, make: object, capsys: pytest.CaptureFixture[str]
+    name: str, make: Callable[[], Program], capsys: pytest.CaptureFixture[str]
 ) -> None:
     docstring = inspect.getdoc(ns[name].body) or ""
     first_line = docstring.splitlines()[0]

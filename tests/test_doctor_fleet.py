@@ -18,7 +18,6 @@ unit-tested in ``test_preflight.py``.
 
 from __future__ import annotations
 
-import os
 import pwd
 import re
 import shutil
@@ -31,7 +30,7 @@ import pytest
 import yaml
 
 from launch.fleets.local import LocalFleet
-from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, write_playbook
+from tests.conftest import fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("k")
@@ -48,23 +47,8 @@ esac
 
 @pytest.fixture(scope="module")
 def lab(fleetrun_home: Path) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(9))
-    fleet.up(3, say=lambda _m: None)
-    yield fleet
-    left = fleet.down(say=lambda _m: None)
-    assert not any(left.values()), f"local fleet left things behind: {left}"
-
-
-def fab(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FLEETRUN_HOME": str(home), "COLUMNS": "200"}
-    return subprocess.run(
-        [str(REPO / ".venv" / "bin" / "fab"), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    with module_fleet(PREFIX, fleet_subnet(9), 3) as fleet:
+        yield fleet
 
 
 def verdicts(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
@@ -245,20 +229,7 @@ def test_train_refuses_a_fleet_that_would_hang(
     runs = tmp_path / "runs"
     try:
         hosts_file.write_text(before.replace(f"{lab.address(2)} {two}", f"127.0.1.1 {two}"))
-        env = {
-            **os.environ,
-            "FLEETRUN_HOME": str(fleetrun_home),
-            "FLEETRUN_RUNS": str(runs),
-            "COLUMNS": "200",
-        }
-        proc = subprocess.run(
-            [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", f"local:{PREFIX}"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        proc = fab("train", str(playbook), "--inventory", f"local:{PREFIX}", home=fleetrun_home, runs=runs)
     finally:
         hosts_file.write_text(before)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -130,8 +130,11 @@ def test_wall_time(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
     playbook = playbook_for(tmp_path, digits_workdir, "--epochs 500 --step-sleep 0.05", max_wall_time_s=30)
     result = run_with_fault(playbook, fresh_fleet, None)
     assert result.outcome == "stopped" and result.rule == "wall_time", result.reason
-    # the plot is written even when a loaded machine's torch start-up took the whole limit
+    # the plot is written even when a loaded machine's torch start-up took the whole limit;
+    # the TensorBoard files whenever a step was logged
     assert (result.folder / "loss.png").exists()
+    logged = (result.folder / "metrics.jsonl").exists()
+    assert (result.folder / "tensorboard").is_dir() == logged, f"metrics.jsonl pulled: {logged}"
     assert_torn_down(fresh_fleet, result)
 
 

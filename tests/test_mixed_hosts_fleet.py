@@ -19,7 +19,6 @@ Python ran; nodes 1 and 2 accept only their own key, so the run proves which key
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ import yaml
 from launch.fleets.local import LocalFleet
 from launch.job.inventory import Inventory
 from launch.transport.ssh import openssh_command
-from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, write_playbook
+from tests.conftest import fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("m")
@@ -40,11 +39,8 @@ PYTHONS = {1: "bin/python3", 2: ".local/py/python"}
 
 @pytest.fixture(scope="module")
 def mixed(fleetrun_home: Path) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(8))
-    fleet.up(3, say=lambda _m: None, mixed=True)
-    yield fleet
-    left = fleet.down(say=lambda _m: None)
-    assert not any(left.values()), f"local fleet left things behind: {left}"
+    with module_fleet(PREFIX, fleet_subnet(8), 3, mixed=True) as fleet:
+        yield fleet
 
 
 def as_user(fleet: LocalFleet, i: int, path: Path) -> None:
@@ -85,18 +81,6 @@ def mixed_inventory(fleet: LocalFleet, tmp_path: Path) -> Path:
         yaml.safe_dump({"defaults": {"key": str(fleet.key_path), "python": image_python}, "hosts": hosts})
     )
     return path
-
-
-def fab(*args: str, home: Path, runs: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FLEETRUN_HOME": str(home), "FLEETRUN_RUNS": str(runs), "COLUMNS": "200"}
-    return subprocess.run(
-        [str(REPO / ".venv" / "bin" / "fab"), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_one_inventory_of_mixed_hosts_passes_doctor_and_trains(

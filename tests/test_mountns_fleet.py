@@ -22,7 +22,7 @@ from launch.fleets.local import LocalFleet
 from launch.fleets.local.mountns import mount_dir, mounted, node_tmp, ns_file
 from launch.paths import known_hosts_file
 from launch.transport.ssh import CommandResult, Fleet
-from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, write_playbook
+from tests.conftest import fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("v")
@@ -31,12 +31,9 @@ NODES = 2
 
 @pytest.fixture(scope="module")
 def vm(fleetrun_home: Path) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(11))
-    fleet.up(NODES, say=lambda _m: None, vm=True)
-    created = fleet.state.load()
-    yield fleet
-    left = fleet.down(say=lambda _m: None)
-    assert not any(left.values()), f"local fleet left things behind: {left}"
+    with module_fleet(PREFIX, fleet_subnet(11), NODES, vm=True) as fleet:
+        created = fleet.state.load()
+        yield fleet
     for path in [*created["mountns"], *created["mount_dir"], *created["node_home"], *created["home"]]:
         assert not mounted(Path(path)) and not os.path.lexists(path), f"{path} left behind"
     assert f"/run/fleetrun-mnt/{PREFIX}" not in Path("/proc/self/mountinfo").read_text()
@@ -86,15 +83,7 @@ def test_a_digits_job_trains_with_one_user_on_every_node(
         entrypoint="python -m trainer.task --epochs 1",
     )
     runs = tmp_path / "runs"
-    env = {**os.environ, "FLEETRUN_HOME": str(fleetrun_home), "FLEETRUN_RUNS": str(runs), "COLUMNS": "200"}
-    proc = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", f"local:{PREFIX}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = fab("train", str(playbook), "--inventory", f"local:{PREFIX}", home=fleetrun_home, runs=runs)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "succeeded (completed)" in proc.stdout
     for i in range(NODES):

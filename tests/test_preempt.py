@@ -23,7 +23,7 @@ from launch.nodelib.fleetrun_protocol import (
     ProtocolError,
 )
 from tests.metadataserver import MetadataServer, serve_in_thread
-from tests.s3server import S3Server, aws_cli, free_port, have_s3_tools
+from tests.s3server import S3Server, aws_cli, free_port, serve_bucket
 
 NODELIB = Path(__file__).resolve().parent.parent / "launch" / "nodelib"
 AGENT = str(NODELIB / "fleetrun_node.py")
@@ -243,12 +243,7 @@ sys.exit(143)
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    missing = have_s3_tools()
-    if missing:
-        pytest.skip(missing)
-    with S3Server() as server:
-        server.create_bucket("preempt-unit")
-        yield server
+    yield from serve_bucket("preempt-unit")
 
 
 def test_notice_signals_every_rank_and_waits_for_the_bucket(

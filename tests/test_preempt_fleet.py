@@ -21,19 +21,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from launch.fleets.local import LocalFleet
 from launch.nodelib.fleetrun_protocol import PollAnswer
 from launch.planning import remote_layout as layout
-from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, write_playbook
+from tests.conftest import REPO, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 from tests.faultkit import wait_for
+from tests.recovery_helpers import metadata_server, update_fleet_state
 from tests.s3server import S3Server, have_s3_tools
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("p")
 BUCKET = "fleet-ckpt"
-METADATA = "169.254.169.254"
 
 
 @pytest.fixture(scope="module")
@@ -43,44 +42,15 @@ def setup(
     missing = have_s3_tools()
     if missing:
         pytest.skip(missing)
-    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(13))
-    fleet.up(2, say=lambda _m: None)
     control = tmp_path_factory.mktemp("metadata")
-    server: subprocess.Popen[bytes] | None = None
-    try:
+    with module_fleet(PREFIX, fleet_subnet(13), 2) as fleet:
         if not (Path(fleet_python()).parent / "aws").exists():
             pytest.skip("the node image has no aws CLI: run make setup (images/local/requirements.txt)")
         with S3Server(fleet.gateway) as s3:
             s3.create_bucket(BUCKET)
-            # the fleet's own state names its bucket and its notice poller (as a test may)
-            data = yaml.safe_load(fleet.inventory_path.read_text())
-            data["fleet"].update(bucket=BUCKET, s3_endpoint=s3.endpoint, preemption_poller="ec2-imdsv2")
-            fleet.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
-            ns = fleet.netns(1)
-            subprocess.run(["ip", "-n", ns, "addr", "add", f"{METADATA}/32", "dev", "lo"], check=True)
-            server = subprocess.Popen(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    ns,
-                    sys.executable,
-                    str(REPO / "tests" / "metadataserver.py"),
-                    METADATA,
-                    "80",
-                    str(control),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            wait_for(lambda: (control / "ready").exists(), 30, "the metadata server")
-            yield fleet, s3, control
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        left = fleet.down(say=lambda _m: None)
-        assert not any(left.values()), left
+            update_fleet_state(fleet, bucket=BUCKET, s3_endpoint=s3.endpoint, preemption_poller="ec2-imdsv2")
+            with metadata_server(fleet, 1, control):
+                yield fleet, s3, control
 
 
 def run_dirs(fleet: LocalFleet, i: int) -> list[Path]:

@@ -5,15 +5,12 @@ copy are pulled to the laptop, and ``fab show`` lists them."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 from launch.fleets.local import LocalFleet
-from tests.conftest import REPO, TEST_PREFIX, needs_root, write_playbook
+from tests.conftest import TEST_PREFIX, fab, needs_root, write_playbook
 
 pytestmark = needs_root()
-FAB = str(REPO / ".venv" / "bin" / "fab")
 
 
 def test_profiled_run_pulls_traces_with_the_models_operators(
@@ -28,15 +25,14 @@ def test_profiled_run_pulls_traces_with_the_models_operators(
         profile={"steps": "20-30", "ranks": [0, 1]},
     )
     runs = tmp_path / "runs"
-    env = {**os.environ, "FLEETRUN_HOME": str(fleetrun_home), "FLEETRUN_RUNS": str(runs)}
-    proc = subprocess.run(
-        [FAB, "train", str(playbook), "--inventory", f"local:{TEST_PREFIX}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
+    proc = fab(
+        "train",
+        str(playbook),
+        "--inventory",
+        f"local:{TEST_PREFIX}",
+        home=fleetrun_home,
+        runs=runs,
         timeout=600,
-        check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run,) = list(runs.iterdir())
@@ -54,15 +50,7 @@ def test_profiled_run_pulls_traces_with_the_models_operators(
         (board,) = list(profile.glob(f"plugins/profile/*/rank{rank}.*.pt.trace.json"))
         assert board.stat().st_size == chrome.stat().st_size
         assert not list(profile.glob("error-*"))
-    show = subprocess.run(
-        [FAB, "show", run.name],
-        cwd=REPO,
-        env={**env, "COLUMNS": "500"},  # rich folds long paths to the terminal's width
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    show = fab("show", run.name, home=fleetrun_home, runs=runs, timeout=120, columns=500)
     assert show.returncode == 0, show.stderr
     shown = show.stdout
     for rank, node in node_of_rank.items():

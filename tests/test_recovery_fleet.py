@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from launch.cli import runs as history
 from launch.fleets.local import LocalFleet
 from launch.run.summary import RunResult
 from tests.conftest import (
@@ -24,10 +23,12 @@ from tests.conftest import (
     assert_nothing_running,
     fleet_prefix,
     fleet_subnet,
+    module_fleet,
     needs_root,
     write_playbook,
 )
 from tests.faultkit import run_with_fault, wait_for
+from tests.recovery_helpers import attempts_of, run_dirs, step_reached
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("y")
@@ -38,11 +39,8 @@ EVERY = 5
 
 @pytest.fixture(scope="module")
 def fleet3(fleetrun_home: Path) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(14))
-    fleet.up(3, say=lambda _m: None)
-    yield fleet
-    left = fleet.down(say=lambda _m: None)
-    assert not any(left.values()), left
+    with module_fleet(PREFIX, fleet_subnet(14), 3) as fleet:
+        yield fleet
 
 
 def playbook(tmp_path: Path, args: str = "", **fields: object) -> Path:
@@ -57,20 +55,6 @@ def playbook(tmp_path: Path, args: str = "", **fields: object) -> Path:
         stop={"unreachable_timeout_s": 20, "watcher_lost_after_s": 300},
         **fields,
     )
-
-
-def run_dirs(fleet: LocalFleet) -> set[Path]:
-    return {p for user in fleet.existing_users() for p in Path(f"/home/{user}/.fleetrun/runs").glob("*")}
-
-
-def step_reached(fleet: LocalFleet, step: int, old: set[Path]) -> bool:
-    """Rank 0 (wherever it runs) has logged ``step`` in a run directory not in ``old``."""
-    for run_dir in run_dirs(fleet) - old:
-        for path in run_dir.glob("metrics.jsonl"):
-            for line in path.read_text(errors="replace").splitlines():
-                if f'"step": {step},' in line:
-                    return True
-    return False
 
 
 def power_off_node2(fleet: LocalFleet, old: set[Path]) -> None:
@@ -92,10 +76,7 @@ def test_node_lost_is_replaced_and_the_run_resumes(fleet3: LocalFleet, tmp_path:
     old = run_dirs(fleet3)
     result = run_with_fault(playbook(tmp_path), fleet3, lambda: power_off_node2(fleet3, old))
     assert result.outcome == "succeeded", result.reason
-    with history.open_records() as records:
-        record = records.get(result.run_id)
-    assert record is not None
-    attempts = record.attempts
+    attempts = attempts_of(result)
     assert [a["attempt"] for a in attempts] == [1, 2], attempts
     node2 = fleet3.node_name(2)
     assert attempts[0]["loss"] == "node_lost" and attempts[0]["replaced"] == [node2], attempts[0]
@@ -116,10 +97,7 @@ def test_elastic_survivors_go_on(fleet3: LocalFleet, tmp_path: Path) -> None:
     started, old = time.time(), run_dirs(fleet3)
     result = run_with_fault(book, fleet3, lambda: power_off_node2(fleet3, old))
     assert result.outcome == "succeeded", result.reason
-    with history.open_records() as records:
-        record = records.get(result.run_id)
-    assert record is not None
-    attempts = record.attempts
+    attempts = attempts_of(result)
     node2 = fleet3.node_name(2)
     assert attempts[0]["dropped"] == [node2] and node2 not in attempts[1]["nodes"], attempts
     assert len(attempts[1]["nodes"]) == 2 and attempts[1]["started_at"] > started

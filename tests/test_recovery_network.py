@@ -23,7 +23,6 @@ import pytest
 from rich.console import Console
 
 from launch.cli import app
-from launch.cli import runs as history
 from launch.fleets.local import LocalFleet
 from launch.run.summary import RunResult
 from tests.conftest import (
@@ -31,11 +30,12 @@ from tests.conftest import (
     assert_nothing_running,
     fleet_prefix,
     fleet_subnet,
+    module_fleet,
     needs_root,
     write_playbook,
 )
 from tests.faultkit import run_with_fault
-from tests.test_recovery_fleet import run_dirs, step_reached
+from tests.recovery_helpers import attempts_of, run_dirs, step_reached
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("z")
@@ -44,13 +44,10 @@ JOB = REPO / "tests" / "recovery_job"
 
 @pytest.fixture(scope="module")
 def fleet3(fleetrun_home: Path) -> Iterator[LocalFleet]:
-    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(15))
-    fleet.up(3, say=lambda _m: None)
-    yield fleet
-    for i in range(3):
-        subprocess.run(["ip", "link", "set", fleet.veth(i), "up"], check=False, capture_output=True)
-    left = fleet.down(say=lambda _m: None)
-    assert not any(left.values()), left
+    with module_fleet(PREFIX, fleet_subnet(15), 3) as fleet:
+        yield fleet
+        for i in range(3):
+            subprocess.run(["ip", "link", "set", fleet.veth(i), "up"], check=False, capture_output=True)
 
 
 def playbook(tmp_path: Path, args: str, recovery: dict, **stop: object) -> Path:
@@ -91,13 +88,6 @@ def train_watched(book: Path, fleet: LocalFleet, during: object = None) -> tuple
     result = box["result"]
     assert isinstance(result, RunResult)
     return result, out.getvalue()
-
-
-def attempts_of(result: RunResult) -> list[dict]:
-    with history.open_records() as records:
-        record = records.get(result.run_id)
-    assert record is not None
-    return record.attempts
 
 
 def test_rank_failing_every_time_stops_after_max_restarts(fleet3: LocalFleet, tmp_path: Path) -> None:

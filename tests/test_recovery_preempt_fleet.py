@@ -8,67 +8,41 @@ resumes from the checkpoint made after the notice.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from launch.cli import runs as history
 from launch.fleets.local import LocalFleet
 from tests.conftest import (
     REPO,
     assert_nothing_running,
     fleet_prefix,
     fleet_subnet,
+    module_fleet,
     needs_root,
     write_playbook,
 )
 from tests.faultkit import run_with_fault, wait_for
-from tests.test_recovery_fleet import run_dirs, step_reached
+from tests.recovery_helpers import (
+    attempts_of,
+    metadata_server,
+    run_dirs,
+    step_reached,
+    update_fleet_state,
+)
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("w")
-METADATA = "169.254.169.254"
 
 
 @pytest.fixture(scope="module")
 def setup(fleetrun_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalFleet, Path]]:
-    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(17))
-    fleet.up(2, say=lambda _m: None)
     control = tmp_path_factory.mktemp("metadata")
-    server: subprocess.Popen[bytes] | None = None
-    try:
-        data = yaml.safe_load(fleet.inventory_path.read_text())
-        data["fleet"].update(preemption_poller="ec2-imdsv2")  # the fleet's own state, as a test may
-        fleet.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
-        ns = fleet.netns(1)
-        subprocess.run(["ip", "-n", ns, "addr", "add", f"{METADATA}/32", "dev", "lo"], check=True)
-        server = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                sys.executable,
-                str(REPO / "tests" / "metadataserver.py"),
-                METADATA,
-                "80",
-                str(control),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(lambda: (control / "ready").exists(), 30, "the metadata server")
-        yield fleet, control
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        left = fleet.down(say=lambda _m: None)
-        assert not any(left.values()), left
+    with module_fleet(PREFIX, fleet_subnet(17), 2) as fleet:
+        update_fleet_state(fleet, preemption_poller="ec2-imdsv2")
+        with metadata_server(fleet, 1, control):
+            yield fleet, control
 
 
 def test_preempted_attempt_is_recorded_and_resumed(setup: tuple[LocalFleet, Path], tmp_path: Path) -> None:
@@ -90,10 +64,7 @@ def test_preempted_attempt_is_recorded_and_resumed(setup: tuple[LocalFleet, Path
 
     result = run_with_fault(book, fleet, notice)
     assert result.outcome == "succeeded", result.reason
-    with history.open_records() as records:
-        record = records.get(result.run_id)
-    assert record is not None
-    attempts = record.attempts
+    attempts = attempts_of(result)
     node1 = fleet.node_name(1)
     assert [a["outcome"] for a in attempts] == ["preempted", "succeeded"], attempts
     assert attempts[0]["loss"] == "preempted" and attempts[0]["replaced"] == [node1], attempts[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch.errors import SpecError
+from launch.errors import FleetrunError, SpecError
 from launch.job.sagemaker import hyperparameter_args, hyperparameter_env
 from launch.job.spec import JobSpec, load_job_spec
 from launch.nodelib.fleetrun_sagemaker import training_env
@@ -271,7 +271,7 @@ def test_bucket_channel_command_runs_on_a_node(tmp_path: Path) -> None:
         ["sh", "-c", commands["val"]], env={"HOME": str(home), "PATH": os.environ["PATH"]}, check=True
     )
     assert (home / ".fleetrun" / "data" / "smjob" / "val" / "part-0.csv").read_text() == "x,label\n1,0\n"
-    with pytest.raises(Exception, match="channel 'val' is taken from the fleet's bucket"):
+    with pytest.raises(FleetrunError, match="channel 'val' is taken from the fleet's bucket"):
         bucket_commands("smjob", {"val": "data/val"}, lambda _src: None)
 
 

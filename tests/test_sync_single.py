@@ -8,7 +8,9 @@ library delivered whatever the user's patterns say.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +47,20 @@ def test_filters_anchor_user_patterns_at_the_workdir_and_protect_the_library(tmp
     assert "--exclude=VERSION" in rules, "unanchored patterns are passed through"
 
 
+@pytest.fixture
+def jobs_removed_after(fleet: LocalFleet) -> Iterator[tuple[str, ...]]:
+    """The job folders the test makes on the session fleet's nodes, removed after it: the fleet
+    is shared by the session's other tests."""
+    jobs = ("t-single", "other-job")
+    yield jobs
+    for host in fleet.inventory().hosts:
+        for job in jobs:
+            shutil.rmtree(Path("/home") / host.user / ".fleetrun" / "work" / job, ignore_errors=True)
+
+
 @needs_root()
 def test_one_rsync_per_node_delivers_workdir_and_library(
-    fleet: LocalFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fleet: LocalFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs_removed_after: tuple[str, ...]
 ) -> None:
     inventory = fleet.inventory()
     kh = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
