@@ -51,7 +51,9 @@ __all__ = [
     "NodeState",
     "Observation",
     "Outcome",
+    "PEER_GONE_RULES",
     "Rule",
+    "RuleName",
     "RuleState",
     "StopDecision",
     "StopRules",
@@ -75,6 +77,25 @@ class Teardown(str, Enum):
 
 Outcome = Literal["succeeded", "failed", "stopped"]
 NodeState = Literal["running", "exited", "vanished", "unreachable"]
+RuleName = Literal[
+    "rank_failed",
+    "vanished",
+    "reported_failed",
+    "nan_loss",
+    "completed",
+    "unreachable",
+    "stalled",
+    "gpu_idle",
+    "plateau",
+    "wall_time",
+    "max_cost",
+]
+"""The stop rules' machine names (``StopDecision.rule``). Sets of them are typed with it so that a
+misspelt name fails mypy instead of silently never matching; the watcher's own ends (the operator,
+a failed launch step, a crash) carry other names, so ``StopDecision.rule`` itself stays a str."""
+PEER_GONE_RULES: frozenset[RuleName] = frozenset({"unreachable", "vanished"})
+"""Rules that mean a node (or its processes) is gone: the survivors wait in a collective for it
+and never reach a step to checkpoint at, so the stop needs only a short SIGTERM grace."""
 
 
 class StopRules(BaseModel):
@@ -418,7 +439,7 @@ def max_cost(rules: StopRules, obs: Observation, state: RuleState) -> StopDecisi
 
 
 #: The rules in priority order (see the module docstring for why this order).
-RULES: tuple[tuple[str, Rule], ...] = (
+RULES: tuple[tuple[RuleName, Rule], ...] = (
     ("rank_failed", rank_failed),
     ("vanished", vanished),
     ("reported_failed", reported_failed),
