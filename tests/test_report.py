@@ -177,3 +177,16 @@ def test_loss_plots_share_the_log_scale_rule(tmp_path: Path) -> None:
         assert ax.get_yscale() == scale, losses
         assert path.read_bytes()[:4] == b"\x89PNG"
         assert not path.with_name(path.name + ".tmp").exists()
+
+
+def test_attempts_table_takes_odd_entries_as_data() -> None:
+    """A run record written by another fleetrun (or edited) may hold anything in an attempt's
+    fields: a number where a list of nodes belongs is shown as nothing, never raised."""
+    from launch.reports.views import attempts_table, render_text
+
+    odd: list[Any] = [
+        {"attempt": 1, "nodes": 3, "replaced": 5, "dropped": "abc", "outcome": "[red]x"},
+        "junk",
+    ]
+    text = render_text(attempts_table(odd), width=200)
+    assert "[red]x" in text and "+a" not in text and "-a" not in text
