@@ -194,9 +194,7 @@ def answered_again(decision: StopDecision, evidence: Mapping[str, NodeEvidence])
     attempt goes on being watched instead of ending (never a false recovery, nor a false failure)."""
     if decision.rule != "unreachable" or not decision.nodes:
         return ()
-    if all(any(evidence[n].checks) for n in decision.nodes if n in evidence) and all(
-        n in evidence for n in decision.nodes
-    ):
+    if all(n in evidence and any(evidence[n].checks) for n in decision.nodes):
         return decision.nodes
     return ()
 

@@ -171,8 +171,9 @@ class Attempts:
         self.attempt = 1
         self.histories: list[tuple[int, list[LossPoint]]] = []
         self.timings: dict[str, float] = {}
-        self.started_by: dict[str, float] = {}
         """Seconds per step of the recovery now under way (recorded with the attempt it starts)."""
+        self.started_by: dict[str, float] = {}
+        """The same for the recovery that started the current attempt."""
         self.false_alarms = 0
         """Times the unreachable rule fired and every node it named answered a re-check."""
         self.target: WatchTarget | None = None
@@ -188,9 +189,9 @@ class Attempts:
     def say(self, text: str) -> None:
         self.runner.reporter.say(text)
 
-    def loss_of(self, decision: StopDecision, watcher: Watcher | None) -> Loss | None | str:
-        """The loss behind ``decision``, or the names of the nodes that answered again (a string:
-        the attempt is not over, keep watching)."""
+    def loss_of(self, decision: StopDecision, watcher: Watcher | None) -> Loss | tuple[str, ...] | None:
+        """The loss behind ``decision``, or the nodes that answered again (a tuple: the attempt
+        is not over, keep watching)."""
         if decision.outcome != "failed" or decision.rule not in LOSS_RULES:
             return None
         self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
@@ -202,7 +203,7 @@ class Attempts:
         back = answered_again(decision, evidence)
         if back and self.false_alarms < MAX_RECHECKS:
             self.false_alarms += 1
-            return ", ".join(back)
+            return back
         return classify(decision, evidence, self.policy.confirm_s)
 
     def record(
@@ -247,13 +248,13 @@ class Attempts:
         joins the decision's). Returns the last decision, target and watcher for the wrap-up."""
         while True:
             loss = self.loss_of(decision, watcher) if self.policy.enabled else None
-            if isinstance(loss, str) and watcher is not None:
-                self.say(f"  {clean(loss)}: answered again; not lost, watching on")
-                for name in loss.split(", "):
+            if isinstance(loss, tuple) and watcher is not None:
+                self.say(f"  {', '.join(loss)}: answered again; not lost, watching on")
+                for name in loss:
                     self.runner.fleet.connections[name].close()  # the next poll reconnects
                 decision = watch_safely(watcher, self.runner.folder.path)
                 continue
-            if isinstance(loss, str):
+            if isinstance(loss, tuple):
                 loss = None
             names = [h.name for h in self.runner.hosts]
             plan = plan_recovery(self.policy, loss, self.attempt, names, self.runner.plan.min_nodes)
