@@ -23,7 +23,7 @@ from rich.text import Text
 
 from launch.errors import FleetrunError
 from launch.reports.safe_text import clean, safe_text
-from launch.reports.tensorboard import metric_scalars, record_step
+from launch.reports.tensorboard import MAX_TAGS, metric_scalars, record_step
 from launch.reports.views import fmt_cost, fmt_duration, fmt_number
 from launch.run.records import RunRecord
 
@@ -106,7 +106,7 @@ def summarize_metrics(records: Iterable[Mapping[str, Any]], loss_key: str = "los
         if step is None:
             continue
         for name, value in metric_scalars(record).items():
-            if name not in final and len(final) >= 256:
+            if name not in final and len(final) >= MAX_TAGS:
                 continue
             final[name] = value
             if not math.isfinite(value):
