@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import paramiko
+
 from launch.errors import HostError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.job.inventory import Host
@@ -56,6 +58,7 @@ from launch.run.summary import RunSummary
 from launch.run.target import WatchTarget
 from launch.run.watch import AGENT, Watcher
 from launch.run.watching import build_watcher, save_traceback, watch_safely
+from launch.transport.jump import JumpHosts
 from launch.transport.ssh import Fleet, NodeConnection
 
 if TYPE_CHECKING:
@@ -90,6 +93,24 @@ def sshd_answers(host: Host, timeout: float = CHECK_TIMEOUT_S) -> bool:
             return sock.recv(64).startswith(b"SSH-")
     except OSError:
         return False
+
+
+def sshd_answers_through(jumps: JumpHosts, host: Host, timeout: float = CHECK_TIMEOUT_S) -> bool:
+    """The same check for a host behind a bastion (``proxy_jump``), which this machine cannot
+    reach directly: a fresh ``direct-tcpip`` channel from its jump host to its sshd, over the
+    fleet's shared jump connection, sends back an SSH banner. A jump host that is gone or cannot
+    connect is a failed check, like a refused TCP connection."""
+    try:
+        channel = jumps.channel(host, timeout)
+    except (HostError, OSError, EOFError, paramiko.SSHException):
+        return False
+    try:
+        channel.settimeout(timeout)
+        return channel.recv(64).startswith(b"SSH-")
+    except (OSError, EOFError, paramiko.SSHException):
+        return False
+    finally:
+        channel.close()
 
 
 def gather_evidence(
@@ -196,8 +217,13 @@ class Attempts:
             return None
         self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
         started = time.monotonic()
-        evidence = gather_evidence(  # sshd_answers looked up here, so tests can stand in for sshd
-            self.runner.hosts, self.policy.confirm_s, check=sshd_answers, preempted=preempted_nodes(watcher)
+        jumps = self.runner.fleet.jumps
+
+        def check(host: Host) -> bool:  # sshd_answers looked up here, so tests can stand in for sshd
+            return sshd_answers(host) if host.proxy_jump is None else sshd_answers_through(jumps, host)
+
+        evidence = gather_evidence(
+            self.runner.hosts, self.policy.confirm_s, check=check, preempted=preempted_nodes(watcher)
         )
         self.timings = {"recheck": time.monotonic() - started}
         back = answered_again(decision, evidence)
