@@ -217,10 +217,10 @@ class Attempts:
             return None
         self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
         started = time.monotonic()
-        jumps = self.runner.fleet.jumps
+        fleet = self.runner.fleet
 
         def check(host: Host) -> bool:  # sshd_answers looked up here, so tests can stand in for sshd
-            return sshd_answers(host) if host.proxy_jump is None else sshd_answers_through(jumps, host)
+            return sshd_answers(host) if host.proxy_jump is None else sshd_answers_through(fleet.jumps, host)
 
         evidence = gather_evidence(
             self.runner.hosts, self.policy.confirm_s, check=check, preempted=preempted_nodes(watcher)
