@@ -76,10 +76,11 @@ def parse_steps(text: str) -> list[int]:
 
 def complete_steps(fleet: Fleet, hosts: list[Host], run_id: str) -> dict[str, list[int]]:
     """Complete checkpoint steps per node (a node that does not answer holds none)."""
-    command = f"python3 -c {shlex.quote(LIST_SCRIPT)} {shlex.quote('~/' + checkpoint_dir(run_id))}"
+    script = f"-c {shlex.quote(LIST_SCRIPT)} {shlex.quote('~/' + checkpoint_dir(run_id))}"
 
     def ask(conn: NodeConnection) -> list[int]:
-        result = conn.run(command, timeout=60)
+        # the inventory's interpreter, as the doctor and the claim use (the node agent still runs python3)
+        result = conn.run(f"{shlex.quote(conn.host.python)} {script}", timeout=60)
         return parse_steps(result.stdout[-65536:]) if result.ok else []
 
     answers = fleet.map(ask, hosts=hosts, deadline=90)
