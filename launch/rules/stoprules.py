@@ -90,12 +90,10 @@ RuleName = Literal[
     "wall_time",
     "max_cost",
 ]
-"""The stop rules' machine names (``StopDecision.rule``). Sets of them are typed with it so that a
-misspelt name fails mypy instead of silently never matching; the watcher's own ends (the operator,
-a failed launch step, a crash) carry other names, so ``StopDecision.rule`` itself stays a str."""
+"""``StopDecision.rule`` of the rules: sets of them are typed with it (a misspelt name fails mypy).
+The watcher's own ends (operator, a failed step, a crash) use other names: ``rule`` stays a str."""
 PEER_GONE_RULES: frozenset[RuleName] = frozenset({"unreachable", "vanished"})
-"""Rules that mean a node (or its processes) is gone: the survivors wait in a collective for it
-and never reach a step to checkpoint at, so the stop needs only a short SIGTERM grace."""
+"""A node or its processes are gone: survivors wait in a collective, a short stop grace will do."""
 
 
 class StopRules(BaseModel):
