@@ -165,3 +165,22 @@ def test_a_node_the_jump_host_cannot_reach_is_named_with_the_jump(
     assert f"{bastion.node_name(1)}: {bastion.node_name(1)}" in proc.stdout, (
         "the node behind it that is up answers"
     )
+
+
+def test_the_recovery_recheck_reaches_workers_through_the_jump_host(
+    bastion: LocalFleet, fleetrun_home: Path
+) -> None:
+    """After a failed attempt the recovery re-checks every node's sshd before calling it lost.
+    A worker behind the bastion cannot be reached directly, so that check goes through the jump
+    host; a direct check would find every worker silent and take them all for lost nodes."""
+    from launch.run.attempts import sshd_answers, sshd_answers_through
+
+    inv = bastion.inventory()
+    known_hosts = inv.write_known_hosts(fleetrun_home / "kh-recheck")
+    workers = inv.hosts[1:]
+    assert not any(sshd_answers(h, timeout=1.0) for h in workers), "no direct route to the workers"
+    with Fleet(inv.hosts, known_hosts) as fleet:
+        assert all(sshd_answers_through(fleet.jumps, h) for h in workers)
+        closed = workers[0].model_copy(update={"port": 1})  # nothing listens there: a gone sshd
+        assert not sshd_answers_through(fleet.jumps, closed)
+        assert sshd_answers_through(fleet.jumps, workers[0]), "a refused channel leaves the jump usable"

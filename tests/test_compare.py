@@ -243,3 +243,20 @@ def test_plot_without_losses(tmp_path: Path, home: Path) -> None:
     empty = ComparedRun(run, summarize_metrics([]))
     assert plot_compare([empty], tmp_path / "e.png").read_bytes()[:8] == PNG
     assert "mlp-a" in render_text(compare_table([empty]), width=200)
+
+
+def test_shared_hyperparameters_in_the_caption_are_text(home: Path) -> None:
+    """The caption lists what every run shares; a name or value like ``[/bold]`` is printed as
+    written, never parsed as Rich markup (a closing tag with no opening one raises MarkupError)."""
+    from dataclasses import replace
+
+    with RunRecords(home / "home" / "runs.db") as db:
+        run = db.get("mlp-a")
+    assert run is not None
+    shared = {"[/bold]": "[red]v", "lr": 0.1}
+    runs = [
+        ComparedRun(replace(run, hyperparameters=shared), summarize_metrics(metric_lines(0.1))),
+        ComparedRun(replace(run, id="other", hyperparameters=shared), summarize_metrics(metric_lines(0.2))),
+    ]
+    text = render_text(compare_table(runs), width=200)
+    assert "same in every run: [/bold]=[red]v, lr=0.1" in text

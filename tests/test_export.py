@@ -214,3 +214,15 @@ def test_the_dockerfile_builds_what_the_manifest_names() -> None:
     assert (REPO / "examples" / "digits" / "trainer" / "task.py").is_file()
     ignore = (REPO / "images" / "docker" / "Dockerfile.dockerignore").read_text().split()
     assert ".git" in ignore and "**/.venv" in ignore
+
+
+def test_the_pods_run_the_entrypoint_with_its_hyperparameters(tmp_path: Path) -> None:
+    """The container runs what fleetrun's launch script runs: the hyperparameters as arguments
+    after the entrypoint (SageMaker's ``--name value``), not the bare entrypoint."""
+    spec = _playbook(tmp_path, "hyperparameters: {epochs: 3, batch-size: 64}\n")
+    command = ex.export_pytorchjob(spec, IMAGE).manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
+        "spec"
+    ]["containers"][0]["command"]
+    assert command[:2] == ["sh", "-c"]
+    assert entrypoint_tail(spec.entry_command()) in command[2]
+    assert "--epochs 3" in command[2] and "--batch-size 64" in command[2]

@@ -309,3 +309,13 @@ def test_hostile_answers_are_refused_naming_the_field(raw: str | bytes, needle: 
 def test_long_text_is_clipped_not_refused() -> None:
     f = parse_probe_answer(answer(python="3" * 10000, hostname="h" * 10000))
     assert len(f.python) <= 64 and len(f.hostname) <= 255
+
+
+def test_on_a_tie_the_heads_value_is_the_reference() -> None:
+    """Two nodes, two Pythons: the head's is the reference (as documented), so the worker is the
+    node named, whichever version sorts first; the same for the MTU."""
+    two = fleet({1: {"python": "3.10.12", "mtu": 1500}})[:2]
+    assert verdict(two, "n1", "python") == ("error", "Python 3.10.12, other nodes 3.11.2")
+    assert verdict(two, "n0", "python")[0] == "ok"
+    assert verdict(two, "n1", "interface") == ("error", "eth0 MTU 1500, other nodes 9000")
+    assert verdict(two, "n0", "interface")[0] == "ok"

@@ -394,3 +394,47 @@ def test_unreachable_but_answering_node_is_watched_on_a_bounded_number_of_times(
     said = "\n".join(reporter.lines)
     assert said.count("answered again; not lost, watching on") == attempts_module.MAX_RECHECKS
     assert [a["attempt"] for a in run.records.get(run.summary.run_id).attempts] == [1]
+
+
+class _LocalNode:
+    """A node that is this machine, its home ``home``: each command runs under ``sh -c``."""
+
+    def __init__(self, host: Any, home: Path) -> None:
+        self.host, self.home, self.commands = host, home, []  # type: ignore[var-annotated]
+
+    def run(self, command: str, timeout: float | None = None) -> Any:
+        from launch.transport.ssh import CommandResult
+
+        self.commands.append(command)
+        env = {"HOME": str(self.home), "PATH": "/nonexistent"}  # no python3 on this node's PATH
+        proc = subprocess.run(["/bin/sh", "-c", command], env=env, capture_output=True, text=True, timeout=60)
+        return CommandResult(self.host.name, proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_checkpoint_listing_runs_the_inventorys_python(tmp_path: Path) -> None:
+    """The laptop asks each node for its complete checkpoints with the inventory's interpreter
+    (``python:``), as the doctor's probe and the claim do, and reads only complete saves (the
+    manifest's sizes match), newest first."""
+    import json
+    import sys
+
+    from launch.run.checkpoints import checkpoint_dir, complete_steps
+    from tests.fakefleet import fake_hosts
+
+    host = fake_hosts(1)[0].model_copy(update={"python": sys.executable})
+    for step, complete in ((10, True), (20, True), (30, False)):
+        folder = tmp_path / checkpoint_dir("r1") / f"step-{step}"
+        folder.mkdir(parents=True)
+        (folder / "model.pt").write_bytes(b"x" * 8)
+        size = 8 if complete else 9  # a size that does not match: an incomplete save
+        (folder / "MANIFEST.json").write_text(
+            json.dumps({"step": step, "files": {"model.pt": {"size": size}}})
+        )
+    node = _LocalNode(host, tmp_path)
+
+    class OneNodeFleet:
+        def map(self, fn: Any, hosts: list[Any], deadline: float) -> dict[str, Any]:
+            return {h.name: fn(node) for h in hosts}
+
+    assert complete_steps(OneNodeFleet(), [host], "r1") == {host.name: [20, 10]}  # type: ignore[arg-type]
+    assert node.commands[0].startswith(sys.executable + " -c ")

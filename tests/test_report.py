@@ -163,3 +163,30 @@ def test_a_run_that_logged_nothing_still_gets_its_loss_plot(tmp_path: Path) -> N
     png = folder.path / "loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (folder.path / "tensorboard").exists()
+
+
+def test_loss_plots_share_the_log_scale_rule(tmp_path: Path) -> None:
+    """Both loss plots (the run's and fab compare's) go through save_loss_plot: a loss spanning
+    more than 100x is drawn on a log scale, a narrower or non-positive one on a linear scale."""
+    from launch.reports.plot import loss_axes, save_loss_plot
+
+    for losses, scale in (([1000.0, 1.0], "log"), ([10.0, 1.0], "linear"), ([0.0, 100.0], "linear")):
+        fig, ax = loss_axes((4, 3))
+        ax.plot(range(len(losses)), losses)
+        path = save_loss_plot(fig, ax, tmp_path / f"{scale}.png", "t", losses)
+        assert ax.get_yscale() == scale, losses
+        assert path.read_bytes()[:4] == b"\x89PNG"
+        assert not path.with_name(path.name + ".tmp").exists()
+
+
+def test_attempts_table_takes_odd_entries_as_data() -> None:
+    """A run record written by another fleetrun (or edited) may hold anything in an attempt's
+    fields: a number where a list of nodes belongs is shown as nothing, never raised."""
+    from launch.reports.views import attempts_table, render_text
+
+    odd: list[Any] = [
+        {"attempt": 1, "nodes": 3, "replaced": 5, "dropped": "abc", "outcome": "[red]x"},
+        "junk",
+    ]
+    text = render_text(attempts_table(odd), width=200)
+    assert "[red]x" in text and "+a" not in text and "-a" not in text

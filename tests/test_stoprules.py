@@ -409,3 +409,18 @@ def test_every_priced_machine_type_is_in_a_cloud_catalog() -> None:
 
     unknown = sorted(set(pricing.PRICES) - set(INSTANCE_TYPES) - set(GPU_MACHINE_TYPES))
     assert not unknown, f"priced but not in any catalog: {unknown}"
+
+
+def test_rule_names_match_the_rules_and_the_sets_name_only_rules() -> None:
+    """RuleName lists exactly the rules evaluate() runs, so a set typed with it (the short stop
+    grace, the recovery's loss rules) cannot name a rule that never fires."""
+    from typing import get_args
+
+    from launch.rules.recovery import FAILURE_RULES, LOSS_RULES, RANK_FAILED_RULES
+    from launch.rules.stoprules import PEER_GONE_RULES, RULES, RuleName
+
+    names = {name for name, _rule in RULES}
+    assert set(get_args(RuleName)) == names
+    for subset in (PEER_GONE_RULES, FAILURE_RULES, LOSS_RULES, RANK_FAILED_RULES):
+        assert subset <= names
+    assert {"unreachable", "vanished"} == PEER_GONE_RULES

@@ -80,12 +80,9 @@ class PyTorchJobExport:
 
 
 def elastic_range(spec: JobSpec) -> tuple[int, int] | None:
-    """(MIN, MAX) nodes when the playbook is elastic (``nodes: MIN:MAX``, read as ``min_nodes``), else None.
-
-    Read with ``getattr`` so this works with and without the spec's elastic field.
-    """
-    low = getattr(spec, "min_nodes", None)
-    if isinstance(low, int) and not isinstance(low, bool) and low < spec.nodes:
+    """(MIN, MAX) nodes when the playbook is elastic (``nodes: MIN:MAX``, read as ``min_nodes``), else None."""
+    low = spec.min_nodes
+    if low is not None and low < spec.nodes:
         return low, spec.nodes
     return None
 
@@ -122,8 +119,10 @@ def pod_env(plan: LaunchPlan) -> dict[str, str]:
 
 
 def pod_command(spec: JobSpec) -> list[str]:
-    """What the training container runs: torchrun, told the rest by the operator's ``PET_*`` env."""
-    words = f"python -m torch.distributed.run --max-restarts={spec.max_restarts} {entrypoint_tail(spec.entrypoint)}"
+    """What the training container runs: torchrun, told the rest by the operator's ``PET_*`` env;
+    the entrypoint as fleetrun's nodes run it (``entry_command``: with the hyperparameters as args)."""
+    tail = entrypoint_tail(spec.entry_command())
+    words = f"python -m torch.distributed.run --max-restarts={spec.max_restarts} {tail}"
     return ["sh", "-c", f'mkdir -p "$FLEETRUN_OUTPUT_DIR" && exec {words}']
 
 

@@ -23,7 +23,7 @@ from rich.text import Text
 
 from launch.errors import FleetrunError
 from launch.reports.safe_text import clean, safe_text
-from launch.reports.tensorboard import metric_scalars, record_step
+from launch.reports.tensorboard import MAX_TAGS, metric_scalars, record_step
 from launch.reports.views import fmt_cost, fmt_duration, fmt_number
 from launch.run.records import RunRecord
 
@@ -106,7 +106,7 @@ def summarize_metrics(records: Iterable[Mapping[str, Any]], loss_key: str = "los
         if step is None:
             continue
         for name, value in metric_scalars(record).items():
-            if name not in final and len(final) >= 256:
+            if name not in final and len(final) >= MAX_TAGS:
                 continue
             final[name] = value
             if not math.isfinite(value):
@@ -135,14 +135,15 @@ def metric_columns(runs: Sequence[ComparedRun], limit: int = MAX_METRICS) -> lis
     return names[:limit]
 
 
+def _differs(runs: Sequence[ComparedRun], name: str) -> bool:
+    """Whether the runs do not all have the same value (or absence) of hyperparameter ``name``."""
+    return len({repr(run.record.hyperparameters.get(name)) for run in runs}) > 1
+
+
 def hyperparameter_columns(runs: Sequence[ComparedRun], limit: int = MAX_HYPERPARAMETERS) -> list[str]:
     """Hyperparameter names, those whose value differs between the runs first."""
     names = sorted({str(k) for run in runs for k in run.record.hyperparameters})
-
-    def differs(name: str) -> bool:
-        return len({repr(run.record.hyperparameters.get(name)) for run in runs}) > 1
-
-    return sorted(names, key=lambda n: (not differs(n), n))[:limit]
+    return sorted(names, key=lambda n: (not _differs(runs, n), n))[:limit]
 
 
 def compare_rows(runs: Sequence[ComparedRun], now: float | None = None) -> list[dict[str, Any]]:
@@ -180,21 +181,21 @@ def curve_label(run: ComparedRun, differing: Sequence[str]) -> str:
 
 def differing_hyperparameters(runs: Sequence[ComparedRun]) -> list[str]:
     names = hyperparameter_columns(runs, limit=10_000)
-    return [n for n in names if len({repr(r.record.hyperparameters.get(n)) for r in runs}) > 1][:4]
+    return [n for n in names if _differs(runs, n)][:4]
 
 
 def compare_table(runs: Sequence[ComparedRun], now: float | None = None) -> Table:
     """Runs as rows: id, outcome, the hyperparameters that differ, final/best of each metric,
     duration, cost; the hyperparameters every run shares go in the caption."""
     names = hyperparameter_columns(runs)
-    differing = [n for n in names if len({repr(r.record.hyperparameters.get(n)) for r in runs}) > 1]
+    differing = [n for n in names if _differs(runs, n)]
     shared = [n for n in names if n not in differing and len(runs) > 1]
     metrics = metric_columns(runs)
     caption = None
-    if shared:
+    if shared:  # a Text: a str caption would be parsed as markup, and these names come from jobs
         first = runs[0].record.hyperparameters
-        caption = clean(
-            "same in every run: " + ", ".join(f"{n}={fmt_number(first.get(n))}" for n in shared), 400
+        caption = safe_text(
+            "same in every run: " + ", ".join(f"{n}={fmt_number(first.get(n))}" for n in shared), limit=400
         )
     else:
         differing = names

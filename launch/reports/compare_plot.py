@@ -8,24 +8,17 @@ that differ between the runs, so the plot answers "which variant learnt fastest"
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from launch.reports.compare import ComparedRun, curve_label, differing_hyperparameters
+from launch.reports.plot import loss_axes, save_loss_plot
 
 
 def plot_compare(runs: Sequence[ComparedRun], path: str | Path, *, title: str | None = None) -> Path:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    path = Path(path)
     differing = differing_hyperparameters(runs)
-    fig = Figure(figsize=(9, 5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    drawn = 0
-    low, high = math.inf, -math.inf
+    fig, ax = loss_axes((9, 5))
+    drawn: list[float] = []
     for run in runs:
         points = [(s, v) for s, v in run.metrics.loss_curve if math.isfinite(v)]
         if not points:
@@ -33,21 +26,9 @@ def plot_compare(runs: Sequence[ComparedRun], path: str | Path, *, title: str | 
         # '$' would start matplotlib's mathtext (and a malformed formula fails the savefig)
         label = curve_label(run, differing).replace("$", r"\$")
         ax.plot([s for s, _ in points], [v for _, v in points], linewidth=1.2, label=label)
-        low, high = min(low, *(v for _, v in points)), max(high, *(v for _, v in points))
-        drawn += 1
+        drawn += [v for _, v in points]
     if drawn:
-        if low > 0 and high / low > 100:
-            ax.set_yscale("log")
         ax.legend(loc="upper right", fontsize="small")
     else:
         ax.text(0.5, 0.5, "no run logged a finite loss", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(title or f"loss of {len(runs)} run(s)")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
-    return path
+    return save_loss_plot(fig, ax, Path(path), title or f"loss of {len(runs)} run(s)", drawn)

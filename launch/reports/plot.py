@@ -6,8 +6,41 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launch.rules.metrics_stream import LossPoint
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+def loss_axes(size: tuple[float, float]) -> tuple[Figure, Axes]:
+    """A figure on the Agg canvas and its one set of axes: matplotlib's object API, never pyplot,
+    so no display is needed and no global figure state is left behind in the long-lived watcher."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=100)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+def save_loss_plot(fig: Figure, ax: Axes, path: Path, title: str, losses: Sequence[float]) -> Path:
+    """Label the loss axes (log scale when the finite ``losses`` span more than 100x) and write
+    the PNG atomically: a reader never sees half a file."""
+    if losses and min(losses) > 0 and max(losses) / min(losses) > 100:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
+    return path
 
 
 def plot_loss(
@@ -19,26 +52,15 @@ def plot_loss(
 ) -> Path:
     """Write a loss-vs-step PNG to ``path`` (atomically) and return the path.
 
-    Uses matplotlib's object API with the Agg canvas, never pyplot, so it needs no display
-    and leaves no global figure state behind in the long-lived watcher. Non-finite losses
-    cannot be drawn; the first one is marked with a red line so the blow-up is visible.
-    ``resumes``: (attempt, first step) of each attempt after the first (``recovery:``), marked
-    with a grey line, so steps computed twice show as the overlap before it.
+    Non-finite losses cannot be drawn; the first one is marked with a red line so the blow-up is
+    visible. ``resumes``: (attempt, first step) of each attempt after the first (``recovery:``),
+    marked with a grey line, so steps computed twice show as the overlap before it.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    path = Path(path)
     finite = [p for p in history if math.isfinite(p.loss)]
     bad = next((p for p in history if not math.isfinite(p.loss)), None)
-    fig = Figure(figsize=(8, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    fig, ax = loss_axes((8, 4.5))
     if finite:
         ax.plot([p.step for p in finite], [p.loss for p in finite], linewidth=1.2, color="tab:blue")
-        low, high = min(p.loss for p in finite), max(p.loss for p in finite)
-        if low > 0 and high / low > 100:
-            ax.set_yscale("log")
     else:
         what = "no finite loss logged" if history else "no loss logged before the run ended"
         ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes)
@@ -48,13 +70,4 @@ def plot_loss(
         ax.axvline(bad.step, color="tab:red", linestyle="--", label=f"loss {bad.loss} at step {bad.step}")
     if bad is not None or resumes:
         ax.legend(loc="upper right")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(title or "training loss")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
-    return path
+    return save_loss_plot(fig, ax, Path(path), title or "training loss", [p.loss for p in finite])

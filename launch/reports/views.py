@@ -254,6 +254,11 @@ def show_run(record: RunRecord, *, now: float | None = None) -> Group:
     return Group(grid, summary_panel(record))
 
 
+def _listed(value: object) -> list[Any]:
+    """A record's list field, or nothing when it holds something else (a string, a number)."""
+    return value[:100] if isinstance(value, list) else []
+
+
 def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
     """One row per attempt of a run (``recovery:``): its nodes, how it ended, steps done again.
 
@@ -267,8 +272,8 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
             continue
         nodes = entry.get("nodes")
         first, last = entry.get("first_step"), entry.get("last_step")
-        changed = [f"+{n}" for n in entry.get("replaced") or []] + [
-            f"-{n}" for n in entry.get("dropped") or []
+        changed = [f"+{n}" for n in _listed(entry.get("replaced"))] + [
+            f"-{n}" for n in _listed(entry.get("dropped"))
         ]
         _add_row(
             table,

@@ -16,8 +16,11 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from launch.rules.probe_facts import ProbeFacts
+
+T = TypeVar("T", str, int)
 
 GiB = 1024**3
 DISK_ERROR_BYTES = 2 * GiB
@@ -94,8 +97,9 @@ def _minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
-def _majority(values: Sequence[str]) -> str:
-    return max(sorted(set(values)), key=values.count)
+def _majority(values: Sequence[T]) -> T:
+    """The most common value; on a tie the first one (nodes come head first: the head's)."""
+    return max(values, key=values.count)
 
 
 def _is_loopback(address: str) -> bool:
@@ -233,10 +237,10 @@ def check_gpus(findings: Findings, obs: Observation) -> None:
 
 
 def check_interfaces(findings: Findings, nodes: Sequence[Observation]) -> None:
-    """The interface holding each node's private address, its MTU equal to the head's (first node)."""
+    """The interface holding each node's private address, its MTU the same as most nodes'."""
     probed = [o for o in nodes if o.facts is not None and o.facts.full]
     mtus = [o.facts.mtu for o in probed if o.facts and o.facts.mtu]
-    usual = max(sorted(set(mtus)), key=mtus.count) if mtus else None
+    usual = _majority(mtus) if mtus else None
     for obs in probed:
         facts = obs.facts
         assert facts is not None

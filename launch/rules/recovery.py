@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from launch.rules.stoprules import StopDecision
+from launch.rules.stoprules import RuleName, StopDecision
 
 __all__ = [
     "LOSS_KINDS",
@@ -43,11 +43,13 @@ LossKind = Literal["node_lost", "preempted", "rank_failed"]
 LOSS_KINDS: tuple[LossKind, ...] = ("node_lost", "preempted", "rank_failed")
 DEFAULT_ON: tuple[LossKind, ...] = ("node_lost", "preempted")
 
-FAILURE_RULES = frozenset({"rank_failed", "vanished", "reported_failed"})
+FAILURE_RULES: frozenset[RuleName] = frozenset({"rank_failed", "vanished", "reported_failed"})
 """Stop rules that a lost node also explains: its peers' collectives fail, their torchrun exits
 non-zero, the lost node's own process is gone without an exit code."""
-LOSS_RULES = frozenset({"unreachable"}) | FAILURE_RULES
+LOSS_RULES: frozenset[RuleName] = FAILURE_RULES | {"unreachable"}
 """Stop rules after which the laptop looks for a lost node before calling the attempt failed."""
+RANK_FAILED_RULES: frozenset[RuleName] = frozenset({"rank_failed", "vanished"})
+"""Stop rules that, without a confirmed lost node, are a rank's own failure (a ``rank_failed`` loss)."""
 
 
 class RecoveryPolicy(BaseModel):
@@ -181,7 +183,7 @@ def classify(decision: StopDecision, evidence: Mapping[str, NodeEvidence], confi
                 else f"{node} (no answer to {len(e.checks)} checks over {e.span_s:.0f} s)"
             )
         return Loss("node_lost", lost, "lost " + ", ".join(why))
-    if decision.rule in ("rank_failed", "vanished"):
+    if decision.rule in RANK_FAILED_RULES:
         return Loss("rank_failed", decision.nodes, decision.reason)
     return None
 
@@ -192,9 +194,7 @@ def answered_again(decision: StopDecision, evidence: Mapping[str, NodeEvidence])
     attempt goes on being watched instead of ending (never a false recovery, nor a false failure)."""
     if decision.rule != "unreachable" or not decision.nodes:
         return ()
-    if all(any(evidence[n].checks) for n in decision.nodes if n in evidence) and all(
-        n in evidence for n in decision.nodes
-    ):
+    if all(n in evidence and any(evidence[n].checks) for n in decision.nodes):
         return decision.nodes
     return ()
 

@@ -51,7 +51,9 @@ __all__ = [
     "NodeState",
     "Observation",
     "Outcome",
+    "PEER_GONE_RULES",
     "Rule",
+    "RuleName",
     "RuleState",
     "StopDecision",
     "StopRules",
@@ -75,6 +77,23 @@ class Teardown(str, Enum):
 
 Outcome = Literal["succeeded", "failed", "stopped"]
 NodeState = Literal["running", "exited", "vanished", "unreachable"]
+RuleName = Literal[
+    "rank_failed",
+    "vanished",
+    "reported_failed",
+    "nan_loss",
+    "completed",
+    "unreachable",
+    "stalled",
+    "gpu_idle",
+    "plateau",
+    "wall_time",
+    "max_cost",
+]
+"""``StopDecision.rule`` of the rules: sets of them are typed with it (a misspelt name fails mypy).
+The watcher's own ends (operator, a failed step, a crash) use other names: ``rule`` stays a str."""
+PEER_GONE_RULES: frozenset[RuleName] = frozenset({"unreachable", "vanished"})
+"""A node or its processes are gone: survivors wait in a collective, a short stop grace will do."""
 
 
 class StopRules(BaseModel):
@@ -418,7 +437,7 @@ def max_cost(rules: StopRules, obs: Observation, state: RuleState) -> StopDecisi
 
 
 #: The rules in priority order (see the module docstring for why this order).
-RULES: tuple[tuple[str, Rule], ...] = (
+RULES: tuple[tuple[RuleName, Rule], ...] = (
     ("rank_failed", rank_failed),
     ("vanished", vanished),
     ("reported_failed", reported_failed),

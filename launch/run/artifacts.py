@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from launch.errors import HostError
+from launch.job.inventory import Host
 from launch.nodelib.fleetrun_protocol import StopAnswer
 from launch.planning import remote_layout as layout
 from launch.planning.cluster_ssh import revoke_command
@@ -128,6 +129,34 @@ def pull_argv(source: str, target: Path, rsh: str, max_file_bytes: int = PULL_MA
     ]
 
 
+def rsync_pull(
+    host: Host,
+    remote_dir: str,
+    target: Path,
+    known_hosts: Path,
+    max_file_bytes: int = PULL_MAX_FILE_BYTES,
+    *,
+    what: str = "",
+    timeout: float = 3600.0,
+) -> str:
+    """``remote_dir`` (relative to the node user's home) into ``target`` with the hardened
+    ``pull_argv``, holding a jump slot like every OpenSSH command through a bastion. Returns
+    rsync's output; a failure or a timeout raises ``HostError`` (``what``: how it starts)."""
+    rsh = shlex.join(openssh_command(host, known_hosts))
+    argv = pull_argv(host.rsync_target(f"{remote_dir}/"), target, rsh, max_file_bytes)
+    lead = f"{what}: " if what else ""
+    try:
+        with jump_slot(host):
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, errors="replace", timeout=timeout, check=False
+            )
+    except subprocess.TimeoutExpired:
+        raise HostError(host.name, f"{lead}rsync timed out after {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise HostError(host.name, lead + clean(rsync_error(proc.stderr, proc.returncode), 600))
+    return proc.stdout
+
+
 def run_dir_bytes(conn: NodeConnection, run_dir: str) -> int:
     """The run directory's size on the node (one ``du``), before anything is pulled."""
     result = conn.run(f'du -sk -- "$HOME/{run_dir}"', timeout=120)
@@ -166,20 +195,8 @@ def pull(
             )
         target = folder.node_dir(host.name)
         target.mkdir(parents=True, exist_ok=True)
-        source = host.rsync_target(f"{run_dir}/")
-        rsh = shlex.join(openssh_command(host, known_hosts))
-        with jump_slot(host):
-            proc = subprocess.run(
-                pull_argv(source, target, rsh, max_file_bytes),
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=3600,
-                check=False,
-            )
-        if proc.returncode != 0:
-            raise HostError(host.name, clean(rsync_error(proc.stderr, proc.returncode), 600))
-        return [line for line in proc.stdout.splitlines() if line.endswith(" is over max-size")]
+        out = rsync_pull(host, run_dir, target, known_hosts, max_file_bytes)
+        return [line for line in out.splitlines() if line.endswith(" is over max-size")]
 
     errors: dict[str, str] = {}
     for name, res in fleet.map(pull_one, deadline=3700).items():

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import paramiko
+
 from launch.errors import HostError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.job.inventory import Host
@@ -56,6 +58,7 @@ from launch.run.summary import RunSummary
 from launch.run.target import WatchTarget
 from launch.run.watch import AGENT, Watcher
 from launch.run.watching import build_watcher, save_traceback, watch_safely
+from launch.transport.jump import JumpHosts
 from launch.transport.ssh import Fleet, NodeConnection
 
 if TYPE_CHECKING:
@@ -90,6 +93,24 @@ def sshd_answers(host: Host, timeout: float = CHECK_TIMEOUT_S) -> bool:
             return sock.recv(64).startswith(b"SSH-")
     except OSError:
         return False
+
+
+def sshd_answers_through(jumps: JumpHosts, host: Host, timeout: float = CHECK_TIMEOUT_S) -> bool:
+    """The same check for a host behind a bastion (``proxy_jump``), which this machine cannot
+    reach directly: a fresh ``direct-tcpip`` channel from its jump host to its sshd, over the
+    fleet's shared jump connection, sends back an SSH banner. A jump host that is gone or cannot
+    connect is a failed check, like a refused TCP connection."""
+    try:
+        channel = jumps.channel(host, timeout)
+    except (HostError, OSError, EOFError, paramiko.SSHException):
+        return False
+    try:
+        channel.settimeout(timeout)
+        return channel.recv(64).startswith(b"SSH-")
+    except (OSError, EOFError, paramiko.SSHException):
+        return False
+    finally:
+        channel.close()
 
 
 def gather_evidence(
@@ -171,8 +192,9 @@ class Attempts:
         self.attempt = 1
         self.histories: list[tuple[int, list[LossPoint]]] = []
         self.timings: dict[str, float] = {}
-        self.started_by: dict[str, float] = {}
         """Seconds per step of the recovery now under way (recorded with the attempt it starts)."""
+        self.started_by: dict[str, float] = {}
+        """The same for the recovery that started the current attempt."""
         self.false_alarms = 0
         """Times the unreachable rule fired and every node it named answered a re-check."""
         self.target: WatchTarget | None = None
@@ -188,21 +210,26 @@ class Attempts:
     def say(self, text: str) -> None:
         self.runner.reporter.say(text)
 
-    def loss_of(self, decision: StopDecision, watcher: Watcher | None) -> Loss | None | str:
-        """The loss behind ``decision``, or the names of the nodes that answered again (a string:
-        the attempt is not over, keep watching)."""
+    def loss_of(self, decision: StopDecision, watcher: Watcher | None) -> Loss | tuple[str, ...] | None:
+        """The loss behind ``decision``, or the nodes that answered again (a tuple: the attempt
+        is not over, keep watching)."""
         if decision.outcome != "failed" or decision.rule not in LOSS_RULES:
             return None
         self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
         started = time.monotonic()
-        evidence = gather_evidence(  # sshd_answers looked up here, so tests can stand in for sshd
-            self.runner.hosts, self.policy.confirm_s, check=sshd_answers, preempted=preempted_nodes(watcher)
+        fleet = self.runner.fleet
+
+        def check(host: Host) -> bool:  # sshd_answers looked up here, so tests can stand in for sshd
+            return sshd_answers(host) if host.proxy_jump is None else sshd_answers_through(fleet.jumps, host)
+
+        evidence = gather_evidence(
+            self.runner.hosts, self.policy.confirm_s, check=check, preempted=preempted_nodes(watcher)
         )
         self.timings = {"recheck": time.monotonic() - started}
         back = answered_again(decision, evidence)
         if back and self.false_alarms < MAX_RECHECKS:
             self.false_alarms += 1
-            return ", ".join(back)
+            return back
         return classify(decision, evidence, self.policy.confirm_s)
 
     def record(
@@ -247,13 +274,13 @@ class Attempts:
         joins the decision's). Returns the last decision, target and watcher for the wrap-up."""
         while True:
             loss = self.loss_of(decision, watcher) if self.policy.enabled else None
-            if isinstance(loss, str) and watcher is not None:
-                self.say(f"  {clean(loss)}: answered again; not lost, watching on")
-                for name in loss.split(", "):
+            if isinstance(loss, tuple) and watcher is not None:
+                self.say(f"  {', '.join(loss)}: answered again; not lost, watching on")
+                for name in loss:
                     self.runner.fleet.connections[name].close()  # the next poll reconnects
                 decision = watch_safely(watcher, self.runner.folder.path)
                 continue
-            if isinstance(loss, str):
+            if isinstance(loss, tuple):
                 loss = None
             names = [h.name for h in self.runner.hosts]
             plan = plan_recovery(self.policy, loss, self.attempt, names, self.runner.plan.min_nodes)

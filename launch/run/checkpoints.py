@@ -23,7 +23,8 @@ from launch.job.inventory import Host
 from launch.planning import remote_layout as layout
 from launch.planning.launchers.base import CHECKPOINTS
 from launch.reports.safe_text import clean
-from launch.run.artifacts import PULL_MAX_FILE_BYTES, pull_argv, rsync_error
+from launch.run.artifacts import rsync_error, rsync_pull
+from launch.transport.openssh import jump_slot
 from launch.transport.ssh import Fleet, NodeConnection, openssh_command
 
 MAX_STEPS = 1000
@@ -75,10 +76,11 @@ def parse_steps(text: str) -> list[int]:
 
 def complete_steps(fleet: Fleet, hosts: list[Host], run_id: str) -> dict[str, list[int]]:
     """Complete checkpoint steps per node (a node that does not answer holds none)."""
-    command = f"python3 -c {shlex.quote(LIST_SCRIPT)} {shlex.quote('~/' + checkpoint_dir(run_id))}"
+    script = f"-c {shlex.quote(LIST_SCRIPT)} {shlex.quote('~/' + checkpoint_dir(run_id))}"
 
     def ask(conn: NodeConnection) -> list[int]:
-        result = conn.run(command, timeout=60)
+        # the inventory's interpreter, as the doctor and the claim use (the node agent still runs python3)
+        result = conn.run(f"{shlex.quote(conn.host.python)} {script}", timeout=60)
         return parse_steps(result.stdout[-65536:]) if result.ok else []
 
     answers = fleet.map(ask, hosts=hosts, deadline=90)
@@ -114,21 +116,7 @@ def spread_latest(
     local = staging / f"step-{step}"
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)
-    source = by_name[holder]
-    rsh = shlex.join(openssh_command(source, known_hosts))
-    proc = subprocess.run(
-        pull_argv(source.rsync_target(f"{remote}/"), local, rsh, PULL_MAX_FILE_BYTES),
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=3600,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise HostError(
-            holder,
-            f"could not copy checkpoint step {step}: {clean(rsync_error(proc.stderr, proc.returncode), 300)}",
-        )
+    rsync_pull(by_name[holder], remote, local, known_hosts, what=f"could not copy checkpoint step {step}")
 
     def push(conn: NodeConnection) -> None:
         host = conn.host
@@ -149,9 +137,13 @@ def spread_latest(
             f"{local}/",
             host.rsync_target(f"{incoming}/"),
         ]
-        sent = subprocess.run(
-            argv, capture_output=True, text=True, errors="replace", timeout=3600, check=False
-        )
+        try:
+            with jump_slot(host):
+                sent = subprocess.run(
+                    argv, capture_output=True, text=True, errors="replace", timeout=3600, check=False
+                )
+        except subprocess.TimeoutExpired:
+            raise HostError(host.name, f"sending checkpoint step {step} timed out") from None
         if sent.returncode != 0:
             raise HostError(
                 host.name,

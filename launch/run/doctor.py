@@ -152,10 +152,14 @@ def gather(
     return observations
 
 
+MAX_LINE_BYTES = 4096
+
+
 def _read_line(channel: Channel, timeout: float) -> str:
+    """The head's first line (clipped), read for at most ``timeout`` and ``MAX_LINE_BYTES``."""
     buffer = b""
     deadline = time.monotonic() + timeout
-    while b"\n" not in buffer and time.monotonic() < deadline:
+    while b"\n" not in buffer and len(buffer) < MAX_LINE_BYTES and time.monotonic() < deadline:
         if channel.recv_ready():
             buffer += channel.recv(4096)
             continue
@@ -189,9 +193,9 @@ def rendezvous_reach(fleet: Fleet, hosts: Sequence[Host], port: int) -> dict[str
         channel.exec_command(command)
         if _read_line(channel, 15) != "listening":
             return {}
-        probe = f"{{python}} -c {shlex.quote(_CONNECT)} {shlex.quote(address)} {port}"
+        probe = f"-c {shlex.quote(_CONNECT)} {shlex.quote(address)} {port}"
         results = fleet.map(
-            lambda c: c.run(probe.replace("{python}", shlex.quote(c.host.python)), timeout=15),
+            lambda c: c.run(f"{shlex.quote(c.host.python)} {probe}", timeout=15),
             hosts=workers,
             deadline=30,
         )
@@ -222,18 +226,13 @@ def doctor(
     head = observations[0]
     port_free = head.facts is not None and (head.facts.port is None or not head.facts.port.in_use)
     if port_free:
-        reach = rendezvous_reach(
-            fleet, [h for h in hosts if _reached(observations, h.name) or h is hosts[0]], port
-        )
+        reached = {o.node for o in observations if o.facts is not None}
+        reach = rendezvous_reach(fleet, [h for h in hosts if h.name in reached or h is hosts[0]], port)
         observations = [
             dataclasses.replace(o, rdzv_reach=reach[o.node]) if o.node in reach else o for o in observations
         ]
     job = Job(head=hosts[0].name, port=port, torch_from_setup=brings_torch, full=True)
     return observations, judge(observations, job)
-
-
-def _reached(observations: Sequence[Observation], name: str) -> bool:
-    return any(o.node == name and o.facts is not None for o in observations)
 
 
 def cheap(fleet: Fleet, hosts: Sequence[Host], port: int) -> tuple[list[Observation], Findings]:
