@@ -21,6 +21,8 @@ import yaml
 
 from launch.fleets.local import LocalFleet
 from launch.job.inventory import Inventory
+from launch.transport.jump import JumpHosts
+from launch.transport.reachability import sshd_answers
 from launch.transport.ssh import Fleet, openssh_command
 from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, write_playbook
 
@@ -78,6 +80,20 @@ def test_this_machine_cannot_reach_a_worker_directly(bastion: LocalFleet) -> Non
     with socket.create_connection((bastion.external_address, bastion.ssh_port(0, True)), timeout=3) as sock:
         sock.settimeout(3)
         assert sock.recv(64).startswith(b"SSH-2.0-"), "the head's external sshd answers"
+
+
+def test_recovery_checks_a_worker_through_the_head(bastion: LocalFleet, fleetrun_home: Path) -> None:
+    """Recovery's "is it really gone?" check: through the jump host a worker answers; without it
+    (what a direct check would see) it does not."""
+    inv = bastion.inventory()
+    known_hosts = inv.write_known_hosts(fleetrun_home / "kh-bastion-check")
+    jumps = JumpHosts(known_hosts)
+    try:
+        for worker in inv.hosts[1:]:
+            assert sshd_answers(worker, 3.0, jumps), worker.name
+            assert not sshd_answers(worker, 3.0, None), worker.name
+    finally:
+        jumps.close()
 
 
 def test_every_node_through_one_shared_jump_connection(bastion: LocalFleet, fleetrun_home: Path) -> None:
