@@ -419,3 +419,46 @@ def test_the_digits_trainer_resumes_mid_epoch_to_the_same_parameters(tmp_path: P
     assert "resumed from step 20 (epoch 0, node)" in resumed
     assert checksums(tmp_path / "cut") == checksums(tmp_path / "whole")
     assert len(set(checksums(tmp_path / "cut"))) == 1, "every rank holds the same parameters"
+
+
+def test_the_horovod_trainer_resumes_mid_epoch_to_the_same_parameters(tmp_path: Path) -> None:
+    """The same under horovodrun (Gloo, 2 ranks on this machine): no torch process group, so the
+    helper's resume broadcast and stop agreement go through Horovod."""
+    from launch.fleets.local import image_python
+
+    python = image_python()
+    horovodrun = python.parent / "horovodrun"
+    if not horovodrun.exists():
+        pytest.skip("no Horovod in the local fleet image (make horovod builds it)")
+    digits = Path(__file__).resolve().parent.parent / "examples" / "digits"
+
+    def train(run_dir: Path, *args: str) -> str:
+        run_dir.mkdir(exist_ok=True)
+        env = {
+            **os.environ,
+            "FLEETRUN_RUN_DIR": str(run_dir),
+            "PYTHONPATH": str(NODELIB),
+            "OMP_NUM_THREADS": "1",
+            "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        argv = [str(horovodrun), "--gloo", "-np", "2", "-H", "localhost:2", str(python), "-m"]
+        out = subprocess.run(
+            [*argv, "trainer.task_horovod", *args],
+            cwd=digits,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return out.stdout
+
+    def checksums(run_dir: Path) -> list[str]:
+        return json.loads((run_dir / "status.json").read_text())["param_checksums"]
+
+    train(tmp_path / "whole", "--epochs", "2")
+    train(tmp_path / "cut", "--epochs", "1", "--checkpoint-every", "10")
+    resumed = train(tmp_path / "cut", "--epochs", "2", "--checkpoint-every", "10")
+    assert "resumed from step 20 (epoch 0, node)" in resumed
+    assert checksums(tmp_path / "cut") == checksums(tmp_path / "whole")
+    assert len(set(checksums(tmp_path / "cut"))) == 1, "every rank holds the same parameters"

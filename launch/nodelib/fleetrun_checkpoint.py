@@ -381,18 +381,33 @@ def _log(message: str) -> None:
 
 
 def _any_rank(flag: bool) -> bool:
+    """True on every rank when it is true on any: torch.distributed's all-reduce, or Horovod's
+    when the job runs under horovodrun (no torch process group there)."""
     try:
         import torch
         import torch.distributed as dist
     except ImportError:
         return flag
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
     tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    if dist.get_backend() == "nccl":
-        tensor = tensor.cuda()
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_backend() == "nccl":
+            tensor = tensor.cuda()
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return bool(tensor.item())
+    hvd = horovod()
+    if hvd is not None:
+        return bool(hvd.allreduce(tensor, name="fleetrun.should_save", op=hvd.Max).item())
+    return flag
+
+
+def horovod() -> Any:
+    """``horovod.torch`` when the job imported it and called ``hvd.init()``, else None. Never
+    imports Horovod itself: a torchrun job must not pay for (or fail on) a Horovod import."""
+    hvd = sys.modules.get("horovod.torch")
+    try:
+        return hvd if hvd is not None and hvd.is_initialized() else None
+    except Exception:  # noqa: BLE001 - an odd Horovod build: behave as without it
+        return None
 
 
 # -- the module-level helper ------------------------------------------------------------------------

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
-    from launch.nodelib.fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default
+    from launch.nodelib.fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default, horovod
 else:
-    from fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default  # noqa: E402
+    from fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default, horovod  # noqa: E402
 
 
 STATE_FILE = "training_state.pt"
@@ -122,6 +122,9 @@ def resume_training_state(
 
     cp = checkpointer or default()
     dist = _distributed()
+    hvd = horovod() if dist is None else None
+    if hvd is not None and not cp.sharded:
+        return _resume_under_horovod(hvd, cp, model, optimizer)
     if dist is None or cp.sharded:
         found = cp.latest()
         if found is None:
@@ -138,6 +141,27 @@ def resume_training_state(
     if payload[0] is None:
         return None
     data, source, path = payload[0]
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    return {**_apply(state, model, optimizer), "source": source, "path": path}
+
+
+def _resume_under_horovod(hvd: Any, cp: Checkpointer, model: Any, optimizer: Any) -> dict[str, Any] | None:
+    """``resume_training_state`` under horovodrun: rank 0's bytes go to every rank with
+    ``hvd.broadcast_object`` (the same guarantee as the torch.distributed path)."""
+    import io
+
+    import torch
+
+    payload = None
+    if hvd.rank() == 0:
+        found = cp.latest()
+        if found is not None:
+            with open(found.file(STATE_FILE), "rb") as fh:
+                payload = (fh.read(), found.source, found.path)
+    payload = hvd.broadcast_object(payload, root_rank=0, name="fleetrun.resume")
+    if payload is None:
+        return None
+    data, source, path = payload
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     return {**_apply(state, model, optimizer), "source": source, "path": path}
 
