@@ -155,18 +155,47 @@ class Checkpointer:
         return sorted((int(m.group(1)) for n in names if (m := _STEP_RE.fullmatch(n))), reverse=True)
 
     # -- finding one -----------------------------------------------------------------------------
-    def latest(self, hashes: bool = True) -> Checkpoint | None:
-        """The newest complete checkpoint: ``FLEETRUN_RESUME_FROM``, this node, the bucket, or None."""
+    def latest(self, hashes: bool = True, at_most: int | None = None) -> Checkpoint | None:
+        """The newest complete checkpoint: ``FLEETRUN_RESUME_FROM``, this node, the bucket, or None.
+        ``at_most``: only steps up to it (``agreed_latest`` narrows down with it)."""
+
+        def fits(step: int) -> bool:
+            return at_most is None or step <= at_most
+
         if self.resume_from:
             found = self._resume_from(hashes)
-            if found is not None:
+            if found is not None and fits(found.step):
                 return found
-        for step in self.steps():
+        for step in filter(fits, self.steps()):
             path = self._own(self.step_dir(step))
             manifest = verify(path, hashes)
             if manifest is not None:
                 return Checkpoint(path, manifest.step, "node", manifest)
-        return self._from_bucket()
+        return self._from_bucket(fits)
+
+    def agreed_latest(
+        self, smallest: Callable[[int], int] | None = None, hashes: bool = True
+    ) -> Checkpoint | None:
+        """Sharded: the newest step whose shard is complete on *every* rank, or None on every rank.
+
+        Each rank's own newest shard is not enough: a rank whose newest shard was cut short would
+        resume from an older step than the others, and the model would be stitched from two
+        steps. Every rank offers its newest step; when they differ, all look again at or below
+        the smallest offer, until every rank offers the same step (the offers only go down, so
+        this ends). ``smallest`` is the all-reduce MIN of an integer (``smallest_across_ranks``
+        by default); call this on every rank.
+        """
+        smallest = smallest or smallest_across_ranks
+        bound: int | None = None
+        while True:
+            found = self.latest(hashes, at_most=bound)
+            mine = found.step if found is not None else -1
+            low = smallest(mine)
+            if low < 0:
+                return None
+            if -smallest(-mine) == low:  # the largest offer equals the smallest: all agree
+                return found
+            bound = low
 
     def _resume_from(self, hashes: bool) -> Checkpoint | None:
         source = self.resume_from.rstrip("/")
@@ -184,11 +213,11 @@ class Checkpointer:
         manifest = verify(path, hashes)
         return None if manifest is None else Checkpoint(path, manifest.step, "resume_from", manifest)
 
-    def _from_bucket(self) -> Checkpoint | None:
+    def _from_bucket(self, fits: Callable[[int], bool] = lambda _step: True) -> Checkpoint | None:
         if self.bucket is None:
             return None
         pointer = self.bucket.pointer(self.pointer_name)
-        for step in pointer.steps if pointer else ():
+        for step in filter(fits, pointer.steps if pointer else ()):
             got = self._download(step, self._own(self.bucket.checkpoints_url(f"step-{step}")))
             if got is not None:
                 return got
@@ -381,23 +410,33 @@ def _log(message: str) -> None:
 
 
 def _any_rank(flag: bool) -> bool:
-    """True on every rank when it is true on any: torch.distributed's all-reduce, or Horovod's
-    when the job runs under horovodrun (no torch process group there)."""
+    """True on every rank when it is true on any."""
+    return _across_ranks(1 if flag else 0, "max", "fleetrun.should_save") > 0
+
+
+def smallest_across_ranks(value: int) -> int:
+    """The smallest of every rank's ``value`` (the value itself outside a distributed job)."""
+    return _across_ranks(value, "min", "fleetrun.agree")
+
+
+def _across_ranks(value: int, op: str, name: str) -> int:
+    """All-reduce one integer with ``op`` (min/max): torch.distributed's, or Horovod's when the
+    job runs under horovodrun (no torch process group there); ``value`` when neither is up."""
     try:
         import torch
         import torch.distributed as dist
     except ImportError:
-        return flag
-    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
     if dist.is_available() and dist.is_initialized():
         if dist.get_backend() == "nccl":
             tensor = tensor.cuda()
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return bool(tensor.item())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN)
+        return int(tensor.item())
     hvd = horovod()
     if hvd is not None:
-        return bool(hvd.allreduce(tensor, name="fleetrun.should_save", op=hvd.Max).item())
-    return flag
+        return int(hvd.allreduce(tensor, name=name, op=hvd.Max if op == "max" else hvd.Min).item())
+    return value
 
 
 def horovod() -> Any:

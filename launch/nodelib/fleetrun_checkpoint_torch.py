@@ -113,7 +113,8 @@ def resume_training_state(
     Rank 0 finds it (``latest()``: resume_from, its disk, the bucket) and, under
     torch.distributed, sends its bytes to the other ranks: their disks need not hold it (rank 0
     wrote it on another node), and two ranks must never start from different steps. Every rank
-    gets rank 0's RNG state. Sharded checkpoints: each rank loads its own shard.
+    gets rank 0's RNG state. Sharded checkpoints: each rank loads its own shard, of the newest
+    step complete on every rank (``agreed_latest``).
     The answer adds ``source`` and ``path`` to ``load_training_state``'s.
     """
     import io
@@ -125,8 +126,8 @@ def resume_training_state(
     hvd = horovod() if dist is None else None
     if hvd is not None and not cp.sharded:
         return _resume_under_horovod(hvd, cp, model, optimizer)
-    if dist is None or cp.sharded:
-        found = cp.latest()
+    if cp.sharded or dist is None:
+        found = cp.agreed_latest() if cp.sharded else cp.latest()  # agreed: one step on every rank
         if found is None:
             return None
         return {**load_training_state(found, model, optimizer), "source": found.source, "path": found.path}
