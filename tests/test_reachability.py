@@ -77,7 +77,7 @@ def test_a_host_behind_a_jump_host_is_checked_through_it(banner: bool) -> None:
     with listener(b"SSH-2.0-x\r\n" if banner else b"nope\r\n") as port:
         behind = host(9, proxy_jump=jump)  # port 9 is not the listener: only the jump's channel is
         jumps = FakeJumps(port)
-        assert sshd_answers(behind, 1.0, jumps) is banner  # type: ignore[arg-type]
+        assert sshd_answers(behind, 1.0, jumps) is banner
         assert jumps.asked == ["n0"]
         assert not sshd_answers(behind, 1.0, None)
-        assert not sshd_answers(behind, 1.0, FakeJumps(None))  # type: ignore[arg-type]
+        assert not sshd_answers(behind, 1.0, FakeJumps(None))

@@ -48,10 +48,12 @@ if TYPE_CHECKING:
     from launch.nodelib import fleetrun_bucket
     from launch.nodelib import fleetrun_protocol as protocol
     from launch.nodelib.fleetrun_checkpoint_files import MANIFEST, replace_dir, seal, verify
+    from launch.nodelib.fleetrun_ranks import any_rank, smallest_across_ranks
 else:
     import fleetrun_bucket  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402
     from fleetrun_checkpoint_files import MANIFEST, replace_dir, seal, verify  # noqa: E402
+    from fleetrun_ranks import any_rank, smallest_across_ranks  # noqa: E402
 
 FLAG_FILE = "preempt.json"
 KEEP = 3
@@ -383,7 +385,7 @@ class Checkpointer:
             self._stop.set()
         flag = self._stop.is_set()
         if everywhere:
-            flag = _any_rank(flag)
+            flag = any_rank(flag)
             if flag and not self._stop.is_set():
                 how = "peer"
                 self._stop.set()
@@ -407,46 +409,6 @@ def _mark_signal(run_dir: str, rank: int, name: str = "", how: str = "sigterm") 
 def _log(message: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         print(f"fleetrun_checkpoint: {message}", file=sys.stderr, flush=True)
-
-
-def _any_rank(flag: bool) -> bool:
-    """True on every rank when it is true on any."""
-    return _across_ranks(1 if flag else 0, "max", "fleetrun.should_save") > 0
-
-
-def smallest_across_ranks(value: int) -> int:
-    """The smallest of every rank's ``value`` (the value itself outside a distributed job)."""
-    return _across_ranks(value, "min", "fleetrun.agree")
-
-
-def _across_ranks(value: int, op: str, name: str) -> int:
-    """All-reduce one integer with ``op`` (min/max): torch.distributed's, or Horovod's when the
-    job runs under horovodrun (no torch process group there); ``value`` when neither is up."""
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        return value
-    tensor = torch.tensor([value], dtype=torch.int64)
-    if dist.is_available() and dist.is_initialized():
-        if dist.get_backend() == "nccl":
-            tensor = tensor.cuda()
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN)
-        return int(tensor.item())
-    hvd = horovod()
-    if hvd is not None:
-        return int(hvd.allreduce(tensor, name=name, op=hvd.Max if op == "max" else hvd.Min).item())
-    return value
-
-
-def horovod() -> Any:
-    """``horovod.torch`` when the job imported it and called ``hvd.init()``, else None. Never
-    imports Horovod itself: a torchrun job must not pay for (or fail on) a Horovod import."""
-    hvd = sys.modules.get("horovod.torch")
-    try:
-        return hvd if hvd is not None and hvd.is_initialized() else None
-    except Exception:  # noqa: BLE001 - an odd Horovod build: behave as without it
-        return None
 
 
 # -- the module-level helper ------------------------------------------------------------------------

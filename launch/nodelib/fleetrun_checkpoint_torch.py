@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
-    from launch.nodelib.fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default, horovod
+    from launch.nodelib.fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default
+    from launch.nodelib.fleetrun_ranks import horovod
 else:
-    from fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default, horovod  # noqa: E402
+    from fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default  # noqa: E402
+    from fleetrun_ranks import horovod  # noqa: E402
 
 
 STATE_FILE = "training_state.pt"

@@ -13,11 +13,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from launch.job.inventory import Host
-    from launch.transport.jump import JumpHosts
 
 CHECK_TIMEOUT_S = 3.0
 WAIT_POLL_S = 5.0
@@ -30,12 +29,19 @@ class _Stream(Protocol):
     def recv(self, nbytes: int) -> bytes: ...
 
 
+class JumpChannels(Protocol):
+    """What the check needs of ``launch.transport.jump.JumpHosts`` (a protocol, so the lab and
+    stack kinds can use this module without importing paramiko)."""
+
+    def channel(self, host: Host, timeout: float) -> Any: ...
+
+
 def _banner(stream: _Stream, timeout: float) -> bytes:
     stream.settimeout(timeout)
     return stream.recv(64)
 
 
-def sshd_answers(host: Host, timeout: float = CHECK_TIMEOUT_S, jumps: JumpHosts | None = None) -> bool:
+def sshd_answers(host: Host, timeout: float = CHECK_TIMEOUT_S, jumps: JumpChannels | None = None) -> bool:
     """One check: a fresh connection to ``host``'s sshd (through its jump host when it has one)
     sends back an SSH banner within ``timeout``. Never raises: any failure is "no"."""
     try:
@@ -55,7 +61,7 @@ def sshd_answers(host: Host, timeout: float = CHECK_TIMEOUT_S, jumps: JumpHosts 
 
 
 def wait_for_sshd(
-    host: Host, timeout_s: float, jumps: JumpHosts | None = None, poll_s: float = WAIT_POLL_S
+    host: Host, timeout_s: float, jumps: JumpChannels | None = None, poll_s: float = WAIT_POLL_S
 ) -> bool:
     """True as soon as ``host``'s sshd answers, False when ``timeout_s`` passed without it."""
     deadline = time.monotonic() + timeout_s
