@@ -292,6 +292,7 @@ class FakeFleet:
         self.job = job
         self.clock = clock
         self.max_parallel = 32
+        self.jumps = None  # no fake host sits behind a jump host
         self.nodes = {h.name: FakeNode(self, h) for h in self.hosts}
         self.connections = {h.name: FakeConnection(self.nodes[h.name]) for h in self.hosts}
         self.step = 0

@@ -19,7 +19,9 @@ import pytest
 import yaml
 
 from launch.fleets.local import LocalFleet
-from launch.job.inventory import Inventory
+from launch.job.inventory import Host, Inventory
+from launch.transport.jump import JumpHosts
+from launch.transport.reachability import sshd_answers
 from launch.transport.ssh import Fleet, openssh_command
 from tests.conftest import fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 
@@ -173,14 +175,16 @@ def test_the_recovery_recheck_reaches_workers_through_the_jump_host(
     """After a failed attempt the recovery re-checks every node's sshd before calling it lost.
     A worker behind the bastion cannot be reached directly, so that check goes through the jump
     host; a direct check would find every worker silent and take them all for lost nodes."""
-    from launch.run.attempts import sshd_answers, sshd_answers_through
+
+    def through(jumps: JumpHosts, host: Host) -> bool:
+        return sshd_answers(host, 3.0, jumps)
 
     inv = bastion.inventory()
     known_hosts = inv.write_known_hosts(fleetrun_home / "kh-recheck")
     workers = inv.hosts[1:]
     assert not any(sshd_answers(h, timeout=1.0) for h in workers), "no direct route to the workers"
     with Fleet(inv.hosts, known_hosts) as fleet:
-        assert all(sshd_answers_through(fleet.jumps, h) for h in workers)
+        assert all(through(fleet.jumps, h) for h in workers)
         closed = workers[0].model_copy(update={"port": 1})  # nothing listens there: a gone sshd
-        assert not sshd_answers_through(fleet.jumps, closed)
-        assert sshd_answers_through(fleet.jumps, workers[0]), "a refused channel leaves the jump usable"
+        assert not through(fleet.jumps, closed)
+        assert through(fleet.jumps, workers[0]), "a refused channel leaves the jump usable"

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -458,3 +459,98 @@ def test_on_node_never_downloads(tmp_path: Path) -> None:
     assert saved is not None
     found = cp.on_node(hashes=False)
     assert found is not None and (found.step, found.source) == (3, "node")
+
+
+def test_the_horovod_trainer_resumes_mid_epoch_to_the_same_parameters(tmp_path: Path) -> None:
+    """The same under horovodrun (Gloo, 2 ranks on this machine): no torch process group, so the
+    helper's resume broadcast and stop agreement go through Horovod."""
+    from launch.fleets.local import image_python
+
+    python = image_python()
+    horovodrun = python.parent / "horovodrun"
+    if not horovodrun.exists():
+        pytest.skip("no Horovod in the local fleet image (make horovod builds it)")
+    digits = Path(__file__).resolve().parent.parent / "examples" / "digits"
+
+    def train(run_dir: Path, *args: str) -> str:
+        run_dir.mkdir(exist_ok=True)
+        env = {
+            **os.environ,
+            "FLEETRUN_RUN_DIR": str(run_dir),
+            "PYTHONPATH": str(NODELIB),
+            "OMP_NUM_THREADS": "1",
+            "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        argv = [str(horovodrun), "--gloo", "-np", "2", "-H", "localhost:2", str(python), "-m"]
+        out = subprocess.run(
+            [*argv, "trainer.task_horovod", *args],
+            cwd=digits,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        return out.stdout
+
+    def checksums(run_dir: Path) -> list[str]:
+        return json.loads((run_dir / "status.json").read_text())["param_checksums"]
+
+    train(tmp_path / "whole", "--epochs", "2")
+    train(tmp_path / "cut", "--epochs", "1", "--checkpoint-every", "10")
+    resumed = train(tmp_path / "cut", "--epochs", "2", "--checkpoint-every", "10")
+    assert "resumed from step 20 (epoch 0, node)" in resumed
+    assert checksums(tmp_path / "cut") == checksums(tmp_path / "whole")
+    assert len(set(checksums(tmp_path / "cut"))) == 1, "every rank holds the same parameters"
+
+
+def agree_in_lock_step(
+    shards: list[ckpt.Checkpointer],
+) -> tuple[dict[int, ckpt.Checkpoint | None], dict[int, list[int]]]:
+    """Every rank's ``agreed_latest`` run side by side in threads, the all-reduce MIN played by a
+    barrier; returns each rank's answer and the values it offered."""
+    barrier = threading.Barrier(len(shards))
+    slots: dict[int, int] = {}
+    offered: dict[int, list[int]] = {r: [] for r in range(len(shards))}
+    results: dict[int, ckpt.Checkpoint | None] = {}
+
+    def rank(r: int) -> None:
+        def smallest(value: int) -> int:
+            offered[r].append(value)
+            slots[r] = value
+            barrier.wait()
+            low = min(slots.values())
+            barrier.wait()
+            return low
+
+        results[r] = shards[r].agreed_latest(smallest)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(shards))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results, offered
+
+
+def test_sharded_ranks_agree_on_the_newest_step_complete_everywhere(tmp_path: Path) -> None:
+    """Rank 1's newest shard (step 30) was cut short: both ranks resume from step 20, the newest
+    step whole on both, not rank 0 from 30 and rank 1 from 20."""
+    shards = [make(tmp_path, rank=r, world=2, sharded=True, keep=5) for r in (0, 1)]
+    for step in (10, 20, 30):
+        for r, cp in enumerate(shards):
+            assert cp.save(step, writer(f"s{step}r{r}".encode())) is not None
+    (tmp_path / "ckpt" / "step-30" / "rank-1" / "weights.bin").write_bytes(b"cut")
+    alone = shards[0].latest()
+    assert alone is not None and alone.step == 30, "on its own, rank 0 would pick 30"
+
+    results, offered = agree_in_lock_step(shards)
+    first, second = results[0], results[1]
+    assert first is not None and second is not None and (first.step, second.step) == (20, 20)
+    assert Path(second.file("weights.bin")).read_bytes() == b"s20r1"
+    assert offered[0][0] == 30 and offered[1][0] == 20, "the first offers differed"
+
+    for step in (10, 20):
+        (tmp_path / "ckpt" / f"step-{step}" / "rank-0" / "weights.bin").write_bytes(b"cut")
+    results, _ = agree_in_lock_step(shards)
+    assert results == {0: None, 1: None}, "no step whole on both ranks: both start fresh"

@@ -79,13 +79,14 @@ def check_against_plan(job: KubeflowOrgV1PyTorchJob, export: ex.PyTorchJobExport
         ]
         env = {e.name: e.value for e in container.env}
         run_dir = f"$HOME/.fleetrun/runs/{plan.run_id}"
+        left_out = ex.OPERATOR_KEYS | (ex.MACHINE_KEYS - spec.env.keys())
         for key, value in plan.head.env.items():
-            if key in ex.OPERATOR_KEYS:
-                assert key not in env, f"{key} is the operator's to set"
+            if key in left_out:
+                assert key not in env, f"{key} is the operator's or the machine's to set"
             else:
                 assert env[key] == value.replace(run_dir, ex.POD_RUN_DIR), key
         assert env["PYTHONPATH"] == ex.POD_LIB
-        assert set(env) == (set(plan.head.env) - ex.OPERATOR_KEYS) | {"PYTHONPATH"}
+        assert set(env) == (set(plan.head.env) - left_out) | {"PYTHONPATH"}
         for key, value in spec.env.items():
             assert env[key] == value
     assert job.spec.run_policy.active_deadline_seconds == int(spec.stop.max_wall_time_s or 0) or (
@@ -129,6 +130,8 @@ def test_nodes_gpus_and_env_from_the_playbook(tmp_path: Path) -> None:
     assert env["FLEETRUN_PROFILE_STEPS"] == "5-9" and env["FLEETRUN_PROFILE_RANKS"] == "0,2"
     assert env["FLEETRUN_OUTPUT_DIR"] == f"{ex.POD_RUN_DIR}/outputs" == env["SM_MODEL_DIR"]
     assert env["FLEETRUN_DATA_DIR"] == "/data/x" and env["NNODES"] == "5"
+    assert "TMPDIR" not in env and "TORCHINDUCTOR_CACHE_DIR" not in env, "the pod's own /tmp"
+    assert not [k for k, v in env.items() if "$HOME" in v], "Kubernetes does not expand $HOME"
     assert any("HF_TOKEN" in n for n in export.notes) and any("/data/x" in n for n in export.notes)
     assert export.manifest["spec"]["runPolicy"]["activeDeadlineSeconds"] == 7200
 

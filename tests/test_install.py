@@ -197,3 +197,46 @@ def test_runtime_files_and_pulumi_program_come_from_the_installed_package(
     assert Path(where["project_configs"]) == cwd.resolve()
     assert where["project_name"] == "fleetrun"
     assert Path(where["virtualenv"]).resolve() == site
+
+
+KEY_C = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIL/J25+urjtSlg/NzELnbVRULdpmj/2+A2qONlNFbs8h"
+WORKDIR_OF = (
+    "import sys; from launch.job.spec import load_job_spec; print(load_job_spec(sys.argv[1]).workdir)"
+)
+THREE_HOSTS = INVENTORY + (
+    f'  - {{name: gpu3, address: 203.0.113.12, private_address: 10.1.0.12, gpus: 1, host_key: "{KEY_C}"}}\n'
+)
+
+
+def test_built_in_playbooks_run_by_name_and_copy_out(
+    workspace: tuple[Path, dict[str, str]], installed: Path
+) -> None:
+    """Away from the checkout, ``digits-ddp`` (and the README's ``playbooks/digits-ddp.yaml``) name
+    the installed built-in, whose workdir resolves to the installed example code; ``examples``
+    copies both folders out, and the copy is what a path then names."""
+    cwd, env = workspace
+    (cwd / "three.yaml").write_text(THREE_HOSTS)
+    fleetrun = str(installed / "bin" / "fleetrun")
+    for name in ("digits-ddp", "playbooks/digits-ddp.yaml"):
+        out = run([fleetrun, "train", name, "--dry-run", "--inventory", "three.yaml"], cwd, env)
+        assert "gpu3" in out and "trainer.task --epochs 8" in out, out
+    workdir = run([str(installed / "bin" / "python"), "-c", WORKDIR_OF, "digits-ddp"], cwd, env).strip()
+    assert Path(workdir) == installed.resolve() / "share" / "fleetrun" / "examples" / "digits"
+    run([fleetrun, "examples", "--into", "mine"], cwd, env)
+    assert (cwd / "mine" / "examples" / "digits" / "trainer" / "task.py").is_file()
+    assert (cwd / "mine" / "playbooks" / "sagemaker-csv.yaml").is_file()
+    assert not list((cwd / "mine").rglob("__pycache__"))
+    out = run(
+        [fleetrun, "train", "mine/playbooks/digits-ddp.yaml", "--dry-run", "--inventory", "three.yaml"],
+        cwd,
+        env,
+    )
+    assert "gpu3" in out, out
+    mine = run(
+        [str(installed / "bin" / "python"), "-c", WORKDIR_OF, "mine/playbooks/digits-ddp.yaml"], cwd, env
+    )
+    assert Path(mine.strip()) == (cwd / "mine" / "examples" / "digits").resolve()
+    again = subprocess.run(
+        [fleetrun, "examples", "--into", "mine"], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 2 and "already exists" in again.stderr, again

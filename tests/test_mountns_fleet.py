@@ -90,6 +90,11 @@ def test_a_digits_job_trains_with_one_user_on_every_node(
         assert (vm.home(i) / ".fleetrun" / "work" / "t-vm" / "trainer").is_dir(), (
             "synced to each node's own home"
         )
+        # torchrun's torchelastic_* went to the run's TMPDIR, removed when the job ended
+        left = [p.name for p in node_tmp(vm, i).iterdir() if p.name.startswith(("torchelastic_", "tmp"))]
+        assert not left, f"node {i}'s /tmp: {left}"
+        run_dirs = list((vm.home(i) / ".fleetrun" / "runs").iterdir())
+        assert run_dirs and not [d for d in run_dirs if (d / "tmp").exists()], run_dirs
 
 
 def _sleeps(fleet: LocalFleet, i: int) -> set[str]:

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 NODELIB = Path(__file__).resolve().parent.parent / "launch" / "nodelib"
 AGENT = str(NODELIB / "fleetrun_node.py")
 
@@ -403,3 +405,41 @@ def test_watchdog_error_falls_back_to_stop_upload_and_power_off(tmp_path: Path) 
     assert (home / "powered-off").exists(), "the power-off hook ran"
     assert "Traceback" in guard.stdout and "RuntimeError" in guard.stdout, "the traceback is logged"
     assert wait_state(run_dir, "exited")["rc"] != 0
+
+
+def test_the_jobs_tmp_is_removed_when_it_ends(tmp_path: Path) -> None:
+    """The job's TMPDIR is the run's ``tmp``: torchrun's torchelastic_* dirs go there, not /tmp."""
+    run_dir = make_run(
+        tmp_path, "r-tmp", "mkdir -p tmp/torchelastic_x && echo x > tmp/torchelastic_x/f; exit 3"
+    )
+    agent("start", str(run_dir))
+    assert wait_state(run_dir, "exited")["rc"] == 3
+    assert not (run_dir / "tmp").exists()
+
+
+def test_stop_removes_the_runs_tmp_but_never_through_a_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrapper killed with its job (a whole session killed, a node that lost power before the
+    stop) never reaches its clean-up: ``stop`` removes the run's ``tmp`` too. A job that put a
+    symlink there (to the user's files) never gets the link's target emptied; a run id that is
+    not a plain name touches nothing."""
+    sys.path.insert(0, str(NODELIB))
+    import fleetrun_node
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    runs = tmp_path / ".fleetrun" / "runs"
+    (runs / "r-gone" / "tmp" / "torchelastic_x").mkdir(parents=True)
+    assert fleetrun_node.stop_run("r-gone", 0.0).remaining == 0
+    assert not (runs / "r-gone" / "tmp").exists() and (runs / "r-gone").is_dir()
+
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "keep").write_text("data")
+    (runs / "r-link").mkdir()
+    (runs / "r-link" / "tmp").symlink_to(precious)
+    fleetrun_node.stop_run("r-link", 0.0)
+    assert (precious / "keep").read_text() == "data"
+    (runs / "odd" / "tmp").mkdir(parents=True)
+    fleetrun_node.stop_run("../runs/odd", 0.0)
+    assert (runs / "odd" / "tmp").is_dir()

@@ -123,3 +123,20 @@ def test_dry_run_says_when_code_travels_through_the_head(tmp_path: Path) -> None
     relayed = make_plan(spec(tmp_path, relay_sync_above=2), inventory(3), run_id="job-b").render()
     assert "code sync" not in direct
     assert "uploaded once to n0, which copies it to the other 2" in relayed
+
+
+def test_the_jobs_temp_files_live_in_its_run_dir_and_are_never_pulled(tmp_path: Path) -> None:
+    """TMPDIR is the run's ``tmp`` (removed by the node agent when the job ends), so torchrun's
+    torchelastic_* dirs never pile up in a shared node's /tmp; torch.compile's cache is kept in
+    fleetrun's folder; a playbook's own TMPDIR wins; the pull leaves ``tmp`` on the node."""
+    from launch.run.artifacts import pull_argv
+
+    node = make_plan(spec(tmp_path), inventory(3), run_id="job-1").nodes[1]
+    assert node.env["TMPDIR"] == "$HOME/.fleetrun/runs/job-1/tmp"
+    assert node.env["TORCHINDUCTOR_CACHE_DIR"] == "$HOME/.fleetrun/cache/torchinductor"
+    assert 'export TMPDIR="$HOME"/.fleetrun/runs/job-1/tmp' in node.launch_script
+    assert 'mkdir -p "$FLEETRUN_OUTPUT_DIR" "$TMPDIR"' in node.launch_script
+    own = make_plan(spec(tmp_path, env={"TMPDIR": "/scratch/me"}), inventory(3), run_id="job-1").nodes[0]
+    assert own.env["TMPDIR"] == "/scratch/me" and "export TMPDIR=/scratch/me" in own.launch_script
+    argv = pull_argv("n0:.fleetrun/runs/job-1/", tmp_path, "ssh")
+    assert "--exclude=/tmp/" in argv and argv.index("--exclude=/tmp/") < argv.index("-e")

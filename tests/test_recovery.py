@@ -4,9 +4,11 @@ with a fake clock, the Pulumi replacement with a fake stack, and attempts in the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import socket
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +267,9 @@ class FakeStack:
     def refresh(self, **kwargs: Any) -> None:
         self.calls.append("refresh")
 
+    def cancel(self) -> None:
+        self.calls.append("cancel")
+
     def up(self, **kwargs: Any) -> Any:
         self.calls.append("up")
 
@@ -302,15 +307,51 @@ def test_stack_replacement_recreates_only_the_lost_node(tmp_path: Path) -> None:
     )
 
 
+def test_stack_replacement_that_outlives_its_timeout_is_cancelled(tmp_path: Path) -> None:
+    """A cloud that cannot provision in time: the update is cancelled and the node not replaced."""
+    before = stack_outputs()
+    host = next(
+        h for h in inventory_from_stack_outputs(before, tmp_path / "key", stack="dev").hosts if h.name == "n1"
+    )
+    release = threading.Event()
+
+    class StuckStack(FakeStack):
+        def up(self, **kwargs: Any) -> Any:
+            self.calls.append("up")
+            release.wait(30)
+            raise RuntimeError("cancelled")
+
+    stuck = StuckStack(before, before)
+    said: list[str] = []
+    assert stack_replace.replace_node("dev", host, stack=stuck, on_output=said.append, timeout_s=0.2) is None
+    assert stuck.calls == ["outputs", "refresh", "up", "cancel"]
+    assert any("took longer than 0 s" in m and "cancelling" in m for m in said), said
+    release.set()
+    quick = FakeStack(before, before)
+    new = stack_replace.replace_node("dev", host, stack=quick, on_output=said.append, timeout_s=30)
+    assert quick.calls == ["outputs", "refresh", "up"] and new is not None and new.name == "n1"
+
+
 def test_lab_replacement_waits_for_the_host() -> None:
+    """The host counts as back when its port sends an SSH banner; gone when nothing answers."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
+
+    def serve_banners() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+    threading.Thread(target=serve_banners, daemon=True).start()
     base = sample_inventory(1).hosts[0]
     host = base.model_copy(update={"address": "127.0.0.1", "port": port})
     kind = LabKind(LabFleet())
     assert kind.replace(host, lambda _m: None, 5.0) == host
+    listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the banner thread
     listener.close()
     assert kind.replace(host, lambda _m: None, 0.3) is None
 
@@ -359,7 +400,7 @@ def test_rank_failing_by_itself_is_not_retried_by_default(
     from tests.fakefleet import JobScript, NodeScript, run_on_fake_fleet
 
     checked: list[str] = []
-    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host: checked.append(host.name) or True)
+    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host, *_: checked.append(host.name) or True)
     job = JobScript(steps=10, nodes={"n1": NodeScript(exit_at_step=3, exit_code=3)})
     run = run_on_fake_fleet(tmp_path, monkeypatch, job, recovery={"max_restarts": 2})
     assert run.summary.outcome == "failed" and run.summary.rule == "rank_failed"
@@ -379,7 +420,7 @@ def test_unreachable_but_answering_node_is_watched_on_a_bounded_number_of_times(
     from launch.run.reporter import RecordingReporter
     from tests.fakefleet import JobScript, NodeScript, run_on_fake_fleet
 
-    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host: True)
+    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host, *_: True)
     reporter = RecordingReporter()
     job = JobScript(steps=1000, nodes={"n1": NodeScript(unreachable_from_step=3)})
     run = run_on_fake_fleet(

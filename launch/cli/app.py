@@ -19,6 +19,7 @@ from launch.cli.runs import open_records
 from launch.errors import SpecError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.select import load_inventory, local_fleet
+from launch.job.builtin import resolve_playbook
 from launch.job.inventory import Inventory
 from launch.job.spec import JobSpec, load_job_spec
 from launch.paths import known_hosts_file
@@ -62,6 +63,7 @@ def train(
     """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``);
     ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part)."""
     console = console or Console()
+    playbook = resolve_playbook(playbook)
     spec = load_job_spec(playbook)
     if teardown is not None:
         try:

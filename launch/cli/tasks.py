@@ -40,7 +40,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @task(
     help={
-        "playbook": "job file, e.g. playbooks/digits-ddp.yaml",
+        "playbook": "job file, or a built-in playbook's name (`fab examples` copies them out)",
         "inventory": "'local' (default), 'local:<prefix>', 'stack:<name>', stack outputs .json, or inventory .yaml",
         "dry-run": "print, per node, exactly what would run; connect to nothing",
         "teardown": "override the playbook: always, on_success or never",
@@ -154,9 +154,9 @@ def local_status(c: Any, prefix: str = "") -> None:
         print(f"{kind:>10}: {', '.join(items) if items else '-'}")
 
 
-@task(help={"nodes": "number of nodes", "playbook": "job file"})
+@task(help={"nodes": "number of nodes", "playbook": "job file, or a built-in playbook's name"})
 @_friendly
-def demo(c: Any, nodes: int = 3, playbook: str = "playbooks/digits-ddp.yaml") -> None:
+def demo(c: Any, nodes: int = 3, playbook: str = "digits-ddp") -> None:
     """The README's demo: local fleet up, train the example across it, fleet down."""
     from launch.cli import app
     from launch.run.summary import RunResult
@@ -169,6 +169,30 @@ def demo(c: Any, nodes: int = 3, playbook: str = "playbooks/digits-ddp.yaml") ->
         fleet.down()
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
+
+
+@task(help={"into": "the folder to copy them into (must not exist yet)"})
+@_friendly
+def examples(c: Any, into: str = "fleetrun-examples") -> None:
+    """Copy the built-in playbooks and their example code into a folder, to read, edit and run."""
+    import shutil
+    from pathlib import Path
+
+    from launch.errors import SpecError
+    from launch.job.builtin import builtin_root
+    from launch.reports.safe_text import clean
+
+    root = builtin_root()
+    if root is None:
+        raise SpecError("the built-in playbooks are not installed (a wheel without its data files?)")
+    target = Path(into)
+    if target.exists():
+        raise SpecError(f"--into {clean(into, 200)!r}: already exists; name a new folder")
+    for part in ("playbooks", "examples"):
+        shutil.copytree(root / part, target / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    print(
+        f"copied to {clean(str(target), 200)}: run `fleetrun train {clean(str(target), 200)}/playbooks/digits-ddp.yaml`"
+    )
 
 
 RUN_FILTER_HELP = {
@@ -408,6 +432,7 @@ ns.add_task(train)
 ns.add_task(plan)
 ns.add_task(doctor)
 ns.add_task(demo)
+ns.add_task(examples)
 ns.add_task(up)
 ns.add_task(down)
 ns.add_task(runs)

@@ -3,12 +3,19 @@ of our own): ``refresh`` (the terminated or reclaimed instance leaves the state)
 (Pulumi creates what the program declares and the state lacks: only the missing instance; the
 survivors are unchanged), then the new outputs, whose host key for the node is pinned again.
 
-The stack object is passed in by tests (a fake with ``refresh``, ``up`` and ``outputs``); in a
-real run it is opened from the project like ``fab up`` opens it.
+The whole update is bounded by the recovery's ``replace_timeout_s``: ``up`` runs in a worker
+thread, and when it outlives the deadline the update is cancelled (``Stack.cancel``) and the
+replacement gives up, so a cloud out of capacity cannot hold a run (and its surviving, billing
+nodes) forever.
+
+The stack object is passed in by tests (a fake with ``refresh``, ``up``, ``outputs`` and
+``cancel``); in a real run it is opened from the project like ``fab up`` opens it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,6 +33,7 @@ class StackLike(Protocol):
     def refresh(self, **kwargs: Any) -> Any: ...
     def up(self, **kwargs: Any) -> Any: ...
     def outputs(self) -> Any: ...
+    def cancel(self) -> Any: ...
 
 
 def replace_node(
@@ -35,13 +43,15 @@ def replace_node(
     stack: StackLike | None = None,
     project_dir: Path | None = None,
     on_output: Callable[[str], None] = print,
+    timeout_s: float | None = None,
 ) -> Host | None:
     """Recreate ``host``'s instance and return it as a ``Host`` read from the new outputs (its new
     address and pinned host key), or None when the outputs no longer name the node.
 
     Survivors must come out of ``up`` unchanged: a survivor whose address or host key changed is
     a stack that replaced more than the lost node (a changed config, a drifted program), and the
-    run must not go on against machines it did not plan for.
+    run must not go on against machines it did not plan for. None as well when refresh and up
+    together take longer than ``timeout_s`` (the update is cancelled).
     """
     from launch.fleets.kinds.stack import inventory_from_stack_outputs
 
@@ -51,8 +61,20 @@ def replace_node(
         host.key,
         stack=stack_name,
     )
-    _run(lambda: opened.refresh(on_output=on_output, show_secrets=False), "refresh")
-    result = _run(lambda: opened.up(on_output=on_output), "up")
+
+    def update() -> Any:
+        _run(lambda: opened.refresh(on_output=on_output, show_secrets=False), "refresh")
+        return _run(lambda: opened.up(on_output=on_output), "up")
+
+    finished, result = _within(update, timeout_s)
+    if not finished:
+        on_output(
+            f"stack {stack_name}: replacing {host.name} took longer than {timeout_s:.0f} s; "
+            "cancelling the update (run `fab up` later to bring the stack back in line)"
+        )
+        with contextlib.suppress(Exception):
+            opened.cancel()
+        return None
     outputs = outputs_to_contract(result.outputs, source=f"stack {stack_name}")
     after = inventory_from_stack_outputs(outputs, host.key, stack=stack_name)
     old = {h.name: h for h in before.hosts}
@@ -66,3 +88,26 @@ def replace_node(
                 "(address or host key); refusing to go on"
             )
     return next((h for h in after.hosts if h.name == host.name), None)
+
+
+def _within(call: Callable[[], Any], timeout_s: float | None) -> tuple[bool, Any]:
+    """``(True, call())``, or ``(False, None)`` when ``call`` is still running after ``timeout_s``
+    (it goes on in a daemon thread until cancelled); ``call``'s exception is raised here."""
+    if timeout_s is None:
+        return True, call()
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="stack-replace", daemon=True)
+    worker.start()
+    worker.join(max(0.0, timeout_s))
+    if worker.is_alive():
+        return False, None
+    if "error" in box:
+        raise box["error"]
+    return True, box.get("result")

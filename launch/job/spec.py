@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from launch.errors import SpecError
+from launch.job.builtin import resolve_playbook
 from launch.job.profiling import ProfileSpec
 from launch.job.sagemaker import (
     MAX_CHANNELS,
@@ -398,7 +399,7 @@ def load_job_spec(path: str | Path) -> JobSpec:
     home directory (the whole of it would be synced to every node), the requirements file is
     inside it, and the launcher's own limits (``launcher.check_spec``).
     """
-    path = Path(path)
+    path = resolve_playbook(path)
     shown = printable(path, 400)
     data = load_yaml_mapping(path, "playbook")
     workdir = data.get("workdir")

@@ -47,17 +47,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
     from launch.nodelib import fleetrun_bucket
     from launch.nodelib import fleetrun_protocol as protocol
-    from launch.nodelib.fleetrun_checkpoint_files import MANIFEST, read_manifest, replace_dir, seal, verify
+    from launch.nodelib.fleetrun_checkpoint_files import MANIFEST, replace_dir, seal, verify, written_here
+    from launch.nodelib.fleetrun_ranks import any_rank, smallest_across_ranks
 else:
     import fleetrun_bucket  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402
-    from fleetrun_checkpoint_files import (  # noqa: E402
-        MANIFEST,
-        read_manifest,
-        replace_dir,
-        seal,
-        verify,
-    )
+    from fleetrun_checkpoint_files import MANIFEST, replace_dir, seal, verify, written_here  # noqa: E402
+    from fleetrun_ranks import any_rank, smallest_across_ranks  # noqa: E402
 
 FLAG_FILE = "preempt.json"
 KEEP = 3
@@ -161,26 +157,58 @@ class Checkpointer:
         return sorted((int(m.group(1)) for n in names if (m := _STEP_RE.fullmatch(n))), reverse=True)
 
     # -- finding one -----------------------------------------------------------------------------
-    def latest(self, hashes: bool = True) -> Checkpoint | None:
-        """The newest complete checkpoint: ``FLEETRUN_RESUME_FROM``, this node, the bucket, or None."""
+    def latest(self, hashes: bool = True, at_most: int | None = None) -> Checkpoint | None:
+        """The newest complete checkpoint: ``FLEETRUN_RESUME_FROM``, this node, the bucket, or None.
+        ``at_most``: only steps up to it (``agreed_latest`` narrows down with it)."""
+
+        def fits(step: int) -> bool:
+            return at_most is None or step <= at_most
+
         if self.resume_from:
             found = self._resume_from(hashes)
-            if found is not None:
+            if found is not None and fits(found.step):
                 return found
-        return self.on_node(hashes) or self._from_bucket()
+        return self.on_node(hashes, at_most) or self._from_bucket(fits)
 
-    def on_node(self, hashes: bool = True) -> Checkpoint | None:
-        """The newest complete checkpoint on this node's disk, or None: never a download.
+    def on_node(self, hashes: bool = True, at_most: int | None = None) -> Checkpoint | None:
+        """The newest complete checkpoint on this node's disk (up to ``at_most``), or None: never
+        a download.
 
         The watchdog asks this in a preemption window, where fetching the bucket's copy of a
         checkpoint (``latest``'s last resort) would spend the window on a useless transfer.
         """
         for step in self.steps():
+            if at_most is not None and step > at_most:
+                continue
             path = self._own(self.step_dir(step))
             manifest = verify(path, hashes)
             if manifest is not None:
                 return Checkpoint(path, manifest.step, "node", manifest)
         return None
+
+    def agreed_latest(
+        self, smallest: Callable[[int], int] | None = None, hashes: bool = True
+    ) -> Checkpoint | None:
+        """Sharded: the newest step whose shard is complete on *every* rank, or None on every rank.
+
+        Each rank's own newest shard is not enough: a rank whose newest shard was cut short would
+        resume from an older step than the others, and the model would be stitched from two
+        steps. Every rank offers its newest step; when they differ, all look again at or below
+        the smallest offer, until every rank offers the same step (the offers only go down, so
+        this ends). ``smallest`` is the all-reduce MIN of an integer (``smallest_across_ranks``
+        by default); call this on every rank.
+        """
+        smallest = smallest or smallest_across_ranks
+        bound: int | None = None
+        while True:
+            found = self.latest(hashes, at_most=bound)
+            mine = found.step if found is not None else -1
+            low = smallest(mine)
+            if low < 0:
+                return None
+            if -smallest(-mine) == low:  # the largest offer equals the smallest: all agree
+                return found
+            bound = low
 
     def _resume_from(self, hashes: bool) -> Checkpoint | None:
         source = self.resume_from.rstrip("/")
@@ -198,11 +226,11 @@ class Checkpointer:
         manifest = verify(path, hashes)
         return None if manifest is None else Checkpoint(path, manifest.step, "resume_from", manifest)
 
-    def _from_bucket(self) -> Checkpoint | None:
+    def _from_bucket(self, fits: Callable[[int], bool] = lambda _step: True) -> Checkpoint | None:
         if self.bucket is None:
             return None
         pointer = self.bucket.pointer(self.pointer_name)
-        for step in pointer.steps if pointer else ():
+        for step in filter(fits, pointer.steps if pointer else ()):
             got = self._download(step, self._own(self.bucket.checkpoints_url(f"step-{step}")))
             if got is not None:
                 return got
@@ -256,24 +284,12 @@ class Checkpointer:
             self._enqueue(step)
         return Checkpoint(final, step, "node", manifest)
 
-    def _written_here(self, step: int) -> bool:
-        """Whether ``step``'s directory (this rank's part) is one this helper wrote.
-
-        A real directory (no symlink on the way) holding a manifest of that step: a user's own
-        ``step-<N>`` directory, or a link out of the checkpoint directory, is never deleted.
-        """
-        step_dir = self.step_dir(step)
-        own = self._own(step_dir)
-        if any(os.path.islink(p) for p in (step_dir, own, os.path.join(own, MANIFEST))):
-            return False
-        manifest = read_manifest(own)
-        return manifest is not None and manifest.step == step
-
     def _rotate(self) -> None:
         """Keep the newest ``keep`` steps this helper wrote (never one still waiting for its upload)."""
         with self._cond:
             protected = {self._queued, self._busy}
-        for step in [s for s in self.steps() if self._written_here(s)][self.keep :]:
+        mine = [s for s in self.steps() if written_here(self.step_dir(s), self._own(self.step_dir(s)), s)]
+        for step in mine[self.keep :]:
             if step in protected:
                 continue
             own = self._own(self.step_dir(step))
@@ -381,7 +397,7 @@ class Checkpointer:
             self._stop.set()
         flag = self._stop.is_set()
         if everywhere:
-            flag = _any_rank(flag)
+            flag = any_rank(flag)
             if flag and not self._stop.is_set():
                 how = "peer"
                 self._stop.set()
@@ -405,21 +421,6 @@ def _mark_signal(run_dir: str, rank: int, name: str = "", how: str = "sigterm") 
 def _log(message: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         print(f"fleetrun_checkpoint: {message}", file=sys.stderr, flush=True)
-
-
-def _any_rank(flag: bool) -> bool:
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        return flag
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    if dist.get_backend() == "nccl":
-        tensor = tensor.cuda()
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
 
 
 # -- the module-level helper ------------------------------------------------------------------------

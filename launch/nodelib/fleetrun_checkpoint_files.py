@@ -104,3 +104,15 @@ def replace_dir(src: str, dest: str) -> None:
     _fsync_dir(os.path.dirname(dest))
     if old:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def written_here(step_dir: str, own: str, step: int) -> bool:
+    """Whether ``own`` (``step_dir`` or this rank's shard of it) is a step the helper wrote.
+
+    A real directory (no symlink on the way) holding a manifest of that step: a user's own
+    ``step-<N>`` directory, or a link out of the checkpoint directory, is never deleted.
+    """
+    if any(os.path.islink(p) for p in (step_dir, own, os.path.join(own, MANIFEST))):
+        return False
+    manifest = read_manifest(own)
+    return manifest is not None and manifest.step == step

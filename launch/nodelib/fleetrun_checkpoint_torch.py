@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
     from launch.nodelib.fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default
+    from launch.nodelib.fleetrun_ranks import horovod
 else:
     from fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default  # noqa: E402
+    from fleetrun_ranks import horovod  # noqa: E402
 
 
 STATE_FILE = "training_state.pt"
@@ -113,7 +115,8 @@ def resume_training_state(
     Rank 0 finds it (``latest()``: resume_from, its disk, the bucket) and, under
     torch.distributed, sends its bytes to the other ranks: their disks need not hold it (rank 0
     wrote it on another node), and two ranks must never start from different steps. Every rank
-    gets rank 0's RNG state. Sharded checkpoints: each rank loads its own shard.
+    gets rank 0's RNG state. Sharded checkpoints: each rank loads its own shard, of the newest
+    step complete on every rank (``agreed_latest``).
     The answer adds ``source`` and ``path`` to ``load_training_state``'s.
     """
     import io
@@ -122,8 +125,11 @@ def resume_training_state(
 
     cp = checkpointer or default()
     dist = _distributed()
-    if dist is None or cp.sharded:
-        found = cp.latest()
+    hvd = horovod() if dist is None else None
+    if hvd is not None and not cp.sharded:
+        return _resume_under_horovod(hvd, cp, model, optimizer)
+    if cp.sharded or dist is None:
+        found = cp.agreed_latest() if cp.sharded else cp.latest()  # agreed: one step on every rank
         if found is None:
             return None
         return {**load_training_state(found, model, optimizer), "source": found.source, "path": found.path}
@@ -138,6 +144,27 @@ def resume_training_state(
     if payload[0] is None:
         return None
     data, source, path = payload[0]
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    return {**_apply(state, model, optimizer), "source": source, "path": path}
+
+
+def _resume_under_horovod(hvd: Any, cp: Checkpointer, model: Any, optimizer: Any) -> dict[str, Any] | None:
+    """``resume_training_state`` under horovodrun: rank 0's bytes go to every rank with
+    ``hvd.broadcast_object`` (the same guarantee as the torch.distributed path)."""
+    import io
+
+    import torch
+
+    payload = None
+    if hvd.rank() == 0:
+        found = cp.latest()
+        if found is not None:
+            with open(found.file(STATE_FILE), "rb") as fh:
+                payload = (fh.read(), found.source, found.path)
+    payload = hvd.broadcast_object(payload, root_rank=0, name="fleetrun.resume")
+    if payload is None:
+        return None
+    data, source, path = payload
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     return {**_apply(state, model, optimizer), "source": source, "path": path}
 

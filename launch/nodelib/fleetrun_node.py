@@ -5,25 +5,22 @@ The laptop calls it over SSH. Keeping this logic on the node makes each poll one
 with one short JSON answer, whatever the number of files or processes involved. Every message
 in and out is a record of ``fleetrun_protocol.py`` (shipped beside this file).
 
-  fleetrun_node.py receive RUN_DIR        write the files of a bundle read on stdin into RUN_DIR
-                                          (mode 0600, RUN_DIR and ~/.fleetrun 0700): scripts and
-                                          secrets never travel in a command line, visible in ps
+  fleetrun_node.py receive RUN_DIR        write a bundle read on stdin into RUN_DIR (files 0600,
+                                          dirs 0700): scripts and secrets never go in a command line
   fleetrun_node.py start RUN_DIR [--stdin]
                                           start RUN_DIR/launch.sh detached (and the watchdog,
                                           fleetrun_guard.py, when RUN_DIR/guard.json exists);
                                           --stdin: receive the files first, in the same call
   fleetrun_node.py poll RUN_DIR OFFSET [--no-heartbeat]
                                           state, exit code, new metrics bytes since OFFSET, status
-  fleetrun_node.py serve RUN_DIR          answer poll requests (one JSON line each) on stdin with
-                                          one JSON line each, until EOF or 10 idle minutes (the
-                                          watcher's persistent poll channel: no interpreter start
-                                          per poll)
+  fleetrun_node.py serve RUN_DIR          answer poll requests, a JSON line each, on stdin until EOF
+                                          or 10 idle minutes (the watcher's persistent channel)
   fleetrun_node.py guard RUN_DIR [--stdin]
                                           start only the watchdog (nodes whose ranks the head starts)
   fleetrun_node.py upload RUN_DIR REQUEST copy the run directory with the command in REQUEST (an
                                           UploadRequest computed on the laptop: no cloud logic here)
-  fleetrun_node.py stop RUN_ID [GRACE]    stop every process carrying FLEETRUN_RUN_ID=RUN_ID,
-                                          the watchdog included (the watcher is wrapping up)
+  fleetrun_node.py stop RUN_ID [GRACE]    stop every process carrying FLEETRUN_RUN_ID=RUN_ID (the
+                                          watchdog too), then remove the run's tmp (its TMPDIR)
 
 Everything it reads on the node was written by the job or can be overwritten by it (``rc``,
 ``pid``, ``status.json``, ``metrics.jsonl``), so it is read with a size bound and parsed through
@@ -54,7 +51,9 @@ if TYPE_CHECKING:
 else:
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
-WRAPPER = 'sh ./launch.sh; rc=$?; echo "$rc" > rc.tmp; mv rc.tmp rc; exit "$rc"'
+RUN_TMP = "tmp"
+"""The job's ``TMPDIR`` in its run dir (torchrun's ``torchelastic_*``): removed when the job ends."""
+WRAPPER = f'sh ./launch.sh; rc=$?; rm -rf ./{RUN_TMP}; echo "$rc" > rc.tmp; mv rc.tmp rc; exit "$rc"'
 MAX_CHUNK = protocol.MAX_CHUNK
 SERVE_IDLE_S = 600.0
 SMALL_FILE = 64
@@ -434,6 +433,9 @@ def stop_run(run_id: str, grace: float, spare: int | None = None) -> protocol.St
             pass
     time.sleep(0.05)
     remaining = [p for p in _run_pids(run_id) if p != spare]
+    tmp = os.path.join(os.path.expanduser("~"), ".fleetrun", "runs", run_id, RUN_TMP)
+    if not remaining and protocol.is_name(run_id) and os.path.isdir(tmp) and not os.path.islink(tmp):
+        shutil.rmtree(tmp, ignore_errors=True)  # the killed wrapper never removed its TMPDIR
     return protocol.StopAnswer(
         terminated=len(set(found) - set(guards)),
         watchdogs=len(guards),

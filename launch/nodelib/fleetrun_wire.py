@@ -17,6 +17,7 @@ from typing import Any
 
 __all__ = [
     "KiB",
+    "is_name",
     "MAX_ARG",
     "MAX_ARGV",
     "MAX_BUNDLE_BYTES",
@@ -132,6 +133,11 @@ _FILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _STATUS_WORD_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TOKEN_RE = re.compile(r'[\[\]{}"]')
 _STRING_REST_RE = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def is_name(value: str) -> bool:
+    """Whether ``value`` is a plain name (a run id, a job): what ``name`` fields accept."""
+    return bool(_NAME_RE.fullmatch(value)) and ".." not in value
 
 
 class ProtocolError(ValueError):

@@ -63,6 +63,9 @@ OPERATOR_KEYS = frozenset(
         "CUDA_VISIBLE_DEVICES",
     }
 )
+MACHINE_KEYS = frozenset({"TMPDIR", "TORCHINDUCTOR_CACHE_DIR"})
+"""Where a shared machine keeps scratch and caches; a pod has its own /tmp (and Kubernetes would
+not expand ``$HOME`` in a value): left to the container."""
 """Per-node values of fleetrun's plan that the operator sets in each pod (or the device plugin does)."""
 K8S_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,499}")
@@ -109,8 +112,8 @@ def pod_env(plan: LaunchPlan) -> dict[str, str]:
     run_dir = layout.home(layout.rundir(plan.run_id))
     env = {}
     for key, value in plan.head.env.items():
-        if key in OPERATOR_KEYS:
-            continue
+        if key in OPERATOR_KEYS or (key in MACHINE_KEYS and value.startswith(layout.home(layout.ROOT))):
+            continue  # the operator's, or fleetrun's machine folders (a playbook's own value stays)
         if value == run_dir or value.startswith(run_dir + "/"):
             value = POD_RUN_DIR + value[len(run_dir) :]
         env[key] = value

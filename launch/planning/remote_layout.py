@@ -5,6 +5,8 @@ All paths are relative to the node user's home (shell ``$HOME``), so they hold f
   ~/.fleetrun/work/<job>/     the job's synced workdir
   ~/.fleetrun/envs/<job>/     the job's Python environment (setup)
   ~/.fleetrun/runs/<run_id>/  one run: launch.sh, pid, rc, node.log, metrics.jsonl, status.json, outputs/
+  ~/.fleetrun/runs/<run_id>/tmp/  the job's TMPDIR: removed when the job ends, never pulled
+  ~/.fleetrun/cache/torchinductor/  torch.compile's cache, kept across runs
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 ROOT = ".fleetrun"
 LIB = f"{ROOT}/lib"
 AGENT = f"{LIB}/fleetrun_node.py"
+RUN_TMP = "tmp"
+"""The job's ``TMPDIR`` inside its run directory (``fleetrun_node.RUN_TMP`` says the same)."""
+INDUCTOR_CACHE = f"{ROOT}/cache/torchinductor"
 
 
 def workdir(job: str) -> str:

@@ -122,6 +122,7 @@ def pull_argv(source: str, target: Path, rsh: str, max_file_bytes: int = PULL_MA
         "--chmod=ug-s,go-w",
         f"--max-size={max_file_bytes}",
         "--info=skip1",
+        f"--exclude=/{layout.RUN_TMP}/",  # the job's TMPDIR: scratch, not a result
         "-e",
         rsh,
         source,

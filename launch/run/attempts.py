@@ -20,13 +20,10 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import shutil
-import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
-
-import paramiko
 
 from launch.errors import HostError
 from launch.fleets.kinds.registry import fleet_kind
@@ -58,7 +55,7 @@ from launch.run.summary import RunSummary
 from launch.run.target import WatchTarget
 from launch.run.watch import AGENT, Watcher
 from launch.run.watching import build_watcher, save_traceback, watch_safely
-from launch.transport.jump import JumpHosts
+from launch.transport.reachability import CHECK_TIMEOUT_S, sshd_answers
 from launch.transport.ssh import Fleet, NodeConnection
 
 if TYPE_CHECKING:
@@ -78,39 +75,10 @@ ATTEMPT_FILES = (
     "signals",
 )
 """What one attempt leaves in the run directory; moved to ``attempt-<n>/`` before the next starts."""
-CHECK_TIMEOUT_S = 3.0
 MAX_RECHECKS = 5
 """Times per run the watcher goes on after nodes answered a re-check; past it (a node whose sshd
 answers but whose agent never does) the unreachable decision stands."""
 CHECK_EVERY_S = 1.0
-
-
-def sshd_answers(host: Host, timeout: float = CHECK_TIMEOUT_S) -> bool:
-    """One check: a fresh TCP connection to the host's sshd sends back an SSH banner."""
-    try:
-        with socket.create_connection((host.address, host.port), timeout=timeout) as sock:
-            sock.settimeout(timeout)
-            return sock.recv(64).startswith(b"SSH-")
-    except OSError:
-        return False
-
-
-def sshd_answers_through(jumps: JumpHosts, host: Host, timeout: float = CHECK_TIMEOUT_S) -> bool:
-    """The same check for a host behind a bastion (``proxy_jump``), which this machine cannot
-    reach directly: a fresh ``direct-tcpip`` channel from its jump host to its sshd, over the
-    fleet's shared jump connection, sends back an SSH banner. A jump host that is gone or cannot
-    connect is a failed check, like a refused TCP connection."""
-    try:
-        channel = jumps.channel(host, timeout)
-    except (HostError, OSError, EOFError, paramiko.SSHException):
-        return False
-    try:
-        channel.settimeout(timeout)
-        return channel.recv(64).startswith(b"SSH-")
-    except (OSError, EOFError, paramiko.SSHException):
-        return False
-    finally:
-        channel.close()
 
 
 def gather_evidence(
@@ -217,13 +185,12 @@ class Attempts:
             return None
         self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
         started = time.monotonic()
-        fleet = self.runner.fleet
-
-        def check(host: Host) -> bool:  # sshd_answers looked up here, so tests can stand in for sshd
-            return sshd_answers(host) if host.proxy_jump is None else sshd_answers_through(fleet.jumps, host)
-
-        evidence = gather_evidence(
-            self.runner.hosts, self.policy.confirm_s, check=check, preempted=preempted_nodes(watcher)
+        jumps = self.runner.fleet.jumps  # hosts behind a bastion are checked through it
+        evidence = gather_evidence(  # sshd_answers looked up here, so tests can stand in for sshd
+            self.runner.hosts,
+            self.policy.confirm_s,
+            check=lambda host: sshd_answers(host, CHECK_TIMEOUT_S, jumps),
+            preempted=preempted_nodes(watcher),
         )
         self.timings = {"recheck": time.monotonic() - started}
         back = answered_again(decision, evidence)

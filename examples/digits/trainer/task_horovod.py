@@ -8,9 +8,14 @@ what ``trainer.task`` does with DDP:
 * rank 0's initial parameters *and optimizer state* are broadcast, so every rank starts equal
   (DDP broadcasts parameters in its constructor; Horovod leaves it to the script);
 * the loss logged is the all-rank average, written by rank 0 through fleetrun's metrics helper;
-* at the end every rank's parameter checksum is gathered, so a run can prove the replicas agree.
+* at the end every rank's parameter checksum is gathered, so a run can prove the replicas agree;
+* checkpoints and resume through fleetrun's checkpoint helper, as in ``trainer.task``: every
+  ``--checkpoint-every`` steps and on SIGTERM or a preemption notice (any rank's stop stops every
+  rank at the same step, agreed with a Horovod all-reduce), and a later attempt resumes mid-epoch
+  from rank 0's newest checkpoint, broadcast to every rank.
 
-The command-line flags are ``trainer.task``'s, including ``--fail-rank``/``--fail-step``.
+The command-line flags are ``trainer.task``'s, including ``--fail-rank``/``--fail-step`` and
+``--checkpoint-every``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainer.data import load_digits
 from trainer.model import build_model
-from trainer.task import Metrics, evaluate, my_address, param_checksum, parse_args
+from trainer.task import (
+    STOPPED_FOR_CHECKPOINT,
+    Metrics,
+    ckpt,
+    evaluate,
+    my_address,
+    param_checksum,
+    parse_args,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,16 +75,35 @@ def main(argv: list[str] | None = None) -> int:
     test_loader = DataLoader(test_set, batch_size=256)
     model = build_model(args.hidden).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # Wrap first: DistributedOptimizer is a new optimizer over the same parameters and does not
+    # carry the wrapped one's state over, so a resumed momentum buffer must be loaded into it.
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    checkpoints = ckpt.default()  # installs the SIGTERM handler: a stop asks for a checkpoint
+    step, first_epoch, skip = 0, 0, 0
+    resumed = ckpt.resume_training_state(model, optimizer)  # rank 0's checkpoint, on every rank
+    if resumed is not None:
+        step, first_epoch = int(resumed["step"]), int(resumed["epoch"])
+        skip = int((resumed["sampler"] or {}).get("batches_done", 0))
+        metrics.event(
+            "resumed", step=step, epoch=first_epoch, source=resumed["source"], attempt=ckpt.attempt()
+        )
+        if rank == 0:
+            print(f"resumed from step {step} (epoch {first_epoch}, {resumed['source']})", flush=True)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     loss_fn = nn.CrossEntropyLoss()
 
-    step = 0
+    def checkpoint(epoch: int, batches_done: int) -> None:
+        sampler_state = {"epoch": epoch, "batches_done": batches_done, "seed": args.seed}
+        ckpt.save_training_state(step, model, optimizer, epoch=epoch, sampler_state=sampler_state)
+        metrics.event("checkpoint", step=step, epoch=epoch)
+
     started = time.time()
-    for epoch in range(args.epochs):
+    for epoch in range(first_epoch, args.epochs):
         sampler.set_epoch(epoch)
-        for x, y in loader:
+        for batch, (x, y) in enumerate(loader):
+            if epoch == first_epoch and batch < skip:
+                continue  # these batches were trained on before the checkpoint
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)
@@ -83,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
                 os._exit(3)
             reduced = hvd.allreduce(loss.detach(), name="loss", op=hvd.Average)
             metrics.log(step=step, loss=float(reduced), epoch=epoch, lr=args.lr)
+            stop = checkpoints.should_save(everywhere=True)  # any rank's SIGTERM stops every rank
+            if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+                checkpoint(epoch, batch + 1)
+            if stop:
+                durable = checkpoints.wait_uploaded(timeout=60)
+                metrics.event("stopped_for_checkpoint", step=step, uploaded=durable)
+                print(f"rank {rank}: checkpoint at step {step} after a stop request; exiting", flush=True)
+                sys.stdout.flush()
+                os._exit(STOPPED_FOR_CHECKPOINT)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
         val_loss, val_acc = evaluate(model, test_loader)

@@ -73,18 +73,10 @@ class LabKind:
         """Lab machines are not made by fleetrun: wait (up to ``timeout_s``) for the host's sshd to
         answer again (a reboot, a network fixed) and give back the same host, its pinned key
         unchanged (a changed key is still refused when the run connects). None when it stays away."""
-        import socket
-        import time
+        from launch.transport.reachability import wait_for_sshd
 
         say(f"{host.name}: lab machine; waiting up to {timeout_s:.0f} s for it to answer again")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection((host.address, host.port), timeout=REPLACE_POLL_S):
-                    return host
-            except OSError:
-                time.sleep(min(REPLACE_POLL_S, max(0.0, deadline - time.monotonic())))
-        return None
+        return host if wait_for_sshd(host, timeout_s, poll_s=REPLACE_POLL_S) else None
 
 
 def _resolve_key(entry: dict[str, object], path: Path) -> None:

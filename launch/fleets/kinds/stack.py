@@ -80,14 +80,29 @@ class StackKind:
 
     def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
         """Refresh + up through the Automation API recreates only the missing instance; its new
-        host key comes from the outputs (``launch.fleets.stack_replace``). A cluster known only from
-        an outputs file has no stack to update: None."""
+        host key comes from the outputs (``launch.fleets.stack_replace``); then its sshd is awaited
+        (a booting instance), all within ``timeout_s``. A cluster known only from an outputs file
+        has no stack to update: None."""
         if not self.ref.stack:
             say(f"{host.name}: no stack name (inventory from an outputs file); cannot replace it")
             return None
-        from launch.fleets import stack_replace  # Pulumi, imported only by cloud users
+        import time
 
-        return stack_replace.replace_node(self.ref.stack, host, on_output=say)
+        from launch.fleets import stack_replace  # Pulumi, imported only by cloud users
+        from launch.transport.reachability import wait_for_sshd
+
+        deadline = time.monotonic() + timeout_s
+        new = stack_replace.replace_node(self.ref.stack, host, on_output=say, timeout_s=timeout_s)
+        if new is None:
+            return None
+        left = deadline - time.monotonic()
+        say(
+            f"{host.name}: instance recreated at {new.address}; waiting up to {max(0.0, left):.0f} s for its sshd"
+        )
+        if wait_for_sshd(new, max(0.0, left)):
+            return new
+        say(f"{host.name}: the new instance's sshd did not answer within replace_timeout_s")
+        return None
 
 
 def inventory_from_stack_outputs(

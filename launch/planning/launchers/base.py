@@ -39,6 +39,8 @@ HOME_RELATIVE_KEYS = frozenset(
         "SM_OUTPUT_DIR",
         "SM_OUTPUT_DATA_DIR",
         "FLEETRUN_CHECKPOINT_DIR",
+        "TMPDIR",
+        "TORCHINDUCTOR_CACHE_DIR",
     }
 )
 
@@ -228,6 +230,11 @@ class Launcher(ABC):
             "FLEETRUN_RUN_DIR": run_dir,
             "FLEETRUN_OUTPUT_DIR": f"{run_dir}/{spec.outputs}",
             "FLEETRUN_CHECKPOINT_DIR": f"{run_dir}/{CHECKPOINTS}",
+            # Temp files (torchrun's torchelastic_*, tempfile's) in the run directory, removed when
+            # the job ends, never left in the node's /tmp; torch.compile's cache kept across runs
+            # in fleetrun's own folder (by default it is in /tmp, per user).
+            "TMPDIR": f"{run_dir}/{layout.RUN_TMP}",
+            "TORCHINDUCTOR_CACHE_DIR": layout.home(layout.INDUCTOR_CACHE),
             "FLEETRUN_NODE_RANK": str(rank),
             "FLEETRUN_NUM_NODES": str(len(ips)),
             "FLEETRUN_NODE_IPS": ",".join(ips),
@@ -277,7 +284,7 @@ class Launcher(ABC):
                 '[ "${NPROC:-0}" -gt 0 ] || NPROC=1; export FLEETRUN_PROCS_PER_NODE="$NPROC"'
             )
         lines.append(f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"')
-        lines.append('mkdir -p "$FLEETRUN_OUTPUT_DIR"')
+        lines.append('mkdir -p "$FLEETRUN_OUTPUT_DIR" "$TMPDIR"')
         lines += sagemaker.runtime_lines()
         lines.append(f'cd "$HOME/{layout.workdir(spec.name)}"')
         lines.append(f"exec {sagemaker.exec_env_prefix(spec)}{command}")

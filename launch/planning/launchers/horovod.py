@@ -287,7 +287,7 @@ class HorovodLauncher(Launcher):
             "fi",
             f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"',
             f'RUN_DIR="$HOME"/{sh_quote(layout.rundir(run_id))}',
-            'mkdir -p "$FLEETRUN_OUTPUT_DIR"',
+            'mkdir -p "$FLEETRUN_OUTPUT_DIR" "$TMPDIR"',
             *sagemaker.runtime_lines(),
             f'cd "$HOME/{layout.workdir(spec.name)}"',
             "# The entrypoint as the playbook wrote it; output to horovodrun (the head's log) and a rank log.",
