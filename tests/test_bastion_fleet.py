@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launch.errors import HostKeyMismatch
 from launch.fleets.local import LocalFleet
 from launch.job.inventory import Inventory
 from launch.transport.ssh import Fleet, openssh_command
@@ -183,3 +184,24 @@ def test_a_node_the_jump_host_cannot_reach_is_named_with_the_jump(
     assert f"{bastion.node_name(1)}: {bastion.node_name(1)}" in proc.stdout, (
         "the node behind it that is up answers"
     )
+
+
+def test_a_lab_host_behind_the_jump_is_seen_answering_again(bastion: LocalFleet, fleetrun_home: Path) -> None:
+    """Recovery's wait for a lost lab machine asks through the jump host (``Fleet.answers``, the
+    run's shared jump connection): from here the worker's address has no route, so a direct probe
+    would wait out the whole timeout and give up."""
+    from launch.fleets.kinds.lab import LabKind
+    from launch.fleets.kinds.refs import LabFleet
+
+    inv = bastion.inventory()
+    worker = inv.hosts[1]
+    kind, said = LabKind(LabFleet()), []
+    with Fleet(inv.hosts, inv.write_known_hosts(fleetrun_home / "kh-probe")) as fleet:
+        assert kind.replace(worker, said.append, timeout_s=20, probe=fleet.answers) == worker, said
+        gone = worker.model_copy(update={"port": 2299})
+        assert kind.replace(gone, said.append, timeout_s=1, probe=fleet.answers) is None, "nothing listens"
+    assert kind.replace(worker, said.append, timeout_s=1) is None, "no route from here without the jump"
+    wrong_kh = fleetrun_home / "kh-probe-wrong"
+    wrong_kh.write_text(f"[{bastion.external_address}]:2200 {worker.host_key}\n")
+    with Fleet(inv.hosts[1:], wrong_kh) as fleet, pytest.raises(HostKeyMismatch):
+        kind.replace(worker, said.append, timeout_s=5, probe=fleet.answers)

@@ -310,7 +310,12 @@ class Attempts:
         for name in plan.replace:
             host = next(h for h in runner.hosts if h.name == name)
             try:
-                new = kind.replace(host, lambda m: self.say(f"  {clean(m)}"), self.policy.replace_timeout_s)
+                new = kind.replace(
+                    host,
+                    lambda m: self.say(f"  {clean(m)}"),
+                    self.policy.replace_timeout_s,
+                    probe=runner.fleet.answers,
+                )
             except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
                 self.say(f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
                 new = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,3 +203,23 @@ class JumpHosts:
         for client in clients:
             with contextlib.suppress(Exception):
                 client.close()
+
+
+def sshd_answers(host: Host, jumps: JumpHosts, timeout: float) -> bool:
+    """Whether ``host``'s sshd port takes a TCP connection, asked the way every connection to it
+    goes: from here, or through its jump host (a ``direct-tcpip`` channel of the shared jump
+    connection; this machine may have no route to the address). A jump host whose pinned key
+    changed raises ``HostKeyMismatch``: waiting longer cannot fix that."""
+    if host.proxy_jump is None:
+        try:
+            with socket.create_connection(host.endpoint, timeout=timeout):
+                return True
+        except OSError:
+            return False
+    try:
+        jumps.channel(host, timeout).close()
+    except HostKeyMismatch:
+        raise
+    except HostError:
+        return False
+    return True

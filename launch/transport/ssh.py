@@ -44,6 +44,7 @@ from launch.transport.jump import (  # noqa: F401 - re-exported: callers import 
     JumpHosts,
     connect_errors,
     key_file_problem,
+    sshd_answers,
     unreachable_reason,
 )
 from launch.transport.openssh import openssh_command, proxy_command  # noqa: F401 - re-exported
@@ -391,6 +392,11 @@ class Fleet:
 
     def run(self, command: str, timeout: float | None = None) -> dict[str, CommandResult | BaseException]:
         return self.map(lambda c: c.run(command, timeout=timeout))
+
+    def answers(self, host: Host, timeout: float) -> bool:
+        """Whether ``host``'s sshd port takes a connection (through its jump host, over the
+        fleet's shared jump connection, when it has one): how recovery waits for a lab machine."""
+        return sshd_answers(host, self.jumps, timeout)
 
     def close(self) -> None:
         for conn in self.connections.values():

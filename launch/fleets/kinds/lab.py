@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import ValidationError
 
 from launch.errors import SpecError
-from launch.fleets.kinds.base import Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import LabFleet
 from launch.job.validation import describe_validation_error, load_yaml_mapping
 
@@ -69,22 +69,34 @@ class LabKind:
     def tags(self) -> dict[str, str]:
         return {}
 
-    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+    def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
         """Lab machines are not made by fleetrun: wait (up to ``timeout_s``) for the host's sshd to
         answer again (a reboot, a network fixed) and give back the same host, its pinned key
-        unchanged (a changed key is still refused when the run connects). None when it stays away."""
-        import socket
+        unchanged (a changed key is still refused when the run connects). None when it stays away.
+
+        ``probe`` asks as the run reaches the host: a host behind a jump host through it (this
+        machine has no route to its address; ``Fleet.answers``). Without one, a direct connect."""
         import time
 
+        answers = probe or _connects
         say(f"{host.name}: lab machine; waiting up to {timeout_s:.0f} s for it to answer again")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                with socket.create_connection((host.address, host.port), timeout=REPLACE_POLL_S):
-                    return host
-            except OSError:
-                time.sleep(min(REPLACE_POLL_S, max(0.0, deadline - time.monotonic())))
+            if answers(host, REPLACE_POLL_S):
+                return host
+            time.sleep(min(REPLACE_POLL_S, max(0.0, deadline - time.monotonic())))
         return None
+
+
+def _connects(host: Host, timeout: float) -> bool:
+    """Whether ``host``'s sshd port takes a TCP connection from this machine."""
+    import socket
+
+    try:
+        with socket.create_connection((host.address, host.port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _resolve_key(entry: dict[str, object], path: Path) -> None:
