@@ -20,6 +20,7 @@ from launch.errors import FleetrunError, HostError
 from launch.job.inventory import Host
 from launch.planning.launchers.sagemaker import channel_dir
 from launch.settings import DEFAULT_FANOUT
+from launch.transport.openssh import jump_slot
 from launch.transport.ssh import Fleet, NodeConnection, parallel_map
 from launch.transport.sync import SyncResult, _stat, rsync_argv
 
@@ -34,7 +35,8 @@ def sync_host_channels(
     for name, source in sorted(channels.items()):
         argv = rsync_argv(source, host, channel_dir(job, name), known_hosts, [])
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+            with jump_slot(host):  # one more connection to the login node: bounded as the code sync's
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             raise HostError(host.name, f"rsync of channel {name} timed out after {timeout:.0f} s") from None
         if proc.returncode != 0:
