@@ -51,12 +51,10 @@ class LocalFleetKind:
         commands = self.bucket_commands(dest)
         if commands is None:
             return None
-        return [
-            "env",
-            *(f"{k}={v}" for k, v in sorted(commands.env.items())),
-            *commands.sync[:-1],
-            commands.url,
-        ]
+        from launch.fleets.clouds import fill
+
+        env = [f"{k}={v}" for k, v in sorted(commands.env.items())]
+        return ["env", *env, *fill(commands.sync, dest=commands.url)]
 
     def bucket_commands(self, prefix: str) -> BucketCommands | None:
         """The S3 commands against the fleet's own S3-compatible server, run with the image's ``aws``
