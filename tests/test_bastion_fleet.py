@@ -205,3 +205,26 @@ def test_a_lab_host_behind_the_jump_is_seen_answering_again(bastion: LocalFleet,
     wrong_kh.write_text(f"[{bastion.external_address}]:2200 {worker.host_key}\n")
     with Fleet(inv.hosts[1:], wrong_kh) as fleet, pytest.raises(HostKeyMismatch):
         kind.replace(worker, said.append, timeout_s=5, probe=fleet.answers)
+
+
+def test_replacing_the_head_repins_it_as_the_workers_jump_host(
+    bastion: LocalFleet, fleetrun_home: Path
+) -> None:
+    """A fresh head (new host key) and a fresh worker (its sshd seen in its namespace: no route
+    from here): the fleet's inventory pins the head's new key on the workers' ``proxy_jump`` too,
+    and every node answers through the new head. Last in the module: it changes the fleet."""
+    from launch.fleets.local.power import replace_node
+
+    before = bastion.inventory()
+    head = replace_node(bastion, before.hosts[0])
+    worker = replace_node(bastion, before.hosts[1])
+    after = bastion.inventory()
+    assert head.host_key != before.hosts[0].host_key and worker.host_key != before.hosts[1].host_key
+    assert after.hosts[0] == head and after.hosts[1].host_key == worker.host_key
+    assert all(h.proxy_jump is not None and h.proxy_jump.host_key == head.host_key for h in after.hosts[1:])
+    known_hosts = after.write_known_hosts(fleetrun_home / "kh-replaced")
+    with Fleet(after.hosts, known_hosts) as fleet:
+        results = fleet.run("hostname", timeout=30)
+    assert {name: getattr(r, "stdout", repr(r)).strip() for name, r in results.items()} == {
+        h.name: h.name for h in after.hosts
+    }

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,7 +253,7 @@ class LocalFleet(FleetNames):
             hosts = behind_head(hosts)
         for i in range(nodes):
             start_sshd(self, i, shape)
-        self._wait_for_sshd(nodes, shape)
+        self.wait_for_sshd(range(nodes), shape)
         self._start_power_daemon()
         inventory = Inventory(
             hosts=hosts, source=f"local fleet {self.prefix}", fleet=LocalFleetRef(prefix=self.prefix)
@@ -265,11 +265,11 @@ class LocalFleet(FleetNames):
         )
         return inventory
 
-    def _wait_for_sshd(self, nodes: int, shape: Shape, timeout: float = 30.0) -> None:
-        """Until every node's sshd listens: a connect from here, or (bastion mode, where this
+    def wait_for_sshd(self, nodes: Iterable[int], shape: Shape, timeout: float = 30.0) -> None:
+        """Until each of ``nodes``' sshd listens: a connect from here, or (bastion mode, where this
         machine cannot reach the nodes' addresses) its listening socket seen in the namespace."""
         deadline = time.monotonic() + timeout
-        pending = set(range(nodes))
+        pending = set(nodes)
         while pending and time.monotonic() < deadline:
             for i in sorted(pending):
                 if self._listening(i, shape):

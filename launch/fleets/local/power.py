@@ -18,7 +18,6 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import stat
 import sys
 import time
@@ -26,7 +25,7 @@ import time
 import yaml
 
 from launch.fleets.local.fleet import LocalFleet
-from launch.fleets.local.node import start_sshd
+from launch.fleets.local.node import Shape, start_sshd
 from launch.fleets.local.prereqs import run
 from launch.job.inventory import Host, Inventory
 
@@ -83,12 +82,16 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     Whatever is left of the node is powered off first (its processes, its sshd), its home is
     emptied but for the operator's authorized key (what a new VM gets from its image and
     metadata), a new host key is generated, sshd starts again, and the fleet's own inventory
-    file is rewritten with the new key. Returns the new ``Host``.
+    file is rewritten with the new key (also where it pins the node as the others' jump host).
+    Returns the new ``Host``. VM-mode nodes share one user and are refused (not ``is_ours``).
     """
     index = fleet.node_index(host.name)
     created = fleet.state.load()
     if index is None or not fleet.is_ours(host.name, created):
         raise ValueError(f"{host.name} is not a node of local fleet {fleet.prefix}")
+    # the shape ``up`` gave the fleet, read back: only a bastion fleet records a route, and only a
+    # mixed one gives its nodes ports other than 22
+    shape = Shape(bastion=bool(created["route"]), mixed=host.port != 22)
     fleet.stop_node(index)
     entry = pwd.getpwnam(host.name)
     home = entry.pw_dir
@@ -107,25 +110,31 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     for old in (key, key.with_suffix(".pub")):
         old.unlink(missing_ok=True)
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(key)])
-    start_sshd(fleet, index)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection((host.address, host.port), timeout=0.5):
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"sshd did not come back on {host.name}") from None
-            time.sleep(0.05)
-    new = host.model_copy(update={"host_key": key.with_suffix(".pub").read_text().strip()})
+    start_sshd(fleet, index, shape)
+    fleet.wait_for_sshd([index], shape)
     inventory = fleet.inventory()
-    hosts = [new if h.name == host.name else h for h in inventory.hosts]
+    # the fleet's own entry, not the caller's copy: a head replaced before may have re-pinned its jump
+    current = next((h for h in inventory.hosts if h.name == host.name), host)
+    # validated, so the key is normalised as the inventory file's (ssh-keygen's comment dropped)
+    new = Host.model_validate({**current.model_dump(), "host_key": key.with_suffix(".pub").read_text()})
+    hosts = [_repinned(new, h) for h in inventory.hosts]
     updated = inventory.model_copy(update={"hosts": hosts})
     Inventory.model_validate(updated.to_yaml_data())  # still a valid inventory before it is written
     tmp = fleet.inventory_path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(updated.to_yaml_data(), sort_keys=False))
     tmp.replace(fleet.inventory_path)
     return new
+
+
+def _repinned(new: Host, host: Host) -> Host:
+    """``host`` of the inventory once ``new`` replaced the node of its name: ``new`` itself, or
+    ``host`` with its jump host's key replaced when ``new`` is that jump host (bastion mode's head)."""
+    if host.name == new.name:
+        return new
+    jump = host.proxy_jump
+    if jump is None or jump.endpoint != new.endpoint:
+        return host
+    return host.model_copy(update={"proxy_jump": jump.model_copy(update={"host_key": new.host_key})})
 
 
 if __name__ == "__main__":
