@@ -207,6 +207,25 @@ def test_a_lab_host_behind_the_jump_is_seen_answering_again(bastion: LocalFleet,
         kind.replace(worker, said.append, timeout_s=5, probe=fleet.answers)
 
 
+def test_a_silent_node_behind_the_jump_does_not_cut_the_others(
+    bastion: LocalFleet, fleetrun_home: Path
+) -> None:
+    """A node the jump host cannot reach in time (no such address on the internal network: the
+    channel open times out while the jump host still resolves it) is unreachable by itself; the
+    shared jump connection, which carries the other nodes' sessions, stays up."""
+    inv = bastion.inventory()
+    known_hosts = inv.write_known_hosts(fleetrun_home / "kh-silent")
+    with Fleet(inv.hosts, known_hosts) as fleet:
+        worker = fleet.connections[inv.hosts[1].name]
+        assert worker.run("hostname", timeout=30).stdout.strip() == inv.hosts[1].name
+        silent = inv.hosts[2].model_copy(update={"address": f"{bastion.block_prefix(0)}.99"})
+        with pytest.raises(HostError, match="through jump host"):
+            fleet.jumps.channel(silent, timeout=0.5)
+        assert worker.run("hostname", timeout=30).stdout.strip() == inv.hosts[1].name, (
+            "the session through the shared jump connection survived"
+        )
+
+
 def test_replacing_the_head_repins_it_as_the_workers_jump_host(
     bastion: LocalFleet, fleetrun_home: Path
 ) -> None:
@@ -228,22 +247,3 @@ def test_replacing_the_head_repins_it_as_the_workers_jump_host(
     assert {name: getattr(r, "stdout", repr(r)).strip() for name, r in results.items()} == {
         h.name: h.name for h in after.hosts
     }
-
-
-def test_a_silent_node_behind_the_jump_does_not_cut_the_others(
-    bastion: LocalFleet, fleetrun_home: Path
-) -> None:
-    """A node the jump host cannot reach in time (no such address on the internal network: the
-    channel open times out while the jump host still resolves it) is unreachable by itself; the
-    shared jump connection, which carries the other nodes' sessions, stays up."""
-    inv = bastion.inventory()
-    known_hosts = inv.write_known_hosts(fleetrun_home / "kh-silent")
-    with Fleet(inv.hosts, known_hosts) as fleet:
-        worker = fleet.connections[inv.hosts[1].name]
-        assert worker.run("hostname", timeout=30).stdout.strip() == inv.hosts[1].name
-        silent = inv.hosts[2].model_copy(update={"address": f"{bastion.block_prefix(0)}.99"})
-        with pytest.raises(HostError, match="through jump host"):
-            fleet.jumps.channel(silent, timeout=0.5)
-        assert worker.run("hostname", timeout=30).stdout.strip() == inv.hosts[1].name, (
-            "the session through the shared jump connection survived"
-        )

@@ -337,9 +337,9 @@ class Attempts:
         the new nodes synced and set up, a fresh port claimed, every node started."""
         runner = self.runner
         fresh = set(plan.replace)
-        new_hosts = [
-            self.new_hosts[h.name] if h.name in fresh else h for h in runner.hosts if h.name not in plan.drop
-        ]
+        new_hosts = [h for h in runner.hosts if h.name not in plan.drop]
+        for name in fresh:  # a replaced jump host (a lab's head) is re-pinned on the hosts behind it
+            new_hosts = [h.repinned(self.new_hosts[name]) for h in new_hosts]
         inventory = runner.inventory.model_copy(update={"hosts": new_hosts})
         known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
         spec = runner.spec.model_copy(update={"nodes": len(new_hosts)})

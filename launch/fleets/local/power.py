@@ -117,24 +117,13 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     current = next((h for h in inventory.hosts if h.name == host.name), host)
     # validated, so the key is normalised as the inventory file's (ssh-keygen's comment dropped)
     new = Host.model_validate({**current.model_dump(), "host_key": key.with_suffix(".pub").read_text()})
-    hosts = [_repinned(new, h) for h in inventory.hosts]
+    hosts = [h.repinned(new) for h in inventory.hosts]
     updated = inventory.model_copy(update={"hosts": hosts})
     Inventory.model_validate(updated.to_yaml_data())  # still a valid inventory before it is written
     tmp = fleet.inventory_path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(updated.to_yaml_data(), sort_keys=False))
     tmp.replace(fleet.inventory_path)
     return new
-
-
-def _repinned(new: Host, host: Host) -> Host:
-    """``host`` of the inventory once ``new`` replaced the node of its name: ``new`` itself, or
-    ``host`` with its jump host's key replaced when ``new`` is that jump host (bastion mode's head)."""
-    if host.name == new.name:
-        return new
-    jump = host.proxy_jump
-    if jump is None or jump.endpoint != new.endpoint:
-        return host
-    return host.model_copy(update={"proxy_jump": jump.model_copy(update={"host_key": new.host_key})})
 
 
 if __name__ == "__main__":
