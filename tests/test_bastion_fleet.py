@@ -232,11 +232,14 @@ def test_replacing_the_head_repins_it_as_the_workers_jump_host(
     """A fresh head (new host key) and a fresh worker (its sshd seen in its namespace: no route
     from here): the fleet's inventory pins the head's new key on the workers' ``proxy_jump`` too,
     and every node answers through the new head. Last in the module: it changes the fleet."""
-    from launch.fleets.local.power import replace_node
+    from launch.fleets.kinds.local import LocalFleetKind
+    from launch.fleets.kinds.refs import LocalFleetRef
 
+    kind, said = LocalFleetKind(LocalFleetRef(prefix=PREFIX)), []  # as recovery calls it: no subnet known
     before = bastion.inventory()
-    head = replace_node(bastion, before.hosts[0])
-    worker = replace_node(bastion, before.hosts[1])
+    head = kind.replace(before.hosts[0], said.append, 60)
+    worker = kind.replace(before.hosts[1], said.append, 60)
+    assert head is not None and worker is not None, said
     after = bastion.inventory()
     assert head.host_key != before.hosts[0].host_key and worker.host_key != before.hosts[1].host_key
     assert after.hosts[0] == head and after.hosts[1].host_key == worker.host_key

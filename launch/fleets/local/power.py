@@ -25,7 +25,7 @@ import time
 import yaml
 
 from launch.fleets.local.fleet import LocalFleet
-from launch.fleets.local.node import Shape, start_sshd
+from launch.fleets.local.node import start_sshd
 from launch.fleets.local.prereqs import run
 from launch.job.inventory import Host, Inventory
 
@@ -89,9 +89,6 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     created = fleet.state.load()
     if index is None or not fleet.is_ours(host.name, created):
         raise ValueError(f"{host.name} is not a node of local fleet {fleet.prefix}")
-    # the shape ``up`` gave the fleet, read back: only a bastion fleet records a route, and only a
-    # mixed one gives its nodes ports other than 22
-    shape = Shape(bastion=bool(created["route"]), mixed=host.port != 22)
     fleet.stop_node(index)
     entry = pwd.getpwnam(host.name)
     home = entry.pw_dir
@@ -110,8 +107,10 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     for old in (key, key.with_suffix(".pub")):
         old.unlink(missing_ok=True)
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(key)])
-    start_sshd(fleet, index, shape)
-    fleet.wait_for_sshd([index], shape)
+    start_sshd(fleet, index)
+    # only a bastion fleet records a route; ``fleet`` may carry subnet 0 (``LocalFleetKind.replace``):
+    # the addresses come from the host's inventory entry
+    fleet.wait_for_sshd({index: host}, bastion=bool(created["route"]))
     inventory = fleet.inventory()
     # the fleet's own entry, not the caller's copy: a head replaced before may have re-pinned its jump
     current = next((h for h in inventory.hosts if h.name == host.name), host)
