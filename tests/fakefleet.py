@@ -357,6 +357,10 @@ class FakeFleet:
                 on_done(host.name, value)
         return results
 
+    def answers(self, host: Host, timeout: float) -> bool:
+        """``Fleet.answers``: no fake node listens on a port, so a lost lab host never answers again."""
+        return False
+
     def close(self) -> None:
         self.closed += 1
 

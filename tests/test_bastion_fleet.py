@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launch.errors import HostError, HostKeyMismatch
 from launch.fleets.local import LocalFleet
 from launch.job.inventory import Host, Inventory
 from launch.transport.jump import JumpHosts
@@ -188,3 +189,69 @@ def test_the_recovery_recheck_reaches_workers_through_the_jump_host(
         closed = workers[0].model_copy(update={"port": 1})  # nothing listens there: a gone sshd
         assert not through(fleet.jumps, closed)
         assert through(fleet.jumps, workers[0]), "a refused channel leaves the jump usable"
+
+
+def test_a_lab_host_behind_the_jump_is_seen_answering_again(bastion: LocalFleet, fleetrun_home: Path) -> None:
+    """Recovery's wait for a lost lab machine asks through the jump host (``Fleet.answers``, the
+    run's shared jump connection): from here the worker's address has no route, so a direct probe
+    would wait out the whole timeout and give up."""
+    from launch.fleets.kinds.lab import LabKind
+    from launch.fleets.kinds.refs import LabFleet
+
+    inv = bastion.inventory()
+    worker = inv.hosts[1]
+    kind, said = LabKind(LabFleet()), []
+    with Fleet(inv.hosts, inv.write_known_hosts(fleetrun_home / "kh-probe")) as fleet:
+        assert kind.replace(worker, said.append, timeout_s=20, probe=fleet.answers) == worker, said
+        gone = worker.model_copy(update={"port": 2299})
+        assert kind.replace(gone, said.append, timeout_s=1, probe=fleet.answers) is None, "nothing listens"
+    assert kind.replace(worker, said.append, timeout_s=1) is None, "no route from here without the jump"
+    wrong_kh = fleetrun_home / "kh-probe-wrong"
+    wrong_kh.write_text(f"[{bastion.external_address}]:2200 {worker.host_key}\n")
+    with Fleet(inv.hosts[1:], wrong_kh) as fleet, pytest.raises(HostKeyMismatch):
+        kind.replace(worker, said.append, timeout_s=5, probe=fleet.answers)
+
+
+def test_a_silent_node_behind_the_jump_does_not_cut_the_others(
+    bastion: LocalFleet, fleetrun_home: Path
+) -> None:
+    """A node the jump host cannot reach in time (no such address on the internal network: the
+    channel open times out while the jump host still resolves it) is unreachable by itself; the
+    shared jump connection, which carries the other nodes' sessions, stays up."""
+    inv = bastion.inventory()
+    known_hosts = inv.write_known_hosts(fleetrun_home / "kh-silent")
+    with Fleet(inv.hosts, known_hosts) as fleet:
+        worker = fleet.connections[inv.hosts[1].name]
+        assert worker.run("hostname", timeout=30).stdout.strip() == inv.hosts[1].name
+        silent = inv.hosts[2].model_copy(update={"address": f"{bastion.block_prefix(0)}.99"})
+        with pytest.raises(HostError, match="through jump host"):
+            fleet.jumps.channel(silent, timeout=0.5)
+        assert worker.run("hostname", timeout=30).stdout.strip() == inv.hosts[1].name, (
+            "the session through the shared jump connection survived"
+        )
+
+
+def test_replacing_the_head_repins_it_as_the_workers_jump_host(
+    bastion: LocalFleet, fleetrun_home: Path
+) -> None:
+    """A fresh head (new host key) and a fresh worker (its sshd seen in its namespace: no route
+    from here): the fleet's inventory pins the head's new key on the workers' ``proxy_jump`` too,
+    and every node answers through the new head. Last in the module: it changes the fleet."""
+    from launch.fleets.kinds.local import LocalFleetKind
+    from launch.fleets.kinds.refs import LocalFleetRef
+
+    kind, said = LocalFleetKind(LocalFleetRef(prefix=PREFIX)), []  # as recovery calls it: no subnet known
+    before = bastion.inventory()
+    head = kind.replace(before.hosts[0], said.append, 60)
+    worker = kind.replace(before.hosts[1], said.append, 60)
+    assert head is not None and worker is not None, said
+    after = bastion.inventory()
+    assert head.host_key != before.hosts[0].host_key and worker.host_key != before.hosts[1].host_key
+    assert after.hosts[0] == head and after.hosts[1].host_key == worker.host_key
+    assert all(h.proxy_jump is not None and h.proxy_jump.host_key == head.host_key for h in after.hosts[1:])
+    known_hosts = after.write_known_hosts(fleetrun_home / "kh-replaced")
+    with Fleet(after.hosts, known_hosts) as fleet:
+        results = fleet.run("hostname", timeout=30)
+    assert {name: getattr(r, "stdout", repr(r)).strip() for name, r in results.items()} == {
+        h.name: h.name for h in after.hosts
+    }

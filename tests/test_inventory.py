@@ -160,3 +160,23 @@ def test_ipv6_is_kept_compressed(tmp_path: Path) -> None:
     )
     assert inv.head.address == "2001:db8::10"
     assert inv.head.rsync_target("x/") == "alice@[2001:db8::10]:x/"
+
+
+def test_a_replaced_jump_host_is_repinned_on_the_hosts_behind_it() -> None:
+    """Recovery replaced the head that is the workers' jump host: its new key is pinned on their
+    ``proxy_jump`` too, so the rewritten inventory is valid and the old key is trusted nowhere."""
+    from launch.job.inventory import Host, JumpHost
+
+    head = Host(name="head", address="203.0.113.5", user="alice", host_key=KEY_A)
+    jump = JumpHost(address="203.0.113.5", user="alice", host_key=KEY_A)
+    worker = Host(name="w1", address="10.0.0.2", user="alice", host_key=KEY_B, proxy_jump=jump)
+    other = Host(name="w2", address="10.0.0.3", user="alice", host_key=KEY_B)
+    fresh = head.model_copy(update={"host_key": KEY_B})
+    hosts = [h.repinned(fresh) for h in (head, worker, other)]
+    assert hosts[0] == fresh and hosts[2] == other
+    assert hosts[1].proxy_jump is not None and hosts[1].proxy_jump.host_key == KEY_B
+    assert hosts[1].host_key == KEY_B and hosts[1].address == "10.0.0.2", "the worker itself unchanged"
+    Inventory(hosts=hosts)  # one key per endpoint again: valid
+    with pytest.raises(ValueError, match="one machine has one key"):
+        Inventory(hosts=[fresh, worker])
+    assert worker.repinned(other.model_copy(update={"name": "w9"})) == worker, "another machine: unchanged"

@@ -265,6 +265,17 @@ class Host(SshEndpoint):
             object.__setattr__(self, "private_address", self.address)
         return self
 
+    def repinned(self, new: Host) -> Host:
+        """This host once ``new`` took the place of the machine named ``new.name`` (a recovery's
+        replacement): ``new`` itself, or this host with its ``proxy_jump`` key re-pinned when
+        ``new`` is its jump host (one machine, one key: the old one must stay trusted nowhere)."""
+        if self.name == new.name:
+            return new
+        jump = self.proxy_jump
+        if jump is None or jump.endpoint != new.endpoint:
+            return self
+        return self.model_copy(update={"proxy_jump": jump.model_copy(update={"host_key": new.host_key})})
+
     def rsync_target(self, path: str) -> str:
         """``user@host:path`` for rsync and scp (``user@[v6]:path`` for IPv6)."""
         return f"{self.user}@{bracketed(self.address)}:{path}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -81,18 +82,27 @@ class Channel(BaseModel):
         return self.path is None
 
 
-def check_hyperparameters(value: dict[str, HyperparameterValue]) -> dict[str, HyperparameterValue]:
-    """Names usable as ``--name`` and ``SM_HP_<NAME>``; scalar values that JSON and a shell can carry."""
+def _check_names(names: Iterable[str], pattern: re.Pattern[str], rule: str, env_prefix: str) -> None:
+    """Each name matches ``pattern`` (``rule`` says how), and no two differ only in case: both
+    would be the one environment variable ``<env_prefix><NAME>``."""
     seen: dict[str, str] = {}
-    for name, item in value.items():
-        if not HP_NAME_RE.fullmatch(name):
-            raise ValueError(
-                f"{name[:80]!r} is not a valid hyperparameter name (a letter or '_' first, then letters, "
-                "digits, '_', '-', '.'; at most 64 characters)"
-            )
+    for name in names:
+        if not pattern.fullmatch(name):
+            raise ValueError(f"{name[:80]!r} is not a valid {rule}")
         other = seen.setdefault(name.upper(), name)
         if other != name:
-            raise ValueError(f"{other!r} and {name!r} would both be SM_HP_{name.upper()}")
+            raise ValueError(f"{other!r} and {name!r} would both be {env_prefix}{name.upper()}")
+
+
+def check_hyperparameters(value: dict[str, HyperparameterValue]) -> dict[str, HyperparameterValue]:
+    """Names usable as ``--name`` and ``SM_HP_<NAME>``; scalar values that JSON and a shell can carry."""
+    _check_names(
+        value,
+        HP_NAME_RE,
+        "hyperparameter name (a letter or '_' first, then letters, digits, '_', '-', '.'; at most 64 characters)",
+        "SM_HP_",
+    )
+    for name, item in value.items():
         if isinstance(item, float) and not math.isfinite(item):
             raise ValueError(f"{name}: expected a finite number, got {item!r}")
         if isinstance(item, str) and (len(item) > MAX_HP_VALUE_CHARS or CONTROL_CHARS.search(item)):
@@ -103,16 +113,12 @@ def check_hyperparameters(value: dict[str, HyperparameterValue]) -> dict[str, Hy
 
 
 def check_channel_names(value: dict[str, Channel]) -> dict[str, Channel]:
-    seen: dict[str, str] = {}
-    for name in value:
-        if not CHANNEL_NAME_RE.fullmatch(name):
-            raise ValueError(
-                f"{name[:80]!r} is not a valid channel name (a letter first, then letters, digits, '_'; "
-                "it becomes SM_CHANNEL_<NAME>)"
-            )
-        other = seen.setdefault(name.upper(), name)
-        if other != name:
-            raise ValueError(f"{other!r} and {name!r} would both be SM_CHANNEL_{name.upper()}")
+    _check_names(
+        value,
+        CHANNEL_NAME_RE,
+        "channel name (a letter first, then letters, digits, '_'; it becomes SM_CHANNEL_<NAME>)",
+        "SM_CHANNEL_",
+    )
     return value
 
 

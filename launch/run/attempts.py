@@ -304,7 +304,12 @@ class Attempts:
         for name in plan.replace:
             host = next(h for h in runner.hosts if h.name == name)
             try:
-                new = kind.replace(host, lambda m: self.say(f"  {clean(m)}"), self.policy.replace_timeout_s)
+                new = kind.replace(
+                    host,
+                    lambda m: self.say(f"  {clean(m)}"),
+                    self.policy.replace_timeout_s,
+                    probe=runner.fleet.answers,
+                )
             except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
                 self.say(f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
                 new = None
@@ -326,9 +331,9 @@ class Attempts:
         the new nodes synced and set up, a fresh port claimed, every node started."""
         runner = self.runner
         fresh = set(plan.replace)
-        new_hosts = [
-            self.new_hosts[h.name] if h.name in fresh else h for h in runner.hosts if h.name not in plan.drop
-        ]
+        new_hosts = [h for h in runner.hosts if h.name not in plan.drop]
+        for name in fresh:  # a replaced jump host (a lab's head) is re-pinned on the hosts behind it
+            new_hosts = [h.repinned(self.new_hosts[name]) for h in new_hosts]
         inventory = runner.inventory.model_copy(update={"hosts": new_hosts})
         known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
         spec = runner.spec.model_copy(update={"nodes": len(new_hosts)})

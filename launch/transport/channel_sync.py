@@ -12,14 +12,18 @@ from this machine; for large data sets use a folder already on the nodes (``path
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from launch.errors import FleetrunError, HostError
 from launch.job.inventory import Host
+from launch.planning import remote_layout as layout
 from launch.planning.launchers.sagemaker import channel_dir
 from launch.settings import DEFAULT_FANOUT
+from launch.transport.openssh import jump_slot
 from launch.transport.ssh import Fleet, NodeConnection, parallel_map
 from launch.transport.sync import SyncResult, _stat, rsync_argv
 
@@ -30,21 +34,43 @@ ChannelSyncFn = Callable[..., dict[str, SyncResult | BaseException]]
 def sync_host_channels(
     host: Host, job: str, channels: Mapping[str, Path], known_hosts: Path, timeout: float = 3600
 ) -> SyncResult:
-    files = size = 0
-    for name, source in sorted(channels.items()):
-        argv = rsync_argv(source, host, channel_dir(job, name), known_hosts, [])
+    """Every local channel to ``host`` in one rsync (one SSH connection, through the login node
+    too), as the code sync does: each channel is a symlink in a staging directory laid out as on
+    the node (``data/<job>/<name>``), sent with ``--relative``; ``--delete`` acts only inside them."""
+    if not channels:
+        return SyncResult(host.name, 0, 0)
+    stage = Path(tempfile.mkdtemp(prefix="fleetrun-channels-"))
+    try:
+        sources = []
+        for name, source in sorted(channels.items()):
+            relative = channel_dir(job, name).removeprefix(f"{layout.ROOT}/")
+            (stage / relative).parent.mkdir(parents=True, exist_ok=True)
+            (stage / relative).symlink_to(Path(source).resolve(), target_is_directory=True)
+            sources.append(f"{stage}/./{relative}/")
+        argv = rsync_argv(sources, host, layout.ROOT, known_hosts, [])
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+            with jump_slot(host):  # one more connection to the login node: bounded as the code sync's
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise HostError(host.name, f"rsync of channel {name} timed out after {timeout:.0f} s") from None
-        if proc.returncode != 0:
-            detail = " / ".join(proc.stderr.strip().splitlines()[-3:])
             raise HostError(
-                host.name, f"rsync of channel {name} ({source}) failed ({proc.returncode}): {detail}"
-            )
-        files += _stat(proc.stdout, "Number of regular files transferred")
-        size += _stat(proc.stdout, "Total transferred file size")
-    return SyncResult(host.name, files, size)
+                host.name, f"rsync of channel(s) {_named(channels)} timed out after {timeout:.0f} s"
+            ) from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    if proc.returncode != 0:
+        detail = " / ".join(proc.stderr.strip().splitlines()[-3:])
+        raise HostError(
+            host.name, f"rsync of channel(s) {_named(channels)} failed ({proc.returncode}): {detail}"
+        )
+    return SyncResult(
+        host.name,
+        _stat(proc.stdout, "Number of regular files transferred"),
+        _stat(proc.stdout, "Total transferred file size"),
+    )
+
+
+def _named(channels: Mapping[str, Path]) -> str:
+    return ", ".join(f"{name} ({source})" for name, source in sorted(channels.items()))
 
 
 def sync_channels(

@@ -188,6 +188,12 @@ class JumpHosts:
                 f"(the jump host could not connect: {exc.text or exc.code})",
             ) from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            if transport is not None and transport.is_active():
+                # "Timeout opening channel": the jump host is still trying to reach a silent node.
+                # Its connection carries every other node's session: it stays open.
+                raise HostError(
+                    host.name, f"unreachable at {target} through jump host {jump.label} ({exc})"
+                ) from None
             with contextlib.suppress(Exception):
                 client.close()
             raise HostError(

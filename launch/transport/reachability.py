@@ -15,7 +15,11 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from launch.errors import HostKeyMismatch
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from launch.job.inventory import Host
 
 CHECK_TIMEOUT_S = 3.0
@@ -43,7 +47,8 @@ def _banner(stream: _Stream, timeout: float) -> bytes:
 
 def sshd_answers(host: Host, timeout: float = CHECK_TIMEOUT_S, jumps: JumpChannels | None = None) -> bool:
     """One check: a fresh connection to ``host``'s sshd (through its jump host when it has one)
-    sends back an SSH banner within ``timeout``. Never raises: any failure is "no"."""
+    sends back an SSH banner within ``timeout``. Any failure is "no", except a jump host whose
+    pinned key changed (``HostKeyMismatch``): waiting longer cannot fix that."""
     try:
         if host.proxy_jump is not None:
             if jumps is None:
@@ -56,18 +61,26 @@ def sshd_answers(host: Host, timeout: float = CHECK_TIMEOUT_S, jumps: JumpChanne
                     channel.close()
         with socket.create_connection((host.address, host.port), timeout=timeout) as sock:
             return _banner(sock, timeout).startswith(b"SSH-")
+    except HostKeyMismatch:
+        raise
     except Exception:  # noqa: BLE001 - a host that cannot be checked does not answer
         return False
 
 
 def wait_for_sshd(
-    host: Host, timeout_s: float, jumps: JumpChannels | None = None, poll_s: float = WAIT_POLL_S
+    host: Host,
+    timeout_s: float,
+    jumps: JumpChannels | None = None,
+    poll_s: float = WAIT_POLL_S,
+    check: Callable[[Host, float], bool] | None = None,
 ) -> bool:
-    """True as soon as ``host``'s sshd answers, False when ``timeout_s`` passed without it."""
+    """True as soon as ``host``'s sshd answers, False when ``timeout_s`` passed without it.
+    ``check(host, timeout)`` asks instead of ``sshd_answers`` (a run's ``Fleet.answers``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         left = deadline - time.monotonic()
-        if sshd_answers(host, min(CHECK_TIMEOUT_S, max(0.1, left)), jumps):
+        step = min(CHECK_TIMEOUT_S, max(0.1, left))
+        if check(host, step) if check is not None else sshd_answers(host, step, jumps):
             return True
         left = deadline - time.monotonic()
         if left <= 0:

@@ -47,6 +47,7 @@ from launch.transport.jump import (  # noqa: F401 - re-exported: callers import 
     unreachable_reason,
 )
 from launch.transport.openssh import openssh_command, proxy_command  # noqa: F401 - re-exported
+from launch.transport.reachability import sshd_answers
 
 T = TypeVar("T")
 
@@ -391,6 +392,12 @@ class Fleet:
 
     def run(self, command: str, timeout: float | None = None) -> dict[str, CommandResult | BaseException]:
         return self.map(lambda c: c.run(command, timeout=timeout))
+
+    def answers(self, host: Host, timeout: float) -> bool:
+        """Whether ``host``'s sshd answers with its banner (through its jump host, over the
+        fleet's shared jump connection, when it has one): how recovery re-checks a node and
+        waits for a lab machine or a new instance (``launch.transport.reachability``)."""
+        return sshd_answers(host, timeout, self.jumps)
 
     def close(self) -> None:
         for conn in self.connections.values():

@@ -107,6 +107,13 @@ def classify(message: str, rules: Rules) -> ErrorKind:
     return ErrorKind.OTHER
 
 
+def fill(argv: Sequence[str], **values: str) -> list[str]:
+    """``argv`` (a ``COPY``/``SYNC``/``REMOVE`` template) with the ``{src}``/``{dest}`` placeholders
+    named in ``values`` filled in; the others stay for the node to fill (upload and download are
+    the one ``SYNC``, with the bucket on either side)."""
+    return [values.get(arg[1:-1], arg) if arg in ("{src}", "{dest}") else arg for arg in argv]
+
+
 def missing_sdk(package: str, extra: str) -> str:
     return (
         f"cannot audit the cloud for leftovers: {package} is not installed (pip install {package}, or "

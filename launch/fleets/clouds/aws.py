@@ -9,7 +9,7 @@ from typing import Any
 from fleetrun_contract.cluster import AWS_CLUSTER_TAG as CLUSTER_TAG
 from fleetrun_contract.cluster import aws_region_of
 from launch.errors import FleetrunError
-from launch.fleets.clouds import ClusterLocation, ErrorKind, Rules, classify, missing_sdk
+from launch.fleets.clouds import ClusterLocation, ErrorKind, Rules, classify, fill, missing_sdk
 from launch.nodelib.fleetrun_protocol import BucketCommands
 
 # The one S3 uploader: the run directory's copy, checkpoints up and down, old checkpoints removed.
@@ -62,7 +62,7 @@ class AwsOps:
         return classify(message, ERROR_RULES)
 
     def upload_argv(self, bucket: str, dest: str) -> list[str]:
-        return [arg.replace("{dest}", f"s3://{bucket}/{dest}") for arg in SYNC]
+        return fill(SYNC, dest=f"s3://{bucket}/{dest}")
 
     def bucket_commands(self, bucket: str, prefix: str) -> BucketCommands:
         return BucketCommands(url=f"s3://{bucket}/{prefix}", copy=COPY, sync=SYNC, remove=REMOVE)
@@ -71,7 +71,7 @@ class AwsOps:
         return "ec2-imdsv2"
 
     def download_argv(self, bucket: str, src: str) -> list[str]:
-        return ["aws", "s3", "sync", "--only-show-errors", f"s3://{bucket}/{src}", "{dest}"]
+        return fill(SYNC, src=f"s3://{bucket}/{src}")
 
     def poweroff_hook(self) -> str:
         return POWEROFF_HOOK

@@ -8,7 +8,7 @@ import re
 from fleetrun_contract.cluster import GCP_CLUSTER_LABEL as CLUSTER_LABEL
 from fleetrun_contract.cluster import gcp_region_of
 from launch.errors import FleetrunError
-from launch.fleets.clouds import ClusterLocation, ErrorKind, Rules, classify, missing_sdk
+from launch.fleets.clouds import ClusterLocation, ErrorKind, Rules, classify, fill, missing_sdk
 from launch.nodelib.fleetrun_protocol import BucketCommands
 
 # The one Cloud Storage uploader: the run directory's copy, checkpoints up and down, removal.
@@ -79,7 +79,7 @@ class GcpOps:
         return classify(message, ERROR_RULES)
 
     def upload_argv(self, bucket: str, dest: str) -> list[str]:
-        return [arg.replace("{dest}", f"gs://{bucket}/{dest}") for arg in SYNC]
+        return fill(SYNC, dest=f"gs://{bucket}/{dest}")
 
     def bucket_commands(self, bucket: str, prefix: str) -> BucketCommands:
         return BucketCommands(url=f"gs://{bucket}/{prefix}", copy=COPY, sync=SYNC, remove=REMOVE)
@@ -88,7 +88,7 @@ class GcpOps:
         return "gce-metadata"
 
     def download_argv(self, bucket: str, src: str) -> list[str]:
-        return ["gcloud", "storage", "rsync", "--recursive", f"gs://{bucket}/{src}", "{dest}"]
+        return fill(SYNC, src=f"gs://{bucket}/{src}")
 
     def poweroff_hook(self) -> str:
         return POWEROFF_HOOK

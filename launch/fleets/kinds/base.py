@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from launch.nodelib.fleetrun_protocol import BucketCommands
 
 Say = Callable[[str], None]
+Probe = Callable[["Host", float], bool]
 
 
 class TeardownState(str, Enum):
@@ -95,11 +96,13 @@ class FleetKind(Protocol):
         """The tags/labels that mark this fleet's resources (what a leftovers audit looks for)."""
         ...
 
-    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+    def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
         """A working machine in place of ``host``, which a run lost (``recovery:``): its ``Host``,
         with the new pinned host key when the machine is new, or None when this kind cannot give
         one within ``timeout_s`` (the run then goes on without it when elastic, else fails).
-        The old machine's processes are assumed gone; only the new one is synced and set up."""
+        The old machine's processes are assumed gone; only the new one is synced and set up.
+        ``probe(host, timeout)``: whether the host's sshd answers, asked as the run reaches it
+        (through its jump host; ``Fleet.answers``); a direct TCP connect when not given."""
         ...
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import ValidationError
 
 from launch.errors import SpecError
-from launch.fleets.kinds.base import Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import LabFleet
 from launch.job.validation import describe_validation_error, load_yaml_mapping
 
@@ -69,14 +69,17 @@ class LabKind:
     def tags(self) -> dict[str, str]:
         return {}
 
-    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+    def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
         """Lab machines are not made by fleetrun: wait (up to ``timeout_s``) for the host's sshd to
         answer again (a reboot, a network fixed) and give back the same host, its pinned key
-        unchanged (a changed key is still refused when the run connects). None when it stays away."""
+        unchanged (a changed key is still refused when the run connects). None when it stays away.
+
+        ``probe`` asks as the run reaches the host: a host behind a jump host through it (this
+        machine has no route to its address; ``Fleet.answers``). Without one, a direct check."""
         from launch.transport.reachability import wait_for_sshd
 
         say(f"{host.name}: lab machine; waiting up to {timeout_s:.0f} s for it to answer again")
-        return host if wait_for_sshd(host, timeout_s, poll_s=REPLACE_POLL_S) else None
+        return host if wait_for_sshd(host, timeout_s, poll_s=REPLACE_POLL_S, check=probe) else None
 
 
 def _resolve_key(entry: dict[str, object], path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from launch.errors import FleetrunError
-from launch.fleets.kinds.base import Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import LocalFleetRef
 
 if TYPE_CHECKING:
@@ -51,12 +51,10 @@ class LocalFleetKind:
         commands = self.bucket_commands(dest)
         if commands is None:
             return None
-        return [
-            "env",
-            *(f"{k}={v}" for k, v in sorted(commands.env.items())),
-            *commands.sync[:-1],
-            commands.url,
-        ]
+        from launch.fleets.clouds import fill
+
+        env = [f"{k}={v}" for k, v in sorted(commands.env.items())]
+        return ["env", *env, *fill(commands.sync, dest=commands.url)]
 
     def bucket_commands(self, prefix: str) -> BucketCommands | None:
         """The S3 commands against the fleet's own S3-compatible server, run with the image's ``aws``
@@ -99,7 +97,7 @@ class LocalFleetKind:
     def tags(self) -> dict[str, str]:
         return {PREFIX_TAG: self.ref.prefix}
 
-    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+    def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
         """A fresh node (empty home, new host key) in the lost one's place; see ``replace_node``."""
         from launch.fleets.local import LocalFleet  # root-only I/O, imported when used
         from launch.fleets.local.power import replace_node

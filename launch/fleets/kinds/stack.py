@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from fleetrun_contract.stack_outputs import StackOutputs
 from launch.errors import SpecError
 from launch.fleets.clouds import CLOUDS
-from launch.fleets.kinds.base import Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import StackFleetRef
 from launch.job.validation import describe_validation_error, load_json_mapping, printable
 
@@ -78,7 +78,7 @@ class StackKind:
     def tags(self) -> dict[str, str]:
         return {self.cloud.cluster_tag: self.ref.cluster_id}
 
-    def replace(self, host: Host, say: Say, timeout_s: float) -> Host | None:
+    def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
         """Refresh + up through the Automation API recreates only the missing instance; its new
         host key comes from the outputs (``launch.fleets.stack_replace``); then its sshd is awaited
         (a booting instance), all within ``timeout_s``. A cluster known only from an outputs file
@@ -99,7 +99,7 @@ class StackKind:
         say(
             f"{host.name}: instance recreated at {new.address}; waiting up to {max(0.0, left):.0f} s for its sshd"
         )
-        if wait_for_sshd(new, max(0.0, left)):
+        if wait_for_sshd(new, max(0.0, left), check=probe):
             return new
         say(f"{host.name}: the new instance's sshd did not answer within replace_timeout_s")
         return None

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,7 +253,7 @@ class LocalFleet(FleetNames):
             hosts = behind_head(hosts)
         for i in range(nodes):
             start_sshd(self, i, shape)
-        self._wait_for_sshd(nodes, shape)
+        self.wait_for_sshd(dict(enumerate(hosts)), bastion)
         self._start_power_daemon()
         inventory = Inventory(
             hosts=hosts, source=f"local fleet {self.prefix}", fleet=LocalFleetRef(prefix=self.prefix)
@@ -265,14 +265,16 @@ class LocalFleet(FleetNames):
         )
         return inventory
 
-    def _wait_for_sshd(self, nodes: int, shape: Shape, timeout: float = 30.0) -> None:
-        """Until every node's sshd listens: a connect from here, or (bastion mode, where this
-        machine cannot reach the nodes' addresses) its listening socket seen in the namespace."""
+    def wait_for_sshd(self, nodes: Mapping[int, Host], bastion: bool, timeout: float = 30.0) -> None:
+        """Until each node's sshd listens (``nodes``: index -> its inventory entry, whose private
+        address and port are the truth, whatever ``subnet`` this object was made with): a connect
+        from here, or (bastion mode, where this machine cannot reach the nodes' addresses) its
+        listening socket seen in the namespace."""
         deadline = time.monotonic() + timeout
-        pending = set(range(nodes))
+        pending = set(nodes)
         while pending and time.monotonic() < deadline:
             for i in sorted(pending):
-                if self._listening(i, shape):
+                if self._listening(i, nodes[i], bastion):
                     pending.discard(i)
             if pending:
                 time.sleep(0.05)
@@ -280,13 +282,13 @@ class LocalFleet(FleetNames):
             names = ", ".join(self.node_name(i) for i in sorted(pending))
             raise LocalFleetError(f"sshd did not come up on {names}; see {self.state_dir}/nodes/*/sshd.log")
 
-    def _listening(self, i: int, shape: Shape) -> bool:
-        port = self.ssh_port(i, shape.mixed)
-        if shape.bastion:
+    def _listening(self, i: int, host: Host, bastion: bool) -> bool:
+        address, port = host.private_address, host.port
+        if bastion:
             out = run(["ss", "-N", self.netns(i), "-Hltn", f"sport = :{port}"], check=False).stdout
-            return f"{self.address(i)}:{port}" in out
+            return f"{address}:{port}" in out
         try:
-            with socket.create_connection((self.address(i), port), timeout=0.5):
+            with socket.create_connection((address, port), timeout=0.5):
                 return True
         except OSError:
             return False

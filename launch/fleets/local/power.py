@@ -18,7 +18,6 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import stat
 import sys
 import time
@@ -83,7 +82,8 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     Whatever is left of the node is powered off first (its processes, its sshd), its home is
     emptied but for the operator's authorized key (what a new VM gets from its image and
     metadata), a new host key is generated, sshd starts again, and the fleet's own inventory
-    file is rewritten with the new key. Returns the new ``Host``.
+    file is rewritten with the new key (also where it pins the node as the others' jump host).
+    Returns the new ``Host``. VM-mode nodes share one user and are refused (not ``is_ours``).
     """
     index = fleet.node_index(host.name)
     created = fleet.state.load()
@@ -108,18 +108,15 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
         old.unlink(missing_ok=True)
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(key)])
     start_sshd(fleet, index)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection((host.address, host.port), timeout=0.5):
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"sshd did not come back on {host.name}") from None
-            time.sleep(0.05)
-    new = host.model_copy(update={"host_key": key.with_suffix(".pub").read_text().strip()})
+    # only a bastion fleet records a route; ``fleet`` may carry subnet 0 (``LocalFleetKind.replace``):
+    # the addresses come from the host's inventory entry
+    fleet.wait_for_sshd({index: host}, bastion=bool(created["route"]))
     inventory = fleet.inventory()
-    hosts = [new if h.name == host.name else h for h in inventory.hosts]
+    # the fleet's own entry, not the caller's copy: a head replaced before may have re-pinned its jump
+    current = next((h for h in inventory.hosts if h.name == host.name), host)
+    # validated, so the key is normalised as the inventory file's (ssh-keygen's comment dropped)
+    new = Host.model_validate({**current.model_dump(), "host_key": key.with_suffix(".pub").read_text()})
+    hosts = [h.repinned(new) for h in inventory.hosts]
     updated = inventory.model_copy(update={"hosts": hosts})
     Inventory.model_validate(updated.to_yaml_data())  # still a valid inventory before it is written
     tmp = fleet.inventory_path.with_suffix(".tmp")
