@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import hashlib
 import os
 import sys
@@ -95,7 +96,10 @@ def main() -> int:
     sums: list[str | None] = [None] * world
     dist.all_gather_object(sums, checksum(model))
     metrics.finish("succeeded", message=f"{args.steps} steps", world_size=world, param_checksums=sums)
-    del ddp
+    # As trainer.task does: drop DDP's reducer (it holds the process group) and collect it now, so
+    # the group closes here, not during interpreter shutdown, where gloo's threads can fail the exit.
+    del ddp, optimizer
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
     return 0
