@@ -554,3 +554,40 @@ def test_sharded_ranks_agree_on_the_newest_step_complete_everywhere(tmp_path: Pa
         (tmp_path / "ckpt" / f"step-{step}" / "rank-0" / "weights.bin").write_bytes(b"cut")
     results, _ = agree_in_lock_step(shards)
     assert results == {0: None, 1: None}, "no step whole on both ranks: both start fresh"
+
+
+def test_a_writer_killed_mid_save_leaves_nothing_behind_at_the_next_save(tmp_path: Path) -> None:
+    """Temporary dirs name their host and process: the next save on this host removes those whose
+    process is gone (kill -9 mid-save, an earlier attempt), and nothing else: not a live writer's,
+    not another host's (a shared disk), not a symlink, not a user's directory."""
+    import fleetrun_checkpoint_files as files
+
+    dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True).stdout.strip()
+    directory = tmp_path / "ckpt"
+    host = files.scratch_name("x").split("-")[1]
+    names = {
+        "dead_tmp": f".tmp-step-7-rank-0-{host}-{dead}",
+        "dead_incoming": f".incoming-7-{host}-{dead}",
+        "live_tmp": f".tmp-step-8-rank-0-{host}-{os.getpid()}",
+        "other_host": f".tmp-step-9-rank-0-elsewhere-{dead}",
+        "user": ".tmp-step-mine",
+    }
+    for name in names.values():
+        (directory / name).mkdir(parents=True)
+        (directory / name / "weights.bin").write_bytes(b"partial")
+    (directory / "step-3").mkdir()
+    (directory / "step-3" / f"rank-1.old-{host}-{dead}-123").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("mine")
+    (directory / f".tmp-step-6-rank-0-{host}-{dead}").symlink_to(outside)
+
+    cp = make(tmp_path)
+    assert cp.save(10, writer(b"ten")) is not None
+    left = {p.name for p in directory.iterdir()}
+    assert names["dead_tmp"] not in left and names["dead_incoming"] not in left
+    assert not (directory / "step-3" / f"rank-1.old-{host}-{dead}-123").exists(), "a sharded leftover too"
+    assert {names["live_tmp"], names["other_host"], names["user"], "step-10"} <= left
+    assert (outside / "keep").read_text() == "mine" and (
+        directory / f".tmp-step-6-rank-0-{host}-{dead}"
+    ).is_symlink()

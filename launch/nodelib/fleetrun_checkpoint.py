@@ -47,12 +47,30 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
     from launch.nodelib import fleetrun_bucket
     from launch.nodelib import fleetrun_protocol as protocol
-    from launch.nodelib.fleetrun_checkpoint_files import MANIFEST, replace_dir, seal, verify, written_here
+    from launch.nodelib.fleetrun_checkpoint_files import (
+        MANIFEST,
+        fetch_step,
+        replace_dir,
+        scratch_name,
+        seal,
+        sweep_scratch,
+        verify,
+        written_here,
+    )
     from launch.nodelib.fleetrun_ranks import any_rank, smallest_across_ranks
 else:
     import fleetrun_bucket  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402
-    from fleetrun_checkpoint_files import MANIFEST, replace_dir, seal, verify, written_here  # noqa: E402
+    from fleetrun_checkpoint_files import (  # noqa: E402
+        MANIFEST,
+        fetch_step,
+        replace_dir,
+        scratch_name,
+        seal,
+        sweep_scratch,
+        verify,
+        written_here,
+    )
     from fleetrun_ranks import any_rank, smallest_across_ranks  # noqa: E402
 
 FLAG_FILE = "preempt.json"
@@ -131,6 +149,7 @@ class Checkpointer:
         self._queued: int | None = None
         self._busy: int | None = None
         self._thread: threading.Thread | None = None
+        self._swept = False
         self.uploaded_step: int | None = None
         self.upload_error = ""
         if handle_sigterm:
@@ -186,9 +205,7 @@ class Checkpointer:
                 return Checkpoint(path, manifest.step, "node", manifest)
         return None
 
-    def agreed_latest(
-        self, smallest: Callable[[int], int] | None = None, hashes: bool = True
-    ) -> Checkpoint | None:
+    def agreed_latest(self, smallest: Callable[[int], int] | None = None) -> Checkpoint | None:
         """Sharded: the newest step whose shard is complete on *every* rank, or None on every rank.
 
         Each rank's own newest shard is not enough: a rank whose newest shard was cut short would
@@ -201,7 +218,7 @@ class Checkpointer:
         smallest = smallest or smallest_across_ranks
         bound: int | None = None
         while True:
-            found = self.latest(hashes, at_most=bound)
+            found = self.latest(at_most=bound)
             mine = found.step if found is not None else -1
             low = smallest(mine)
             if low < 0:
@@ -238,22 +255,9 @@ class Checkpointer:
 
     def _download(self, step: int, url: str) -> Checkpoint | None:
         """Copy one step (this rank's part) from the bucket, verify it, move it into place."""
-        assert self.bucket is not None
-        os.makedirs(self.directory, exist_ok=True)
-        tmp = os.path.join(self.directory, f".incoming-{step}-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            ok, message = self.bucket.sync(url, tmp)
-            manifest = verify(tmp) if ok else None
-            if manifest is None or manifest.step != step:
-                _log(f"checkpoint step {step} from {url}: {message if not ok else 'incomplete, skipped'}")
-                return None
-            final = self._own(self.step_dir(step))
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            replace_dir(tmp, final)
-            return Checkpoint(final, step, "bucket", manifest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        final = self._own(self.step_dir(step))
+        manifest = fetch_step(self.bucket, url, self.directory, step, final, _log)
+        return None if manifest is None else Checkpoint(final, step, "bucket", manifest)
 
     # -- saving ----------------------------------------------------------------------------------
     def save(self, step: int, writer: Callable[[str], object]) -> Checkpoint | None:
@@ -266,7 +270,9 @@ class Checkpointer:
             return None
         step = int(step)
         os.makedirs(self.directory, exist_ok=True)
-        tmp = os.path.join(self.directory, f".tmp-step-{step}-rank-{self.rank}-{os.getpid()}")
+        if not self._swept:  # what a writer killed mid-save (an earlier attempt) left behind
+            self._swept = sweep_scratch(self.directory) is not None
+        tmp = os.path.join(self.directory, scratch_name(f".tmp-step-{step}-rank-{self.rank}"))
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         try:

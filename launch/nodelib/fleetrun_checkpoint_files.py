@@ -12,10 +12,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
+import socket
 import sys
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
@@ -25,6 +28,40 @@ else:
 
 MANIFEST = "MANIFEST.json"
 _HASH_CHUNK = 1024 * 1024
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"  # no '-': see the RE
+_SCRATCH_RE = re.compile(
+    r"(?:\.tmp-step-\d+-rank-\d+|\.incoming-\d+|(?:step|rank)-\d+\.old)-(?P<host>[A-Za-z0-9._]{1,64})-(?P<pid>\d{1,9})(?:-\d+)?"
+)
+
+
+def scratch_name(prefix: str) -> str:
+    """A temporary name that says who made it (this host and process), so ``sweep_scratch`` can
+    tell a dead writer's leftovers from a live one's, on this node's disk or a shared one."""
+    return f"{prefix}-{_HOST}-{os.getpid()}"
+
+
+def sweep_scratch(directory: str) -> list[str]:
+    """Remove what a writer killed mid-save left in ``directory`` and its step directories:
+    temporary dirs named by ``scratch_name`` whose process (on this host) is gone. A kill -9 or a
+    power-off mid-save leaves a whole checkpoint's size there, and later attempts add more. Only
+    real directories with those names; never a symlink; never another host's or a live writer's."""
+    removed = []
+    with contextlib.suppress(OSError):
+        tops = [(directory, n) for n in os.listdir(directory)]
+        steps = [os.path.join(directory, n) for _, n in tops if n.startswith("step-") and "." not in n]
+        for step_dir in steps:
+            if os.path.isdir(step_dir) and not os.path.islink(step_dir):
+                with contextlib.suppress(OSError):
+                    tops += [(step_dir, n) for n in os.listdir(step_dir)]
+    for parent, name in tops:
+        match = _SCRATCH_RE.fullmatch(name)
+        path = os.path.join(parent, name)
+        if match is None or match["host"] != _HOST or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        if not os.path.exists(f"/proc/{match['pid']}"):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _sha256(path: str) -> str:
@@ -98,12 +135,33 @@ def replace_dir(src: str, dest: str) -> None:
     """Rename ``src`` to ``dest``; an existing ``dest`` (the same step saved again) goes first."""
     old = None
     if os.path.exists(dest):
-        old = f"{dest}.old-{os.getpid()}-{time.monotonic_ns()}"
+        old = f"{scratch_name(dest + '.old')}-{time.monotonic_ns()}"
         os.rename(dest, old)
     os.rename(src, dest)
     _fsync_dir(os.path.dirname(dest))
     if old:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def fetch_step(
+    bucket: Any, url: str, directory: str, step: int, final: str, log: Callable[[str], None]
+) -> protocol.Manifest | None:
+    """Copy one step from ``url`` (``bucket.sync``) into a temporary dir, verify it, and move it to
+    ``final``; its manifest, or None (logged) when the copy failed or is incomplete."""
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, scratch_name(f".incoming-{step}"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        ok, message = bucket.sync(url, tmp)
+        manifest = verify(tmp) if ok else None
+        if manifest is None or manifest.step != step:
+            log(f"checkpoint step {step} from {url}: {message if not ok else 'incomplete, skipped'}")
+            return None
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        replace_dir(tmp, final)
+        return manifest
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def written_here(step_dir: str, own: str, step: int) -> bool:
