@@ -188,3 +188,42 @@ def test_a_crashed_probe_leaves_no_node_out(tmp_path: Path, monkeypatch: pytest.
     assert "n1" in s.stop_errors and "n1" in s.pull_errors and s.teardown.state.name == "BLOCKED"
     assert "probe bug" in (done.folder / "traceback.txt").read_text()
     assert done.records.get("fake-run-1").state == "failed"
+
+
+def test_the_reports_are_drawn_while_the_fleet_is_torn_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loss plot is drawn from the pulled files while the teardown runs (not after it): the
+    teardown here only returns once the plot has started. Both still finish before the record."""
+    import launch.run.wrapup as wrapup
+    from launch.fleets.kinds.base import TeardownOutcome, TeardownState
+
+    drawing = threading.Event()
+    overlapped: list[bool] = []
+    real_write = wrapup.write_reports
+
+    def write_reports(*args: object, **kwargs: object) -> None:
+        drawing.set()
+        real_write(*args, **kwargs)  # type: ignore[arg-type]
+
+    def tear_down(*_a: object, **_k: object) -> TeardownOutcome:
+        overlapped.append(drawing.wait(30))
+        return TeardownOutcome(TeardownState.DONE, "fake fleet removed")
+
+    monkeypatch.setattr(wrapup, "write_reports", write_reports)
+    monkeypatch.setattr(wrapup, "tear_down", tear_down)
+    done = run_on_fake_fleet(tmp_path, monkeypatch, JobScript(steps=5), clock=FakeClock(), teardown="always")
+    assert overlapped == [True]
+    assert done.summary.teardown.state is TeardownState.DONE
+    assert (done.folder / "loss.png").exists() and not (done.folder / "traceback.txt").exists()
+
+
+def test_the_report_imports_warmed_during_the_stop_are_the_ones_the_reports_use() -> None:
+    """``warm_up_reports`` imports what ``write_reports`` needs, so the plot does not pay for it
+    after the stop: every name in ``REPORT_MODULES`` exists and is loaded once the warm-up ends."""
+    import sys
+
+    from launch.run.wrapup import REPORT_MODULES, warm_up_reports
+
+    warm_up_reports().join(120)
+    assert all(name in sys.modules for name in REPORT_MODULES)

@@ -274,12 +274,29 @@ def wrap_up(
             reporter.say((f"  {name}: could not revoke the run's cluster SSH key: {err}", "yellow"))
         steps.timed("close", fleet.close)
     rank0_node = steps.run("collecting rank 0's files", folder.collect_rank0_files, lambda _m: None)
-    if started_job:
+    # The plot and the TensorBoard file are drawn from the pulled files while the fleet is torn
+    # down (the teardown only needs the pulls to be done): a local fleet's removal takes about
+    # as long as drawing them, and a run's exit should not wait for both in turn.
+    # (the run records are SQLite, used from this thread only: read before the thread starts)
+    hyperparameters = (
         steps.run(
-            "writing the loss plot",
-            lambda: write_reports(folder, reporter, recorded_hyperparameters(records, target.run_id)),
+            "reading the run's hyperparameters",
+            lambda: recorded_hyperparameters(records, target.run_id),
             lambda _m: None,
         )
+        if started_job
+        else None
+    )
+    reports = threading.Thread(
+        target=lambda: steps.run(
+            "writing the loss plot",
+            lambda: write_reports(folder, reporter, hyperparameters),
+            lambda _m: None,
+        ),
+        name="fleetrun-reports",
+    )
+    if started_job:
+        reports.start()
     facts = steps.run(
         "reading the watcher's facts",
         lambda: watch_facts(watcher, target.started_at),
@@ -294,15 +311,19 @@ def wrap_up(
         stop_errors,
         applies=started_job if teardown_applies is None else teardown_applies,
     )
-    if decided.action is TeardownAction.TEAR_DOWN:
-        teardown_started_at = time.time()
-        teardown = steps.run(
-            "tearing the fleet down",
-            lambda: tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}")),
-            lambda msg: TeardownOutcome(TeardownState.FAILED, msg),
-        )
-    else:
-        teardown = decided.outcome()
+    try:
+        if decided.action is TeardownAction.TEAR_DOWN:
+            teardown_started_at = time.time()
+            teardown = steps.run(
+                "tearing the fleet down",
+                lambda: tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}")),
+                lambda msg: TeardownOutcome(TeardownState.FAILED, msg),
+            )
+        else:
+            teardown = decided.outcome()
+    finally:
+        if reports.is_alive():
+            reports.join()
     reporter.say(f"  teardown: {teardown}")
 
     ended_at = time.time()
