@@ -15,6 +15,7 @@ FAULT_LATENCY_ONLY (comma-separated keys: kill,stop,link,nan,wall,laptop; defaul
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import statistics
@@ -100,13 +101,12 @@ def scenario(name: str, tmp: Path, book: Path, fault: object, limit_s: float = 0
         fleet.down(say=lambda _m: None)
     summary = json.loads((folder / "summary.json").read_text())
     t0 = marks.get("fault")
-    if t0 is None:  # faults carried by the job itself (NaN, plateau, wall time): from the first step
-        first = next(
-            json.loads(x)["time"]
-            for x in (folder / "metrics.jsonl").read_text().splitlines()
-            if '"step"' in x
-        )
-        t0 = float(first)
+    if t0 is None:  # faults carried by the job itself: from the first step, or the first NaN loss
+        records = [
+            json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if '"step"' in x
+        ]
+        nan = [r for r in records if isinstance(r.get("loss"), float) and not math.isfinite(r["loss"])]
+        t0 = float((nan or records)[0]["time"])
     if "max_wall_time_s" in name:  # the wall-time limit counts from the launch, not a fault
         t0 = started_at(folder)
     to_decision = summary["decided_at"] - t0
