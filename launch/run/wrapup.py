@@ -9,6 +9,7 @@ and its fleet still handled by policy; a crashed stop or pull counts as "artifac
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import shlex
 import threading
@@ -81,7 +82,8 @@ def warm_up_reports() -> threading.Thread:
                 continue
 
     thread = threading.Thread(target=load, name="fleetrun-warm-reports", daemon=True)
-    thread.start()
+    with contextlib.suppress(RuntimeError):  # no thread to be had: they import on first use
+        thread.start()
     return thread
 
 
@@ -227,7 +229,11 @@ def wrap_up(
             # Nodes the watcher lost are probed once, briefly, while the others are stopped and
             # pulled (see ``launch.run.lost_nodes``); the ones still silent are left out of stop,
             # pull and upload and count as failed pulls below, so they still block the teardown.
-            probe = LostProbe.start(fleet, watcher)
+            probe = steps.run(
+                "probing the nodes the watcher lost",
+                lambda: LostProbe.start(fleet, watcher),
+                lambda _m: LostProbe(fleet, ()),  # none left out: every node stopped and pulled
+            )
             reach = without(fleet, probe.suspects)
             grace = stop_grace(decision, probe.suspects)
             stop_errors = steps.run(
@@ -296,7 +302,10 @@ def wrap_up(
         name="fleetrun-reports",
     )
     if started_job:
-        reports.start()
+        try:
+            reports.start()
+        except RuntimeError:  # no thread to be had: drawn here, before the teardown
+            reports.run()
     facts = steps.run(
         "reading the watcher's facts",
         lambda: watch_facts(watcher, target.started_at),
