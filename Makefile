@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fleetrun-installed
 
-.PHONY: demo test setup system-deps horovod lint typecheck pytest bench bench-scale bench-peers clean clean-image
+.PHONY: demo test setup system-deps horovod lint typecheck pytest bench bench-scale bench-exec bench-peers clean clean-image
 
 demo: setup
 	$(BIN)/fab demo
@@ -72,10 +72,15 @@ bench: setup
 	$(BIN)/python bench/horovod_vs_torchrun.py
 	$(BIN)/python bench/pulumi_eval.py
 	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/exec_profile.py
 	$(BIN)/python bench/peers.py
 
 bench-scale: setup
 	$(BIN)/python bench/scale.py
+
+# where `fab exec` spends its time at 4 nodes, next to pdsh (phases and imports).
+bench-exec: setup
+	$(BIN)/python bench/exec_profile.py
 
 # fleetrun next to Ray's cluster launcher and pdsh-started torchrun (installs Ray 2.60.0 into its own venv).
 bench-peers: setup

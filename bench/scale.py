@@ -13,7 +13,7 @@ And once, at a small N (default 3, fleet prefix frq): from `fab train` on a read
 first logged step, next to torchrun started on the nodes by hand with one pdsh command.
 
 Usage (root): .venv/bin/python bench/scale.py [--sizes 4 16 32 64] [--repeat 5] [--files 5000]
-              [--skip-train] [--train-nodes 3] [--quick] [--out bench/results/scale.json]
+              [--skip-train] [--train-nodes 3] [--quick] [--exec-only] [--out bench/results/scale.json]
 Prints a table and writes JSON (machine, medians, ratios fleetrun/baseline, goals met or missed).
 Timing goals are printed here, never asserted (tests/test_bench_smoke.py only checks it runs).
 """
@@ -21,6 +21,7 @@ Timing goals are printed here, never asserted (tests/test_bench_smoke.py only ch
 from __future__ import annotations
 
 import argparse
+import compileall
 import io
 import json
 import math
@@ -71,6 +72,7 @@ VOCABULARY = (
 
 # Goals from the issue: printed as met / missed next to the ratios, never asserted.
 GOAL_EXEC_RATIO = 0.75  # fan-out `true` at 32 and 64 nodes: fleetrun <= 0.75x pdsh
+GOAL_EXEC_SMALL_RATIO = 1.0  # `fab exec true` at 4 nodes: at most pdsh's time
 GOAL_RESYNC_RATIO = 1.2  # unchanged re-sync at 16 nodes: fleetrun <= 1.2x the rsync loop
 GOAL_POLL_S = 0.5  # one watcher poll round at 64 nodes, connections open
 POLL_ROUNDS = 10
@@ -336,13 +338,36 @@ def check_synced(hosts: list[Host], shipped: int) -> None:
 
 
 # -- one fleet size -------------------------------------------------------------------------------
+def section(runs: dict[str, list[Any]], base: str) -> dict[str, Any]:
+    """Medians per tool, and ``ratio``: fleetrun's (``fab``) median over the baseline's."""
+    seconds = {k: [r if isinstance(r, float) else r["seconds"] for r in v] for k, v in runs.items()}
+    out: dict[str, Any] = {k: {"median_s": median(v), "runs_s": v} for k, v in seconds.items()}
+    out["ratio"] = out["fleetrun"]["median_s"] / out[base]["median_s"]
+    return out
+
+
 def in_turn(rep: int, first: Callable[[], None], second: Callable[[], None]) -> None:
     """Alternate which tool goes first, so neither always pays for (or profits from) the other."""
     for step in (first, second) if rep % 2 == 0 else (second, first):
         step()
 
 
-def measure_size(size: int, repeat: int, tree: Path, shipped: int) -> dict[str, Any]:
+def fleetrun_binary() -> str | None:
+    """The ``fleetrun`` console script (the same tasks on Invoke's Program, without Fabric's CLI)."""
+    beside = Path(sys.executable).with_name("fleetrun")
+    return str(beside) if beside.exists() else None
+
+
+def fleetrun_exec(command: str, binary: str, prefix: str = PREFIX) -> float:
+    seconds, proc = timed([binary, "exec", command, "--inventory", f"local:{prefix}"])
+    if proc.returncode != 0:
+        raise BenchError(
+            f"fleetrun exec {command!r} failed ({proc.returncode}): {tail(proc.stdout + proc.stderr)}"
+        )
+    return seconds
+
+
+def measure_size(size: int, repeat: int, tree: Path, shipped: int, exec_only: bool = False) -> dict[str, Any]:
     fleet = LocalFleet(prefix=PREFIX, subnet=SUBNET)
     started = time.monotonic()
     try:
@@ -355,55 +380,50 @@ def measure_size(size: int, repeat: int, tree: Path, shipped: int) -> dict[str, 
         check_fab_exec(hosts)
 
         exec_runs: dict[str, list[float]] = {"fleetrun": [], "pdsh": []}
+        entry = fleetrun_binary()
         for rep in range(repeat):
             in_turn(
                 rep,
                 lambda: exec_runs["fleetrun"].append(fab_exec("true")[0]),
                 lambda: exec_runs["pdsh"].append(pdsh_run(hosts, env, "true")[0]),
             )
-
-        first: dict[str, list[dict[str, Any]]] = {"fleetrun": [], "rsync loop": []}
-        again: dict[str, list[dict[str, Any]]] = {"fleetrun": [], "rsync loop": []}
-        with Fleet(hosts, known_hosts, max_parallel=64) as conns:
-            conns.run("true", timeout=60)  # `fab train` connects before it syncs
-            for rep in range(repeat):
-                clear_remote(hosts, env)
-                in_turn(
-                    rep,
-                    lambda: first["fleetrun"].append(fleetrun_sync(conns, tree, known_hosts)),
-                    lambda: first["rsync loop"].append(rsync_loop(hosts, tree, known_hosts)),
-                )
-                if rep == 0:
-                    check_synced(hosts, shipped)
-                in_turn(
-                    rep,
-                    lambda: again["fleetrun"].append(fleetrun_sync(conns, tree, known_hosts)),
-                    lambda: again["rsync loop"].append(rsync_loop(hosts, tree, known_hosts)),
-                )
-            resent = [r["files_sent"] for r in again["fleetrun"]]
-            if any(resent):
-                raise BenchError(f"unchanged re-sync sent files again: {resent}")
-            poll = poll_rounds(inventory, conns)
+            if entry is not None:  # the other entry point, after both (the figure is `fab exec`)
+                exec_runs.setdefault("fleetrun exec", []).append(fleetrun_exec("true", entry))
+        row: dict[str, Any] = {"nodes": size, "fleet_up_s": up_s, "exec_true": section(exec_runs, "pdsh")}
+        if not exec_only:
+            first: dict[str, list[dict[str, Any]]] = {"fleetrun": [], "rsync loop": []}
+            again: dict[str, list[dict[str, Any]]] = {"fleetrun": [], "rsync loop": []}
+            with Fleet(hosts, known_hosts, max_parallel=64) as conns:
+                conns.run("true", timeout=60)  # `fab train` connects before it syncs
+                for rep in range(repeat):
+                    clear_remote(hosts, env)
+                    in_turn(
+                        rep,
+                        lambda: first["fleetrun"].append(fleetrun_sync(conns, tree, known_hosts)),
+                        lambda: first["rsync loop"].append(rsync_loop(hosts, tree, known_hosts)),
+                    )
+                    if rep == 0:
+                        check_synced(hosts, shipped)
+                    in_turn(
+                        rep,
+                        lambda: again["fleetrun"].append(fleetrun_sync(conns, tree, known_hosts)),
+                        lambda: again["rsync loop"].append(rsync_loop(hosts, tree, known_hosts)),
+                    )
+                resent = [r["files_sent"] for r in again["fleetrun"]]
+                if any(resent):
+                    raise BenchError(f"unchanged re-sync sent files again: {resent}")
+                poll = poll_rounds(inventory, conns)
+            row |= {
+                "sync_first": section(first, "rsync loop"),
+                "sync_unchanged": section(again, "rsync loop"),
+                "sync_via_head": max(r["via_head"] for r in first["fleetrun"]),
+                "poll_round": poll,
+            }
     finally:
         left = fleet.down(say=quiet)
     if any(left.values()):
         raise BenchError(f"fleet {PREFIX} left things behind: {left}")
-
-    def section(runs: dict[str, list[Any]], base: str) -> dict[str, Any]:
-        seconds = {k: [r if isinstance(r, float) else r["seconds"] for r in v] for k, v in runs.items()}
-        out: dict[str, Any] = {k: {"median_s": median(v), "runs_s": v} for k, v in seconds.items()}
-        out["ratio"] = out["fleetrun"]["median_s"] / out[base]["median_s"]
-        return out
-
-    return {
-        "nodes": size,
-        "fleet_up_s": up_s,
-        "exec_true": section(exec_runs, "pdsh"),
-        "sync_first": section(first, "rsync loop"),
-        "sync_unchanged": section(again, "rsync loop"),
-        "sync_via_head": max(r["via_head"] for r in first["fleetrun"]),
-        "poll_round": poll,
-    }
+    return row
 
 
 # -- first step -----------------------------------------------------------------------------------
@@ -554,10 +574,20 @@ def goals(rows: list[dict[str, Any]], first: dict[str, Any] | None) -> list[dict
             return None
         value: Any = by_n[n]
         for key in keys:
+            if key not in value:
+                return None
             value = value[key]
         return float(value)
 
     out = [
+        goal(
+            f"`fab exec true` at 4: <= {GOAL_EXEC_SMALL_RATIO}x pdsh",
+            at(4, "exec_true", "ratio"),
+            "{:.2f}x",
+            GOAL_EXEC_SMALL_RATIO,
+        )
+    ]
+    out += [
         goal(
             f"fan-out `true` at {n}: fleetrun <= {GOAL_EXEC_RATIO}x pdsh",
             at(n, "exec_true", "ratio"),
@@ -611,10 +641,21 @@ def print_report(result: dict[str, Any]) -> None:
     for r in rows:
         cells = []
         for key, base in SECTIONS:
-            s = r[key]
-            cells.append(f"{s['fleetrun']['median_s']:8.2f} {s[base]['median_s']:8.2f} {s['ratio']:6.2f}x")
-        cells.append(f"{r['poll_round']['median_s']:8.3f}")
+            s = r.get(key)
+            cells.append(
+                f"{s['fleetrun']['median_s']:8.2f} {s[base]['median_s']:8.2f} {s['ratio']:6.2f}x"
+                if s
+                else f"{'-':>25}"
+            )
+        cells.append(f"{r['poll_round']['median_s']:8.3f}" if "poll_round" in r else f"{'-':>8}")
         print(f"{r['nodes']:>5} {r['fleet_up_s']:6.1f} | " + " | ".join(cells))
+    for r in rows:
+        other = r["exec_true"].get("fleetrun exec")
+        if other:
+            print(
+                f"  {r['nodes']} nodes: `fleetrun exec true` (the console script) {other['median_s']:.2f} s, "
+                f"{other['median_s'] / r['exec_true']['pdsh']['median_s']:.2f}x pdsh"
+            )
     grow = result["growth"]
     if any(v is not None for section in grow.values() for v in section.values()):
         cells = []
@@ -638,6 +679,19 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"ERROR in {e['where']}: {e['error']}")
 
 
+def compile_checkout() -> str:
+    """Byte-compile the checkout's packages before timing any ``fab`` process.
+
+    pip compiles a package when it installs it; a checkout run with ``PYTHONDONTWRITEBYTECODE``
+    set (as on the machine these figures were first taken on) recompiled fleetrun's modules from
+    source in every ``fab`` process, about a tenth of a second that no installed copy pays."""
+    for package in ("launch", "fleetrun_contract"):
+        compileall.compile_dir(REPO / package, quiet=1)
+    compileall.compile_file(REPO / "fabfile.py", quiet=1)
+    flag = "set" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "not set"
+    return f"compiled before timing (compileall), as pip does on install; PYTHONDONTWRITEBYTECODE {flag}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -648,6 +702,9 @@ def main() -> int:
     parser.add_argument("--skip-train", action="store_true", help="skip the first-step section")
     parser.add_argument("--train-nodes", type=int, default=3, help="fleet size of the first-step section")
     parser.add_argument("--quick", action="store_true", help="smoke test: sizes 4, repeat 1, files 200")
+    parser.add_argument(
+        "--exec-only", action="store_true", help="only `true` on every node (fab exec, fleetrun exec, pdsh)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "scale.json")
     args = parser.parse_args()
     if args.quick:
@@ -661,6 +718,7 @@ def main() -> int:
 
     result: dict[str, Any] = {
         "command": "python bench/scale.py " + shlex.join(sys.argv[1:]),
+        "bytecode": compile_checkout(),
         "machine": machine(),
         "sizes": args.sizes,
         "repeat": args.repeat,
@@ -676,12 +734,12 @@ def main() -> int:
             for size in args.sizes:
                 print(f"{size} nodes ...", flush=True)
                 try:
-                    result["rows"].append(measure_size(size, args.repeat, tree, shipped))
+                    result["rows"].append(measure_size(size, args.repeat, tree, shipped, args.exec_only))
                 except Exception as exc:  # noqa: BLE001 - recorded, the other sizes still run
                     result["errors"].append(
                         {"where": f"{size} nodes", "error": str(exc), "traceback": traceback.format_exc()}
                     )
-        if not args.skip_train:
+        if not (args.skip_train or args.exec_only):
             print(f"first step, {args.train_nodes} nodes ...", flush=True)
             try:
                 result["first_step"] = measure_first_step(args.train_nodes, args.repeat)

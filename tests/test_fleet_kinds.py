@@ -183,3 +183,35 @@ def test_no_kind_or_cloud_switch_outside_the_kind_modules() -> None:
             if FORBIDDEN.search(line):
                 offenders.append(f"{rel}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_the_registry_tables_name_each_kind_by_its_own_name() -> None:
+    """The registry names modules and attributes (imported on first use): each entry must be the
+    kind, selector or loader it says, so a renamed kind cannot go stale in the table."""
+    from launch.fleets.kinds import lab, local, registry, stack
+
+    classes = {lab.LabKind.name: lab.LabKind, local.LocalFleetKind.name: local.LocalFleetKind}
+    classes[stack.StackKind.name] = stack.StackKind
+    assert {name: registry.resolve(entry) for name, entry in registry.KINDS.items()} == classes
+    assert registry.resolve(registry.SELECTORS[local.SELECTOR]) is local.load_local_inventory
+    assert registry.resolve(registry.SELECTORS[stack.SELECTOR]) is stack.load_stack_inventory
+    assert set(registry.SELECTORS) == {local.SELECTOR, stack.SELECTOR}
+    assert registry.resolve(registry.FILE_LOADERS[stack.OUTPUTS_SUFFIX]) is stack.load_outputs_file
+    assert registry.resolve(registry.LAB_LOADER) is lab.load_lab_inventory
+
+
+def test_fab_exec_on_a_local_fleet_imports_no_other_kind() -> None:
+    """``fab exec --inventory local:...`` loads the local kind only: not the stack kind with its
+    clouds and the node protocol's models, nor the launch pipeline (its start-up is its cost)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import launch.cli.tasks, launch.fleets.select, launch.transport.run_everywhere; "
+        "import launch.fleets.kinds.local; "
+        "print(' '.join(m for m in sorted(sys.modules) if m.startswith(("
+        "'launch.fleets.kinds.stack', 'launch.fleets.kinds.lab', 'launch.fleets.clouds', "
+        "'launch.nodelib', 'launch.run', 'launch.cli.app', 'matplotlib', 'boto3', 'pulumi'))))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == ""

@@ -1,38 +1,74 @@
-"""Nodes the watcher already lost: one short probe in the wrap-up, then no more waiting on them.
+"""Nodes the watcher already lost: one short probe, run while the others are stopped and pulled.
 
 A node judged unreachable (its link went down, it powered off) makes every wrap-up step on it
 (stop, pull, upload) wait for its full connect and command timeouts: with a 10 s limit the
-decision came on time but ``fab train`` exited long after. The wrap-up probes such nodes once
-with a short deadline; a node that answers is handled like any other (the cut may have healed),
-one that does not is skipped by those steps and recorded as not stopped and not pulled. Its
-missing pull still blocks the teardown, as any failed pull does: it may hold the only copy.
+decision came on time but ``fab train`` exited long after. So the wrap-up probes such nodes once
+with a short deadline, in the background (``LostProbe``), while it stops and pulls every other
+node: the probe then costs the wrap-up nothing when the survivors' stop and pull take as long
+(with a lost peer they do: a 2 s SIGTERM grace, then the pull). A node that answers the probe is
+handled like any other afterwards (the cut may have healed); one that does not is left out of
+stop, pull and upload and recorded as not stopped and not pulled. Its missing pull still blocks
+the teardown, as any failed pull does: it may hold the only copy.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import threading
 from collections.abc import Collection
 
 from launch.run.watch import Watcher
-from launch.transport.ssh import Fleet
+from launch.transport.ssh import CommandResult, Fleet, NodeConnection
 
-__all__ = ["PROBE_S", "confirm_lost", "without"]
+__all__ = ["PROBE_S", "LostProbe", "confirm_lost", "only", "probe", "suspects", "without"]
 
 PROBE_S = 3.0
 """How long a node the watcher lost gets to answer ``true`` before the wrap-up leaves it out."""
 
 
-def confirm_lost(fleet: Fleet, watcher: Watcher | None, probe_s: float = PROBE_S) -> dict[str, str]:
-    """Nodes the watcher saw as unreachable at its last poll that fail a ``probe_s`` probe now:
-    name -> why. Their connections are closed, so later steps (the key revoke) skip them too."""
+def suspects(fleet: Fleet, watcher: Watcher | None) -> list[str]:
+    """The fleet's nodes the watcher could not reach at its last poll, in fleet order."""
     if watcher is None:
-        return {}
-    suspects = [
-        h for h in fleet.hosts if h.name in watcher.nodes and watcher.nodes[h.name].state == "unreachable"
+        return []
+    return [
+        h.name
+        for h in fleet.hosts
+        if h.name in watcher.nodes and watcher.nodes[h.name].state == "unreachable"
     ]
-    if not suspects:
+
+
+def probe(fleet: Fleet, conn: NodeConnection, probe_s: float) -> CommandResult:
+    """``true`` on the node over a fresh connection whose connect is bounded by ``probe_s``.
+
+    The fleet's own connection connects with the usual 10 s timeout. To a node whose link is
+    down that connect blocks its thread for the whole 10 s, long after the fan-out's deadline
+    gave up on it, and ``fab train`` cannot exit before its worker threads have ended (it
+    measured 5.8 s after the wrap-up). The fresh connection has the same pinned host keys
+    (``RejectPolicy``, fleetrun's known_hosts) and shares the fleet's jump hosts. A stand-in
+    connection (a test double) has no socket to hang on and is used as it is.
+    """
+    if not isinstance(conn, NodeConnection):
+        return conn.run("true", timeout=probe_s)
+    short = NodeConnection(
+        conn.host, fleet.known_hosts, connect_timeout=max(1, math.ceil(probe_s)), jumps=fleet.jumps
+    )
+    try:
+        return short.run("true", timeout=probe_s)
+    finally:
+        short.close()
+
+
+def confirm_lost(fleet: Fleet, names: Collection[str], probe_s: float = PROBE_S) -> dict[str, str]:
+    """Of ``names``, the nodes that fail a ``probe_s`` probe now: name -> why. Their connections
+    are closed, so later steps (the key revoke) skip them too.
+
+    The fan-out's deadline is the probe's own: a reconnect to a node whose link is down waits for
+    TCP, not for the command timeout, and the deadline is what cuts it off."""
+    targets = [h for h in fleet.hosts if h.name in names]
+    if not targets:
         return {}
-    results = fleet.map(lambda c: c.run("true", timeout=probe_s), hosts=suspects, deadline=probe_s + 1)
+    results = fleet.map(lambda c: probe(fleet, c, probe_s), hosts=targets, deadline=probe_s)
     lost: dict[str, str] = {}
     for name, res in results.items():
         if isinstance(res, BaseException):
@@ -41,10 +77,60 @@ def confirm_lost(fleet: Fleet, watcher: Watcher | None, probe_s: float = PROBE_S
     return lost
 
 
+class LostProbe:
+    """``confirm_lost`` on the watcher's suspects, in a thread started at once; ``result`` joins it.
+
+    Only the suspects' connections are used by the thread, so the wrap-up's fan-outs over the
+    other nodes run beside it without sharing a connection. A probe that crashed (a bug) counts
+    as every suspect having answered: they are then stopped and pulled with their full timeouts,
+    which is slow but loses nothing.
+    """
+
+    def __init__(self, fleet: Fleet, names: Collection[str], probe_s: float = PROBE_S) -> None:
+        self.suspects: frozenset[str] = frozenset(names)
+        self._lost: dict[str, str] = {}
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if self.suspects:
+            self._thread = threading.Thread(
+                target=self._run, args=(fleet, probe_s), name="fleetrun-probe-lost", daemon=True
+            )
+            self._thread.start()
+
+    @classmethod
+    def start(cls, fleet: Fleet, watcher: Watcher | None, probe_s: float = PROBE_S) -> LostProbe:
+        return cls(fleet, suspects(fleet, watcher), probe_s)
+
+    def _run(self, fleet: Fleet, probe_s: float) -> None:
+        try:
+            self._lost = confirm_lost(fleet, self.suspects, probe_s)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by ``result`` in the wrap-up's thread
+            self._error = exc
+
+    def result(self) -> dict[str, str]:
+        """The suspects that failed the probe (name -> why), once it is done; re-raises its crash."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return dict(self._lost)
+
+    def answered(self, lost: Collection[str]) -> list[str]:
+        """The suspects not in ``lost``: they answered the probe (or it crashed)."""
+        return sorted(self.suspects - set(lost))
+
+
 def without(fleet: Fleet, names: Collection[str]) -> Fleet:
     """The same fleet (same connections) with ``names`` left out of its fan-outs."""
     if not names:
         return fleet
     view = copy.copy(fleet)
     view.hosts = [h for h in fleet.hosts if h.name not in names]
+    return view
+
+
+def only(fleet: Fleet, names: Collection[str]) -> Fleet:
+    """The same fleet (same connections) reduced to ``names``."""
+    view = copy.copy(fleet)
+    view.hosts = [h for h in fleet.hosts if h.name in names]
     return view

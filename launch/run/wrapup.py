@@ -9,9 +9,12 @@ and its fleet still handled by policy; a crashed stop or pull counts as "artifac
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import shlex
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,7 +28,7 @@ from launch.reports.tensorboard import write_tensorboard
 from launch.rules.pricing import cost_so_far, price_per_node_hour
 from launch.rules.stoprules import StopDecision
 from launch.run.artifacts import revoke_cluster_keys, stop_all
-from launch.run.lost_nodes import confirm_lost, without
+from launch.run.lost_nodes import LostProbe, only, without
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter
 from launch.run.run_folder import RunFolder
@@ -48,9 +51,40 @@ waiting for their lost peer and never reach a next step, so a long grace only de
 (a kill mid-save leaves the previous checkpoint whole: saves are temp dir + rename)."""
 
 
-def stop_grace(decision: StopDecision, lost: dict[str, str]) -> float:
-    """How long the stop waits between SIGTERM and SIGKILL for this decision."""
+def stop_grace(decision: StopDecision, lost: Collection[str]) -> float:
+    """How long the stop waits between SIGTERM and SIGKILL for this decision; ``lost``: the nodes
+    the watcher could not reach at its last poll (the survivors may be waiting for them)."""
     return PEER_GONE_GRACE_S if lost or decision.rule in ("unreachable", "vanished") else STOP_GRACE_S
+
+
+REPORT_MODULES = (
+    "matplotlib.figure",
+    "matplotlib.backends.backend_agg",
+    "tensorboardX",
+    "tensorboardX.summary",
+)
+"""What ``write_reports`` imports on first use: about 1 s on an idle 2-core machine, 2 s loaded."""
+
+
+def warm_up_reports() -> threading.Thread:
+    """Import ``REPORT_MODULES`` in the background, started when the wrap-up begins.
+
+    The stop and the pull mostly wait on the nodes (a lost peer's survivors take their whole
+    SIGTERM grace), so the imports are done by the time the plot is drawn instead of adding to
+    ``fab train``'s exit. A module that fails to import is left to ``write_reports`` to report.
+    """
+
+    def load() -> None:
+        for name in REPORT_MODULES:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 - write_reports imports it again and says why
+                continue
+
+    thread = threading.Thread(target=load, name="fleetrun-warm-reports", daemon=True)
+    with contextlib.suppress(RuntimeError):  # no thread to be had: they import on first use
+        thread.start()
+    return thread
 
 
 def write_reports(
@@ -138,10 +172,20 @@ class _Steps:
         self.folder = folder
         self.reporter = reporter
         self.crashed: list[str] = []
+        self.timings: dict[str, float] = {}
+        """Seconds per step (``wrapup <where>``), kept in the summary: where a slow exit went."""
+
+    def timed(self, where: str, step: Callable[[], T]) -> T:
+        started = time.monotonic()
+        try:
+            return step()
+        finally:
+            key = f"wrapup {where}"
+            self.timings[key] = self.timings.get(key, 0.0) + time.monotonic() - started
 
     def run(self, where: str, step: Callable[[], T], fallback: Callable[[str], T]) -> T:
         try:
-            return step()
+            return self.timed(where, step)
         except Exception as exc:  # noqa: BLE001 - saved to traceback.txt and reported
             save_traceback(self.folder.path, exc, where)
             self.crashed.append(where)
@@ -181,27 +225,47 @@ def wrap_up(
         if started_job:
             reporter.say((decision.outcome, "bold"), f" ({decision.rule}): {decision.reason}")
             reporter.say("stopping anything left of the run on the nodes, then pulling artifacts")
-            # Nodes the watcher lost are probed once, briefly; the ones still silent are left
-            # out of stop, pull and upload (see ``launch.run.lost_nodes``) and count as failed
-            # pulls below, so they still block the teardown.
-            lost: dict[str, str] = steps.run(
-                "probing the nodes the watcher lost", lambda: confirm_lost(fleet, watcher), lambda _m: {}
+            warm_up_reports()
+            # Nodes the watcher lost are probed once, briefly, while the others are stopped and
+            # pulled (see ``launch.run.lost_nodes``); the ones still silent are left out of stop,
+            # pull and upload and count as failed pulls below, so they still block the teardown.
+            probe = steps.run(
+                "probing the nodes the watcher lost",
+                lambda: LostProbe.start(fleet, watcher),
+                lambda _m: LostProbe(fleet, ()),  # none left out: every node stopped and pulled
             )
-            for name, why in lost.items():
-                reporter.say((f"  {name}: not stopped, not pulled: {why}", "red"))
-            reach = without(fleet, lost)
-            stop_errors = dict(lost)
-            stop_errors |= steps.run(
+            reach = without(fleet, probe.suspects)
+            grace = stop_grace(decision, probe.suspects)
+            stop_errors = steps.run(
                 "stopping the run",
-                lambda: stop_all(reach, target.run_id, reporter.console, grace=stop_grace(decision, lost)),
+                lambda: stop_all(reach, target.run_id, reporter.console, grace=grace),
                 lambda msg: dict.fromkeys(hosts, msg),
             )
-            pull_errors = dict(lost)
-            pull_errors |= steps.run(
+            pull_errors = steps.run(
                 "pulling artifacts",
                 lambda: transfers.pull(reach, target.run_id, folder, known_hosts, reporter.console),
                 lambda msg: dict.fromkeys(hosts, msg),
             )
+            lost: dict[str, str] = steps.run(
+                "probing the nodes the watcher lost", probe.result, lambda _m: {}
+            )
+            for name, why in lost.items():
+                reporter.say((f"  {name}: not stopped, not pulled: {why}", "red"))
+            back = only(fleet, probe.answered(lost))
+            if back.hosts:  # the cut healed: these are stopped and pulled like the others
+                stop_errors |= steps.run(
+                    "stopping the run on the nodes that answered the probe",
+                    lambda: stop_all(back, target.run_id, reporter.console, grace=grace),
+                    lambda msg: dict.fromkeys((h.name for h in back.hosts), msg),
+                )
+                pull_errors |= steps.run(
+                    "pulling artifacts from the nodes that answered the probe",
+                    lambda: transfers.pull(back, target.run_id, folder, known_hosts, reporter.console),
+                    lambda msg: dict.fromkeys((h.name for h in back.hosts), msg),
+                )
+            stop_errors |= lost
+            pull_errors |= lost
+            reach = without(fleet, lost)
             uploads = steps.run(
                 "uploading to the bucket",
                 lambda: upload_to_bucket(reach, target, reporter),
@@ -209,19 +273,39 @@ def wrap_up(
             )
     finally:
         try:  # a wrap-up never stops half-way: a failed revoke is reported, the key expires anyway
-            revoke_errors = revoke_cluster_keys(reach)  # a lost node's key expires on its own
+            revoke_errors = steps.timed("revoke", lambda: revoke_cluster_keys(reach))
         except Exception as exc:  # noqa: BLE001
             revoke_errors = {"*": f"{type(exc).__name__}: {exc}"}
         for name, err in revoke_errors.items():
             reporter.say((f"  {name}: could not revoke the run's cluster SSH key: {err}", "yellow"))
-        fleet.close()
+        steps.timed("close", fleet.close)
     rank0_node = steps.run("collecting rank 0's files", folder.collect_rank0_files, lambda _m: None)
-    if started_job:
+    # The plot and the TensorBoard file are drawn from the pulled files while the fleet is torn
+    # down (the teardown only needs the pulls to be done): a local fleet's removal takes about
+    # as long as drawing them, and a run's exit should not wait for both in turn.
+    # (the run records are SQLite, used from this thread only: read before the thread starts)
+    hyperparameters = (
         steps.run(
-            "writing the loss plot",
-            lambda: write_reports(folder, reporter, recorded_hyperparameters(records, target.run_id)),
+            "reading the run's hyperparameters",
+            lambda: recorded_hyperparameters(records, target.run_id),
             lambda _m: None,
         )
+        if started_job
+        else None
+    )
+    reports = threading.Thread(
+        target=lambda: steps.run(
+            "writing the loss plot",
+            lambda: write_reports(folder, reporter, hyperparameters),
+            lambda _m: None,
+        ),
+        name="fleetrun-reports",
+    )
+    if started_job:
+        try:
+            reports.start()
+        except RuntimeError:  # no thread to be had: drawn here, before the teardown
+            reports.run()
     facts = steps.run(
         "reading the watcher's facts",
         lambda: watch_facts(watcher, target.started_at),
@@ -236,15 +320,19 @@ def wrap_up(
         stop_errors,
         applies=started_job if teardown_applies is None else teardown_applies,
     )
-    if decided.action is TeardownAction.TEAR_DOWN:
-        teardown_started_at = time.time()
-        teardown = steps.run(
-            "tearing the fleet down",
-            lambda: tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}")),
-            lambda msg: TeardownOutcome(TeardownState.FAILED, msg),
-        )
-    else:
-        teardown = decided.outcome()
+    try:
+        if decided.action is TeardownAction.TEAR_DOWN:
+            teardown_started_at = time.time()
+            teardown = steps.run(
+                "tearing the fleet down",
+                lambda: tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}")),
+                lambda msg: TeardownOutcome(TeardownState.FAILED, msg),
+            )
+        else:
+            teardown = decided.outcome()
+    finally:
+        if reports.is_alive():
+            reports.join()
     reporter.say(f"  teardown: {teardown}")
 
     ended_at = time.time()
@@ -267,7 +355,7 @@ def wrap_up(
         stop_errors=stop_errors,
         uploads=uploads,
         teardown=teardown,
-        timings=timings or {},
+        timings={**(timings or {}), **steps.timings},
         nodes=hosts,
         cost_usd=cost_so_far(len(hosts), price, ended_at - target.started_at) if launched else None,
         traceback=TRACEBACK_FILE if (folder.path / TRACEBACK_FILE).exists() else None,

@@ -23,8 +23,8 @@ import secrets
 import select
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -38,6 +38,7 @@ from launch.errors import HostError
 from launch.job.inventory import Host
 from launch.settings import DEFAULT_FANOUT
 from launch.transport.channels import LineSession, _BoundedOutput
+from launch.transport.daemon_pool import DaemonPool
 from launch.transport.jump import (  # noqa: F401 - re-exported: callers import them from here
     DEFAULT_CONNECT_TIMEOUT,
     KEEPALIVE_S,
@@ -329,12 +330,11 @@ def parallel_map(
     """``fn`` on every host in a bounded pool; results or exceptions keyed by host name, in host order.
 
     With ``deadline`` (seconds), a host still busy gets a ``HostError`` and ``on_timeout`` (which
-    should unblock the stuck call, e.g. close its connection); one hung host never stalls the rest.
+    should unblock the stuck call, e.g. close its connection); one hung host never stalls the rest,
+    nor the process's exit (``DaemonPool``: a call no close can unblock is abandoned).
     """
     results: dict[str, T | BaseException] = {}
-    pool = ThreadPoolExecutor(
-        max_workers=max(1, min(max_parallel, len(hosts))), thread_name_prefix="fleetrun"
-    )
+    pool = DaemonPool(max_workers=max(1, min(max_parallel, len(hosts))), thread_name_prefix="fleetrun")
     futures = {pool.submit(fn, h): h for h in hosts}
     try:
         for future in as_completed(futures, timeout=deadline):

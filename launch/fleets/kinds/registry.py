@@ -1,39 +1,55 @@
 """Fleet kinds by name: from an inventory's fleet reference to its ``FleetKind``, and from an
-``--inventory`` selector to the loader of the kind that owns it."""
+``--inventory`` selector to the loader of the kind that owns it.
+
+Each kind's module is imported when that kind is first asked for, not with this registry: a light
+command (``fab exec --inventory local:<prefix>``) should not import the stack kind's clouds and
+node protocol models it never uses (about a quarter of that command's imports). The tables name
+modules and attributes; ``tests/test_fleet_kinds.py`` checks them against the kinds' own names.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launch.errors import SpecError
-from launch.fleets.kinds import lab, local, stack
-from launch.fleets.kinds.base import FleetKind
-from launch.fleets.kinds.refs import FleetRef
 
 if TYPE_CHECKING:
+    from launch.fleets.kinds.base import FleetKind
+    from launch.fleets.kinds.refs import FleetRef
     from launch.job.inventory import Inventory
 
-KINDS: dict[str, Callable[[Any], FleetKind]] = {
-    lab.LabKind.name: lab.LabKind,
-    local.LocalFleetKind.name: local.LocalFleetKind,
-    stack.StackKind.name: stack.StackKind,
-}
-"""Kind name (the reference's ``kind``) -> the class built from that reference."""
+PACKAGE = "launch.fleets.kinds"
 
-SELECTORS: dict[str, Callable[[str | None, bool], Inventory]] = {
-    local.SELECTOR: local.load_local_inventory,
-    stack.SELECTOR: stack.load_stack_inventory,
+KINDS: dict[str, tuple[str, str]] = {
+    "lab": ("lab", "LabKind"),
+    "local": ("local", "LocalFleetKind"),
+    "stack": ("stack", "StackKind"),
+}
+"""Kind name (the reference's ``kind``) -> (module in this package, the class built from that reference)."""
+
+SELECTORS: dict[str, tuple[str, str]] = {
+    "local": ("local", "load_local_inventory"),
+    "stack": ("stack", "load_stack_inventory"),
 }
 """``--inventory NAME[:ARG]`` -> the trusted loader of fleetrun's own state for that kind."""
 
-FILE_LOADERS: dict[str, Callable[[Path, bool], Inventory]] = {stack.OUTPUTS_SUFFIX: stack.load_outputs_file}
+FILE_LOADERS: dict[str, tuple[str, str]] = {".json": ("stack", "load_outputs_file")}
 """File suffix -> loader; any other file is a lab inventory (the untrusted loader)."""
+
+LAB_LOADER = ("lab", "load_lab_inventory")
+
+
+def resolve(entry: tuple[str, str]) -> Any:
+    """The attribute a table entry names, its kind's module imported now if it was not yet."""
+    module, attr = entry
+    return getattr(importlib.import_module(f"{PACKAGE}.{module}"), attr)
 
 
 def fleet_kind(ref: FleetRef) -> FleetKind:
-    return KINDS[ref.kind](ref)
+    kind: FleetKind = resolve(KINDS[ref.kind])(ref)
+    return kind
 
 
 def load_inventory(selector: str, save_keys: bool = True) -> Inventory:
@@ -43,11 +59,16 @@ def load_inventory(selector: str, save_keys: bool = True) -> Inventory:
     """
     name, _, arg = selector.partition(":")
     if name in SELECTORS:
-        return SELECTORS[name](arg or None, save_keys)
+        inventory: Inventory = resolve(SELECTORS[name])(arg or None, save_keys)
+        return inventory
     path = Path(selector)
     if not path.exists():
         raise SpecError(
             f"inventory {selector!r}: no such file (expected 'local', 'stack:<name>', a .json or .yaml file)"
         )
     loader = FILE_LOADERS.get(path.suffix)
-    return loader(path, save_keys) if loader else lab.load_lab_inventory(path)
+    if loader is not None:
+        from_file: Inventory = resolve(loader)(path, save_keys)
+        return from_file
+    lab: Inventory = resolve(LAB_LOADER)(path)
+    return lab
