@@ -26,7 +26,7 @@ from launch.planning import remote_layout as layout
 from launch.reports.plot import plot_loss
 from launch.reports.tensorboard import write_tensorboard
 from launch.rules.pricing import cost_so_far, price_per_node_hour
-from launch.rules.stoprules import StopDecision
+from launch.rules.stoprules import PEER_GONE_RULES, StopDecision
 from launch.run.artifacts import revoke_cluster_keys, stop_all
 from launch.run.lost_nodes import LostProbe, only, without
 from launch.run.records import RunRecords
@@ -54,7 +54,7 @@ waiting for their lost peer and never reach a next step, so a long grace only de
 def stop_grace(decision: StopDecision, lost: Collection[str]) -> float:
     """How long the stop waits between SIGTERM and SIGKILL for this decision; ``lost``: the nodes
     the watcher could not reach at its last poll (the survivors may be waiting for them)."""
-    return PEER_GONE_GRACE_S if lost or decision.rule in ("unreachable", "vanished") else STOP_GRACE_S
+    return PEER_GONE_GRACE_S if lost or decision.rule in PEER_GONE_RULES else STOP_GRACE_S
 
 
 REPORT_MODULES = (
