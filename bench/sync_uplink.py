@@ -48,7 +48,7 @@ from launch.job.inventory import Host  # noqa: E402
 from launch.paths import known_hosts_file  # noqa: E402
 from launch.transport.ssh import Fleet  # noqa: E402
 from launch.transport.sync import SyncResult, sync_all  # noqa: E402
-from launch.transport.sync_relay import relay_sync  # noqa: E402
+from launch.transport.sync_relay import relay_sync, sync_fleet  # noqa: E402
 
 PREFIX = os.environ.get("FLEETRUN_BENCH_UPLINK_PREFIX", "fru")
 SUBNET = int(os.environ.get("FLEETRUN_BENCH_UPLINK_SUBNET", "12"))
@@ -145,6 +145,8 @@ def timed_sync(how: str, hosts: list[Host], tree: Path, known_hosts: Path) -> di
         started = time.monotonic()
         if how == "direct":
             results = sync_all(hosts, tree, JOB, known_hosts, lib_current=current)
+        elif how == "default":  # what `fab train` does: open connections for a small change, else rsync
+            results = sync_fleet(conns, tree, JOB, known_hosts, relay_above=16, lib_current=current)
         else:
             results = relay_sync(conns, tree, JOB, known_hosts, lib_current=current)
         seconds = time.monotonic() - started
@@ -202,9 +204,11 @@ def measure(args: argparse.Namespace, tree: Path, result: dict[str, Any]) -> Non
                 print(f"  first sync, {n} node(s), {how}: {run['seconds']:.2f} s", flush=True)
         result["first_sync"] = first
         changed = tree / "src0" / "mod000.py"
-        one: dict[str, list[dict[str, Any]]] = {"via head": [], "direct": []}
+        one: dict[str, list[dict[str, Any]]] = {"default": [], "via head": [], "direct": []}
         for rep in range(args.repeat):
-            for how in ("via head", "direct") if rep % 2 == 0 else ("direct", "via head"):
+            for how in (
+                ("default", "via head", "direct") if rep % 2 == 0 else ("direct", "via head", "default")
+            ):
                 changed.write_text(f"# changed {how} {rep} {time.time()}\n")
                 run = timed_sync(how, hosts, tree, known_hosts)
                 if run["files_sent"] != len(hosts):
