@@ -27,6 +27,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -280,7 +281,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "sync_uplink.json")
     args = parser.parse_args()
     shaping.parse_rate(args.uplink)
-    os.environ.setdefault("FLEETRUN_HOME", tempfile.mkdtemp(prefix="fleetrun-bench-"))
+    own_home = "FLEETRUN_HOME" not in os.environ
+    if own_home:
+        os.environ["FLEETRUN_HOME"] = tempfile.mkdtemp(prefix="fleetrun-bench-")
     result: dict[str, Any] = {
         "command": "python bench/sync_uplink.py " + shlex.join(sys.argv[1:]),
         "machine": machine(),
@@ -295,6 +298,8 @@ def main() -> int:
             measure(args, tree, result)
         except Exception as exc:  # noqa: BLE001 - recorded; the JSON is still written
             result["errors"].append({"error": str(exc), "traceback": traceback.format_exc()})
+    if own_home:
+        shutil.rmtree(os.environ["FLEETRUN_HOME"], ignore_errors=True)
     result["machine"]["load_average_end"] = os.getloadavg()
     report(result, max(args.sizes))
     args.out.parent.mkdir(parents=True, exist_ok=True)
