@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fleetrun-installed
 
-.PHONY: demo test setup system-deps horovod lint typecheck pytest bench bench-scale bench-exec bench-peers clean clean-image
+.PHONY: demo test setup system-deps horovod lint typecheck pytest bench bench-scale bench-256 bench-uplink bench-exec bench-peers clean clean-image
 
 demo: setup
 	$(BIN)/fab demo
@@ -73,10 +73,23 @@ bench: setup
 	$(BIN)/python bench/pulumi_eval.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/exec_profile.py
+	$(BIN)/python bench/sync_uplink.py
+	$(BIN)/python bench/doctor.py
+	$(BIN)/python bench/recovery.py
+	$(BIN)/python bench/preempt_notice.py
 	$(BIN)/python bench/peers.py
 
+# 4, 16, 32, 64 and 256 nodes (256: first sync once per tool, a 1,000-file tree); sizes: ARGS="--sizes 4 16".
 bench-scale: setup
-	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/scale.py $(ARGS)
+
+# The 256-node row alone (fan-out, unchanged re-sync, poll round; the fleet takes about a minute to come up).
+bench-256: setup
+	$(BIN)/python bench/scale.py --sizes 256 --skip-train --repeat 3 --out bench/results/scale_256.json
+
+# Code sync through a 200 Mbit/s laptop uplink (tc tbf on the fleet's bridge): direct vs through the head.
+bench-uplink: setup
+	$(BIN)/python bench/sync_uplink.py $(ARGS)
 
 # where `fab exec` spends its time at 4 nodes, next to pdsh (phases and imports).
 bench-exec: setup

@@ -110,6 +110,7 @@ def plan(c: Any, playbook: str, inventory: str = "local") -> None:
         "bastion": "workers on an internal bridge this machine cannot reach; the head is their jump host",
         "mixed": "a sshd port and an interface name of its own on each node",
         "vm": "like cloud VMs: one user and home path on every node, each with its own home and /tmp",
+        "uplink": "rate-limit this machine's traffic to the nodes (tc tbf), e.g. 200mbit; nodes talk at full speed",
     }
 )
 @_friendly
@@ -121,12 +122,13 @@ def local_up(
     bastion: bool = False,
     mixed: bool = False,
     vm: bool = False,
+    uplink: str = "",
 ) -> None:
     """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
     from launch.cli import app
 
     fleet = app.local_fleet(prefix or None, None if subnet < 0 else subnet)
-    inventory = fleet.up(nodes, bastion=bastion, mixed=mixed, vm=vm)
+    inventory = fleet.up(nodes, bastion=bastion, mixed=mixed, vm=vm, uplink_rate=uplink or None)
     for host in inventory.hosts:
         via = f" via {host.proxy_jump.label}" if host.proxy_jump else ""
         print(f"  {host.name}  {host.user}@{host.address}:{host.port}{via}  {host.host_key[:40]}...")

@@ -36,6 +36,7 @@ from launch.settings import DEFAULT_FANOUT
 from launch.transport.authorized_keys import add_command, expiry_time, remove_command
 from launch.transport.ssh import CommandResult, Fleet, NodeConnection, parallel_map
 from launch.transport.sync import SyncResult, rsync_filters, sync_all, sync_host
+from launch.transport.sync_quick import quick_sync
 
 RELAY_SCRIPT = f"{layout.LIB}/fleetrun_relay.py"
 OnDone = Callable[[str, SyncResult | BaseException], None]
@@ -160,9 +161,14 @@ def relay_sync(
     on_done: OnDone | None = None,
     lib_current: Collection[str] = (),
     parallel: int = DEFAULT_FANOUT,
+    hosts: list[Host] | None = None,
 ) -> dict[str, SyncResult | BaseException]:
-    """Laptop -> head, then head -> workers; any worker the relay missed is synced directly."""
-    head, workers = fleet.hosts[0], fleet.hosts[1:]
+    """Laptop -> head, then head -> workers; any worker the relay missed is synced directly.
+
+    ``hosts``: a part of ``fleet`` (default all of it); its first node is the relay's head.
+    """
+    hosts = fleet.hosts if hosts is None else hosts
+    head, workers = hosts[0], hosts[1:]
     done = on_done or (lambda _n, _r: None)
     results: dict[str, SyncResult | BaseException] = {}
 
@@ -191,7 +197,7 @@ def relay_sync(
             on_done=finish,
         )
         results.update(direct)
-    return {h.name: results[h.name] for h in fleet.hosts}
+    return {h.name: results[h.name] for h in hosts}
 
 
 def _through_head(
@@ -274,15 +280,25 @@ def sync_fleet(
     lib_current: Collection[str] = (),
     parallel: int = DEFAULT_FANOUT,
 ) -> dict[str, SyncResult | BaseException]:
-    """Sync the fleet's code: directly at up to ``relay_above`` nodes, through the head above."""
-    if len(fleet.hosts) > relay_above:
-        return relay_sync(fleet, workdir, job, known_hosts, on_done, lib_current, parallel)
-    return sync_all(
-        fleet.hosts,
-        workdir,
-        job,
-        known_hosts,
-        max_parallel=parallel,
-        on_done=on_done,
-        lib_current=lib_current,
+    """Sync the fleet's code: a small change over the open connections where that is provably
+    the same (``launch.transport.sync_quick``), the rest by rsync: directly at up to
+    ``relay_above`` nodes, through the head above."""
+    results: dict[str, SyncResult | BaseException] = dict(
+        quick_sync(fleet, fleet.hosts, workdir, job, lib_current, on_done)
     )
+    rest = [h for h in fleet.hosts if h.name not in results]
+    if len(rest) > relay_above:
+        results.update(relay_sync(fleet, workdir, job, known_hosts, on_done, lib_current, parallel, rest))
+    elif rest:
+        results.update(
+            sync_all(
+                rest,
+                workdir,
+                job,
+                known_hosts,
+                max_parallel=parallel,
+                on_done=on_done,
+                lib_current=lib_current,
+            )
+        )
+    return {h.name: results[h.name] for h in fleet.hosts}

@@ -35,7 +35,7 @@ import yaml
 
 from launch.errors import LocalFleetError
 from launch.fleets.kinds.refs import LocalFleetRef
-from launch.fleets.local import mountns
+from launch.fleets.local import mountns, uplink
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.node import Shape, behind_head, make_node, start_sshd
 from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
@@ -175,6 +175,7 @@ class LocalFleet(FleetNames):
         return {
             "netns": [n for n in created["netns"] if n in netns],
             "links": [n for n in created["link"] if n in links],
+            "qdiscs": [d for d in created["qdisc"] if d in links and uplink.shaped_rate(d) is not None],
             "routes": [r for r in created["route"] if self._route_exists(r)],
             "users": users,
             "processes": procs,
@@ -194,12 +195,15 @@ class LocalFleet(FleetNames):
         bastion: bool = False,
         mixed: bool = False,
         vm: bool = False,
+        uplink_rate: str | None = None,
     ) -> Inventory:
         """Build ``nodes`` nodes. ``bastion``: the nodes sit on an internal bridge this machine
         cannot reach, the head also on the external one, and the workers' inventory entries jump
         through the head (``proxy_jump``: its external address and host key). ``mixed``: each node
         has its own sshd port and interface name. ``vm``: one user and home path on every node, each
         node with its own mount namespace (its home and /tmp; ``launch.fleets.local.mountns``).
+        ``uplink_rate`` (``200mbit``): what this machine sends to the nodes is rate-limited, as over a
+        laptop's uplink, while the nodes reach each other at full speed (``launch.fleets.local.uplink``).
         All off: the default fleet, as it always was."""
         require_root()
         if not 1 <= nodes <= MAX_NODES:
@@ -207,6 +211,7 @@ class LocalFleet(FleetNames):
         if bastion and not 2 <= nodes <= NODES_PER_BLOCK:
             raise LocalFleetError(f"--nodes {nodes}: a bastion fleet has 2..{NODES_PER_BLOCK} nodes")
         shape = Shape(bastion=bastion, mixed=mixed, vm=vm)
+        rate = None if uplink_rate is None else uplink.parse_rate(uplink_rate)
         ensure_tools(say)
         python = ensure_image(say) if build_image else image_python()
         self.down(say=_quiet)
@@ -244,6 +249,9 @@ class LocalFleet(FleetNames):
             for block in range(1, self.blocks(nodes)):
                 run(["ip", "addr", "add", f"{self.block_prefix(block)}.1/24", "dev", self.bridge])
         run(["ip", "link", "set", self.bridge, "up"])
+        if rate is not None:
+            record("qdisc", self.bridge)
+            uplink.shape(self.bridge, rate)
         if vm:
             mountns.make_mount_dir(self, record)
         hosts: list[Host] = [
@@ -363,6 +371,9 @@ class LocalFleet(FleetNames):
             if path.name in gone and path.is_dir() and not path.is_symlink() and self._orphaned(path):
                 shutil.rmtree(path, ignore_errors=True)
         existing_links = set(self.existing_links())
+        for device in created["qdisc"]:
+            if device in existing_links:
+                uplink.unshape(device)  # goes with the bridge anyway; removed first, by name
         for link in created["link"]:
             if link in existing_links and link != self.bridge:
                 run(["ip", "link", "del", link], check=False)

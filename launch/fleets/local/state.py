@@ -3,7 +3,8 @@
 ``$FLEETRUN_HOME/localfleet/<prefix>/created.jsonl``: one JSON line per thing (``user``, ``home``,
 ``netns``, ``netns_etc``, ``link``, ``run_netns``, ``route``: a bastion fleet's
 ``unreachable`` route for its internal subnet in the root namespace; a VM-mode fleet's
-``node_home``, ``mountns`` and ``mount_dir``: see ``launch.fleets.local.mountns``), appended and fsynced *before* the thing is
+``node_home``, ``mountns`` and ``mount_dir``: see ``launch.fleets.local.mountns``; ``qdisc``: the
+device whose root ``tbf`` an ``--uplink`` fleet added, see ``launch.fleets.local.uplink``), appended and fsynced *before* the thing is
 created (write-ahead), so a crash at any point of ``up`` leaves a record that covers everything
 that may exist. ``up`` checks that no name it is about to use exists before it records or creates
 anything, so a recorded name is never someone else's. Users carry a second proof, a GECOS marker
@@ -28,6 +29,7 @@ KINDS = (
     "node_home",
     "mountns",
     "mount_dir",
+    "qdisc",
 )
 MAX_STATE_BYTES = 4 * 1024 * 1024
 
