@@ -16,7 +16,7 @@ from launch.fleets.local.prereqs import pid_alive
 from launch.fleets.local.state import Created, StateFile
 from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root
 
-EMPTY = {"netns": [], "links": [], "routes": [], "users": [], "processes": [], "files": []}
+EMPTY = {"netns": [], "links": [], "qdiscs": [], "routes": [], "users": [], "processes": [], "files": []}
 
 # Run in a subprocess: builds a fleet and dies by SIGKILL right after its second node is made.
 CRASH_AFTER_TWO_NODES = """
