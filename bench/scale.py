@@ -653,7 +653,8 @@ def goals(rows: list[dict[str, Any]], first: dict[str, Any] | None) -> list[dict
 def print_report(result: dict[str, Any]) -> None:
     rows, first = result["rows"], result["first_step"]
     print(
-        f"\nmedian of {result['repeat']} run(s); {result['files']} files to sync; "
+        f"\nmedian of {result['repeat']} run(s); files to sync: "
+        f"{', '.join(sorted({str(r.get('files', result['files'])) for r in rows}))}; "
         f"{result['machine']['cpu_count']} CPUs, load {result['machine']['load_average_start'][0]:.2f} at start"
     )
     print(
