@@ -23,7 +23,7 @@ from launch.nodelib import fleetrun_tree
 from launch.paths import known_hosts_file
 from launch.transport.ssh import Fleet
 from launch.transport.sync import ALWAYS_EXCLUDED, SyncResult, rsync_argv, rsync_filters
-from launch.transport.sync_quick import VIA, LocalTree, NotQuick, plan_patch
+from launch.transport.sync_quick import VIA, LocalTree, NotQuick, parse_listing, plan_patch
 from launch.transport.sync_relay import sync_fleet
 from tests.conftest import needs_root
 
@@ -92,6 +92,15 @@ def test_node_apply_refuses_paths_outside_the_workdir(tmp_path: Path, rel: str) 
     with pytest.raises(ValueError, match="refused path"):
         fleetrun_tree.apply(str(root), io.BytesIO(header.encode() + b"\nhi"))
     assert not (tmp_path / "x.py").exists() and not (tmp_path / "escape.py").exists()
+
+
+@pytest.mark.parametrize("rel", ["../../etc/passwd", "/etc/passwd", "a/../../x", "a//b", "./a"])
+def test_a_node_listing_naming_a_path_outside_the_workdir_is_not_used(rel: str) -> None:
+    """The node's answer is untrusted: its paths are looked up under this machine's workdir."""
+    line = json.dumps(["f", rel, 420, 1, 0])
+    with pytest.raises(NotQuick, match="outside the workdir"):
+        parse_listing(f"listing\n{line}\n")
+    assert parse_listing(f"listing\n{json.dumps(['f', 'a/b.py', 420, 1, 0])}\n")["a/b.py"][0] == "f"
 
 
 def test_node_apply_writes_content_mode_and_mtime(tmp_path: Path) -> None:

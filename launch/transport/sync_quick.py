@@ -94,6 +94,10 @@ def parse_listing(text: str) -> dict[str, list[object]]:
             raise NotQuick(f"unparseable listing line {line[:80]!r}") from None
         if not (isinstance(item, list) and len(item) == 5 and isinstance(item[1], str)):
             raise NotQuick(f"malformed listing line {line[:80]!r}")
+        parts = item[1].split("/")
+        if item[1].startswith("/") or any(p in ("", ".", "..") for p in parts) or len(item[1]) > 4096:
+            # a node's path is looked up under the local workdir (plan_patch): never outside it
+            raise NotQuick(f"listing path outside the workdir {item[1][:80]!r}")
         found[item[1]] = item
     return found
 
