@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import hashlib
 import os
 import socket
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,6 +46,23 @@ except ImportError:  # outside fleetrun: the helpers live in fleetrun's launch/n
 
 STOPPED_FOR_CHECKPOINT = 143
 """Exit code after a checkpoint asked for by SIGTERM or a preemption notice (128 + SIGTERM)."""
+
+
+def checkpoint_or_stop(
+    checkpoints: Any, metrics: Any, args: argparse.Namespace, rank: int, step: int, save: Callable[[], None]
+) -> None:
+    """After each step: ``save()`` every ``--checkpoint-every`` steps, and on a stop (any rank's
+    SIGTERM or a preemption notice, agreed by every rank so they all save the same step), then
+    exit 143 once the checkpoint is in the bucket (or 60 s passed). Shared with task_horovod."""
+    stop = checkpoints.should_save(everywhere=True)
+    if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
+        save()
+    if stop:
+        durable = checkpoints.wait_uploaded(timeout=60)
+        metrics.event("stopped_for_checkpoint", step=step, uploaded=durable)
+        print(f"rank {rank}: checkpoint at step {step} after a stop request; exiting", flush=True)
+        sys.stdout.flush()
+        os._exit(STOPPED_FOR_CHECKPOINT)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -176,15 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                 reduced = reduced * float("nan")  # a diverged run, as the stop rules see it
             last_loss = float(reduced)
             metrics.log(step=step, loss=last_loss, epoch=epoch, lr=args.lr)
-            stop = checkpoints.should_save(everywhere=True)  # any rank's SIGTERM stops every rank
-            if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
-                checkpoint(epoch, batch + 1)
-            if stop:
-                durable = checkpoints.wait_uploaded(timeout=60)
-                metrics.event("stopped_for_checkpoint", step=step, uploaded=durable)
-                print(f"rank {rank}: checkpoint at step {step} after a stop request; exiting", flush=True)
-                sys.stdout.flush()
-                os._exit(STOPPED_FOR_CHECKPOINT)
+            checkpoint_or_stop(
+                checkpoints, metrics, args, rank, step, functools.partial(checkpoint, epoch, batch + 1)
+            )
             if args.step_sleep:
                 time.sleep(args.step_sleep)
         val_loss, val_acc = evaluate(model, test_loader)

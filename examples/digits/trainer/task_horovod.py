@@ -20,6 +20,7 @@ The command-line flags are ``trainer.task``'s, including ``--fail-rank``/``--fai
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -34,8 +35,8 @@ from torch.utils.data.distributed import DistributedSampler
 from trainer.data import load_digits
 from trainer.model import build_model
 from trainer.task import (
-    STOPPED_FOR_CHECKPOINT,
     Metrics,
+    checkpoint_or_stop,
     ckpt,
     evaluate,
     my_address,
@@ -115,15 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                 os._exit(3)
             reduced = hvd.allreduce(loss.detach(), name="loss", op=hvd.Average)
             metrics.log(step=step, loss=float(reduced), epoch=epoch, lr=args.lr)
-            stop = checkpoints.should_save(everywhere=True)  # any rank's SIGTERM stops every rank
-            if stop or (args.checkpoint_every and step % args.checkpoint_every == 0):
-                checkpoint(epoch, batch + 1)
-            if stop:
-                durable = checkpoints.wait_uploaded(timeout=60)
-                metrics.event("stopped_for_checkpoint", step=step, uploaded=durable)
-                print(f"rank {rank}: checkpoint at step {step} after a stop request; exiting", flush=True)
-                sys.stdout.flush()
-                os._exit(STOPPED_FOR_CHECKPOINT)
+            checkpoint_or_stop(
+                checkpoints, metrics, args, rank, step, functools.partial(checkpoint, epoch, batch + 1)
+            )
             if args.step_sleep:
                 time.sleep(args.step_sleep)
         val_loss, val_acc = evaluate(model, test_loader)
