@@ -378,30 +378,19 @@ def test_a_local_fleet_bucket_only_on_test_addresses() -> None:
             LocalFleetRef(prefix="ab", bucket="ckpt", s3_endpoint=endpoint)
 
 
-def test_the_digits_trainer_resumes_mid_epoch_to_the_same_parameters(tmp_path: Path) -> None:
-    """Two ranks (torchrun, gloo): a run cut after epoch 0 and resumed from its step-20
-    checkpoint (rank 0's, broadcast) ends with the parameters of an uninterrupted run."""
-    python = torch_python()
-    if python is None:
-        pytest.skip("no Python with torch here (make setup builds the local fleet image)")
+def assert_resume_matches_an_uninterrupted_run(
+    tmp_path: Path, launcher: list[str], env: dict[str, str]
+) -> None:
+    """``launcher`` + the trainer's flags, run three times on 2 ranks: whole (2 epochs), cut (1 epoch,
+    checkpoints every 10 steps) and resumed (2 epochs): the resumed run starts at step 20 (rank
+    0's checkpoint) and ends with the whole run's parameters, on every rank."""
     digits = Path(__file__).resolve().parent.parent / "examples" / "digits"
 
     def train(run_dir: Path, *args: str) -> str:
         run_dir.mkdir(exist_ok=True)
-        env = {
-            **os.environ,
-            "FLEETRUN_RUN_DIR": str(run_dir),
-            "PYTHONPATH": str(NODELIB),
-            "OMP_NUM_THREADS": "1",
-        }
-        argv = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        run_env = {**os.environ, "FLEETRUN_RUN_DIR": str(run_dir), "PYTHONPATH": str(NODELIB), **env}
         out = subprocess.run(
-            [*argv, "-m", "trainer.task", *args],
-            cwd=digits,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
+            [*launcher, *args], cwd=digits, env=run_env, capture_output=True, text=True, timeout=300
         )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         return out.stdout
@@ -415,6 +404,18 @@ def test_the_digits_trainer_resumes_mid_epoch_to_the_same_parameters(tmp_path: P
     assert "resumed from step 20 (epoch 0, node)" in resumed
     assert checksums(tmp_path / "cut") == checksums(tmp_path / "whole")
     assert len(set(checksums(tmp_path / "cut"))) == 1, "every rank holds the same parameters"
+
+
+def test_the_digits_trainer_resumes_mid_epoch_to_the_same_parameters(tmp_path: Path) -> None:
+    """Two ranks (torchrun, gloo): a run cut after epoch 0 and resumed from its step-20
+    checkpoint (rank 0's, broadcast) ends with the parameters of an uninterrupted run."""
+    python = torch_python()
+    if python is None:
+        pytest.skip("no Python with torch here (make setup builds the local fleet image)")
+    torchrun = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    assert_resume_matches_an_uninterrupted_run(
+        tmp_path, [*torchrun, "-m", "trainer.task"], {"OMP_NUM_THREADS": "1"}
+    )
 
 
 def test_keeping_the_last_n_deletes_only_checkpoints_fleetrun_wrote(tmp_path: Path) -> None:
@@ -470,38 +471,9 @@ def test_the_horovod_trainer_resumes_mid_epoch_to_the_same_parameters(tmp_path: 
     horovodrun = python.parent / "horovodrun"
     if not horovodrun.exists():
         pytest.skip("no Horovod in the local fleet image (make horovod builds it)")
-    digits = Path(__file__).resolve().parent.parent / "examples" / "digits"
-
-    def train(run_dir: Path, *args: str) -> str:
-        run_dir.mkdir(exist_ok=True)
-        env = {
-            **os.environ,
-            "FLEETRUN_RUN_DIR": str(run_dir),
-            "PYTHONPATH": str(NODELIB),
-            "OMP_NUM_THREADS": "1",
-            "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        }
-        argv = [str(horovodrun), "--gloo", "-np", "2", "-H", "localhost:2", str(python), "-m"]
-        out = subprocess.run(
-            [*argv, "trainer.task_horovod", *args],
-            cwd=digits,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-        return out.stdout
-
-    def checksums(run_dir: Path) -> list[str]:
-        return json.loads((run_dir / "status.json").read_text())["param_checksums"]
-
-    train(tmp_path / "whole", "--epochs", "2")
-    train(tmp_path / "cut", "--epochs", "1", "--checkpoint-every", "10")
-    resumed = train(tmp_path / "cut", "--epochs", "2", "--checkpoint-every", "10")
-    assert "resumed from step 20 (epoch 0, node)" in resumed
-    assert checksums(tmp_path / "cut") == checksums(tmp_path / "whole")
-    assert len(set(checksums(tmp_path / "cut"))) == 1, "every rank holds the same parameters"
+    launcher = [str(horovodrun), "--gloo", "-np", "2", "-H", "localhost:2", str(python), "-m"]
+    env = {"OMP_NUM_THREADS": "1", "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    assert_resume_matches_an_uninterrupted_run(tmp_path, [*launcher, "trainer.task_horovod"], env)
 
 
 def agree_in_lock_step(
