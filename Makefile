@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fleetrun-installed
 
-.PHONY: demo test setup system-deps horovod lint typecheck pytest bench bench-scale bench-256 bench-uplink bench-exec bench-peers clean clean-image
+.PHONY: demo test docs setup system-deps horovod lint typecheck pytest bench bench-scale bench-256 bench-uplink bench-exec bench-peers clean clean-image
 
 demo: setup
 	$(BIN)/fab demo
@@ -51,6 +51,12 @@ horovod: setup
 	fi; \
 	$(BIN)/python -c 'from launch.fleets.local import ensure_image; ensure_image()' && \
 	sh images/horovod/install.sh "$$($(BIN)/python -c 'from launch.fleets.local import image_python; print(image_python())')"
+
+# The docs site (MkDocs, strict): the reference pages and JSON Schemas regenerated from the code
+# first. tests/test_docs.py checks in `make test` that they are current and that the site builds.
+docs: setup
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint:
 	$(BIN)/ruff check .

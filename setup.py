@@ -28,7 +28,7 @@ setup(
     ],
     package_dir={"fleetrun_images": "images"},
     package_data={
-        "launch": ["nodelib/*.py", "py.typed"],
+        "launch": ["nodelib/*.py", "py.typed", "job/schemas/*.json"],
         "fleetrun_images": ["cloud-init/*", "horovod/*", "local/*"],
     },
     data_files=[*shipped("playbooks"), *shipped("examples")],

@@ -99,10 +99,15 @@ class SshEndpoint(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     address: str
+    """How this machine reaches the host: an IP address (IPv6 without brackets or scope id) or a DNS name."""
     user: str
+    """The login user (a POSIX user name)."""
     port: Annotated[int, Strict()] = Field(default=22, ge=1, le=65535)
+    """The sshd port."""
     key: Path | None = None
+    """The private key file to log in with (default: the SSH agent and ``~/.ssh`` keys)."""
     host_key: str
+    """The host's public host key, pinned: ``ssh-ed25519 AAAA...`` as in ``/etc/ssh/ssh_host_ed25519_key.pub`` on the machine. Never learned; a different key is refused."""
 
     @field_validator("user")
     @classmethod
@@ -195,12 +200,19 @@ class Host(SshEndpoint):
     """
 
     name: str
+    """The node's name in fleetrun's output, records and run folders (letters, digits, '.', '-')."""
     private_address: str = ""
+    """How the nodes reach each other (rendezvous, NCCL/Gloo); default: ``address``."""
     gpus: Annotated[int, Strict()] | list[Annotated[int, Strict()]] | None = None
+    """GPUs: unknown (null: found with ``nvidia-smi``), a count, or the device indices runs may use on a shared machine (``[2, 3]``, exported as ``CUDA_VISIBLE_DEVICES``)."""
     interface: str | None = None
+    """The cluster network interface (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``); default: found on the node from ``private_address``."""
     python: str = "python3"
+    """The interpreter on the host that the job's environment is built from."""
     instance_type: str | None = Field(default=None, max_length=128)
+    """The machine type, for prices and expected GPU counts (set by stacks; optional on lab machines)."""
     proxy_jump: JumpHost | None = None
+    """A login node (bastion) to reach this host through, itself pinned with its own ``host_key``; ``null`` reaches the host directly."""
 
     @field_validator("name")
     @classmethod

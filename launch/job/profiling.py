@@ -28,7 +28,9 @@ class ProfileSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     steps: str = Field(max_length=40)
+    """Steps to profile, both ends included: ``"20-30"`` or one step ``"25"`` (the ``step`` the loop gives ``Metrics.log``); at most 100."""
     ranks: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=MAX_PROFILE_RANKS)
+    """Global ranks that profile (default rank 0); each must exist in the job's world size."""
 
     @field_validator("steps", mode="before")
     @classmethod

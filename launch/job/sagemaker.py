@@ -51,8 +51,11 @@ class Channel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
+    """A folder that already exists on every node (``/data/x``)."""
     local: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
+    """A folder on this machine, relative to the playbook, copied to ``~/.fleetrun/data/<job>/<channel>`` on every node before the start."""
     bucket: str | None = Field(default=None, max_length=1024)
+    """A key prefix in the fleet's bucket, copied by each node with its own role (cloud stacks only)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> Channel:

@@ -111,6 +111,7 @@ class StopRules(BaseModel):
     plateau_patience: int | None = Field(default=None, ge=1)
     """Stop when the loss has not improved for this many steps/records; None = off."""
     plateau_unit: Literal["steps", "records"] = "steps"
+    """What ``plateau_patience`` counts: logged ``steps`` or metric ``records``."""
     plateau_min_delta: float = Field(default=0.0, ge=0.0)
     """An improvement must lower the best loss by more than this to count."""
     stall_timeout_s: float | None = Field(default=600.0, gt=0)
@@ -120,7 +121,9 @@ class StopRules(BaseModel):
     unreachable_timeout_s: float | None = Field(default=120.0, gt=0)
     """Fail when a node cannot be reached over SSH for this long; None = off."""
     max_wall_time_s: float | None = Field(default=None, gt=0)
+    """Stop (succeeded: the time budget is spent) after this many seconds from the start; None = off."""
     max_cost_usd: float | None = Field(default=None, gt=0)
+    """Stop when the run's estimated cost (nodes x hours x price) reaches this many US dollars; None = off."""
     price_per_node_hour: float | None = Field(default=None, ge=0)
     """Overrides the built-in approximate price table (``launch.rules.pricing``)."""
     gpu_idle_percent: float = Field(default=5.0, ge=0, le=100)
