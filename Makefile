@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fleetrun-installed
 
-.PHONY: demo test docs setup system-deps horovod lint typecheck pytest bench bench-scale bench-256 bench-uplink bench-exec bench-peers clean clean-image
+.PHONY: demo test docs docs-pictures setup system-deps horovod lint typecheck pytest bench bench-scale bench-256 bench-uplink bench-exec bench-peers clean clean-image
 
 demo: setup
 	$(BIN)/fab demo
@@ -57,6 +57,11 @@ horovod: setup
 docs: setup
 	$(BIN)/python docs/gen_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The docs' pictures from real runs on a local fleet (as root): fab doctor healthy and with a
+# fault, fab train's live table and report, the loss plot (docs/pictures.py).
+docs-pictures: setup
+	$(BIN)/python docs/pictures.py
 
 lint:
 	$(BIN)/ruff check .

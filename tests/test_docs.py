@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -134,6 +135,26 @@ def test_docs_site_builds_strictly(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "playbook" / "index.html").exists()
+
+
+def svg_text(path: Path) -> str:
+    """The terminal text of a Rich SVG, spaces dropped (Rich writes them as separate spans)."""
+    source = path.read_text(encoding="utf-8")
+    assert source.startswith("<svg"), path
+    spans = re.findall(r"<text[^>]*>(.*?)</text>", source)
+    return "".join(html.unescape(s) for s in spans).replace("\xa0", "").replace(" ", "")
+
+
+def test_pictures_from_real_runs_exist() -> None:
+    """``make docs-pictures`` writes them from a real local fleet; the pages show them."""
+    img = REPO / "docs/img"
+    assert "okok" in svg_text(img / "doctor-healthy.svg")
+    assert "ERROR" in svg_text(img / "doctor-fault.svg")
+    assert "succeeded" in svg_text(img / "train.svg")
+    assert (REPO / "docs/img/loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pages = "".join(p.read_text(encoding="utf-8") for p in (REPO / "docs").rglob("*.md"))
+    for name in ("doctor-fault.svg", "train.svg", "loss.png"):
+        assert f"img/{name}" in pages, f"no page shows {name}"
 
 
 def test_readme_is_a_short_entry_point() -> None:
