@@ -148,7 +148,7 @@ def svg_text(path: Path) -> str:
 def test_pictures_from_real_runs_exist() -> None:
     """``make docs-pictures`` writes them from a real local fleet; the pages show them."""
     img = REPO / "docs/img"
-    assert "okok" in svg_text(img / "doctor-healthy.svg")
+    assert "noerrors" in svg_text(img / "doctor-healthy.svg")
     assert "ERROR" in svg_text(img / "doctor-fault.svg")
     assert "succeeded" in svg_text(img / "train.svg")
     assert (REPO / "docs/img/loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
