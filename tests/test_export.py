@@ -79,14 +79,20 @@ def check_against_plan(job: KubeflowOrgV1PyTorchJob, export: ex.PyTorchJobExport
         ]
         env = {e.name: e.value for e in container.env}
         run_dir = f"$HOME/.fleetrun/runs/{plan.run_id}"
+        workdir = f"$HOME/.fleetrun/work/{plan.job}"  # SM_MODULE_DIR: the code is in the image
+        data = f"$HOME/.fleetrun/data/{plan.job}/"  # copied channels: mounted volumes
         left_out = ex.OPERATOR_KEYS | (ex.MACHINE_KEYS - spec.env.keys())
         for key, value in plan.head.env.items():
             if key in left_out:
                 assert key not in env, f"{key} is the operator's or the machine's to set"
-            else:
-                assert env[key] == value.replace(run_dir, ex.POD_RUN_DIR), key
+            elif key != "SM_NUM_GPUS":
+                expected = value.replace(run_dir, ex.POD_RUN_DIR).replace(workdir, ex.POD_WORKDIR)
+                assert env[key] == expected.replace(data, ex.POD_DATA_DIR + "/"), key
         assert env["PYTHONPATH"] == ex.POD_LIB
-        assert set(env) == (set(plan.head.env) - left_out) | {"PYTHONPATH"}
+        # what the entry wrapper needs besides the operator's variables (issue 23 item 1)
+        pod_only = {"PYTHONPATH", "SM_NUM_GPUS", "FLEETRUN_WORKER_RANK_OFFSET"}
+        odd = {k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)}
+        assert set(env) - odd == (set(plan.head.env) - left_out) | pod_only
         for key, value in spec.env.items():
             assert env[key] == value
     assert job.spec.run_policy.active_deadline_seconds == int(spec.stop.max_wall_time_s or 0) or (

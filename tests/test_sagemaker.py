@@ -76,11 +76,18 @@ def test_hyperparameters_are_encoded_as_sagemaker_does() -> None:
             "field 'hyperparameters': '-lr' is not a valid hyperparameter name",
         ),
         ({"hyperparameters": {"lr": 1, "LR": 2}}, "would both be SM_HP_LR"),
-        ({"hyperparameters": {"lr": [1, 2]}}, "field 'hyperparameters.lr"),
+        # SageMaker takes a list (issue 23 item 4); null or a nested list is named in one line
+        (
+            {"hyperparameters": {"lr": None}},
+            "field 'hyperparameters': lr: expected a number, a string, true/false, or a list or mapping "
+            "of those, got null",
+        ),
+        ({"hyperparameters": {"lr": [[1]]}}, "lr: expected a number, a string"),
         ({"hyperparameters": {"lr": float("nan")}}, "lr: expected a finite number"),
         ({"hyperparameters": {"tag": "a\nb"}}, "tag: a value must be one line"),
         ({"hyperparameters": {"api-token": "t"}}, "'api-token' looks like a credential"),
-        ({"channels": {"train-set": "/data"}}, "'train-set' is not a valid channel name"),
+        ({"channels": {"train set": "/data"}}, "'train set' is not a valid channel name"),
+        ({"channels": {"..": "/data"}}, "'..' is not a valid channel name"),
         ({"channels": {"test": {"path": "/a", "local": "data/test"}}}, "expected exactly one of 'path'"),
         ({"channels": {"test": {"s3": "x"}}}, "field 'channels.test.s3'"),
         ({"channels": {"test": {"local": "missing"}}}, "field 'channels.test.local': directory"),
