@@ -292,7 +292,7 @@ class Launcher(ABC):
             )
         lines.append(f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"')
         lines.append(mkdir_line(spec))
-        lines += sagemaker.runtime_lines()
+        lines += sagemaker.runtime_lines(spec)
         lines.append(f'cd "$HOME/{layout.workdir(spec.name)}"')
         lines.append(f"exec {sagemaker.exec_env_prefix(spec)}{command}")
         return "\n".join(lines) + "\n"

@@ -291,7 +291,7 @@ class HorovodLauncher(Launcher):
             f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"',
             f'RUN_DIR="$HOME"/{sh_quote(layout.rundir(run_id))}',
             mkdir_line(spec),
-            *sagemaker.runtime_lines(),
+            *sagemaker.runtime_lines(spec),
             f'cd "$HOME/{layout.workdir(spec.name)}"',
             "# The entrypoint as the playbook wrote it; output to horovodrun (the head's log) and a rank log.",
             'RC_FILE="$RUN_DIR/.rank-$HOROVOD_RANK.rc"',

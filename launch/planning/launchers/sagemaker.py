@@ -188,13 +188,14 @@ def exec_env_prefix(spec: JobSpec) -> str:
     return "env " + " ".join(words) + " "
 
 
-def runtime_lines() -> list[str]:
-    """Launch-script lines (after the job's venv is active, ``IFACE`` known) for what only the node knows."""
+def runtime_lines(spec: JobSpec) -> list[str]:
+    """Launch-script lines (after the job's venv is active, ``IFACE`` known) for what only the node
+    knows; ``fleetrun_sagemaker`` sees the variables sh cannot export too (``exec_env_prefix``)."""
     return [
         "SM_NUM_CPUS=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN); export SM_NUM_CPUS",
         "[ -n \"${SM_NUM_GPUS:-}\" ] || SM_NUM_GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
         "export SM_NUM_GPUS",
         'SM_NETWORK_INTERFACE_NAME="${IFACE:-}"; export SM_NETWORK_INTERFACE_NAME',
         'mkdir -p "$SM_OUTPUT_DATA_DIR" "$SM_INPUT_CONFIG_DIR"',
-        f"SM_TRAINING_ENV=$(python -m {SM_TRAINING_ENV_MODULE}); export SM_TRAINING_ENV",
+        f"SM_TRAINING_ENV=$({exec_env_prefix(spec)}python -m {SM_TRAINING_ENV_MODULE}); export SM_TRAINING_ENV",
     ]
