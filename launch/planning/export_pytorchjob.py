@@ -207,20 +207,31 @@ def image_problem(image: str) -> str | None:
     ``name@sha256:abc`` would leave every pod in ``InvalidImageName``.
     """
     match = IMAGE_REFERENCE_RE.fullmatch(image)
+    name, at, digest = image.rpartition("@")
+    if match is None and at and IMAGE_REFERENCE_RE.fullmatch(name):
+        match = IMAGE_REFERENCE_RE.fullmatch(f"{name}@{digest.partition(':')[0]}:{'0' * 64}")
+        if match is None or ":" not in digest:
+            return "the digest after '@' is not algorithm:hex (sha256:<64 lowercase hex digits>)"
+        return _digest_problem(digest)
     if match is None:
         if image.lower() != image and IMAGE_REFERENCE_RE.fullmatch(image.lower()):
             return "the repository path must be lowercase (registry/name:tag, e.g. ghcr.io/lab/digits:1)"
         return "expected an image reference like registry/name:tag or registry/name@sha256:<64 hex digits>"
     if len(match.group("name")) > MAX_IMAGE_NAME:
         return f"the repository name is longer than {MAX_IMAGE_NAME} characters"
-    digest = match.group("digest")
-    if digest is not None:
-        algorithm, _, hex_digits = digest.partition(":")
-        length = DIGEST_HEX_LENGTHS.get(algorithm)
-        if length is None:
-            return f"digest algorithm {algorithm[:20]!r}: expected one of {', '.join(DIGEST_HEX_LENGTHS)}"
-        if len(hex_digits) != length or hex_digits.lower() != hex_digits:
-            return f"a {algorithm} digest is {length} lowercase hex digits, got {len(hex_digits)}"
+    return _digest_problem(match.group("digest"))
+
+
+def _digest_problem(digest: str | None) -> str | None:
+    """Why a registry could not verify ``digest`` (``algorithm:hex``), or None."""
+    if digest is None:
+        return None
+    algorithm, _, hex_digits = digest.partition(":")
+    length = DIGEST_HEX_LENGTHS.get(algorithm)
+    if length is None:
+        return f"digest algorithm {algorithm[:20]!r}: expected one of {', '.join(DIGEST_HEX_LENGTHS)}"
+    if len(hex_digits) != length or not re.fullmatch(r"[0-9a-f]*", hex_digits):
+        return f"a {algorithm} digest is {length} lowercase hex digits (this one has {len(hex_digits)} characters)"
     return None
 
 
