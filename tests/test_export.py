@@ -21,6 +21,7 @@ from kubeflow.training.models import KubeflowOrgV1PyTorchJob
 from launch.errors import SpecError
 from launch.job.spec import JobSpec, load_job_spec
 from launch.planning import export_pytorchjob as ex
+from launch.planning.image_reference import image_problem
 from launch.planning.launchers.torchrun import entrypoint_tail
 from launch.rules.recovery import RecoveryPolicy
 from tests.conftest import REPO
@@ -438,7 +439,7 @@ def test_the_wrapper_is_in_the_image() -> None:
     ],
 )
 def test_image_references_the_registries_take(image: str) -> None:
-    assert ex.image_problem(image) is None
+    assert image_problem(image) is None
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ def playbook_copy(tmp_path: Path, name: str, **hyperparameters: object) -> Path:
     for channel in data["channels"].values():
         channel["local"] = str((PLAYBOOK.parent / channel["local"]).resolve())
     data["teardown"] = "never"
+    data["tf_config"] = "chief"  # the same nodes as Vertex AI lays them out for a TF trainer
     data["hyperparameters"] = {**data["hyperparameters"], "epochs": 2, **hyperparameters}
     path = tmp_path / name
     path.write_text(yaml.safe_dump(data))
@@ -101,6 +102,17 @@ def test_sagemaker_script_runs_unchanged_and_runs_compare(
         training = view["training_env"]
         assert (training["input_dir"], training["module_name"]) == (inputs["SM_INPUT_DIR"], "train")
     assert (run / "nodes" / worker / "input" / "config" / "hyperparameters.json").is_file(), "pulled back"
+
+    # tf_config: chief, as Vertex AI gives it: the head is the chief, the worker is worker 0
+    tf_head, tf_worker = (json.loads(v["cloudml"]["TF_CONFIG"]) for v in (head_view, worker_view))
+    assert tf_head["cluster"] == tf_worker["cluster"] and set(tf_head["cluster"]) == {"chief", "worker"}
+    assert tf_head["task"] == {"type": "chief", "index": 0} and tf_worker["task"] == {
+        "type": "worker",
+        "index": 0,
+    }
+    assert tf_head["cluster"]["chief"] == [f"{fleet.address(0)}:2222"]
+    assert json.loads(worker_view["cloudml"]["CLUSTER_SPEC"])["task"] == {"type": "workerpool1", "index": 0}
+    assert worker_view["cloudml"]["AIP_MODEL_DIR"] == worker_view["args"]["model_dir"]
 
     # the model the leader saved to SM_MODEL_DIR was pulled back
     assert (run / "nodes" / head / "model" / "model.pth").stat().st_size > 500

@@ -120,6 +120,8 @@ def main() -> None:
         )
     }
     seen = {
+        # what a trainer written for Cloud ML Engine / Vertex AI would read on the same node
+        "cloudml": {k: os.environ.get(k) for k in ("TF_CONFIG", "CLUSTER_SPEC", "AIP_MODEL_DIR")},
         "hyperparameters_json": hyperparameters,
         "inputs": inputs,
         "args": vars(args),

@@ -39,8 +39,8 @@ What maps to what:
 The image is ``images/docker/Dockerfile`` built with the playbook's workdir (``POD_WORKDIR``),
 fleetrun's node helpers on ``PYTHONPATH`` (``POD_LIB``) and the entry wrapper; ``setup:`` commands
 do not run in pods, so they are listed in ``notes`` (bake them into the image). ``--image`` is
-checked against the registries' reference grammar (``IMAGE_REFERENCE_RE``), so a name Kubernetes
-would leave in ``InvalidImageName`` is refused here.
+checked against the registries' reference grammar (``launch.planning.image_reference``), so a name
+Kubernetes would leave in ``InvalidImageName`` is refused here.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.job.validation import printable
 from launch.planning import remote_layout as layout
+from launch.planning.image_reference import image_problem
 from launch.planning.launchers.sagemaker import channel_dir, odd_names_env
 from launch.planning.launchers.torchrun import TorchrunLauncher, entrypoint_tail
 from launch.planning.plan import LaunchPlan
@@ -98,25 +99,6 @@ MACHINE_KEYS = frozenset({"TMPDIR", "TORCHINDUCTOR_CACHE_DIR"})
 """Where a shared machine keeps scratch and caches; a pod has its own /tmp (and Kubernetes would
 not expand ``$HOME`` in a value): left to the container."""
 K8S_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
-# The image reference grammar of the registries (distribution/reference's grammar, which Docker,
-# containerd and the kubelet apply): a lowercase path under an optional registry host[:port], an
-# optional tag, an optional digest.
-_ALNUM = r"[a-z0-9]+"
-_SEPARATOR = r"(?:[._]|__|[-]+)"
-_PATH_COMPONENT = rf"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
-_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
-_DOMAIN = rf"{_HOST}(?::[0-9]+)?"
-_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
-_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
-IMAGE_REFERENCE_RE = re.compile(
-    rf"(?P<name>(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
-    rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
-)
-MAX_IMAGE_NAME = 255
-DIGEST_HEX_LENGTHS = {"sha256": 64, "sha384": 96, "sha512": 128}
-"""The digest algorithms registries verify, and their hex lengths (lowercase hex only)."""
 
 
 @dataclass(frozen=True)
@@ -197,42 +179,6 @@ def pod_command(spec: JobSpec) -> list[str]:
     words = f"python -m torch.distributed.run --max-restarts={torchrun_restarts(spec)} {tail}"
     folders = '"$FLEETRUN_OUTPUT_DIR"' + (' "$FLEETRUN_JOB_DIR"' if spec.job_dir else "")
     return ["sh", "-c", f". {POD_ENV_SCRIPT} && mkdir -p {folders} && exec {words}"]
-
-
-def image_problem(image: str) -> str | None:
-    """Why ``image`` is not an image reference a registry would take, or None when it is one.
-
-    The grammar of ``IMAGE_REFERENCE_RE``, the name's length limit, and a digest the registry can
-    verify (``sha256:`` and 64 lowercase hex digits): ``ghcr.io/Lab/Digits:1`` or
-    ``name@sha256:abc`` would leave every pod in ``InvalidImageName``.
-    """
-    match = IMAGE_REFERENCE_RE.fullmatch(image)
-    name, at, digest = image.rpartition("@")
-    if match is None and at and IMAGE_REFERENCE_RE.fullmatch(name):
-        match = IMAGE_REFERENCE_RE.fullmatch(f"{name}@{digest.partition(':')[0]}:{'0' * 64}")
-        if match is None or ":" not in digest:
-            return "the digest after '@' is not algorithm:hex (sha256:<64 lowercase hex digits>)"
-        return _digest_problem(digest)
-    if match is None:
-        if image.lower() != image and IMAGE_REFERENCE_RE.fullmatch(image.lower()):
-            return "the repository path must be lowercase (registry/name:tag, e.g. ghcr.io/lab/digits:1)"
-        return "expected an image reference like registry/name:tag or registry/name@sha256:<64 hex digits>"
-    if len(match.group("name")) > MAX_IMAGE_NAME:
-        return f"the repository name is longer than {MAX_IMAGE_NAME} characters"
-    return _digest_problem(match.group("digest"))
-
-
-def _digest_problem(digest: str | None) -> str | None:
-    """Why a registry could not verify ``digest`` (``algorithm:hex``), or None."""
-    if digest is None:
-        return None
-    algorithm, _, hex_digits = digest.partition(":")
-    length = DIGEST_HEX_LENGTHS.get(algorithm)
-    if length is None:
-        return f"digest algorithm {algorithm[:20]!r}: expected one of {', '.join(DIGEST_HEX_LENGTHS)}"
-    if len(hex_digits) != length or not re.fullmatch(r"[0-9a-f]*", hex_digits):
-        return f"a {algorithm} digest is {length} lowercase hex digits (this one has {len(hex_digits)} characters)"
-    return None
 
 
 def _check(spec: JobSpec, image: str, name: str, namespace: str) -> None:
