@@ -83,6 +83,8 @@ def test_hyperparameters_are_encoded_as_sagemaker_does() -> None:
             "of those, got null",
         ),
         ({"hyperparameters": {"lr": [[1]]}}, "lr: expected a number, a string"),
+        ({"hyperparameters": {"opt": {"m": [1]}}}, "opt: expected a number, a string, true/false, or a list"),
+        ({"hyperparameters": {"opt": {1: 2}}}, "opt: a mapping's keys must be strings, got int"),
         ({"hyperparameters": {"lr": float("nan")}}, "lr: expected a finite number"),
         ({"hyperparameters": {"tag": "a\nb"}}, "tag: a value must be one line"),
         ({"hyperparameters": {"api-token": "t"}}, "'api-token' looks like a credential"),

@@ -111,6 +111,13 @@ def _scalar(value: object) -> bool:
     return isinstance(value, bool | int | float | str)
 
 
+def _leaves(item: object) -> list[object]:
+    """A hyperparameter's scalars: itself, a list's items, or a mapping's keys and values."""
+    if isinstance(item, dict):
+        return [part for pair in item.items() for part in pair]
+    return list(item) if isinstance(item, list) else [item]
+
+
 def hyperparameter_shape_problems(value: object) -> object:
     """Before the typed check: one line per hyperparameter whose value is not one SageMaker passes
     (null, a nested list, a list in a mapping), naming the hyperparameter, not pydantic's union
@@ -120,19 +127,20 @@ def hyperparameter_shape_problems(value: object) -> object:
     expected = "expected a number, a string, true/false, or a list or mapping of those"
     for name, item in value.items():
         shown = str(name)[:80]
-        if _scalar(item):
-            continue
-        if isinstance(item, list | dict):
-            inner = list(item.values()) if isinstance(item, dict) else item
-            if len(inner) > MAX_HP_ITEMS:
-                raise ValueError(f"{shown}: at most {MAX_HP_ITEMS} items, got {len(inner)}")
-            bad = next((x for x in inner if not _scalar(x)), None)
-            if bad is None and all(isinstance(k, str) for k in (item if isinstance(item, dict) else {})):
+        if not isinstance(item, list | dict):
+            if _scalar(item):
                 continue
+            raise ValueError(f"{shown}: {expected}, got {_type_name(item)}")
+        if len(item) > MAX_HP_ITEMS:
+            raise ValueError(f"{shown}: at most {MAX_HP_ITEMS} items, got {len(item)}")
+        bad_key = next((k for k in item if not isinstance(k, str)), None) if isinstance(item, dict) else None
+        if bad_key is not None:
+            raise ValueError(f"{shown}: a mapping's keys must be strings, got {_type_name(bad_key)}")
+        bad = next((x for x in _leaves(item) if not _scalar(x)), None)
+        if bad is not None or None in _leaves(item):
             raise ValueError(
                 f"{shown}: {expected} (one level deep), got {_type_name(item)} holding {_type_name(bad)}"
             )
-        raise ValueError(f"{shown}: {expected}, got {_type_name(item)}")
     return value
 
 
@@ -149,25 +157,15 @@ def check_hyperparameters(value: dict[str, HyperparameterValue]) -> dict[str, Hy
         "SM_HP_",
     )
     for name, item in value.items():
-        parts = (
-            list(item.items())
-            if isinstance(item, dict)
-            else [("", x) for x in item]
-            if isinstance(item, list)
-            else [("", item)]
-        )
-        for key, part in parts:
-            for text in (key, part):
-                if isinstance(text, float) and not math.isfinite(text):
-                    raise ValueError(f"{name}: expected a finite number, got {text!r}")
-                if isinstance(text, str) and (len(text) > MAX_HP_VALUE_CHARS or CONTROL_CHARS.search(text)):
-                    raise ValueError(
-                        f"{name}: a value must be one line without control characters, at most {MAX_HP_VALUE_CHARS} characters"
-                    )
+        for part in _leaves(item):
+            if isinstance(part, float) and not math.isfinite(part):
+                raise ValueError(f"{name}: expected a finite number, got {part!r}")
+            if isinstance(part, str) and (len(part) > MAX_HP_VALUE_CHARS or CONTROL_CHARS.search(part)):
+                raise ValueError(
+                    f"{name}: a value must be one line without control characters, at most {MAX_HP_VALUE_CHARS} characters"
+                )
         if len(cli_value(item)) > MAX_HP_VALUE_CHARS:
-            raise ValueError(
-                f"{name}: the value is longer than {MAX_HP_VALUE_CHARS} characters as an argument"
-            )
+            raise ValueError(f"{name}: longer than {MAX_HP_VALUE_CHARS} characters as an argument")
     return value
 
 
