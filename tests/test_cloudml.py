@@ -172,8 +172,16 @@ def test_horovod_ranks_get_job_dir_and_tf_config(tmp_path: Path) -> None:
         ({"job_dir": "../up"}, "field 'job_dir': expected a relative path inside the run directory"),
         ({"job_dir": "gs://bucket/x"}, "field 'job_dir': expected a relative path"),
         ({"job_dir": "/abs"}, "field 'job_dir': expected a relative path"),
+        ({"job_dir": "tmp/job"}, "field 'job_dir': 'tmp/' is the job's scratch folder"),
     ],
 )
 def test_bad_fields_are_named(tmp_path: Path, fields: dict[str, object], expected: str) -> None:
     with pytest.raises(SpecError, match=expected):
         plan_for(tmp_path, **fields)
+
+
+def test_the_scratch_folder_is_the_layouts() -> None:
+    from launch.job.cloudml import SCRATCH
+    from launch.planning import remote_layout
+
+    assert SCRATCH == remote_layout.RUN_TMP

@@ -19,6 +19,9 @@ from pydantic import AfterValidator, Field
 
 TfConfigLayout = Literal["workers", "chief", "master"]
 JOB_DIR_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+SCRATCH = "tmp"
+"""The job's ``TMPDIR`` in the run directory (``remote_layout.RUN_TMP``): removed when the job ends
+and never pulled, so a job dir there would never come back."""
 JOB_DIR_ARGS = ' --job-dir "$FLEETRUN_JOB_DIR"'
 """What the entrypoint gets: the node's (or pod's) shell expands the variable to the real path."""
 
@@ -29,6 +32,8 @@ def _inside_run_dir(value: str | None) -> str | None:
             "expected a relative path inside the run directory: letters, digits, '.', '_', '-' and '/' "
             "(no '..', not absolute; a gs:// URL is the service's, here the folder comes back with the run)"
         )
+    if value is not None and value.split("/")[0] == SCRATCH:
+        raise ValueError(f"'{SCRATCH}/' is the job's scratch folder (removed at the end, never pulled back)")
     return value
 
 
