@@ -76,11 +76,20 @@ def test_hyperparameters_are_encoded_as_sagemaker_does() -> None:
             "field 'hyperparameters': '-lr' is not a valid hyperparameter name",
         ),
         ({"hyperparameters": {"lr": 1, "LR": 2}}, "would both be SM_HP_LR"),
-        ({"hyperparameters": {"lr": [1, 2]}}, "field 'hyperparameters.lr"),
+        # SageMaker takes a list (issue 23 item 4); null or a nested list is named in one line
+        (
+            {"hyperparameters": {"lr": None}},
+            "field 'hyperparameters': lr: expected a number, a string, true/false, or a list or mapping "
+            "of those, got null",
+        ),
+        ({"hyperparameters": {"lr": [[1]]}}, "lr: expected a number, a string"),
+        ({"hyperparameters": {"opt": {"m": [1]}}}, "opt: expected a number, a string, true/false, or a list"),
+        ({"hyperparameters": {"opt": {1: 2}}}, "opt: a mapping's keys must be strings, got int"),
         ({"hyperparameters": {"lr": float("nan")}}, "lr: expected a finite number"),
         ({"hyperparameters": {"tag": "a\nb"}}, "tag: a value must be one line"),
         ({"hyperparameters": {"api-token": "t"}}, "'api-token' looks like a credential"),
-        ({"channels": {"train-set": "/data"}}, "'train-set' is not a valid channel name"),
+        ({"channels": {"train set": "/data"}}, "'train set' is not a valid channel name"),
+        ({"channels": {"..": "/data"}}, "'..' is not a valid channel name"),
         ({"channels": {"test": {"path": "/a", "local": "data/test"}}}, "expected exactly one of 'path'"),
         ({"channels": {"test": {"s3": "x"}}}, "field 'channels.test.s3'"),
         ({"channels": {"test": {"local": "missing"}}}, "field 'channels.test.local': directory"),
@@ -175,7 +184,11 @@ def test_horovod_ranks_get_the_same_environment(tmp_path: Path) -> None:
     plan = HorovodLauncher(key, "#!/bin/sh\n").plan(spec, sample_inventory(2), "run-1")
     rank = next(f for f in plan.nodes[1].files if f.path.endswith("rank.sh")).content
     assert "export SM_CURRENT_HOST=algo-2" in rank
-    assert "SM_TRAINING_ENV=$(python -m fleetrun_sagemaker)" in rank
+    # fleetrun_sagemaker sees the names sh cannot export too (a channel named train-set: issue 23)
+    assert (
+        "SM_TRAINING_ENV=$(env SM_HP_BATCH-SIZE=64 SM_HP_LEARNING-RATE=0.01 python -m fleetrun_sagemaker)"
+        in rank
+    )
     assert "env SM_HP_BATCH-SIZE=64 SM_HP_LEARNING-RATE=0.01 python train.py --seed 1 --arch mlp" in rank
 
 
@@ -296,3 +309,136 @@ def test_bucket_prefix_must_be_inside_the_fleets_bucket(tmp_path: Path, prefix: 
         SpecError, match="field 'channels.val': .*is not a key prefix inside the fleet's bucket"
     ):
         load_job_spec(playbook(tmp_path, channels={"val": {"bucket": prefix}}))
+
+
+# ------------------------------------------------------------------ issue 23: what a migrator no longer edits
+
+
+def test_list_and_mapping_hyperparameters_pass_as_sagemaker_passes_them(tmp_path: Path) -> None:
+    """``layers: [64, 32]`` is ``--layers '[64, 32]'`` (the toolkit's ``str``), ``SM_HP_LAYERS`` compact
+    JSON, typed in ``SM_HPS``; YAML's ``lr: 1e-3`` (no dot) is the number 0.001, as in YAML 1.2."""
+    (tmp_path / "work").mkdir()
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "name: hp\nworkdir: work\nentrypoint: python train.py\nprocs_per_node: 1\n"
+        "hyperparameters:\n  layers: [64, 32]\n  lr: 1e-3\n  opt: {momentum: 0.9, name: sgd}\n  tag: '1e-3'\n"
+    )
+    spec = load_job_spec(path)
+    assert spec.hyperparameters["lr"] == 0.001 and spec.hyperparameters["tag"] == "1e-3"
+    assert hyperparameter_args(spec.hyperparameters) == [
+        "--layers", "[64, 32]", "--lr", "0.001", "--opt", "momentum=0.9,name=sgd", "--tag", "1e-3",
+    ]  # fmt: skip
+    env = TorchrunLauncher().plan(spec, sample_inventory(1), "r").nodes[0].env
+    assert env["SM_HP_LAYERS"] == "[64,32]" and env["SM_HP_LR"] == "0.001"
+    assert json.loads(env["SM_HPS"]) == {
+        "layers": [64, 32],
+        "lr": 0.001,
+        "opt": {"momentum": 0.9, "name": "sgd"},
+        "tag": "1e-3",
+    }
+    assert "--layers '[64, 32]' --lr 0.001" in spec.entry_command()
+
+
+def test_channel_names_with_dash_and_dot_are_sagemakers(tmp_path: Path) -> None:
+    """SageMaker takes ``train-set``; its toolkit names the variable ``SM_CHANNEL_TRAIN-SET``,
+    which sh cannot export: passed by ``env`` on the exec line, a copied one's ``$HOME`` live."""
+    (tmp_path / "data" / "v").mkdir(parents=True)
+    plan = torchrun_plan(tmp_path, channels={"train-set": "/data/t", "val.v2": {"local": "data/v"}})
+    script = plan.nodes[0].launch_script or ""
+    assert "SM_CHANNEL_TRAIN-SET" not in plan.nodes[0].env, "not a name sh can export"
+    assert plan.nodes[0].env["SM_CHANNELS"] == '["train-set","val.v2"]'
+    assert '"SM_CHANNEL_VAL.V2=$HOME"/.fleetrun/data/smjob/val.v2' in script.strip().splitlines()[-1]
+    seen, home = run_launch_script_env(tmp_path, plan, 0)
+    assert seen["SM_CHANNEL_TRAIN-SET"] == "/data/t"
+    assert seen["SM_CHANNEL_VAL.V2"] == f"{home}/.fleetrun/data/smjob/val.v2"
+    assert json.loads(seen["SM_TRAINING_ENV"])["channel_input_dirs"]["val.v2"] == seen["SM_CHANNEL_VAL.V2"]
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "expected"),
+    [
+        ("python train.py --x 1", ("train.py", "train")),
+        ("python3 src/train.py", ("src/train.py", "src/train")),
+        ("python -m trainer.task --epochs 3", ("trainer.task", "trainer.task")),
+        ("sh run.sh", ("run.sh", "run.sh")),
+        ("./train", ("./train", "./train")),
+    ],
+)
+def test_entry_point_and_module_name(entrypoint: str, expected: tuple[str, str]) -> None:
+    from launch.planning.launchers.sagemaker import entry_point
+
+    assert entry_point(entrypoint) == expected
+
+
+def run_launch_script_env(tmp_path: Path, plan: LaunchPlan, node: int) -> tuple[dict[str, str], Path]:
+    """Node ``node``'s real launch script in sh, its command replaced by ``env``: what the script sees."""
+    home = tmp_path / f"node{node}"
+    env_bin = home / ".fleetrun" / "envs" / plan.job / "bin"
+    env_bin.mkdir(parents=True)
+    (env_bin / "activate").write_text("true\n")
+    (home / ".fleetrun" / "work" / plan.job).mkdir(parents=True)
+    (home / ".fleetrun" / "lib").mkdir(parents=True)
+    shutil.copy(REPO / "launch" / "nodelib" / "fleetrun_sagemaker.py", home / ".fleetrun" / "lib")
+    (home / ".fleetrun" / "runs" / plan.run_id).mkdir(parents=True)
+    (home / ".fleetrun" / "runs" / plan.run_id / "rdzv_port").write_text("29555\n")
+    lines = (plan.nodes[node].launch_script or "").strip().splitlines()
+    lines[-1] = lines[-1].split(" python -m torch.distributed.run")[0] + " env"  # keep the env prefix
+    script = tmp_path / f"launch-{node}.sh"
+    script.write_text("\n".join(lines) + "\n")
+    path = f"{Path(os.__file__).parent.parent.parent / 'bin'}:{os.environ['PATH']}"
+    proc = subprocess.run(
+        ["sh", str(script)], env={"HOME": str(home), "PATH": path}, capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 0, proc.stderr
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line), home
+
+
+def test_sagemakers_inputs_and_config_files_on_the_node(tmp_path: Path) -> None:
+    """SM_INPUT_DIR & co., SM_USER_ENTRY_POINT, SM_MODULE_NAME, SM_FRAMEWORK_PARAMS and
+    ``hyperparameters.json`` in SM_INPUT_CONFIG_DIR, as sagemaker-training-toolkit reads them."""
+    plan = torchrun_plan(tmp_path, hyperparameters={**HPS, "layers": [64, 32]})
+    seen, home = run_launch_script_env(tmp_path, plan, 1)
+    run = home / ".fleetrun" / "runs" / "run-1"
+    assert seen["SM_INPUT_DIR"] == f"{run}/input" and seen["SM_INPUT_CONFIG_DIR"] == f"{run}/input/config"
+    assert seen["SM_USER_ENTRY_POINT"] == "train.py" and seen["SM_MODULE_NAME"] == "train"
+    assert seen["SM_MODULE_DIR"] == f"{home}/.fleetrun/work/smjob"
+    assert json.loads(seen["SM_FRAMEWORK_PARAMS"]) == {"sagemaker_torch_distributed_enabled": True}
+    data_config = json.loads(seen["SM_INPUT_DATA_CONFIG"])
+    assert set(data_config) == {"test", "training"}
+    assert data_config["test"] == {
+        "RecordWrapperType": "None",
+        "S3DistributionType": "FullyReplicated",
+        "TrainingInputMode": "File",
+    }
+    config = Path(seen["SM_INPUT_CONFIG_DIR"])
+    # the PyTorch estimator's hyperparameters.json: every value a JSON-encoded string
+    hps = json.loads((config / "hyperparameters.json").read_text())
+    assert hps["epochs"] == "3" and hps["arch"] == '"mlp"' and hps["layers"] == "[64, 32]"
+    assert hps["sagemaker_program"] == '"train.py"' and hps["sagemaker_job_name"] == '"run-1"'
+    assert {k: json.loads(v) for k, v in hps.items() if not k.startswith("sagemaker_")} == {
+        **HPS,
+        "layers": [64, 32],
+    }, "the toolkit's json.loads of each value gives SM_HPS back"
+    assert json.loads((config / "inputdataconfig.json").read_text()) == data_config
+    assert json.loads((config / "resourceconfig.json").read_text()) == {
+        "current_host": "algo-2",
+        "hosts": ["algo-1", "algo-2"],
+        "network_interface_name": "ens5",
+    }
+    env = json.loads(seen["SM_TRAINING_ENV"])
+    assert env["input_dir"] == seen["SM_INPUT_DIR"] and env["input_config_dir"] == str(config)
+    assert env["module_name"] == "train" and env["user_entry_point"] == "train.py"
+    assert env["additional_framework_parameters"] == {"sagemaker_torch_distributed_enabled": True}
+    assert env["input_data_config"] == data_config and env["hyperparameters"]["layers"] == [64, 32]
+    # framework_module names SageMaker's container code (sagemaker_pytorch_container...): none here
+    assert [k for k, v in env.items() if v in ("", None)] == ["framework_module"]
+
+
+def test_config_files_survive_an_unwritable_folder(tmp_path: Path) -> None:
+    from launch.nodelib.fleetrun_sagemaker import write_config_files
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    write_config_files({"SM_INPUT_CONFIG_DIR": str(blocker / "config"), "SM_HPS": "{}"})  # no raise
+    write_config_files({"SM_INPUT_CONFIG_DIR": str(tmp_path / "c"), "SM_HPS": "not json"})
+    assert json.loads((tmp_path / "c" / "hyperparameters.json").read_text())["sagemaker_program"] == '""'

@@ -29,6 +29,7 @@ def playbook_copy(tmp_path: Path, name: str, **hyperparameters: object) -> Path:
     for channel in data["channels"].values():
         channel["local"] = str((PLAYBOOK.parent / channel["local"]).resolve())
     data["teardown"] = "never"
+    data["tf_config"] = "chief"  # the same nodes as Vertex AI lays them out for a TF trainer
     data["hyperparameters"] = {**data["hyperparameters"], "epochs": 2, **hyperparameters}
     path = tmp_path / name
     path.write_text(yaml.safe_dump(data))
@@ -83,6 +84,36 @@ def test_sagemaker_script_runs_unchanged_and_runs_compare(
     assert env["channel_input_dirs"]["validation"] == worker_view["args"]["validation"]
     assert env["model_dir"] == worker_view["args"]["model_dir"] and env["num_cpus"] >= 1
     assert env["num_gpus"] == 0 and worker_view["sm"]["SM_NUM_GPUS"] == "0"
+    # SageMaker's inputs (issue 23): the variables and hyperparameters.json, as the toolkit decodes it
+    for view, host in ((head_view, "algo-1"), (worker_view, "algo-2")):
+        inputs = view["inputs"]
+        assert inputs["SM_INPUT_CONFIG_DIR"] == inputs["SM_INPUT_DIR"] + "/config"
+        assert inputs["SM_INPUT_DIR"].endswith(f"/.fleetrun/runs/{results[0].run_id}/input")
+        assert json.loads(inputs["SM_INPUT_DATA_CONFIG"])["validation"]["TrainingInputMode"] == "File"
+        assert inputs["SM_USER_ENTRY_POINT"] == "train.py" and inputs["SM_MODULE_NAME"] == "train"
+        assert json.loads(inputs["SM_FRAMEWORK_PARAMS"]) == {"sagemaker_torch_distributed_enabled": True}
+        assert json.loads(inputs["SM_RESOURCE_CONFIG"])["current_host"] == host
+        assert int(inputs["SM_NUM_CPUS"]) >= 1 and inputs["SM_NETWORK_INTERFACE_NAME"]
+        hps = view["hyperparameters_json"]
+        assert {k: v for k, v in hps.items() if not k.startswith("sagemaker_")} == json.loads(
+            view["sm"]["SM_HPS"]
+        )
+        assert hps["sagemaker_program"] == "train.py" and hps["sagemaker_job_name"] == results[0].run_id
+        training = view["training_env"]
+        assert (training["input_dir"], training["module_name"]) == (inputs["SM_INPUT_DIR"], "train")
+    assert (run / "nodes" / worker / "input" / "config" / "hyperparameters.json").is_file(), "pulled back"
+
+    # tf_config: chief, as Vertex AI gives it: the head is the chief, the worker is worker 0
+    tf_head, tf_worker = (json.loads(v["cloudml"]["TF_CONFIG"]) for v in (head_view, worker_view))
+    assert tf_head["cluster"] == tf_worker["cluster"] and set(tf_head["cluster"]) == {"chief", "worker"}
+    assert tf_head["task"] == {"type": "chief", "index": 0} and tf_worker["task"] == {
+        "type": "worker",
+        "index": 0,
+    }
+    assert tf_head["cluster"]["chief"] == [f"{fleet.address(0)}:2222"]
+    assert json.loads(worker_view["cloudml"]["CLUSTER_SPEC"])["task"] == {"type": "workerpool1", "index": 0}
+    assert worker_view["cloudml"]["AIP_MODEL_DIR"] == worker_view["args"]["model_dir"]
+
     # the model the leader saved to SM_MODEL_DIR was pulled back
     assert (run / "nodes" / head / "model" / "model.pth").stat().st_size > 500
     assert not (run / "nodes" / worker / "model" / "model.pth").exists()

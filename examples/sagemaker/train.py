@@ -7,7 +7,9 @@ to ``SM_OUTPUT_DATA_DIR``. Under SageMaker's ``torch_distributed`` (torchrun) an
 torch.distributed finds its peers in torchrun's environment; alone it trains as one process.
 
 It trains a small MLP on CSV files (features, then a 0/1 label) and writes what it saw of the
-SageMaker environment to ``$SM_OUTPUT_DATA_DIR/sagemaker-env.json`` (so the example can be checked).
+SageMaker environment (the variables, and ``hyperparameters.json`` in ``SM_INPUT_CONFIG_DIR`` as the
+training toolkit decodes it) to ``$SM_OUTPUT_DATA_DIR/sagemaker-env-<rank>.json`` (so the example
+can be checked).
 fleetrun's metrics helper, when present, gets the loss curve; on SageMaker the log lines serve.
 """
 
@@ -97,7 +99,31 @@ def main() -> None:
             metrics.log(step=step, val_loss=val_loss, val_accuracy=accuracy)
 
     os.makedirs(args.output_data_dir, exist_ok=True)
+    # what SageMaker puts under /opt/ml/input, read as the training toolkit reads it
+    with open(os.path.join(os.environ["SM_INPUT_CONFIG_DIR"], "hyperparameters.json")) as handle:
+        hyperparameters = {k: json.loads(v) for k, v in json.load(handle).items()}
+    inputs = {
+        name: os.environ[name]
+        for name in (
+            "SM_INPUT_DIR",
+            "SM_INPUT_CONFIG_DIR",
+            "SM_INPUT_DATA_CONFIG",
+            "SM_MODULE_NAME",
+            "SM_USER_ENTRY_POINT",
+            "SM_FRAMEWORK_PARAMS",
+            "SM_RESOURCE_CONFIG",
+            "SM_NETWORK_INTERFACE_NAME",
+            "SM_NUM_CPUS",
+            "SM_LOG_LEVEL",
+            "SM_USER_ARGS",
+            "SM_OUTPUT_DIR",
+        )
+    }
     seen = {
+        # what a trainer written for Cloud ML Engine / Vertex AI would read on the same node
+        "cloudml": {k: os.environ.get(k) for k in ("TF_CONFIG", "CLUSTER_SPEC", "AIP_MODEL_DIR")},
+        "hyperparameters_json": hyperparameters,
+        "inputs": inputs,
         "args": vars(args),
         "rank": rank,
         "world_size": world,

@@ -75,5 +75,5 @@ def export(
     else:
         print(f"image: {build_command(spec, image, '.', workdir)}", file=sys.stderr)
     for note in result.notes:
-        print(f"note: {clean(note, 300)}", file=sys.stderr)
+        print(f"note: {clean(note, 800)}", file=sys.stderr)
     return target

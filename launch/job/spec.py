@@ -28,11 +28,13 @@ from pydantic import (
 
 from launch.errors import SpecError
 from launch.job.builtin import resolve_playbook
+from launch.job.cloudml import JOB_DIR_ARGS, JobDir, TfConfigLayout
 from launch.job.profiling import ProfileSpec
 from launch.job.sagemaker import (
     MAX_CHANNELS,
     MAX_HYPERPARAMETERS,
     Channel,
+    Hyperparameters,
     HyperparameterValue,
     channel_from_yaml,
     check_channel_names,
@@ -117,6 +119,8 @@ class JobSpec(BaseModel):
         channels: name -> a folder on every node (``/data/x`` or ``{path: /data/x}``) or a folder on
             this machine (``{local: dir}``, relative to the playbook, copied to every node before
             the start); exported as ``SM_CHANNEL_<NAME>`` and listed in ``SM_CHANNELS``.
+        tf_config, job_dir: ``TF_CONFIG``'s layout (``workers``, ``chief``, ``master``) and a run folder
+            passed as ``--job-dir``, as Cloud ML Engine and Vertex AI give them (``launch.job.cloudml``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -143,10 +147,10 @@ class JobSpec(BaseModel):
     teardown: Teardown = Teardown.ALWAYS
     relay_sync_above: int = Field(default=16, ge=1, le=100_000)
     # -- SageMaker-style inputs (launch.job.sagemaker) --
-    hyperparameters: dict[str, HyperparameterValue] = Field(
-        default_factory=dict, max_length=MAX_HYPERPARAMETERS
-    )
+    hyperparameters: Hyperparameters = Field(default_factory=dict, max_length=MAX_HYPERPARAMETERS)
     channels: dict[str, Channel] = Field(default_factory=dict, max_length=MAX_CHANNELS)
+    tf_config: TfConfigLayout = "workers"
+    job_dir: JobDir = None
 
     @model_validator(mode="before")
     @classmethod
@@ -355,10 +359,9 @@ class JobSpec(BaseModel):
 
     def entry_command(self) -> str:
         """The entrypoint as the nodes run it: the playbook's text, then the hyperparameters as
-        SageMaker passes them (``--name value``, each word quoted)."""
-        if not self.hyperparameters:
-            return self.entrypoint
-        return self.entrypoint.rstrip() + " " + shlex.join(hyperparameter_args(self.hyperparameters))
+        SageMaker passes them (``--name value``, each word quoted), then ``--job-dir`` if set."""
+        command = self.entrypoint.rstrip() + " " + shlex.join(hyperparameter_args(self.hyperparameters))
+        return command.rstrip() + (JOB_DIR_ARGS if self.job_dir is not None else "")
 
     def secret_values(self) -> dict[str, str]:
         """The playbook's environment values that plans must never print (``secret_env`` or a secret-looking name)."""

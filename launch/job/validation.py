@@ -14,6 +14,7 @@ through ``printable`` so an error message stays one line and never carries contr
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,24 @@ StrictSafeLoader.add_implicit_resolver(
     ),
     list("-+0123456789"),
 )
+# YAML 1.1 reads ``1e-3`` (no dot) as a string, YAML 1.2 and every SageMaker/JSON user as 0.001: a
+# hyperparameter ``lr: 1e-3`` must arrive as the number. Floats here are YAML 1.1's plus 1.2's; one
+# that overflows (``1e400``) stays the text it was, so no field quietly gets infinity.
+_EXPONENT_FLOAT_TAG = "tag:fleetrun,2026:yaml12-float"
+StrictSafeLoader.add_implicit_resolver(
+    _EXPONENT_FLOAT_TAG,
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _exponent_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float | str:
+    text = loader.construct_scalar(node)
+    number = float(text.replace("_", ""))
+    return number if math.isfinite(number) else text
+
+
+StrictSafeLoader.add_constructor(_EXPONENT_FLOAT_TAG, _exponent_float)
 
 
 def parse_yaml(text: str, source: str) -> Any:

@@ -5,12 +5,19 @@ plan's ``SM_*`` variables are exported and the node-only ones (``SM_NUM_CPUS``, 
 ``SM_NETWORK_INTERFACE_NAME``) are known, so the JSON and the single variables cannot disagree
 and hold the node's real paths (``$HOME`` expanded). The fields are those sagemaker-training-
 toolkit writes. Standard library only: it runs on the nodes.
+
+It also writes what SageMaker puts in ``/opt/ml/input/config`` into ``$SM_INPUT_CONFIG_DIR``:
+``hyperparameters.json`` (each value JSON-encoded, as SageMaker's framework estimators send them,
+with the ``sagemaker_*`` keys the estimator adds), ``inputdataconfig.json`` and
+``resourceconfig.json``. A failure to write them is said on stderr and never stops the launch
+(the variables are set either way).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,42 +42,94 @@ def _int(env: Mapping[str, str], name: str) -> int:
         return 0
 
 
+def _none_if_empty(value: str) -> str | None:
+    return value or None
+
+
 def training_env(env: Mapping[str, str]) -> dict[str, Any]:
     hosts = _json(env, "SM_HOSTS", [])
     current = env.get("SM_CURRENT_HOST", "")
     channels = _json(env, "SM_CHANNELS", [])
+    if not isinstance(channels, list):
+        channels = []
     channel_dirs = {name: env.get(f"SM_CHANNEL_{str(name).upper()}", "") for name in channels}
     output_dir = env.get("SM_OUTPUT_DIR", "")
+    data_config = _json(env, "SM_INPUT_DATA_CONFIG", None)
+    if not isinstance(data_config, dict):
+        data_config = {name: dict(DATA_CONFIG) for name in channels}
     return {
-        "additional_framework_parameters": {},
+        "additional_framework_parameters": _json(env, "SM_FRAMEWORK_PARAMS", {}),
         "channel_input_dirs": channel_dirs,
         "current_host": current,
         "framework_module": None,
         "hosts": hosts,
         "hyperparameters": _json(env, "SM_HPS", {}),
-        "input_config_dir": "",
-        "input_data_config": {name: dict(DATA_CONFIG) for name in channels},
-        "input_dir": "",
+        "input_config_dir": env.get("SM_INPUT_CONFIG_DIR", ""),
+        "input_data_config": data_config,
+        "input_dir": env.get("SM_INPUT_DIR", ""),
         "is_master": bool(hosts) and current == hosts[0],
         "job_name": env.get("FLEETRUN_RUN_ID", ""),
         "log_level": _int(env, "SM_LOG_LEVEL"),
         "master_hostname": hosts[0] if hosts else "",
         "model_dir": env.get("SM_MODEL_DIR", ""),
-        "module_dir": os.getcwd(),
-        "module_name": None,
+        "module_dir": env.get("SM_MODULE_DIR") or os.getcwd(),
+        "module_name": _none_if_empty(env.get("SM_MODULE_NAME", "")),
         "network_interface_name": env.get("SM_NETWORK_INTERFACE_NAME", ""),
         "num_cpus": _int(env, "SM_NUM_CPUS"),
         "num_gpus": _int(env, "SM_NUM_GPUS"),
         "num_neurons": 0,
         "output_data_dir": env.get("SM_OUTPUT_DATA_DIR", ""),
         "output_dir": output_dir,
-        "output_intermediate_dir": f"{output_dir}/intermediate" if output_dir else "",
+        "output_intermediate_dir": env.get("SM_OUTPUT_INTERMEDIATE_DIR")
+        or (f"{output_dir}/intermediate" if output_dir else ""),
         "resource_config": _json(env, "SM_RESOURCE_CONFIG", {}),
-        "user_entry_point": None,
+        "user_entry_point": _none_if_empty(env.get("SM_USER_ENTRY_POINT", "")),
     }
 
 
+def config_files(env: Mapping[str, str]) -> dict[str, Any]:
+    """The contents of ``hyperparameters.json``, ``inputdataconfig.json`` and ``resourceconfig.json``.
+
+    ``hyperparameters.json`` is what a SageMaker framework estimator (PyTorch, TensorFlow) sends:
+    every value JSON-encoded into a string (``"epochs": "3"``, ``"arch": "\"mlp\""``), plus
+    ``sagemaker_program``, ``sagemaker_submit_directory``, ``sagemaker_container_log_level``,
+    ``sagemaker_job_name`` and the distribution's parameters (``SM_FRAMEWORK_PARAMS``); the
+    toolkit decodes each value with ``json.loads``, which is how ``SM_HPS`` gets its types.
+    """
+    info = training_env(env)
+    hyperparameters = info["hyperparameters"] if isinstance(info["hyperparameters"], dict) else {}
+    framework = info["additional_framework_parameters"]
+    sagemaker = {
+        "sagemaker_program": info["user_entry_point"] or "",
+        "sagemaker_submit_directory": info["module_dir"],
+        "sagemaker_container_log_level": info["log_level"],
+        "sagemaker_job_name": info["job_name"],
+        **(framework if isinstance(framework, dict) else {}),
+    }
+    resource = info["resource_config"] if isinstance(info["resource_config"], dict) else {}
+    return {
+        "hyperparameters.json": {str(k): json.dumps(v) for k, v in {**hyperparameters, **sagemaker}.items()},
+        "inputdataconfig.json": info["input_data_config"],
+        "resourceconfig.json": {**resource, "network_interface_name": info["network_interface_name"]},
+    }
+
+
+def write_config_files(env: Mapping[str, str]) -> None:
+    """The config files into ``$SM_INPUT_CONFIG_DIR`` (when set); a failure is a line on stderr."""
+    folder = env.get("SM_INPUT_CONFIG_DIR", "")
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for name, content in config_files(env).items():
+            with open(os.path.join(folder, name), "w") as handle:
+                json.dump(content, handle, sort_keys=True)
+    except OSError as exc:
+        print(f"fleetrun_sagemaker: could not write {folder}: {exc}", file=sys.stderr)
+
+
 def main() -> None:
+    write_config_files(os.environ)
     print(json.dumps(training_env(os.environ), sort_keys=True, separators=(",", ":")))
 
 

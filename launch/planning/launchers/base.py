@@ -7,18 +7,17 @@ run it. Everything users rely on across launchers (``MASTER_ADDR``, ``NODE_RANK`
 
 from __future__ import annotations
 
-import json
 import shlex
 from abc import ABC, abstractmethod
 
 from launch.fleets.kinds.lab import POWEROFF_HOOK as LAB_POWEROFF_HOOK
-from launch.job.inventory import Host, Inventory, host_port
+from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.planning import remote_layout as layout
-from launch.planning.launchers import sagemaker
+from launch.planning.launchers import cloudml, sagemaker
 from launch.planning.plan import LaunchPlan, NodePlan, RemoteFile, export_line, home_export_line
 
-TF_PORT = 2222
+TF_PORT = cloudml.TF_PORT
 RDZV_PORT_FILE = "rdzv_port"
 """With ``rdzv_port: auto``: the file in the run directory holding the port chosen on the head at
 launch time (sent with ``launch.sh`` in the start bundle); every node's launch script reads it."""
@@ -48,7 +47,10 @@ HOME_RELATIVE_KEYS = frozenset(
 def home_relative_keys(spec: JobSpec) -> frozenset[str]:
     """The keys of ``HOME_RELATIVE_KEYS`` and the synced channels' ``SM_CHANNEL_<NAME>``, less any the
     playbook's ``env`` sets itself (those are its own values, exported literally)."""
-    return frozenset(HOME_RELATIVE_KEYS | sagemaker.home_relative_keys(spec)) - spec.env.keys()
+    return (
+        frozenset(HOME_RELATIVE_KEYS | sagemaker.home_relative_keys(spec) | cloudml.HOME_RELATIVE_KEYS)
+        - spec.env.keys()
+    )
 
 
 def sh_quote(value: str) -> str:
@@ -106,6 +108,11 @@ def attempt_lines(run_id: str) -> list[str]:
     ]
 
 
+def mkdir_line(spec: JobSpec) -> str:
+    """The folders the job writes into, made before it starts (``job_dir`` too, when set)."""
+    return 'mkdir -p "$FLEETRUN_OUTPUT_DIR" "$TMPDIR"' + (' "$FLEETRUN_JOB_DIR"' if spec.job_dir else "")
+
+
 def resolved_procs(spec: JobSpec, host: Host) -> int | None:
     """Processes on this host, or None when ``auto`` must be resolved on the node itself."""
     if spec.procs_per_node != "auto":
@@ -123,6 +130,9 @@ class Launcher(ABC):
     uses_rdzv_port: bool = True
     """Whether the nodes need the head's rendezvous port (``MASTER_PORT``). horovodrun does not:
     its Gloo rendezvous server picks its own free port on the head, per run."""
+    sagemaker_framework_params: dict[str, object] = {}
+    """``SM_FRAMEWORK_PARAMS``: the ``sagemaker_*`` parameters SageMaker's estimator sets for the
+    distribution this launcher is the counterpart of."""
 
     @classmethod
     def for_inventory(cls, inventory: Inventory, dry_run: bool = False) -> Launcher:
@@ -220,10 +230,6 @@ class Launcher(ABC):
         head = inventory.head
         ips = [h.private_address for h in inventory.hosts]
         run_dir = layout.home(layout.rundir(run_id))
-        tf_config = {
-            "cluster": {"worker": [host_port(ip, TF_PORT) for ip in ips]},
-            "task": {"type": "worker", "index": rank},
-        }
         env = {
             "FLEETRUN_RUN_ID": run_id,
             "FLEETRUN_JOB": spec.name,
@@ -242,8 +248,9 @@ class Launcher(ABC):
             "MASTER_ADDR": head.private_address,
             "NODE_RANK": str(rank),
             "NNODES": str(len(ips)),
-            "TF_CONFIG": json.dumps(tf_config, separators=(",", ":")),
         }
+        # What a Cloud ML Engine / Vertex trainer reads (TF_CONFIG, CLUSTER_SPEC, AIP_*), per node.
+        env.update(cloudml.cloudml_env(spec, ips, rank, run_dir, env["FLEETRUN_CHECKPOINT_DIR"]))
         if total is not None:
             env["WORLD_SIZE"] = str(total)
         if procs is not None:
@@ -251,7 +258,7 @@ class Launcher(ABC):
         if spec.data_dir:
             env["FLEETRUN_DATA_DIR"] = spec.data_dir
         # What a SageMaker script reads (SM_HOSTS, SM_CHANNEL_<NAME>, SM_HP_<NAME>, ...), per node.
-        env.update(sagemaker.sagemaker_env(spec, inventory, rank, run_dir))
+        env.update(sagemaker.sagemaker_env(spec, inventory, rank, run_dir, self.sagemaker_framework_params))
         host = inventory.hosts[rank]
         if host.gpu_indices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in host.gpu_indices)
@@ -284,8 +291,8 @@ class Launcher(ABC):
                 '[ "${NPROC:-0}" -gt 0 ] || NPROC=1; export FLEETRUN_PROCS_PER_NODE="$NPROC"'
             )
         lines.append(f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"')
-        lines.append('mkdir -p "$FLEETRUN_OUTPUT_DIR" "$TMPDIR"')
-        lines += sagemaker.runtime_lines()
+        lines.append(mkdir_line(spec))
+        lines += sagemaker.runtime_lines(spec)
         lines.append(f'cd "$HOME/{layout.workdir(spec.name)}"')
         lines.append(f"exec {sagemaker.exec_env_prefix(spec)}{command}")
         return "\n".join(lines) + "\n"

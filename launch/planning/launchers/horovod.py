@@ -40,6 +40,7 @@ from launch.planning.launchers.base import (
     env_export_lines,
     home_relative_keys,
     iface_line,
+    mkdir_line,
     resolved_procs,
     sh_quote,
 )
@@ -102,6 +103,8 @@ class HorovodLauncher(Launcher):
     """
 
     name = "horovod"
+    sagemaker_framework_params: dict[str, object] = {"sagemaker_mpi_enabled": True}
+    """SageMaker's ``mpi`` distribution, which horovodrun stands in for."""
     # horovodrun's Gloo rendezvous server binds a free port of its own on the head for each run,
     # so concurrent horovod runs on the same machines need nothing from fleetrun's port choice
     uses_rdzv_port = False
@@ -287,8 +290,8 @@ class HorovodLauncher(Launcher):
             "fi",
             f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"',
             f'RUN_DIR="$HOME"/{sh_quote(layout.rundir(run_id))}',
-            'mkdir -p "$FLEETRUN_OUTPUT_DIR" "$TMPDIR"',
-            *sagemaker.runtime_lines(),
+            mkdir_line(spec),
+            *sagemaker.runtime_lines(spec),
             f'cd "$HOME/{layout.workdir(spec.name)}"',
             "# The entrypoint as the playbook wrote it; output to horovodrun (the head's log) and a rank log.",
             'RC_FILE="$RUN_DIR/.rank-$HOROVOD_RANK.rc"',

@@ -15,9 +15,17 @@ What SageMaker's training toolkit sets (its ``ENVIRONMENT_VARIABLES.md``), with 
   ``SM_NETWORK_INTERFACE_NAME`` (the cluster interface), and ``SM_TRAINING_ENV``, the JSON of all
   of it, written by ``fleetrun_sagemaker`` (node library) from those variables.
 
-A hyperparameter named like ``batch-size`` gives ``SM_HP_BATCH-SIZE``, as on SageMaker; a POSIX
-shell cannot ``export`` such a name, so those few are passed by ``env`` on the command that
-starts the job. Pure: text and dictionaries only.
+* What SageMaker puts under ``/opt/ml/input``: ``SM_INPUT_DIR`` and ``SM_INPUT_CONFIG_DIR`` (under
+  the run directory), ``SM_INPUT_DATA_CONFIG`` (``inputdataconfig.json``'s JSON), and the files
+  ``hyperparameters.json`` (each value JSON-encoded, as the PyTorch estimator writes it, with its
+  ``sagemaker_*`` keys), ``inputdataconfig.json`` and ``resourceconfig.json`` in the config
+  folder, written on the node by ``fleetrun_sagemaker``; ``SM_USER_ENTRY_POINT`` and
+  ``SM_MODULE_NAME`` (the entrypoint's script or module), ``SM_MODULE_DIR`` (the synced workdir)
+  and ``SM_FRAMEWORK_PARAMS`` (the ``sagemaker_*`` parameters of the launcher's distribution).
+
+A hyperparameter named like ``batch-size`` gives ``SM_HP_BATCH-SIZE`` and a channel ``train-set``
+``SM_CHANNEL_TRAIN-SET``, as on SageMaker; a POSIX shell cannot ``export`` such a name, so those
+few are passed by ``env`` on the command that starts the job. Pure: text and dictionaries only.
 """
 
 from __future__ import annotations
@@ -31,6 +39,14 @@ from launch.planning import remote_layout as layout
 
 SM_TRAINING_ENV_MODULE = "fleetrun_sagemaker"
 LOG_LEVEL_INFO = "20"
+DATA_CONFIG = {
+    "RecordWrapperType": "None",
+    "S3DistributionType": "FullyReplicated",
+    "TrainingInputMode": "File",
+}
+"""What ``inputdataconfig.json`` says of each channel: every node has all of it, as files."""
+PYTHONS = ("python", "python3")
+SHELLS = ("sh", "bash")
 
 
 def host_names(count: int) -> list[str]:
@@ -69,10 +85,26 @@ def gpu_count(host: Host) -> int | None:
     return len(host.gpu_indices) if host.gpu_indices is not None else host.gpu_count
 
 
-def sagemaker_env(spec: JobSpec, inventory: Inventory, rank: int, run_dir: str) -> dict[str, str]:
-    """The planned ``SM_*`` variables of node ``rank``; shell-exportable names only."""
+def entry_point(entrypoint: str) -> tuple[str, str]:
+    """(``SM_USER_ENTRY_POINT``, ``SM_MODULE_NAME``) of an entrypoint: the script (``train.py`` ->
+    ``train``, as the toolkit strips ``.py``), the module of ``python -m pkg.mod``, or the script a
+    shell runs (``sh run.sh``); otherwise the command's first word."""
+    argv = shlex.split(entrypoint)
+    program = argv[0]
+    if argv[0] in PYTHONS and len(argv) >= 2:
+        program = argv[2] if argv[1] == "-m" and len(argv) >= 3 else argv[1]
+    elif argv[0] in SHELLS and len(argv) >= 2 and not argv[1].startswith("-"):
+        program = argv[1]
+    return program, program.removesuffix(".py")
+
+
+def all_sagemaker_env(
+    spec: JobSpec, inventory: Inventory, rank: int, run_dir: str, framework_params: dict[str, object]
+) -> dict[str, str]:
+    """Every planned ``SM_*`` variable of node ``rank``, shell-exportable names or not."""
     hosts = host_names(len(inventory.hosts))
     channels = spec.all_channels()
+    program, module = entry_point(spec.entrypoint)
     env = {
         "SM_HOSTS": json_text(hosts),
         "SM_CURRENT_HOST": hosts[rank],
@@ -80,43 +112,90 @@ def sagemaker_env(spec: JobSpec, inventory: Inventory, rank: int, run_dir: str) 
         "SM_MODEL_DIR": f"{run_dir}/{spec.outputs}",
         "SM_OUTPUT_DIR": f"{run_dir}/output",
         "SM_OUTPUT_DATA_DIR": f"{run_dir}/output/data",
+        "SM_OUTPUT_INTERMEDIATE_DIR": f"{run_dir}/output/intermediate",
+        "SM_INPUT_DIR": f"{run_dir}/input",
+        "SM_INPUT_CONFIG_DIR": f"{run_dir}/input/config",
+        "SM_INPUT_DATA_CONFIG": json_text({name: DATA_CONFIG for name in channels}),
         "SM_CHANNELS": json_text(sorted(channels)),
         "SM_LOG_LEVEL": LOG_LEVEL_INFO,
         "SM_USER_ARGS": json_text(hyperparameter_args(spec.hyperparameters)),
+        "SM_USER_ENTRY_POINT": program,
+        "SM_MODULE_NAME": module,
+        "SM_MODULE_DIR": layout.home(layout.workdir(spec.name)),
+        "SM_FRAMEWORK_PARAMS": json_text(framework_params),
     }
     count = gpu_count(inventory.hosts[rank])
     if count is not None:
         env["SM_NUM_GPUS"] = str(count)
     for name, channel in channels.items():
         env[f"SM_CHANNEL_{name.upper()}"] = channel_value(spec.name, name, channel)
-    env.update(
-        {k: v for k, v in hyperparameter_env(spec.hyperparameters).items() if ENV_NAME_RE.fullmatch(k)}
-    )
+    env.update(hyperparameter_env(spec.hyperparameters))
     return env
+
+
+def sagemaker_env(
+    spec: JobSpec,
+    inventory: Inventory,
+    rank: int,
+    run_dir: str,
+    framework_params: dict[str, object] | None = None,
+) -> dict[str, str]:
+    """The planned ``SM_*`` variables of node ``rank``; shell-exportable names only (the others
+    are passed by ``exec_env_prefix``)."""
+    env = all_sagemaker_env(spec, inventory, rank, run_dir, framework_params or {})
+    return {k: v for k, v in env.items() if ENV_NAME_RE.fullmatch(k)}
 
 
 def home_relative_keys(spec: JobSpec) -> set[str]:
     """``SM_*`` keys whose ``$HOME/...`` values the node's shell expands (synced channels, outputs)."""
-    keys = {"SM_MODEL_DIR", "SM_OUTPUT_DIR", "SM_OUTPUT_DATA_DIR"}
+    keys = {
+        "SM_MODEL_DIR",
+        "SM_OUTPUT_DIR",
+        "SM_OUTPUT_DATA_DIR",
+        "SM_OUTPUT_INTERMEDIATE_DIR",
+        "SM_INPUT_DIR",
+        "SM_INPUT_CONFIG_DIR",
+        "SM_MODULE_DIR",
+    }
     keys |= {f"SM_CHANNEL_{name.upper()}" for name, ch in spec.all_channels().items() if ch.copied}
     return keys
 
 
+def odd_names_env(spec: JobSpec) -> dict[str, str]:
+    """The ``SM_*`` variables whose names ``sh`` cannot export (``SM_HP_BATCH-SIZE``,
+    ``SM_CHANNEL_TRAIN-SET``), less any the playbook's ``env`` sets: the same on every node."""
+    channels = {
+        f"SM_CHANNEL_{name.upper()}": channel_value(spec.name, name, channel)
+        for name, channel in spec.all_channels().items()
+    }
+    env = {**channels, **hyperparameter_env(spec.hyperparameters)}
+    return {k: v for k, v in env.items() if not ENV_NAME_RE.fullmatch(k) and k not in spec.env}
+
+
 def exec_env_prefix(spec: JobSpec) -> str:
-    """``env 'SM_HP_BATCH-SIZE=64' `` for hyperparameters whose names a shell cannot export, else ''."""
-    odd = {k: v for k, v in hyperparameter_env(spec.hyperparameters).items() if not ENV_NAME_RE.fullmatch(k)}
-    if not odd or any(k in spec.env for k in odd):
+    """``env 'SM_HP_BATCH-SIZE=64' `` for the variables whose names a shell cannot export, else ''.
+
+    A copied channel's ``$HOME/...`` value stays live (``"SM_CHANNEL_X-Y=$HOME"/'rest'``)."""
+    odd = odd_names_env(spec)
+    if not odd:
         return ""
-    return "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(odd.items())) + " "
+    words = []
+    for key, value in sorted(odd.items()):
+        if value.startswith("$HOME/") and key.startswith("SM_CHANNEL_"):
+            words.append(f'"{key}=$HOME"/' + shlex.quote(value.removeprefix("$HOME/")))
+        else:
+            words.append(shlex.quote(f"{key}={value}"))
+    return "env " + " ".join(words) + " "
 
 
-def runtime_lines() -> list[str]:
-    """Launch-script lines (after the job's venv is active, ``IFACE`` known) for what only the node knows."""
+def runtime_lines(spec: JobSpec) -> list[str]:
+    """Launch-script lines (after the job's venv is active, ``IFACE`` known) for what only the node
+    knows; ``fleetrun_sagemaker`` sees the variables sh cannot export too (``exec_env_prefix``)."""
     return [
         "SM_NUM_CPUS=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN); export SM_NUM_CPUS",
         "[ -n \"${SM_NUM_GPUS:-}\" ] || SM_NUM_GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
         "export SM_NUM_GPUS",
         'SM_NETWORK_INTERFACE_NAME="${IFACE:-}"; export SM_NETWORK_INTERFACE_NAME',
-        'mkdir -p "$SM_OUTPUT_DATA_DIR"',
-        f"SM_TRAINING_ENV=$(python -m {SM_TRAINING_ENV_MODULE}); export SM_TRAINING_ENV",
+        'mkdir -p "$SM_OUTPUT_DATA_DIR" "$SM_INPUT_CONFIG_DIR"',
+        f"SM_TRAINING_ENV=$({exec_env_prefix(spec)}python -m {SM_TRAINING_ENV_MODULE}); export SM_TRAINING_ENV",
     ]

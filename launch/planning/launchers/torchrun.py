@@ -39,6 +39,8 @@ def entrypoint_tail(entrypoint: str) -> str:
 
 class TorchrunLauncher(Launcher):
     name = "torchrun"
+    sagemaker_framework_params: dict[str, object] = {"sagemaker_torch_distributed_enabled": True}
+    """SageMaker's ``torch_distributed`` distribution (torchrun on every node)."""
 
     @classmethod
     def check_spec(cls, spec: JobSpec) -> list[tuple[str, str]]:
