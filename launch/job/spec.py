@@ -119,8 +119,13 @@ class JobSpec(BaseModel):
         channels: name -> a folder on every node (``/data/x`` or ``{path: /data/x}``) or a folder on
             this machine (``{local: dir}``, relative to the playbook, copied to every node before
             the start); exported as ``SM_CHANNEL_<NAME>`` and listed in ``SM_CHANNELS``.
-        tf_config, job_dir: ``TF_CONFIG``'s layout (``workers``, ``chief``, ``master``) and a run folder
-            passed as ``--job-dir``, as Cloud ML Engine and Vertex AI give them (``launch.job.cloudml``).
+        tf_config: ``TF_CONFIG``'s layout, as the service a trainer was written for gives it:
+            ``workers`` (every node a worker), ``chief`` (node 0 the chief, Vertex AI and TF's
+            MultiWorkerMirroredStrategy) or ``master`` (node 0 the master, Cloud ML Engine); see
+            ``launch.job.cloudml``.
+        job_dir: a folder inside the node's run directory passed to the entrypoint as
+            ``--job-dir`` (and ``FLEETRUN_JOB_DIR``), Cloud ML Engine's convention; its contents come
+            back with the run.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
