@@ -130,6 +130,9 @@ def doctor(
     from launch.transport.ssh import Fleet
 
     console = console or Console()
+    if port is not None and not 1 <= port <= 65535:
+        # checked before anything is read or connected to: Python's socket would raise OverflowError
+        raise SpecError(f"--port {port}: expected a TCP port, 1 to 65535")
     inv = load_inventory(inventory)
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT

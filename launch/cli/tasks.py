@@ -75,21 +75,24 @@ def train(
 
 
 @task(
+    positional=["playbook"],  # `fab doctor PLAYBOOK --inventory INV`, as the README shows; optional
     help={
         "playbook": "job file (optional): its nodes, rendezvous port and setup are checked for",
         "inventory": "as for train",
         "port": "rendezvous port to check (default: the playbook's, else 29500)",
         "verbose": "a line for every check of every node, not only warnings and errors",
-    }
+    },
 )
 @_friendly
 def doctor(
-    c: Any, playbook: str = "", inventory: str = "local", port: int = 0, verbose: bool = False
+    c: Any, playbook: str = "", inventory: str = "local", port: int = -1, verbose: bool = False
 ) -> None:
     """Check every node for what would break a multi-node job; exit 1 if anything would."""
     from launch.cli import app
 
-    if not app.doctor(playbook or None, inventory=inventory, port=port or None, verbose=verbose):
+    if not app.doctor(
+        playbook or None, inventory=inventory, port=None if port == -1 else port, verbose=verbose
+    ):
         raise Exit(code=1)
 
 

@@ -1,0 +1,131 @@
+"""Bad input on the command line itself: flags, ports, positional arguments, run ids, dates, paths.
+
+Each is parsed by the same programs ``fab`` and ``fleetrun`` run, in-process: the result must be
+one ``fleetrun: error:`` line on stderr and exit code 2 (no traceback, nothing started), or, for
+the documented forms, the task called with the arguments the user meant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fabric.config import Config as FabricConfig
+from fabric.executor import Executor as FabricExecutor
+from fabric.main import Fab
+from invoke import Program
+
+from launch.cli import app
+from launch.cli.main import program as fleetrun_program
+from launch.cli.tasks import ns
+
+
+def _fab() -> Program:
+    return Fab(
+        name="Fabric", namespace=ns, binary="fab", executor_class=FabricExecutor, config_class=FabricConfig
+    )
+
+
+PROGRAMS = pytest.mark.parametrize("make", [_fab, fleetrun_program], ids=["fab", "fleetrun"])
+
+
+def run_cli(
+    make: Callable[[], Program], argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    """Exit code, stdout, stderr of one command line."""
+    try:
+        make().run(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_error_line(code: int, out: str, err: str, *fragments: str) -> None:
+    assert "Traceback" not in err, err
+    assert code == 2, (code, err)
+    lines = err.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("fleetrun: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+@pytest.fixture
+def doctor_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """``app.doctor`` replaced: the arguments each ``doctor`` command line reached it with."""
+    calls: list[dict[str, Any]] = []
+
+    def fake(playbook: str | None = None, **kwargs: Any) -> bool:
+        calls.append({"playbook": playbook, **kwargs})
+        return True
+
+    monkeypatch.setattr(app, "doctor", fake)
+    return calls
+
+
+@PROGRAMS
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["doctor", "job.yaml", "--inventory", "hosts.yaml"],  # the README's form
+        ["doctor", "--playbook", "job.yaml", "--inventory", "hosts.yaml"],
+        ["doctor", "--inventory", "hosts.yaml", "job.yaml"],
+        ["doctor", "-i", "hosts.yaml", "-p", "job.yaml"],
+    ],
+)
+def test_doctor_takes_the_playbook_as_a_positional_argument_or_a_flag(
+    make: Callable[[], Program],
+    args: list[str],
+    doctor_calls: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _out, err = run_cli(make, ["prog", *args], capsys)
+    assert code == 0, err
+    assert doctor_calls == [
+        {"playbook": "job.yaml", "inventory": "hosts.yaml", "port": None, "verbose": False}
+    ]
+
+
+@PROGRAMS
+def test_doctor_without_a_playbook_still_runs(
+    make: Callable[[], Program], doctor_calls: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _out, err = run_cli(
+        make, ["prog", "doctor", "--inventory", "hosts.yaml", "--port", "29555"], capsys
+    )
+    assert code == 0, err
+    assert doctor_calls == [{"playbook": None, "inventory": "hosts.yaml", "port": 29555, "verbose": False}]
+
+
+@PROGRAMS
+@pytest.mark.parametrize("port", ["70000", "-5", "0", "65536"])
+def test_doctor_port_out_of_range_is_refused_before_anything_is_read(
+    make: Callable[[], Program], port: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(
+        make, ["prog", "doctor", f"--port={port}", "-i", str(tmp_path / "none.yaml")], capsys
+    )
+    assert_one_error_line(code, out, err, f"--port {port}", "1 to 65535")
+
+
+@PROGRAMS
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["doctor", "--port", "abc"], ("--port 'abc'", "whole number")),
+        (["runs", "--limit", "many"], ("--limit 'many'", "whole number")),
+        (["exec", "true", "--timeout", "soon"], ("--timeout 'soon'", "a number")),
+        (["local.up", "--nodes", "3x"], ("--nodes '3x'", "whole number")),
+    ],
+)
+def test_a_flag_value_not_of_its_kind_is_one_line_not_a_traceback(
+    make: Callable[[], Program],
+    args: list[str],
+    fragments: tuple[str, ...],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run_cli(make, ["prog", *args], capsys)
+    assert_one_error_line(code, out, err, *fragments)
