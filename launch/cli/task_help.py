@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import fabric
@@ -36,7 +37,8 @@ class _Checked(Argument):  # type: ignore[misc]
             super().set_value(value, cast=cast)
         except (ValueError, TypeError):
             kind = {int: "a whole number", float: "a number"}.get(self.kind, self.kind.__name__)
-            flag = ("--" if len(self.name) > 1 else "-") + self.name.replace("_", "-")
+            name = str(self.name or "")
+            flag = ("--" if len(name) > 1 else "-") + name.replace("_", "-")
             shown = ascii(value)[:100]
             raise Exit(message=f"fleetrun: error: {flag} {shown}: expected {kind}", code=2) from None
 
@@ -82,7 +84,7 @@ class _OptionalPositional(_Positional):
 
 def _asked_by_the_token_handler() -> bool:
     """Whether ``ParseMachine.handle`` (deciding what a bare token is) is among the nearest callers."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(6):
         if frame is None:
             return False
