@@ -129,3 +129,84 @@ def test_a_flag_value_not_of_its_kind_is_one_line_not_a_traceback(
 ) -> None:
     code, out, err = run_cli(make, ["prog", *args], capsys)
     assert_one_error_line(code, out, err, *fragments)
+
+
+@pytest.fixture
+def one_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fleetrun home holding one finished run (its folder has a short loss history)."""
+    import json
+
+    from launch.run.records import RunRecords
+
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("FLEETRUN_RUNS", raising=False)
+    folder = tmp_path / "runs" / "demo-1"
+    folder.mkdir(parents=True)
+    lines = [{"step": s, "time": 1.0e9 + s, "loss": 1.0 / (s + 1)} for s in range(5)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with RunRecords(tmp_path / "home" / "runs.db") as db:
+        db.start(run_id="demo-1", playbook_name="demo", started_at=1.0e9, run_dir=str(folder), watcher_pid=1)
+        db.finish("demo-1", state="succeeded", ended_at=1.0e9 + 60)
+    return "demo-1"
+
+
+NOT_UTF8 = b"\xff\xfe".decode("utf-8", "surrogateescape")  # what Python makes of $'\xff\xfe' in argv
+
+
+@PROGRAMS
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", NOT_UTF8],
+        ["logs", NOT_UTF8],
+        ["pull", NOT_UTF8],
+        ["watch", NOT_UTF8],
+        ["compare", f"demo-1,{NOT_UTF8}", "--plot", ""],
+        ["show", "demo\x1b[2J"],
+    ],
+)
+def test_a_run_id_that_is_not_text_is_one_line(
+    make: Callable[[], Program], args: list[str], one_run: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(make, ["prog", *args], capsys)
+    assert_one_error_line(code, out, err, "no run ", "printable text")
+    assert "\x1b" not in err
+
+
+@PROGRAMS
+@pytest.mark.parametrize("since", ["0001-01-01", "0001-01-01T00:00:00", "9999-12-31T23:59:59-14:00"])
+def test_runs_since_a_date_out_of_range_is_one_line(
+    make: Callable[[], Program], since: str, one_run: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(make, ["prog", "runs", "--since", since], capsys)
+    if code == 0:  # a far-future date is a valid (empty) filter, never a traceback
+        assert "Traceback" not in err and one_run not in out
+        return
+    assert_one_error_line(code, out, err, "--since", "expected a date")
+
+
+@PROGRAMS
+def test_compare_plot_to_an_unwritable_path_is_one_line_before_the_table(
+    make: Callable[[], Program], one_run: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for plot in (str(a_file / "loss.png"), str(tmp_path)):
+        code, out, err = run_cli(make, ["prog", "compare", one_run, "--plot", plot], capsys)
+        assert_one_error_line(code, out, err, "--plot", plot)
+        assert out == "", "nothing is printed before the refusal"
+    code, out, err = run_cli(
+        make, ["prog", "compare", one_run, "--plot", str(tmp_path / "new" / "c.png")], capsys
+    )
+    assert code == 0 and (tmp_path / "new" / "c.png").is_file(), err
+    assert not [p for p in (tmp_path / "new").iterdir() if p.name != "c.png"], "the probe file is removed"
+
+
+@PROGRAMS
+def test_runs_tensorboard_into_an_unwritable_folder_is_one_line(
+    make: Callable[[], Program], one_run: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    code, out, err = run_cli(make, ["prog", "runs", "--tensorboard", str(a_file / "tb")], capsys)
+    assert_one_error_line(code, out, err, "--tensorboard")

@@ -43,6 +43,10 @@ def open_records() -> RunRecords:
 
 def find_run(records: RunRecords, run: str) -> RunRecord:
     """A run by id or by unique prefix; 'last' is the most recent run."""
+    if not _could_be_a_run_id(run):
+        # run ids are printable text; bytes a terminal passed that are not UTF-8 (``$'\xff'``)
+        # cannot even be asked of SQLite, which would raise UnicodeEncodeError
+        raise FleetrunError(f"no run {ascii(run)[:100]}: a run id is printable text (see 'fab runs')")
     if run == "last":
         latest = records.list(limit=1)
         if not latest:
@@ -59,6 +63,14 @@ def find_run(records: RunRecords, run: str) -> RunRecord:
     raise FleetrunError(
         f"run prefix {clean(run, 100)!r} is ambiguous: {', '.join(r.id for r in matches[:5])}"
     )
+
+
+def _could_be_a_run_id(run: str) -> bool:
+    try:
+        run.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return 0 < len(run) <= 1000 and run.isprintable()
 
 
 def list_runs(console: Console, limit: int = 20) -> list[RunRecord]:
