@@ -391,6 +391,11 @@ CASES: list[Case] = [
     Case("inventory-missing", ("no such file",), inventory="nope.yaml", target="nope.yaml"),
     Case("nodes-more-than-inventory", ("field 'nodes'", "only 2"), job(nodes=5), target="hosts.yaml"),
     Case(
+        "bucket-channel-on-lab-machines",
+        ("field 'channels.train.bucket'", "has no bucket", "hosts.yaml"),
+        job(channels={"train": {"bucket": "datasets/train"}}),
+    ),
+    Case(
         "horovod-ipv6",
         (F + "'hosts[0].private_address'", "IPv6"),
         job(launcher="horovod"),

@@ -22,6 +22,7 @@ from launch.fleets.select import load_inventory, local_fleet
 from launch.job.builtin import resolve_playbook
 from launch.job.inventory import Inventory
 from launch.job.spec import JobSpec, load_job_spec
+from launch.job.validation import printable
 from launch.paths import known_hosts_file
 from launch.planning.launchers import launcher_class
 from launch.planning.plan import LaunchPlan
@@ -49,6 +50,21 @@ def make_plan(
     return launcher.plan(spec, inventory, run_id or new_run_id(spec.name), poweroff_hook=hook)
 
 
+def check_channels_fit_the_fleet(spec: JobSpec, inventory: Inventory, playbook: str | Path) -> None:
+    """A ``{bucket: prefix}`` data channel needs a fleet with a bucket (a cloud stack's): on lab
+    machines or the local fleet it is refused here, before the plan is printed or anything is
+    connected to, not after every node was reached and synced."""
+    kind = fleet_kind(inventory.fleet)
+    for name, channel in sorted(spec.channels.items()):
+        if channel.bucket is not None and kind.bucket_download_argv(channel.bucket) is None:
+            raise SpecError(
+                f"{printable(Path(playbook), 400)}: field 'channels.{clean(name, 100)}.bucket': "
+                f"the channel is copied from the fleet's bucket, and inventory {clean(inventory.source, 400)} "
+                "has no bucket (only a cloud stack's fleet has one); use a folder on the nodes (path:) "
+                "or one on this machine (local:)"
+            )
+
+
 def train(
     playbook: str | Path,
     inventory: str | None = None,
@@ -73,6 +89,7 @@ def train(
             raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
         spec = spec.model_copy(update={"teardown": policy})
     inv = load_inventory(inventory, save_keys=not dry_run).first(spec.nodes)
+    check_channels_fit_the_fleet(spec, inv, playbook)
     plan = make_plan(spec, inv, dry_run=dry_run)
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
