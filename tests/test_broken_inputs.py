@@ -396,6 +396,11 @@ CASES: list[Case] = [
         job(channels={"train": {"bucket": "datasets/train"}}),
     ),
     Case(
+        "profile-rank-past-the-world",
+        ("field 'profile.ranks'", "rank(s) 7", "2 process(es)"),
+        job(profile={"steps": "2-3", "ranks": [0, 7]}),
+    ),
+    Case(
         "horovod-ipv6",
         (F + "'hosts[0].private_address'", "IPv6"),
         job(launcher="horovod"),

@@ -210,3 +210,25 @@ def test_runs_tensorboard_into_an_unwritable_folder_is_one_line(
     a_file.write_text("x")
     code, out, err = run_cli(make, ["prog", "runs", "--tensorboard", str(a_file / "tb")], capsys)
     assert_one_error_line(code, out, err, "--tensorboard")
+
+
+def test_the_end_of_a_run_says_why_a_profiled_rank_left_no_trace(tmp_path: Path) -> None:
+    """``procs_per_node: auto`` on hosts of unknown GPU count: the world size is known only once
+    the nodes report it, so the playbook is accepted and the end of the run says it."""
+    from launch.job.spec import load_job_spec
+
+    (tmp_path / "code").mkdir()
+    playbook = tmp_path / "job.yaml"
+    playbook.write_text(
+        "name: demo\nworkdir: code\nentrypoint: python x.py\nnodes: 2\nprocs_per_node: auto\n"
+        "profile: {steps: '2-3', ranks: [1, 7]}\n"
+    )
+    spec = load_job_spec(playbook)
+    app.check_profiled_ranks_exist(spec, None, playbook)  # unknown world size: nothing to refuse yet
+    line = app.missing_profile_ranks_line(spec, {"world_size": 2, "ranks": []})
+    assert line == "no trace from rank(s) 7 (profile.ranks): the job ran 2 process(es), ranks 0-1"
+    assert app.missing_profile_ranks_line(spec, {"world_size": 8}) is None
+    for garbage in (None, {"world_size": "2"}, {"world_size": True}, [2], {"world_size": 0}):
+        assert app.missing_profile_ranks_line(spec, garbage) is None
+    with pytest.raises(Exception, match=r"field 'profile.ranks': rank\(s\) 7 do not exist"):
+        app.check_profiled_ranks_exist(spec, 4, playbook)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import struct
@@ -190,3 +191,58 @@ def test_attempts_table_takes_odd_entries_as_data() -> None:
     ]
     text = render_text(attempts_table(odd), width=200)
     assert "[red]x" in text and "+a" not in text and "-a" not in text
+
+
+STATES = [
+    ("succeeded", "job_finished"),
+    ("failed", "rank_failed"),
+    ("interrupted", "watcher_lost"),
+    ("stopped", "max_wall_time"),
+]
+
+
+@pytest.fixture
+def many_runs(tmp_path: Path) -> RunRecords:
+    """Runs with the ids, commits and rules fleetrun really writes (long ids, dirty commits)."""
+    db = RunRecords(tmp_path / "runs.db")
+    for i, (state, rule) in enumerate(STATES):
+        rid = f"digits-ddp-20261125-15360{i}-36db5{i}"
+        db.start(
+            run_id=rid, playbook_name="digits-ddp", started_at=T0 + i, git_commit="0123456789abcdef-dirty"
+        )
+        db.finish(rid, state=state, stop_rule=rule, ended_at=T0 + i + 3725, cost_usd=12.5)
+    return db
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_runs_table_on_a_narrow_terminal_keeps_the_outcome_whole_and_first(
+    many_runs: RunRecords, width: int
+) -> None:
+    """At 80 or 100 columns the state and rule were squeezed to ``┃┃┃`` / ``…`` while the id and
+    the commit kept their full width."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+    console.print(runs_table(many_runs.list(), width=width))
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+    header = next(line for line in text.splitlines() if "state" in line)
+    assert header.index("state") < header.index("id"), "the outcome comes first"
+    for i, (state, rule) in enumerate(STATES):
+        row = next(line for line in text.splitlines() if f"36db5{i}" in line)
+        assert f" {state} " in row and f" {rule} " in row, row
+        assert "digits-ddp-20261125" not in row, "ids are shortened to their random part"
+    assert "too narrow for" in text and "commit" in text.split("too narrow for")[1]
+
+
+def test_runs_table_with_room_shows_every_column_and_full_ids(many_runs: RunRecords) -> None:
+    text = render_text(runs_table(many_runs.list(), width=200), width=200)
+    assert "digits-ddp-20261125-153600-36db50" in text and "0123456789ab-dirty" in text
+    assert "too narrow" not in text
+
+
+def test_the_short_id_finds_its_run(many_runs: RunRecords) -> None:
+    from launch.cli.runs import find_run
+
+    assert find_run(many_runs, "36db52").id == "digits-ddp-20261125-153602-36db52"
+    assert find_run(many_runs, "digits-ddp-20261125-153603").id.endswith("36db53")

@@ -91,6 +91,7 @@ def train(
     inv = load_inventory(inventory, save_keys=not dry_run).first(spec.nodes)
     check_channels_fit_the_fleet(spec, inv, playbook)
     plan = make_plan(spec, inv, dry_run=dry_run)
+    check_profiled_ranks_exist(spec, plan.total_processes, playbook)
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
         return plan
@@ -129,7 +130,42 @@ def train(
     finally:
         records.close()
     report(result, console)
+    line = missing_profile_ranks_line(spec, result.world)
+    if line is not None:
+        console.print(Text("  profile: ", style="yellow") + Text(line))
     return result
+
+
+def _profiled_past(spec: JobSpec, world_size: int) -> list[int]:
+    return [r for r in spec.profile.ranks if r >= world_size] if spec.profile is not None else []
+
+
+def check_profiled_ranks_exist(spec: JobSpec, world_size: int | None, playbook: str | Path) -> None:
+    """``profile.ranks`` past the job's processes: the playbook alone cannot tell when
+    ``procs_per_node`` is ``auto``; the plan can when every host's GPU count is known."""
+    if world_size is None:
+        return
+    missing = _profiled_past(spec, world_size)
+    if missing:
+        raise SpecError(
+            f"{printable(Path(playbook), 400)}: field 'profile.ranks': rank(s) {', '.join(map(str, missing))} "
+            f"do not exist: on this fleet the job has {world_size} process(es) (ranks 0-{world_size - 1})"
+        )
+
+
+def missing_profile_ranks_line(spec: JobSpec, world: object) -> str | None:
+    """After the run, once the nodes said the world size (``procs_per_node: auto`` resolved on
+    the nodes): why no trace came from a profiled rank that never existed."""
+    size = world.get("world_size") if isinstance(world, Mapping) else None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return None
+    missing = _profiled_past(spec, size)
+    if not missing:
+        return None
+    return (
+        f"no trace from rank(s) {', '.join(map(str, missing))} (profile.ranks): the job ran "
+        f"{size} process(es), ranks 0-{size - 1}"
+    )
 
 
 def doctor(

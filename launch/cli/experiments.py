@@ -93,7 +93,7 @@ def list_runs(
         now = time.time()
         print(json.dumps([run_json(r, now) for r in runs], indent=2, sort_keys=True))
     else:
-        console.print(runs_table(runs))
+        console.print(runs_table(runs, width=console.width))
     return runs
 
 

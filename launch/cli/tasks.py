@@ -268,7 +268,7 @@ def compare(
     )
 
 
-@task(help={"run": "run id, a unique prefix of one, or 'last'"})
+@task(help={"run": "run id, a unique prefix, its short id (as fab runs shows it) or 'last'"})
 @_friendly
 def show(c: Any, run: str) -> None:
     """Print one run's record: playbook, commit, nodes, exit codes, metrics, artifacts."""
@@ -281,7 +281,7 @@ def show(c: Any, run: str) -> None:
 
 @task(
     help={
-        "run": "run id, prefix or 'last'",
+        "run": "run id, a unique prefix, its short id (as fab runs shows it) or 'last'",
         "node": "only this node",
         "follow": "stream every node's log while it runs (node/rank prefix); continues where the last --follow stopped",
         "from-start": "with --follow: from the first line, not where the last --follow stopped",
@@ -297,7 +297,7 @@ def logs(c: Any, run: str, node: str = "", follow: bool = False, from_start: boo
     history.logs(run, Console(), node=node or None, follow=follow, from_start=from_start)
 
 
-@task(help={"run": "run id, prefix or 'last'"})
+@task(help={"run": "run id, a unique prefix, its short id (as fab runs shows it) or 'last'"})
 @_friendly
 def watch(c: Any, run: str) -> None:
     """Re-attach to a run whose watcher was lost; stop, pull and tear down when a rule fires."""
@@ -347,7 +347,7 @@ def down(c: Any, stack: str, project_dir: str = "") -> None:
     cloud_stack.stack_down(stack, project_dir=Path(project_dir) if project_dir else None)
 
 
-@task(help={"run": "run id, prefix or 'last'"})
+@task(help={"run": "run id, a unique prefix, its short id (as fab runs shows it) or 'last'"})
 @_friendly
 def pull(c: Any, run: str) -> None:
     """Pull a finished run's artifacts again; tear down as the playbook says once all are safe."""

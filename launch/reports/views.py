@@ -175,25 +175,89 @@ def summary_panel(record: RunRecord) -> Panel:
     )
 
 
-def runs_table(records: Sequence[RunRecord], *, now: float | None = None) -> Table:
-    """``fab runs``: one line per run, newest first (as ``RunRecords.list`` returns them)."""
+RUN_COLUMNS = ("state", "id", "playbook", "rule", "started", "duration", "cost", "commit")
+"""``fab runs``' columns, left to right: the outcome first."""
+RUN_COLUMNS_DROPPED_FIRST = ("commit", "cost", "duration", "started", "playbook")
+"""What a narrow terminal leaves out, in this order; the outcome, the id and the stop rule stay."""
+_PLAYBOOK_MAX = 24  # a longer playbook name is cut ('…') rather than squeezing the other columns
+
+
+def short_run_id(run_id: str) -> str:
+    """The last part of a run id (``digits-ddp-20261125-153617-36db57`` -> ``36db57``): its random
+    part, which ``fab show`` and the other commands accept as well (the job and the time are in
+    their own columns)."""
+    tail = run_id.rsplit("-", 1)[-1]
+    return tail if tail and tail != run_id else run_id
+
+
+def _table_width(widths: Mapping[str, int]) -> int:
+    """Rich's width for columns of these cell widths: one space each side and a rule between."""
+    return sum(widths.values()) + 3 * len(widths) + 1
+
+
+def runs_table(records: Sequence[RunRecord], *, now: float | None = None, width: int | None = None) -> Table:
+    """``fab runs``: one line per run, newest first (as ``RunRecords.list`` returns them).
+
+    ``width`` (the terminal's): the outcome comes first and is never cut; when every column does
+    not fit, ids are shortened to their random part, then columns are left out in the order of
+    ``RUN_COLUMNS_DROPPED_FIRST`` (the caption names them), rather than squeezing every column
+    until the outcome read ``┃┃┃`` while the id and the commit kept their full width."""
+    rows = [
+        {
+            "state": r.state,
+            "id": r.id,
+            "playbook": r.playbook_name or r.playbook_path or "-",
+            "rule": r.stop_rule or "-",
+            "started": fmt_time(r.started_at),
+            "duration": fmt_duration(r.duration_s(now)),
+            "cost": fmt_cost(r.cost_usd),
+            "commit": (r.git_commit or "-")[:12]
+            + ("-dirty" if (r.git_commit or "").endswith("-dirty") else ""),
+        }
+        for r in records
+    ]
+    rows = [{k: clean(v, 400) for k, v in row.items()} for row in rows]
+    columns, short_ids = list(RUN_COLUMNS), False
+    if width is not None and rows:
+
+        def needed(names: Sequence[str], short: bool) -> int:
+            widths = {}
+            for name in names:
+                cells = [short_run_id(row[name]) if name == "id" and short else row[name] for row in rows]
+                widths[name] = max(len(name), *(len(c) for c in cells))
+                if name == "playbook":
+                    widths[name] = min(widths[name], _PLAYBOOK_MAX)
+            return _table_width(widths)
+
+        if needed(columns, False) > width:
+            short_ids = True
+            for name in RUN_COLUMNS_DROPPED_FIRST:
+                if needed(columns, True) <= width:
+                    break
+                columns.remove(name)
     table = Table(title="runs", title_justify="left")
-    for name in ("id", "playbook", "state", "rule", "started", "duration", "cost", "commit"):
-        table.add_column(name, no_wrap=name in ("id", "started", "commit", "duration", "cost"))
-    for r in records:
-        _add_row(
-            table,
-            r.id,
-            r.playbook_name or r.playbook_path or "-",
-            Text(r.state, style=_STATE_STYLE.get(r.state, "")),
-            r.stop_rule or "-",
-            fmt_time(r.started_at),
-            fmt_duration(r.duration_s(now)),
-            fmt_cost(r.cost_usd),
-            (r.git_commit or "-")[:12] + ("-dirty" if (r.git_commit or "").endswith("-dirty") else ""),
-        )
+    for name in columns:
+        if name == "playbook":
+            table.add_column(name, max_width=_PLAYBOOK_MAX, no_wrap=True, overflow="ellipsis")
+        else:
+            table.add_column(name, no_wrap=True, min_width=len(name) if name != "state" else None)
+    if "state" in columns:  # the outcome is never cut: its column is as wide as its longest value
+        table.columns[0].min_width = max([len("state"), *(len(row["state"]) for row in rows)])
+    for record, row in zip(records, rows, strict=True):
+        cells: list[RenderableType] = []
+        for name in columns:
+            if name == "state":
+                cells.append(Text(row["state"], style=_STATE_STYLE.get(record.state, "")))
+            elif name == "id" and short_ids:
+                cells.append(short_run_id(row["id"]))
+            else:
+                cells.append(row[name])
+        _add_row(table, *cells)
     if not records:
         table.caption = "no runs recorded yet"
+    elif len(columns) < len(RUN_COLUMNS):
+        left_out = ", ".join(n for n in RUN_COLUMNS if n not in columns)
+        table.caption = f"too narrow for {left_out} (fab runs --json has every field)"
     return table
 
 
