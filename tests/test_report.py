@@ -246,3 +246,55 @@ def test_the_short_id_finds_its_run(many_runs: RunRecords) -> None:
 
     assert find_run(many_runs, "36db52").id == "digits-ddp-20261125-153602-36db52"
     assert find_run(many_runs, "digits-ddp-20261125-153603").id.endswith("36db53")
+
+
+RUN_FOLDER_FILES = [
+    "loss.png",
+    "metrics.jsonl",
+    "plan.txt",
+    "status.json",
+    "summary.json",
+    "watch.json",
+    "tensorboard/events.out.tfevents.1795621286.vm.fleetrun",
+    "nodes/n0/heartbeat",
+    "nodes/n0/launch.sh",
+    "nodes/n0/node.log",
+    "nodes/n0/outputs/model.pt",
+    "nodes/n0/pid",
+    "nodes/n0/rc",
+    "nodes/n0/rdzv_port",
+    "nodes/n0/profile/trace-rank0.json",
+    "nodes/n1/node.log",
+    "nodes/n1/pid",
+    "nodes/n1/rc",
+]
+
+
+def test_show_lists_plots_logs_and_outputs_not_fleetruns_own_files(tmp_path: Path) -> None:
+    db = RunRecords(tmp_path / "runs.db")
+    db.start(run_id="r1", playbook_name="ddp", started_at=T0, run_dir="/runs/r1")
+    db.finish("r1", state="succeeded", ended_at=T0 + 60, artifacts=RUN_FOLDER_FILES)
+    record = db.get("r1")
+    assert record is not None
+    text = render_text(summary_panel(record), width=160)
+    for wanted in (
+        "loss.png",
+        "nodes/n0/node.log",
+        "nodes/n1/node.log",
+        "nodes/n0/outputs/model.pt",
+        "tensorboard/",
+    ):
+        assert wanted in text, wanted
+    for internal in (
+        "n0/heartbeat",
+        "launch.sh",
+        "n0/pid",
+        "n1/rc",
+        "rdzv_port",
+        "watch.json",
+        "status.json",
+    ):
+        assert internal not in text, internal
+    assert "and 12 file(s) of fleetrun's own" in text
+    lines = text.splitlines()
+    assert any(line.split("│")[1].strip().startswith("plots") for line in lines if "│" in line)

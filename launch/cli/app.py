@@ -248,6 +248,15 @@ def world_line(world: object) -> Text | None:
     return Text(f"  world size {clean(world.get('world_size'), 20)}: {', '.join(parts)}{more}")
 
 
+def teardown_words(teardown: object) -> str:
+    """``skipped (teardown: never, ...)``, not ``skipped: skipped (...)``: a decision's reason
+    often starts with its state already."""
+    state, message = getattr(teardown, "state", None), getattr(teardown, "message", None)
+    if isinstance(message, str) and state is not None and message.startswith(str(state.value)):
+        return message
+    return str(teardown)
+
+
 def report(result: RunResult, console: Console) -> None:
     """The end of ``fab train`` / ``fab watch``; everything from the run is printed as text."""
     color = "green" if result.ok else "red"
@@ -272,7 +281,7 @@ def report(result: RunResult, console: Console) -> None:
     console.print(Text(clean(f"  exit codes: {codes}")))
     if result.cost_usd is not None:
         console.print(f"  cost (approx.): ${result.cost_usd:,.2f}")
-    console.print(Text(clean(f"  teardown: {result.teardown}")))
+    console.print(Text(clean(f"  teardown: {teardown_words(result.teardown)}")))
     if result.traceback:
         console.print(Text(f"  fleetrun error: see {result.folder / result.traceback}", style="red"))
     console.print(Text(clean(f"  run folder: {result.folder}")))

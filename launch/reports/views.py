@@ -149,6 +149,52 @@ def _metrics_line(metrics: Mapping[str, Any]) -> str:
     return clean("  ".join(f"{clean(k, 100)}={fmt_number(v)}" for k, v in metrics.items()) or "-")
 
 
+MAX_LISTED_OUTPUTS = 20
+_PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+_OUTPUT_DIRS = ("outputs", "output", "model", "checkpoints")
+
+
+def user_artifacts(artifacts: Sequence[str]) -> tuple[list[tuple[str, list[str]]], int]:
+    """What a user looks for in a run folder, grouped (plots, logs, the job's outputs, the
+    TensorBoard folder), and how many other files there are: the run folder also holds
+    fleetrun's own bookkeeping (``pid``, ``rc``, ``heartbeat``, ``launch.sh``, ``status.json``...),
+    which listed one per line buried the loss plot and the model. Profiler files are left to
+    ``show_run``'s profile lines."""
+    plots: list[str] = []
+    logs: list[str] = []
+    outputs: list[str] = []
+    boards: list[str] = []
+    internal = 0
+    for raw in artifacts:
+        path = clean(raw, 400)
+        parts = path.split("/")
+        if len(parts) >= 3 and parts[0] == "nodes" and parts[2] == "profile":
+            continue
+        in_node = len(parts) >= 3 and parts[0] == "nodes"
+        if (in_node and parts[2] in _OUTPUT_DIRS) or parts[0] in _OUTPUT_DIRS:
+            outputs.append(path)
+        elif parts[0] == "tensorboard" or "tensorboard" in parts[:-1]:
+            board = "/".join(parts[: parts.index("tensorboard") + 1])
+            if board not in boards:
+                boards.append(board)
+        elif path.endswith(_PLOT_SUFFIXES):
+            plots.append(path)
+        elif parts[-1].endswith(".log"):
+            logs.append(path)
+        else:
+            internal += 1
+    if len(outputs) > MAX_LISTED_OUTPUTS:
+        more = len(outputs) - MAX_LISTED_OUTPUTS
+        outputs = [*outputs[:MAX_LISTED_OUTPUTS], f"... and {more} more"]
+    groups = [
+        ("plots", plots),
+        ("logs", logs),
+        ("outputs", outputs),
+        ("tensorboard", [b + "/" for b in boards]),
+    ]
+    return [(label, paths) for label, paths in groups if paths], internal
+
+
 def summary_panel(record: RunRecord) -> Panel:
     """The end-of-run summary: outcome and reason first, then what to look at next."""
     grid = Table.grid(padding=(0, 2))
@@ -167,8 +213,14 @@ def summary_panel(record: RunRecord) -> Panel:
     if record.exit_codes:
         _add_row(grid, "exit codes", _exit_codes_table(record.exit_codes))
     _add_row(grid, "run folder", record.run_dir or "-")
-    for artifact in record.artifacts:
-        _add_row(grid, "", artifact)
+    groups, internal = user_artifacts(record.artifacts)
+    for label, paths in groups:
+        for i, path in enumerate(paths):
+            _add_row(grid, label if i == 0 else "", path)
+    if internal:
+        _add_row(
+            grid, "", f"(and {internal} file(s) of fleetrun's own: plan, pids, exit codes, heartbeats...)"
+        )
     border = _STATE_STYLE.get(record.state, "").replace("bold ", "") or "white"
     return Panel(
         grid, title=safe_text(f"run {record.id}"), title_align="left", border_style=border, expand=False
