@@ -298,3 +298,51 @@ def test_show_lists_plots_logs_and_outputs_not_fleetruns_own_files(tmp_path: Pat
     assert "and 12 file(s) of fleetrun's own" in text
     lines = text.splitlines()
     assert any(line.split("│")[1].strip().startswith("plots") for line in lines if "│" in line)
+
+
+def test_the_loss_plot_draws_the_validation_loss_the_job_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launch.reports import plot
+
+    records: list[dict[str, Any]] = [{"step": s, "loss": 2.0 / (s + 1)} for s in range(10)]
+    records += [{"step": 4, "val_loss": 0.9, "val_accuracy": 0.7}, {"step": 9, "val_loss": 0.5}]
+    records += [{"step": 9, "eval_loss": float("nan")}, {"step": True, "val_loss": 1.0}, {"event": "x"}]
+    assert plot.other_losses(records) == {"val_loss": [(4, 0.9), (9, 0.5)]}
+    drawn: dict[str, Any] = {}
+    save = plot.save_loss_plot
+
+    def spy(fig: Any, ax: Any, path: Path, title: str, losses: Any) -> Path:
+        drawn["lines"] = {line.get_label(): list(line.get_xdata()) for line in ax.get_lines()}
+        drawn["legend"] = ax.get_legend() is not None
+        return save(fig, ax, path, title, losses)
+
+    monkeypatch.setattr(plot, "save_loss_plot", spy)
+    history = [LossPoint(step=r["step"], loss=r["loss"], time=float(r["step"])) for r in records[:10]]
+    out = plot.plot_loss(history, tmp_path / "loss.png", records=records)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn["lines"]["val_loss"] == [4, 9] and len(drawn["lines"]["loss"]) == 10 and drawn["legend"]
+
+
+def test_the_runs_own_loss_plot_gets_the_validation_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+
+    from launch.reports import plot
+    from launch.run import wrapup
+    from launch.run.reporter import RichReporter
+    from launch.run.run_folder import RunFolder
+
+    folder = RunFolder.create("r-val", base=tmp_path)
+    lines = [{"step": s, "loss": 1.0 / (s + 1)} for s in range(5)] + [{"step": 4, "val_loss": 0.4}]
+    (folder.path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    seen: list[dict[str, Any]] = []
+
+    def spy(history: Any, path: Any, **kwargs: Any) -> Path:
+        seen.append(plot.other_losses(kwargs.get("records", ())))
+        return plot.plot_loss(history, path, **kwargs)
+
+    monkeypatch.setattr(wrapup, "plot_loss", spy)
+    wrapup.write_reports(folder, RichReporter(Console(file=io.StringIO(), width=120)))
+    assert seen == [{"val_loss": [(4, 0.4)]}]

@@ -99,7 +99,7 @@ def write_reports(
     records, summary = folder.read_metrics() if logged else ([], None)
     history = summary.history if summary is not None else []
     try:
-        plot_loss(history, folder.path / "loss.png", title=folder.path.name)
+        plot_loss(history, folder.path / "loss.png", title=folder.path.name, records=records)
         if logged:
             write_tensorboard(records, folder.path / "tensorboard", hyperparameters=hyperparameters)
     except Exception as exc:  # noqa: BLE001 - a plot must never hide the run's outcome
