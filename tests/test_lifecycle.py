@@ -441,3 +441,15 @@ def test_the_end_of_a_run_says_its_outcome_and_teardown_once(
     assert out.count("  teardown: ") == 1, out
     assert "skipped: skipped" not in out
     assert out.rstrip().splitlines()[-1].strip().startswith("run folder:")
+
+
+def test_the_live_tables_node_row_keeps_its_step_and_loss_after_the_node_exited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, force_terminal=False)
+    run = run_on_fake_fleet(tmp_path, monkeypatch, JobScript(steps=2), reporter=RichReporter(console))
+    assert run.summary.outcome == "succeeded"
+    rows = [line for line in buffer.getvalue().splitlines() if line.startswith("│ n0 ")]
+    cells = [c.strip() for c in rows[-1].split("│")[1:-1]]  # the last table: the node has exited
+    assert cells[:4] == ["n0", "exited 0", "2", "1"], rows[-1]

@@ -88,8 +88,9 @@ def render_text(renderable: RenderableType, *, width: int = 100) -> str:
 def live_table(obs: Observation, *, title: str | None = None, decision: StopDecision | None = None) -> Table:
     """The table the watcher redraws each poll: one row per node and a bold ``run`` row.
 
-    Metrics come from global rank 0 only, so step, loss and steps/s belong to the run, not
-    to a node. Cost is per node at the observation's price (``n/a`` when unknown).
+    The run row's step, loss and steps/s are global rank 0's; a node row shows what its own ranks
+    logged last (usually only rank 0's node logs), also after the node exited. Cost is per node at
+    the observation's price (``n/a`` when unknown).
     """
     elapsed = obs.elapsed_s
     price = obs.price_per_node_hour
@@ -108,8 +109,18 @@ def live_table(obs: Observation, *, title: str | None = None, decision: StopDeci
     node_cost = fmt_cost(cost_so_far(1, price, elapsed)) if price > 0 else "n/a"
     for node in obs.nodes:
         gpu = "-" if node.gpu_util is None else f"{node.gpu_util:.0f}%"
+        step = "" if node.last_step is None else fmt_number(node.last_step)
+        loss = "" if node.last_loss is None else fmt_number(node.last_loss)
         _add_row(
-            table, node.node, _node_state(node, obs.now), "", "", "", gpu, fmt_duration(elapsed), node_cost
+            table,
+            node.node,
+            _node_state(node, obs.now),
+            step,
+            loss,
+            "",
+            gpu,
+            fmt_duration(elapsed),
+            node_cost,
         )
     m = obs.metrics
     rate = "-" if m.steps_per_second is None else f"{m.steps_per_second:.2f}"
