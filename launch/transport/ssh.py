@@ -186,7 +186,7 @@ class NodeConnection:
         if waited >= 0.9 * self.connect_timeout:  # not a hang-up: that is over in an instant
             raise HostError(
                 self.host.name,
-                f"port {self.host.port} answered at {where} but sent no SSH banner within "
+                f"{where}: port {self.host.port} answered but sent no SSH banner within "
                 f"{self.connect_timeout} s (is sshd hung or overloaded, or another service on that port?)",
             ) from None
 
