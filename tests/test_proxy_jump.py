@@ -256,3 +256,12 @@ def test_openssh_commands_through_one_jump_host_are_bounded() -> None:
             pass
     assert slot.acquire(blocking=False) is True, "slots are given back"
     slot.release()
+
+
+def test_a_jump_host_spelt_in_capitals_is_the_same_machine(tmp_path: Path) -> None:
+    """``LOGIN.LAB.example`` is ``login.lab.example``: pinning it with another key would let the
+    known_hosts file accept either key for one machine."""
+    hosts = two_hosts(proxy_jump=JUMP)
+    hosts[1]["proxy_jump"] = {**JUMP, "address": "LOGIN.LAB.example", "host_key": KEY_A}
+    with pytest.raises(SpecError, match=r"field 'hosts\[1\].proxy_jump' \(gpu2\): jump host alice@LOGIN"):
+        lab(tmp_path, {"defaults": {"user": "bob"}, "hosts": hosts})

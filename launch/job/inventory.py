@@ -332,15 +332,21 @@ class Inventory(BaseModel):
         """One pinned key per endpoint: a jump host that is also a host of this inventory (or
         the jump of several hosts) must carry the same ``host_key`` everywhere, or the
         known_hosts file would pin two keys for one address and accept either."""
-        pinned = {h.endpoint: (f"hosts[{i}] ({h.name})", h.host_key) for i, h in enumerate(self.hosts)}
+
+        def machine(endpoint: tuple[str, int]) -> tuple[str, int]:  # LOGIN.lab is login.lab
+            return same_machine_address(endpoint[0]), endpoint[1]
+
+        pinned = {
+            machine(h.endpoint): (f"hosts[{i}] ({h.name})", h.host_key) for i, h in enumerate(self.hosts)
+        }
         for i, host in enumerate(self.hosts):
             jump = host.proxy_jump
             if jump is None:
                 continue
             where = f"hosts[{i}] ({host.name}): field 'proxy_jump'"
-            if jump.endpoint == host.endpoint:
+            if machine(jump.endpoint) == machine(host.endpoint):
                 raise ValueError(f"{where}: a host cannot be its own jump host ({jump.label})")
-            seen = pinned.setdefault(jump.endpoint, (f"{where} of {host.name}", jump.host_key))
+            seen = pinned.setdefault(machine(jump.endpoint), (f"{where} of {host.name}", jump.host_key))
             if seen[1] != jump.host_key:
                 raise ValueError(
                     f"{where}: jump host {jump.label} is pinned with a host_key that differs from "
