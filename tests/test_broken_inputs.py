@@ -391,6 +391,16 @@ CASES: list[Case] = [
     Case("inventory-missing", ("no such file",), inventory="nope.yaml", target="nope.yaml"),
     Case("nodes-more-than-inventory", ("field 'nodes'", "only 2"), job(nodes=5), target="hosts.yaml"),
     Case(
+        "bucket-channel-on-lab-machines",
+        ("field 'channels.train.bucket'", "has no bucket", "hosts.yaml"),
+        job(channels={"train": {"bucket": "datasets/train"}}),
+    ),
+    Case(
+        "profile-rank-past-the-world",
+        ("field 'profile.ranks'", "rank(s) 7", "2 process(es)"),
+        job(profile={"steps": "2-3", "ranks": [0, 7]}),
+    ),
+    Case(
         "horovod-ipv6",
         (F + "'hosts[0].private_address'", "IPv6"),
         job(launcher="horovod"),

@@ -83,3 +83,17 @@ def test_the_fab_command_itself() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Usage: fab [--core-opts] train") and "--playbook" in result.stdout
     assert "playbook file not found" not in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["fleetrun"], ["fleetrun", "--help"], ["fleetrun", "-h"]])
+def test_fleetrun_alone_shows_its_commands_and_first_steps_not_invokes_options(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, err = _help_of(fleetrun_program, argv, capsys)
+    assert not err
+    assert "First steps:" in out and "fleetrun examples" in out and "fleetrun train " in out
+    for name in TASKS:
+        assert f"  {name} " in out, name
+    for invoke_option in ("Core options", "--write-pyc", "--prompt-for-sudo-password", "--hide"):
+        assert invoke_option not in out, invoke_option
+    assert "Subcommands" not in out and "Commands:" in out

@@ -79,6 +79,49 @@ def test_broken_inventory(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in str(info.value)
 
 
+DNS_HOSTS = f"""
+defaults: {{user: alice}}
+hosts:
+  - {{name: gpu1, address: gpu1.lab.example, host_key: "{KEY_A}"}}
+  - {{name: gpu2, address: gpu2.lab.example, host_key: "{KEY_B}"}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            GOOD.replace("name: gpu2", "name: GPU1"),
+            "duplicate host name 'GPU1' (as 'gpu1': names ignore case)",
+        ),
+        (
+            DNS_HOSTS.replace("gpu2.lab.example", "GPU1.LAB.example"),
+            "duplicate address GPU1.LAB.example:22 (the same machine as gpu1.lab.example)",
+        ),
+        (
+            DNS_HOSTS.replace("gpu1.lab.example", "'2001:db8::11'").replace(
+                "gpu2.lab.example", "'2001:DB8:0:0::11'"
+            ),
+            "duplicate address 2001:db8::11:22",  # the address is kept in its canonical spelling
+        ),
+    ],
+)
+def test_one_machine_spelt_two_ways_is_a_duplicate(tmp_path: Path, text: str, expected: str) -> None:
+    """gpu1/GPU1 (or the same DNS name or IPv6 address in other letters) would be one machine used
+    as two ranks, and one run folder on a case-insensitive laptop disk."""
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        Inventory.from_static_yaml(path)
+    assert str(path) in str(info.value) and expected in str(info.value), str(info.value)
+
+
+def test_hosts_that_differ_by_more_than_case_are_kept(tmp_path: Path) -> None:
+    inv = Inventory.from_static_yaml(
+        write(tmp_path, DNS_HOSTS.replace("gpu2.lab.example", "gpu1b.lab.example"))
+    )
+    assert [h.address for h in inv.hosts] == ["gpu1.lab.example", "gpu1b.lab.example"]
+
+
 def test_first_n_hosts_or_clear_error(tmp_path: Path) -> None:
     inv = Inventory.from_static_yaml(write(tmp_path, GOOD))
     assert [h.name for h in inv.first(1).hosts] == ["gpu1"]

@@ -422,3 +422,34 @@ def test_fab_show_runs_and_logs_read_back_a_fake_run(tmp_path: Path, monkeypatch
     buffer.truncate(0)
     history.logs("fake-run-1", console, node="n1")
     assert "hunter2" not in buffer.getvalue() and "node.log: not read" in buffer.getvalue()
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed"])
+def test_the_end_of_a_run_says_its_outcome_and_teardown_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str
+) -> None:
+    """The wrap-up's progress lines and the summary (``app.report``) both printed the outcome
+    line and the teardown line; the summary says them, once."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, force_terminal=False)
+    job = JobScript(steps=2, finish_status=status, finish_message="done or not", finish_exit_code=0)
+    run = run_on_fake_fleet(tmp_path, monkeypatch, job, reporter=RichReporter(console))
+    app.report(run.summary, console)
+    out = buffer.getvalue()
+    assert run.summary.outcome == status
+    assert out.count(f"{status} ({run.summary.rule})") == 1, out
+    assert out.count("  teardown: ") == 1, out
+    assert "skipped: skipped" not in out
+    assert out.rstrip().splitlines()[-1].strip().startswith("run folder:")
+
+
+def test_the_live_tables_node_row_keeps_its_step_and_loss_after_the_node_exited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, force_terminal=False)
+    run = run_on_fake_fleet(tmp_path, monkeypatch, JobScript(steps=2), reporter=RichReporter(console))
+    assert run.summary.outcome == "succeeded"
+    rows = [line for line in buffer.getvalue().splitlines() if line.startswith("│ n0 ")]
+    cells = [c.strip() for c in rows[-1].split("│")[1:-1]]  # the last table: the node has exited
+    assert cells[:4] == ["n0", "exited 0", "2", "1"], rows[-1]

@@ -140,3 +140,17 @@ def test_the_jobs_temp_files_live_in_its_run_dir_and_are_never_pulled(tmp_path: 
     assert own.env["TMPDIR"] == "/scratch/me" and "export TMPDIR=/scratch/me" in own.launch_script
     argv = pull_argv("n0:.fleetrun/runs/job-1/", tmp_path, "ssh")
     assert "--exclude=/tmp/" in argv and argv.index("--exclude=/tmp/") < argv.index("-e")
+
+
+def test_dry_run_prints_each_file_and_the_setup_under_their_own_headers(tmp_path: Path) -> None:
+    """The setup script used to follow the last ``### file`` header (the power-off hook's), so it
+    read as that file's content."""
+    plan = make_plan(spec(tmp_path), inventory(3), run_id="job-xyz")
+    lines = plan.render().splitlines()
+    for node in plan.nodes:
+        assert node.files, "the plan writes at least the power-off hook"
+        section = lines.index(f"## {node.describe()}")
+        setup = next(i for i in range(section, len(lines)) if lines[i].startswith("### setup"))
+        assert lines[setup + 1] == node.setup_script.splitlines()[0]
+        files = [i for i in range(section, setup) if lines[i].startswith("### file")]
+        assert len(files) == len(node.files), "every file comes before the setup's header"

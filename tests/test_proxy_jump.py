@@ -112,14 +112,15 @@ def test_a_jump_host_that_is_a_host_must_carry_that_hosts_key(tmp_path: Path) ->
             },
         )
     message = str(err.value)
-    assert "hosts[1] (gpu2): field 'proxy_jump': jump host bob@10.1.0.10:22" in message
+    assert "field 'hosts[1].proxy_jump' (gpu2): jump host bob@10.1.0.10:22" in message
+    assert "(top level)" not in message, "the field is named as the user wrote it"
     assert "differs from the one hosts[0] (gpu1) gives" in message
 
 
 def test_two_pins_for_one_jump_endpoint_and_a_host_jumping_through_itself_are_refused(tmp_path: Path) -> None:
     hosts = two_hosts(proxy_jump=JUMP)
     hosts[1]["proxy_jump"] = {**JUMP, "host_key": KEY_A}
-    with pytest.raises(SpecError, match=r"hosts\[1\] \(gpu2\): field 'proxy_jump': jump host alice@login"):
+    with pytest.raises(SpecError, match=r"field 'hosts\[1\].proxy_jump' \(gpu2\): jump host alice@login"):
         lab(tmp_path, {"defaults": {"user": "bob"}, "hosts": hosts})
     with pytest.raises(SpecError, match="a host cannot be its own jump host"):
         lab(
@@ -255,3 +256,12 @@ def test_openssh_commands_through_one_jump_host_are_bounded() -> None:
             pass
     assert slot.acquire(blocking=False) is True, "slots are given back"
     slot.release()
+
+
+def test_a_jump_host_spelt_in_capitals_is_the_same_machine(tmp_path: Path) -> None:
+    """``LOGIN.LAB.example`` is ``login.lab.example``: pinning it with another key would let the
+    known_hosts file accept either key for one machine."""
+    hosts = two_hosts(proxy_jump=JUMP)
+    hosts[1]["proxy_jump"] = {**JUMP, "address": "LOGIN.LAB.example", "host_key": KEY_A}
+    with pytest.raises(SpecError, match=r"field 'hosts\[1\].proxy_jump' \(gpu2\): jump host alice@LOGIN"):
+        lab(tmp_path, {"defaults": {"user": "bob"}, "hosts": hosts})

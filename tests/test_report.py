@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import struct
@@ -190,3 +191,158 @@ def test_attempts_table_takes_odd_entries_as_data() -> None:
     ]
     text = render_text(attempts_table(odd), width=200)
     assert "[red]x" in text and "+a" not in text and "-a" not in text
+
+
+STATES = [
+    ("succeeded", "job_finished"),
+    ("failed", "rank_failed"),
+    ("interrupted", "watcher_lost"),
+    ("stopped", "max_wall_time"),
+]
+
+
+@pytest.fixture
+def many_runs(tmp_path: Path) -> RunRecords:
+    """Runs with the ids, commits and rules fleetrun really writes (long ids, dirty commits)."""
+    db = RunRecords(tmp_path / "runs.db")
+    for i, (state, rule) in enumerate(STATES):
+        rid = f"digits-ddp-20261125-15360{i}-36db5{i}"
+        db.start(
+            run_id=rid, playbook_name="digits-ddp", started_at=T0 + i, git_commit="0123456789abcdef-dirty"
+        )
+        db.finish(rid, state=state, stop_rule=rule, ended_at=T0 + i + 3725, cost_usd=12.5)
+    return db
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_runs_table_on_a_narrow_terminal_keeps_the_outcome_whole_and_first(
+    many_runs: RunRecords, width: int
+) -> None:
+    """At 80 or 100 columns the state and rule were squeezed to ``┃┃┃`` / ``…`` while the id and
+    the commit kept their full width."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+    console.print(runs_table(many_runs.list(), width=width))
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+    header = next(line for line in text.splitlines() if "state" in line)
+    assert header.index("state") < header.index("id"), "the outcome comes first"
+    for i, (state, rule) in enumerate(STATES):
+        row = next(line for line in text.splitlines() if f"36db5{i}" in line)
+        assert f" {state} " in row and f" {rule} " in row, row
+        assert "digits-ddp-20261125" not in row, "ids are shortened to their random part"
+    assert "too narrow for" in text and "commit" in text.split("too narrow for")[1]
+
+
+def test_runs_table_with_room_shows_every_column_and_full_ids(many_runs: RunRecords) -> None:
+    text = render_text(runs_table(many_runs.list(), width=200), width=200)
+    assert "digits-ddp-20261125-153600-36db50" in text and "0123456789ab-dirty" in text
+    assert "too narrow" not in text
+
+
+def test_the_short_id_finds_its_run(many_runs: RunRecords) -> None:
+    from launch.cli.runs import find_run
+
+    assert find_run(many_runs, "36db52").id == "digits-ddp-20261125-153602-36db52"
+    assert find_run(many_runs, "digits-ddp-20261125-153603").id.endswith("36db53")
+
+
+RUN_FOLDER_FILES = [
+    "loss.png",
+    "metrics.jsonl",
+    "plan.txt",
+    "status.json",
+    "summary.json",
+    "watch.json",
+    "tensorboard/events.out.tfevents.1795621286.vm.fleetrun",
+    "nodes/n0/heartbeat",
+    "nodes/n0/launch.sh",
+    "nodes/n0/node.log",
+    "nodes/n0/outputs/model.pt",
+    "nodes/n0/pid",
+    "nodes/n0/rc",
+    "nodes/n0/rdzv_port",
+    "nodes/n0/profile/trace-rank0.json",
+    "nodes/n1/node.log",
+    "nodes/n1/pid",
+    "nodes/n1/rc",
+]
+
+
+def test_show_lists_plots_logs_and_outputs_not_fleetruns_own_files(tmp_path: Path) -> None:
+    db = RunRecords(tmp_path / "runs.db")
+    db.start(run_id="r1", playbook_name="ddp", started_at=T0, run_dir="/runs/r1")
+    db.finish("r1", state="succeeded", ended_at=T0 + 60, artifacts=RUN_FOLDER_FILES)
+    record = db.get("r1")
+    assert record is not None
+    text = render_text(summary_panel(record), width=160)
+    for wanted in (
+        "loss.png",
+        "nodes/n0/node.log",
+        "nodes/n1/node.log",
+        "nodes/n0/outputs/model.pt",
+        "tensorboard/",
+    ):
+        assert wanted in text, wanted
+    for internal in (
+        "n0/heartbeat",
+        "launch.sh",
+        "n0/pid",
+        "n1/rc",
+        "rdzv_port",
+        "watch.json",
+        "status.json",
+    ):
+        assert internal not in text, internal
+    assert "and 12 file(s) of fleetrun's own" in text
+    lines = text.splitlines()
+    assert any(line.split("│")[1].strip().startswith("plots") for line in lines if "│" in line)
+
+
+def test_the_loss_plot_draws_the_validation_loss_the_job_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launch.reports import plot
+
+    records: list[dict[str, Any]] = [{"step": s, "loss": 2.0 / (s + 1)} for s in range(10)]
+    records += [{"step": 4, "val_loss": 0.9, "val_accuracy": 0.7}, {"step": 9, "val_loss": 0.5}]
+    records += [{"step": 9, "eval_loss": float("nan")}, {"step": True, "val_loss": 1.0}, {"event": "x"}]
+    assert plot.other_losses(records) == {"val_loss": [(4, 0.9), (9, 0.5)]}
+    drawn: dict[str, Any] = {}
+    save = plot.save_loss_plot
+
+    def spy(fig: Any, ax: Any, path: Path, title: str, losses: Any) -> Path:
+        drawn["lines"] = {line.get_label(): list(line.get_xdata()) for line in ax.get_lines()}
+        drawn["legend"] = ax.get_legend() is not None
+        return save(fig, ax, path, title, losses)
+
+    monkeypatch.setattr(plot, "save_loss_plot", spy)
+    history = [LossPoint(step=r["step"], loss=r["loss"], time=float(r["step"])) for r in records[:10]]
+    out = plot.plot_loss(history, tmp_path / "loss.png", records=records)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn["lines"]["val_loss"] == [4, 9] and len(drawn["lines"]["loss"]) == 10 and drawn["legend"]
+
+
+def test_the_runs_own_loss_plot_gets_the_validation_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+
+    from launch.reports import plot
+    from launch.run import wrapup
+    from launch.run.reporter import RichReporter
+    from launch.run.run_folder import RunFolder
+
+    folder = RunFolder.create("r-val", base=tmp_path)
+    lines = [{"step": s, "loss": 1.0 / (s + 1)} for s in range(5)] + [{"step": 4, "val_loss": 0.4}]
+    (folder.path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    seen: list[dict[str, Any]] = []
+
+    def spy(history: Any, path: Any, **kwargs: Any) -> Path:
+        seen.append(plot.other_losses(kwargs.get("records", ())))
+        return plot.plot_loss(history, path, **kwargs)
+
+    monkeypatch.setattr(wrapup, "plot_loss", spy)
+    wrapup.write_reports(folder, RichReporter(Console(file=io.StringIO(), width=120)))
+    assert seen == [{"val_loss": [(4, 0.4)]}]

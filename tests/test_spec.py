@@ -134,3 +134,25 @@ def test_control_operators_found_outside_quotes(entrypoint: str, operator: str) 
     from launch.job.shell_text import control_operators
 
     assert control_operators(entrypoint)[0] == operator
+
+
+@pytest.mark.parametrize(
+    ("nodes", "expected"),
+    [
+        ('"3:2"', "field 'nodes': MIN:MAX needs 1 <= MIN <= MAX, got 3:2"),
+        ("3:2", "field 'nodes': MIN:MAX needs 1 <= MIN <= MAX, got 3:2"),
+        ("0:2", "field 'nodes': MIN:MAX needs 1 <= MIN <= MAX, got 0:2"),
+        ("2\nmin_nodes: 3", "field 'min_nodes': expected at most nodes (2), got 3"),
+        ("2:3\nmin_nodes: 2", "field 'min_nodes': give either nodes: MIN:MAX or min_nodes, not both"),
+    ],
+)
+def test_elastic_nodes_errors_name_the_field_the_user_wrote(
+    tmp_path: Path, nodes: str, expected: str
+) -> None:
+    """``nodes: 3:2`` named ``min_nodes`` (never written) and said "got" twice."""
+    path = write(tmp_path, GOOD.replace("nodes: 2", f"nodes: {nodes}"))
+    with pytest.raises(SpecError) as info:
+        load_job_spec(path)
+    message = str(info.value)
+    assert message == f"{path}: {expected}", message
+    assert message.count(", got ") <= 1 and "(top level)" not in message

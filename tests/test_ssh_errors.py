@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -194,3 +195,31 @@ def test_command_that_exits_before_reading_its_input_is_a_result_not_a_lost_conn
     thread.join(10)
     assert result.exit_code == 127
     assert "No such file or directory" in result.stderr
+
+
+def test_a_port_that_never_sends_the_ssh_banner_is_named_without_a_traceback(
+    tmp_path: Path, client_key: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """TCP is accepted, then silence (a hung sshd, a tarpit): paramiko's thread gives up on the
+    banner and used to print its traceback; the doctor said "No existing session"."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True).start()
+    host = Host(name="h", address="127.0.0.1", port=port, user="u", key=client_key, host_key=SERVER_PUBLIC)
+    known_hosts = Inventory(hosts=[host]).write_known_hosts(tmp_path / "known_hosts")
+    conn = NodeConnection(host, known_hosts, connect_timeout=1)
+    try:
+        with pytest.raises(HostError) as info:
+            conn.open()
+        time.sleep(1.5)  # paramiko's transport thread reports its own banner timeout by now
+    finally:
+        conn.conn.close()
+        listener.close()
+        for sock in held:
+            sock.close()
+    message = str(info.value)
+    assert f"port {port} answered" in message and "no SSH banner within 1 s" in message, message
+    assert "No existing session" not in message
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "protocol banner" not in err, err

@@ -7,8 +7,11 @@ succeeds by falling back to direct uploads), and skip the node library where it 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from launch.fleets.local import LocalFleet
 from launch.job.inventory import Host, Inventory
@@ -200,3 +203,50 @@ def test_relay_key_and_config_shapes() -> None:
     assert isinstance(targets, list)
     assert [t["address"] for t in targets] == ["10.0.0.1", "10.0.0.2"], "the head dials private addresses"
     assert [t["ship_lib"] for t in targets] == [False, True]
+
+
+FAKE_SSH = """#!/bin/sh
+# ssh as rsync runs it, without a network: note the host, run the remote command in the worker's home
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -F|-p|-i|-o|-l) shift 2 ;;
+    *) break ;;
+  esac
+done
+printf '%s\\n' "$1" >> "$FAKE_SSH_LOG"
+shift
+cd "$FAKE_WORKER_HOME" && exec sh -c "$*"
+"""
+
+
+@pytest.mark.parametrize("address", ["2001:db8::11", "fd00:1::2", "10.0.0.2"])
+def test_relay_rsync_reaches_a_worker_on_an_ipv6_address(
+    address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head's rsync to ``user@2001:db8::11:path`` read the host as ``2001``: an IPv6 lab above
+    ``relay_sync_above`` never synced. Real rsync; ``ssh`` is a stand-in that runs its receiver."""
+    from launch.nodelib import fleetrun_relay
+    from launch.nodelib.fleetrun_relay_messages import RelayConfig, RelayTarget, RelayTransfer
+
+    head_home, worker_home, bin_dir = tmp_path / "head", tmp_path / "worker", tmp_path / "bin"
+    for folder in (head_home, worker_home, bin_dir):
+        folder.mkdir()
+    _make_tree(head_home / ".fleetrun" / "work" / "job")
+    ssh = bin_dir / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    log = tmp_path / "ssh.log"
+    monkeypatch.setenv("HOME", str(head_home))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_LOG", str(log))
+    monkeypatch.setenv("FAKE_WORKER_HOME", str(worker_home))
+    config = RelayConfig(
+        key="/dev/null",
+        known_hosts="/dev/null",
+        transfers=(RelayTransfer(source=".fleetrun/work/job", dest=".fleetrun/work/job"),),
+        targets=(RelayTarget(name="n1", user="u", address=address),),
+    )
+    result = fleetrun_relay.copy_to(config, config.targets[0])
+    assert result.ok, result.error
+    assert log.read_text().split() == [address], "ssh was asked for the whole address"
+    assert (worker_home / ".fleetrun" / "work" / "job" / "pkg" / "m0.py").is_file()

@@ -22,6 +22,7 @@ from launch.fleets.select import load_inventory, local_fleet
 from launch.job.builtin import resolve_playbook
 from launch.job.inventory import Inventory
 from launch.job.spec import JobSpec, load_job_spec
+from launch.job.validation import printable
 from launch.paths import known_hosts_file
 from launch.planning.launchers import launcher_class
 from launch.planning.plan import LaunchPlan
@@ -49,6 +50,21 @@ def make_plan(
     return launcher.plan(spec, inventory, run_id or new_run_id(spec.name), poweroff_hook=hook)
 
 
+def check_channels_fit_the_fleet(spec: JobSpec, inventory: Inventory, playbook: str | Path) -> None:
+    """A ``{bucket: prefix}`` data channel needs a fleet with a bucket (a cloud stack's): on lab
+    machines or the local fleet it is refused here, before the plan is printed or anything is
+    connected to, not after every node was reached and synced."""
+    kind = fleet_kind(inventory.fleet)
+    for name, channel in sorted(spec.channels.items()):
+        if channel.bucket is not None and kind.bucket_download_argv(channel.bucket) is None:
+            raise SpecError(
+                f"{printable(Path(playbook), 400)}: field 'channels.{clean(name, 100)}.bucket': "
+                f"the channel is copied from the fleet's bucket, and inventory {clean(inventory.source, 400)} "
+                "has no bucket (only a cloud stack's fleet has one); use a folder on the nodes (path:) "
+                "or one on this machine (local:)"
+            )
+
+
 def train(
     playbook: str | Path,
     inventory: str | None = None,
@@ -73,7 +89,9 @@ def train(
             raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
         spec = spec.model_copy(update={"teardown": policy})
     inv = load_inventory(inventory, save_keys=not dry_run).first(spec.nodes)
+    check_channels_fit_the_fleet(spec, inv, playbook)
     plan = make_plan(spec, inv, dry_run=dry_run)
+    check_profiled_ranks_exist(spec, plan.total_processes, playbook)
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
         return plan
@@ -112,7 +130,42 @@ def train(
     finally:
         records.close()
     report(result, console)
+    line = missing_profile_ranks_line(spec, result.world)
+    if line is not None:
+        console.print(Text("  profile: ", style="yellow") + Text(line))
     return result
+
+
+def _profiled_past(spec: JobSpec, world_size: int) -> list[int]:
+    return [r for r in spec.profile.ranks if r >= world_size] if spec.profile is not None else []
+
+
+def check_profiled_ranks_exist(spec: JobSpec, world_size: int | None, playbook: str | Path) -> None:
+    """``profile.ranks`` past the job's processes: the playbook alone cannot tell when
+    ``procs_per_node`` is ``auto``; the plan can when every host's GPU count is known."""
+    if world_size is None:
+        return
+    missing = _profiled_past(spec, world_size)
+    if missing:
+        raise SpecError(
+            f"{printable(Path(playbook), 400)}: field 'profile.ranks': rank(s) {', '.join(map(str, missing))} "
+            f"do not exist: on this fleet the job has {world_size} process(es) (ranks 0-{world_size - 1})"
+        )
+
+
+def missing_profile_ranks_line(spec: JobSpec, world: object) -> str | None:
+    """After the run, once the nodes said the world size (``procs_per_node: auto`` resolved on
+    the nodes): why no trace came from a profiled rank that never existed."""
+    size = world.get("world_size") if isinstance(world, Mapping) else None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return None
+    missing = _profiled_past(spec, size)
+    if not missing:
+        return None
+    return (
+        f"no trace from rank(s) {', '.join(map(str, missing))} (profile.ranks): the job ran "
+        f"{size} process(es), ranks 0-{size - 1}"
+    )
 
 
 def doctor(
@@ -130,6 +183,9 @@ def doctor(
     from launch.transport.ssh import Fleet
 
     console = console or Console()
+    if port is not None and not 1 <= port <= 65535:
+        # checked before anything is read or connected to: Python's socket would raise OverflowError
+        raise SpecError(f"--port {port}: expected a TCP port, 1 to 65535")
     inv = load_inventory(inventory)
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
@@ -192,6 +248,15 @@ def world_line(world: object) -> Text | None:
     return Text(f"  world size {clean(world.get('world_size'), 20)}: {', '.join(parts)}{more}")
 
 
+def teardown_words(teardown: object) -> str:
+    """``skipped (teardown: never, ...)``, not ``skipped: skipped (...)``: a decision's reason
+    often starts with its state already."""
+    state, message = getattr(teardown, "state", None), getattr(teardown, "message", None)
+    if isinstance(message, str) and state is not None and message.startswith(str(state.value)):
+        return message
+    return str(teardown)
+
+
 def report(result: RunResult, console: Console) -> None:
     """The end of ``fab train`` / ``fab watch``; everything from the run is printed as text."""
     color = "green" if result.ok else "red"
@@ -216,7 +281,7 @@ def report(result: RunResult, console: Console) -> None:
     console.print(Text(clean(f"  exit codes: {codes}")))
     if result.cost_usd is not None:
         console.print(f"  cost (approx.): ${result.cost_usd:,.2f}")
-    console.print(Text(clean(f"  teardown: {result.teardown}")))
+    console.print(Text(clean(f"  teardown: {teardown_words(result.teardown)}")))
     if result.traceback:
         console.print(Text(f"  fleetrun error: see {result.folder / result.traceback}", style="red"))
     console.print(Text(clean(f"  run folder: {result.folder}")))

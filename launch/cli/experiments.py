@@ -76,6 +76,8 @@ def list_runs(
 ) -> list[RunRecord]:
     """``fab runs``: a table (or JSON lines' worth of one JSON list), optionally linking the
     runs' TensorBoard files into one log folder."""
+    if tensorboard:
+        check_writable_folder("--tensorboard", tensorboard)
     with open_records() as records:
         runs = chosen_runs(records, **filters(playbook, outcome, since))[:limit]
     if tensorboard:
@@ -91,7 +93,7 @@ def list_runs(
         now = time.time()
         print(json.dumps([run_json(r, now) for r in runs], indent=2, sort_keys=True))
     else:
-        console.print(runs_table(runs))
+        console.print(runs_table(runs, width=console.width))
     return runs
 
 
@@ -132,6 +134,8 @@ def compare(
         runs = chosen_runs(records, ids, **filters(playbook, outcome, since))
     if not runs:
         raise FleetrunError("no run matches; see 'fab runs'")
+    if plot:
+        check_writable_file("--plot", plot)
     runs.sort(key=lambda r: r.started_at)
     compared = [ComparedRun(r, read_run_metrics(r)) for r in runs]
     now = time.time()
@@ -140,10 +144,43 @@ def compare(
     else:
         console.print(compare_table(compared, now))
     if plot:
-        path = plot_compare(compared, plot)
+        try:
+            path = plot_compare(compared, plot)
+        except OSError as exc:  # the folder changed since the check above
+            raise FleetrunError(f"--plot {clean(plot, 200)!r}: cannot write it: {exc.strerror}") from None
         if not as_json:
             console.print(safe_text(f"loss curves: {path}"))
     return compared
+
+
+def check_writable_file(flag: str, path: str) -> None:
+    """Refuse an output path that cannot be written before anything is computed or printed, so a
+    bad ``--plot`` is one error line, not a table and then a traceback: write and remove a probe
+    file where the output's temporary file will go (its folder is made, as the writer makes it)."""
+    target = Path(path)
+    if target.is_dir():
+        raise FleetrunError(f"{flag} {clean(path, 200)!r}: is a folder; name a file")
+    probe = target.with_name(f".{target.name}.{os.getpid()}.probe")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        probe.open("xb").close()
+        probe.unlink()
+    except OSError as exc:
+        raise FleetrunError(f"{flag} {clean(path, 200)!r}: cannot write it: {exc.strerror or exc}") from None
+
+
+def check_writable_folder(flag: str, path: str) -> None:
+    """Like ``check_writable_file`` for an output folder (``--tensorboard DIR``)."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".fleetrun.{os.getpid()}.probe"
+        probe.open("xb").close()
+        probe.unlink()
+    except OSError as exc:
+        raise FleetrunError(
+            f"{flag} {clean(path, 200)!r}: cannot write into it: {exc.strerror or exc}"
+        ) from None
 
 
 def event_folders(run_folder: Path) -> list[Path]:

@@ -42,7 +42,12 @@ def open_records() -> RunRecords:
 
 
 def find_run(records: RunRecords, run: str) -> RunRecord:
-    """A run by id or by unique prefix; 'last' is the most recent run."""
+    """A run by id, by unique prefix or by its short id (the last part, ``fab runs`` shows it on a
+    narrow terminal); 'last' is the most recent run."""
+    if not _could_be_a_run_id(run):
+        # run ids are printable text; bytes a terminal passed that are not UTF-8 (``$'\xff'``)
+        # cannot even be asked of SQLite, which would raise UnicodeEncodeError
+        raise FleetrunError(f"no run {ascii(run)[:100]}: a run id is printable text (see 'fab runs')")
     if run == "last":
         latest = records.list(limit=1)
         if not latest:
@@ -51,7 +56,10 @@ def find_run(records: RunRecords, run: str) -> RunRecord:
     exact = records.get(run)
     if exact is not None:
         return exact
-    matches = [r for r in records.list(limit=10_000) if r.id.startswith(run)]
+    known = records.list(limit=10_000)
+    matches = [r for r in known if r.id.startswith(run)]
+    if not matches:  # the short id `fab runs` shows on a narrow terminal: the id's last part
+        matches = [r for r in known if r.id.endswith(f"-{run}")]
     if len(matches) == 1:
         return matches[0]
     if not matches:
@@ -61,11 +69,19 @@ def find_run(records: RunRecords, run: str) -> RunRecord:
     )
 
 
+def _could_be_a_run_id(run: str) -> bool:
+    try:
+        run.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return 0 < len(run) <= 1000 and run.isprintable()
+
+
 def list_runs(console: Console, limit: int = 20) -> list[RunRecord]:
     with open_records() as records:
         records.mark_stale_as_interrupted(time.time())
         runs = records.list(limit=limit)
-    console.print(runs_table(runs))
+    console.print(runs_table(runs, width=console.width))
     return runs
 
 

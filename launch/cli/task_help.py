@@ -14,10 +14,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import fabric
 from invoke import Argument, Collection, Program
+from invoke.exceptions import Exit
+from invoke.parser.parser import ParseMachine
 
 HELP_FLAG = "help"
 
@@ -25,7 +28,22 @@ ROOT: list[Collection] = []
 """The root collection whose help is printed (``launch.cli.tasks`` appends its ``ns``)."""
 
 
-class _Positional(Argument):  # type: ignore[misc]
+class _Checked(Argument):  # type: ignore[misc]
+    """An argument whose value that is not of its kind (``--port abc``) is one ``fleetrun: error:``
+    line and exit code 2, like every other bad input, not Invoke's ``ValueError`` traceback."""
+
+    def set_value(self, value: Any, cast: bool = True) -> None:
+        try:
+            super().set_value(value, cast=cast)
+        except (ValueError, TypeError):
+            kind = {int: "a whole number", float: "a number"}.get(self.kind, self.kind.__name__)
+            name = str(self.name or "")
+            flag = ("--" if len(name) > 1 else "-") + name.replace("_", "-")
+            shown = ascii(value)[:100]
+            raise Exit(message=f"fleetrun: error: {flag} {shown}: expected {kind}", code=2) from None
+
+
+class _Positional(_Checked):
     """A positional argument that reads as given ('') once the task's ``--help`` flag was seen."""
 
     def __init__(self, *args: Any, helped: Argument, **kwargs: Any) -> None:
@@ -42,6 +60,38 @@ class _Positional(Argument):  # type: ignore[misc]
     @value.setter
     def value(self, arg: str) -> None:
         self.set_value(arg, cast=True)
+
+
+class _OptionalPositional(_Positional):
+    """A positional argument with a default: ``fab doctor PLAYBOOK`` or just ``fab doctor``.
+
+    Invoke's parser gives a bare token to a positional argument only while that argument reads
+    as missing (``None``), and refuses the command when one still reads missing once the task's
+    tokens are done, so a positional argument could not be optional. This one reads as missing
+    only to the parser's token handler (which then hands it the token), and as its default
+    everywhere else (the end-of-task check, the task's keyword arguments)."""
+
+    @property
+    def value(self) -> Any:
+        if self._value is None and not self.helped.value and _asked_by_the_token_handler():
+            return None
+        return super().value
+
+    @value.setter
+    def value(self, arg: str) -> None:
+        self.set_value(arg, cast=True)
+
+
+def _asked_by_the_token_handler() -> bool:
+    """Whether ``ParseMachine.handle`` (deciding what a bare token is) is among the nearest callers."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "handle" and isinstance(frame.f_locals.get("self"), ParseMachine):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def print_task_help(task: fabric.Task) -> None:
@@ -62,7 +112,7 @@ class HelpfulTask(fabric.Task):  # type: ignore[misc]
         names = (HELP_FLAG,) if "h" in taken else (HELP_FLAG, "h")
         helped = Argument(names=names, kind=bool, default=False, help="show this help and exit")
         out = [
-            _Positional(
+            (_Positional if arg.default is None else _OptionalPositional)(
                 names=arg.names,
                 kind=arg.kind,
                 default=arg.default,
@@ -74,7 +124,15 @@ class HelpfulTask(fabric.Task):  # type: ignore[misc]
                 helped=helped,
             )
             if arg.positional
-            else arg
+            else _Checked(
+                names=arg.names,
+                kind=arg.kind,
+                default=arg.default,
+                help=arg.help,
+                optional=arg.optional,
+                incrementable=arg.incrementable,
+                attr_name=arg.attr_name,
+            )
             for arg in args
         ]
         return [*out, helped]

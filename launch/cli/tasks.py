@@ -75,21 +75,24 @@ def train(
 
 
 @task(
+    positional=["playbook"],  # `fab doctor PLAYBOOK --inventory INV`, as the README shows; optional
     help={
         "playbook": "job file (optional): its nodes, rendezvous port and setup are checked for",
         "inventory": "as for train",
         "port": "rendezvous port to check (default: the playbook's, else 29500)",
         "verbose": "a line for every check of every node, not only warnings and errors",
-    }
+    },
 )
 @_friendly
 def doctor(
-    c: Any, playbook: str = "", inventory: str = "local", port: int = 0, verbose: bool = False
+    c: Any, playbook: str = "", inventory: str = "local", port: int = -1, verbose: bool = False
 ) -> None:
     """Check every node for what would break a multi-node job; exit 1 if anything would."""
     from launch.cli import app
 
-    if not app.doctor(playbook or None, inventory=inventory, port=port or None, verbose=verbose):
+    if not app.doctor(
+        playbook or None, inventory=inventory, port=None if port == -1 else port, verbose=verbose
+    ):
         raise Exit(code=1)
 
 
@@ -265,7 +268,7 @@ def compare(
     )
 
 
-@task(help={"run": "run id, a unique prefix of one, or 'last'"})
+@task(help={"run": "run id, a unique prefix, its short id (as fab runs shows it) or 'last'"})
 @_friendly
 def show(c: Any, run: str) -> None:
     """Print one run's record: playbook, commit, nodes, exit codes, metrics, artifacts."""
@@ -278,7 +281,7 @@ def show(c: Any, run: str) -> None:
 
 @task(
     help={
-        "run": "run id, prefix or 'last'",
+        "run": "run id, a unique prefix, its short id (as fab runs shows it) or 'last'",
         "node": "only this node",
         "follow": "stream every node's log while it runs (node/rank prefix); continues where the last --follow stopped",
         "from-start": "with --follow: from the first line, not where the last --follow stopped",
@@ -294,7 +297,7 @@ def logs(c: Any, run: str, node: str = "", follow: bool = False, from_start: boo
     history.logs(run, Console(), node=node or None, follow=follow, from_start=from_start)
 
 
-@task(help={"run": "run id, prefix or 'last'"})
+@task(help={"run": "run id, a unique prefix, its short id (as fab runs shows it) or 'last'"})
 @_friendly
 def watch(c: Any, run: str) -> None:
     """Re-attach to a run whose watcher was lost; stop, pull and tear down when a rule fires."""
@@ -344,7 +347,7 @@ def down(c: Any, stack: str, project_dir: str = "") -> None:
     cloud_stack.stack_down(stack, project_dir=Path(project_dir) if project_dir else None)
 
 
-@task(help={"run": "run id, prefix or 'last'"})
+@task(help={"run": "run id, a unique prefix, its short id (as fab runs shows it) or 'last'"})
 @_friendly
 def pull(c: Any, run: str) -> None:
     """Pull a finished run's artifacts again; tear down as the playbook says once all are safe."""

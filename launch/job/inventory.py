@@ -293,6 +293,16 @@ class Host(SshEndpoint):
         return f"{self.user}@{bracketed(self.address)}:{path}"
 
 
+def same_machine_address(address: str) -> str:
+    """``address`` as the machine it names, for telling duplicates apart: an IP address in its
+    one canonical spelling (``2001:DB8:0::1`` is ``2001:db8::1``), a DNS name in lower case
+    without its trailing dot (DNS ignores case: ``GPU1.LAB.example`` is ``gpu1.lab.example``)."""
+    try:
+        return ipaddress.ip_address(address).compressed
+    except ValueError:
+        return address.rstrip(".").casefold()
+
+
 class Inventory(BaseModel):
     """An ordered set of hosts; the first host is the head (rendezvous endpoint, rank 0 node)."""
 
@@ -305,16 +315,28 @@ class Inventory(BaseModel):
 
     @model_validator(mode="after")
     def _unique(self) -> Inventory:
-        seen_names: set[str] = set()
-        seen_endpoints: set[tuple[str, int]] = set()
+        """No machine twice: host names compared without case (``gpu1``/``GPU1`` would share one
+        run folder on a case-insensitive laptop disk), addresses as the machine they reach (DNS
+        names without case or a trailing dot, IP addresses in one spelling): one machine listed
+        twice would run two ranks."""
+        seen_names: dict[str, str] = {}
+        seen_endpoints: dict[tuple[str, int], str] = {}
         for i, host in enumerate(self.hosts):
-            if host.name in seen_names:
-                raise ValueError(f"hosts[{i}]: duplicate host name {host.name!r}")
-            endpoint = (host.address, host.port)
+            name = host.name.casefold()
+            if name in seen_names:
+                same = (
+                    "" if seen_names[name] == host.name else f" (as {seen_names[name]!r}: names ignore case)"
+                )
+                raise ValueError(f"hosts[{i}]: duplicate host name {host.name!r}{same}")
+            endpoint = (same_machine_address(host.address), host.port)
             if endpoint in seen_endpoints:
-                raise ValueError(f"hosts[{i}] ({host.name}): duplicate address {host.address}:{host.port}")
-            seen_names.add(host.name)
-            seen_endpoints.add(endpoint)
+                first = seen_endpoints[endpoint]
+                raise ValueError(
+                    f"hosts[{i}] ({host.name}): duplicate address {host.address}:{host.port}"
+                    + ("" if first == host.address else f" (the same machine as {first})")
+                )
+            seen_names[name] = host.name
+            seen_endpoints[endpoint] = host.address
         self._check_jumps()
         return self
 
@@ -322,15 +344,21 @@ class Inventory(BaseModel):
         """One pinned key per endpoint: a jump host that is also a host of this inventory (or
         the jump of several hosts) must carry the same ``host_key`` everywhere, or the
         known_hosts file would pin two keys for one address and accept either."""
-        pinned = {h.endpoint: (f"hosts[{i}] ({h.name})", h.host_key) for i, h in enumerate(self.hosts)}
+
+        def machine(endpoint: tuple[str, int]) -> tuple[str, int]:  # LOGIN.lab is login.lab
+            return same_machine_address(endpoint[0]), endpoint[1]
+
+        pinned = {
+            machine(h.endpoint): (f"hosts[{i}] ({h.name})", h.host_key) for i, h in enumerate(self.hosts)
+        }
         for i, host in enumerate(self.hosts):
             jump = host.proxy_jump
             if jump is None:
                 continue
             where = f"hosts[{i}] ({host.name}): field 'proxy_jump'"
-            if jump.endpoint == host.endpoint:
+            if machine(jump.endpoint) == machine(host.endpoint):
                 raise ValueError(f"{where}: a host cannot be its own jump host ({jump.label})")
-            seen = pinned.setdefault(jump.endpoint, (f"{where} of {host.name}", jump.host_key))
+            seen = pinned.setdefault(machine(jump.endpoint), (f"{where} of {host.name}", jump.host_key))
             if seen[1] != jump.host_key:
                 raise ValueError(
                     f"{where}: jump host {jump.label} is pinned with a host_key that differs from "

@@ -165,8 +165,11 @@ class JobSpec(BaseModel):
             match = ELASTIC_RE.fullmatch(data["nodes"].strip())
             if match is not None:
                 if "min_nodes" in data:
-                    raise ValueError("give either nodes: MIN:MAX or min_nodes, not both")
-                data = {**data, "min_nodes": int(match.group(1)), "nodes": int(match.group(2))}
+                    raise ValueError("field 'min_nodes': give either nodes: MIN:MAX or min_nodes, not both")
+                low, high = int(match.group(1)), int(match.group(2))
+                if not 1 <= low <= high:  # said of 'nodes', the field the user wrote
+                    raise ValueError(f"field 'nodes': MIN:MAX needs 1 <= MIN <= MAX, got {low}:{high}")
+                data = {**data, "min_nodes": low, "nodes": high}
         return data
 
     @field_validator("min_nodes")
@@ -174,7 +177,7 @@ class JobSpec(BaseModel):
     def _min_at_most_max(cls, value: int | None, info: ValidationInfo) -> int | None:
         nodes = info.data.get("nodes")
         if value is not None and isinstance(nodes, int) and value > nodes:
-            raise ValueError(f"nodes: MIN:MAX needs MIN <= MAX, got {value}:{nodes}")
+            raise ValueError(f"expected at most nodes ({nodes}), got {value}")
         return value
 
     @field_validator("teardown", mode="before")

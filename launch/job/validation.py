@@ -77,17 +77,43 @@ def _expectation(err: Any) -> str:
     return printable(msg[0].lower() + msg[1:] if msg else "invalid value", 400)
 
 
+_SAYS_ITS_FIELD = re.compile(r"field '([^']{1,200})': (.*)", re.DOTALL)
+_SAYS_ITS_HOST = re.compile(r"(hosts\[\d{1,6}\])(?: \(([^)]{0,200})\))?: (.*)", re.DOTALL)
+
+
+def _located(expectation: str) -> tuple[str, str, str] | None:
+    """(field, host, rest) for a whole-file check whose message says where the problem is itself:
+    ``field 'nodes': ...`` or ``hosts[1] (gpu2): [field 'proxy_jump': ]...``. Such a check sees
+    the whole file, so pydantic gives it no field; without this its message read
+    ``field '(top level)': hosts[1] (gpu2): field 'proxy_jump': ...``."""
+    match = _SAYS_ITS_FIELD.fullmatch(expectation)
+    if match:
+        return match.group(1), "", match.group(2)
+    match = _SAYS_ITS_HOST.fullmatch(expectation)
+    if match:
+        where, name, rest = match.groups()
+        inner = _SAYS_ITS_FIELD.fullmatch(rest)
+        if inner:
+            where, rest = f"{where}.{inner.group(1)}", inner.group(2)
+        return where, f" ({name})" if name else "", rest
+    return None
+
+
 def describe_validation_error(source: str, exc: ValidationError) -> str:
     """One line per problem: ``<source>: field '<path>': <expectation>, got <value>``."""
     lines = []
     for err in exc.errors():
-        path = _field_path(tuple(err.get("loc", ())))
+        loc = tuple(err.get("loc", ()))
+        path, host, expectation = _field_path(loc), "", _expectation(err)
+        located = None if loc else _located(expectation)
+        if located is not None:
+            path, host, expectation = located
         got = ""
-        if err.get("type") not in ("missing",) and "input" in err:
+        if err.get("type") not in ("missing",) and "input" in err and ", got " not in expectation:
             value = err["input"]
             if not isinstance(value, dict | list):
                 got = f", got {shown_value(value)}"
-        lines.append(f"{printable(source, 400)}: field '{path}': {_expectation(err)}{got}")
+        lines.append(f"{printable(source, 400)}: field '{path}'{host}: {expectation}{got}")
     return "\n".join(lines)
 
 

@@ -43,8 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-if TYPE_CHECKING:
+if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
     from launch.nodelib import fleetrun_bucket
     from launch.nodelib import fleetrun_protocol as protocol
     from launch.nodelib.fleetrun_checkpoint_files import (
@@ -467,7 +468,7 @@ def should_save(everywhere: bool = False) -> bool:
 
 # -- torch conveniences (in their own module; imported last, they use the names above) ---------
 
-if TYPE_CHECKING:
+if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
     from launch.nodelib.fleetrun_checkpoint_torch import (
         STATE_FILE,
         load_training_state,

@@ -14,12 +14,11 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-if TYPE_CHECKING:
-    from launch.nodelib.fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default
+if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
     from launch.nodelib.fleetrun_ranks import horovod
 else:
-    from fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default  # noqa: E402
     from fleetrun_ranks import horovod  # noqa: E402
 
 
@@ -174,3 +173,11 @@ def _distributed() -> Any:
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
+
+
+# -- the checkpoint helper's names, imported last: fleetrun_checkpoint imports this module at its
+# end, so whichever of the two is imported first, the other finds every name it needs defined
+if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
+    from launch.nodelib.fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default
+else:
+    from fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default  # noqa: E402

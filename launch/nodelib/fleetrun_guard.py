@@ -41,8 +41,9 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-if TYPE_CHECKING:
+if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
     from launch.nodelib import fleetrun_bucket, fleetrun_checkpoint, fleetrun_node, fleetrun_preempt
     from launch.nodelib import fleetrun_protocol as protocol
 else:

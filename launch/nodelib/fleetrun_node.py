@@ -45,8 +45,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-if TYPE_CHECKING:
+if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
     from launch.nodelib import fleetrun_protocol as protocol
 else:
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib

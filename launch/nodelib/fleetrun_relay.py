@@ -27,8 +27,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-if TYPE_CHECKING:
+if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
     from launch.nodelib import fleetrun_protocol as protocol
 else:
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
@@ -74,6 +75,12 @@ def ssh_command(config: protocol.RelayConfig, port: int) -> list[str]:
     ]
 
 
+def rsync_host(address: str) -> str:
+    """The host part of an rsync destination: an IPv6 address in brackets. Bare, rsync reads
+    ``user@2001:db8::11:path`` as host ``2001`` and path ``db8::11:path``."""
+    return f"[{address}]" if ":" in address else address
+
+
 def copy_to(config: protocol.RelayConfig, target: protocol.RelayTarget) -> protocol.RelayResult:
     home = os.path.expanduser("~")
     ssh = shlex.join(ssh_command(config, target.port))
@@ -82,7 +89,7 @@ def copy_to(config: protocol.RelayConfig, target: protocol.RelayTarget) -> proto
         if transfer.lib and not target.ship_lib:
             continue
         source = os.path.join(home, transfer.source).rstrip("/") + "/"
-        dest = f"{target.user}@{target.address}:{transfer.dest.rstrip('/')}/"
+        dest = f"{target.user}@{rsync_host(target.address)}:{transfer.dest.rstrip('/')}/"
         argv = ["rsync", "-a", "--delete", "--mkpath", "--stats", *transfer.filters, "-e", ssh]
         try:
             proc = subprocess.run(

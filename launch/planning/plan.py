@@ -123,11 +123,11 @@ class LaunchPlan:
         for node in self.nodes:
             out.append("")
             out.append(f"## {node.describe()}")
+            for remote_file in node.files:  # each file under its own header, before the setup's
+                out.append(f"### file {remote_file.describe()}")
             out.append(
                 f"### setup (skipped when ~/.fleetrun/envs/{self.job}/.fleetrun-setup-hash = {node.setup_hash})"
             )
-            for remote_file in node.files:
-                out.append(f"### file {remote_file.describe()}")
             out.append(node.setup_script.rstrip())
             if node.launch_script is None:
                 out.append(

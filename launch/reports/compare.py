@@ -50,12 +50,13 @@ def parse_since(text: str, now: float | None = None) -> float:
         return (time.time() if now is None else now) - int(match.group(1)) * _UNITS[match.group(2)]
     try:
         parsed = datetime.fromisoformat(value)
-    except ValueError:
+        # a date near year 1 or 9999 parses, but moving it into the local zone leaves the range
+        return parsed.timestamp() if parsed.tzinfo else parsed.astimezone().timestamp()
+    except (ValueError, OverflowError, OSError):
         raise FleetrunError(
             f"--since {clean(text, 80)!r}: expected a date (2026-11-20), a date and time "
-            "(2026-11-20T14:00) or an age (30m, 12h, 3d, 2w)"
+            "(2026-11-20T14:00) or an age (30m, 12h, 3d, 2w) from 1970 on"
         ) from None
-    return parsed.timestamp() if parsed.tzinfo else parsed.astimezone().timestamp()
 
 
 def select_runs(

@@ -88,8 +88,9 @@ def render_text(renderable: RenderableType, *, width: int = 100) -> str:
 def live_table(obs: Observation, *, title: str | None = None, decision: StopDecision | None = None) -> Table:
     """The table the watcher redraws each poll: one row per node and a bold ``run`` row.
 
-    Metrics come from global rank 0 only, so step, loss and steps/s belong to the run, not
-    to a node. Cost is per node at the observation's price (``n/a`` when unknown).
+    The run row's step, loss and steps/s are global rank 0's; a node row shows what its own ranks
+    logged last (usually only rank 0's node logs), also after the node exited. Cost is per node at
+    the observation's price (``n/a`` when unknown).
     """
     elapsed = obs.elapsed_s
     price = obs.price_per_node_hour
@@ -108,8 +109,18 @@ def live_table(obs: Observation, *, title: str | None = None, decision: StopDeci
     node_cost = fmt_cost(cost_so_far(1, price, elapsed)) if price > 0 else "n/a"
     for node in obs.nodes:
         gpu = "-" if node.gpu_util is None else f"{node.gpu_util:.0f}%"
+        step = "" if node.last_step is None else fmt_number(node.last_step)
+        loss = "" if node.last_loss is None else fmt_number(node.last_loss)
         _add_row(
-            table, node.node, _node_state(node, obs.now), "", "", "", gpu, fmt_duration(elapsed), node_cost
+            table,
+            node.node,
+            _node_state(node, obs.now),
+            step,
+            loss,
+            "",
+            gpu,
+            fmt_duration(elapsed),
+            node_cost,
         )
     m = obs.metrics
     rate = "-" if m.steps_per_second is None else f"{m.steps_per_second:.2f}"
@@ -149,6 +160,52 @@ def _metrics_line(metrics: Mapping[str, Any]) -> str:
     return clean("  ".join(f"{clean(k, 100)}={fmt_number(v)}" for k, v in metrics.items()) or "-")
 
 
+MAX_LISTED_OUTPUTS = 20
+_PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+_OUTPUT_DIRS = ("outputs", "output", "model", "checkpoints")
+
+
+def user_artifacts(artifacts: Sequence[str]) -> tuple[list[tuple[str, list[str]]], int]:
+    """What a user looks for in a run folder, grouped (plots, logs, the job's outputs, the
+    TensorBoard folder), and how many other files there are: the run folder also holds
+    fleetrun's own bookkeeping (``pid``, ``rc``, ``heartbeat``, ``launch.sh``, ``status.json``...),
+    which listed one per line buried the loss plot and the model. Profiler files are left to
+    ``show_run``'s profile lines."""
+    plots: list[str] = []
+    logs: list[str] = []
+    outputs: list[str] = []
+    boards: list[str] = []
+    internal = 0
+    for raw in artifacts:
+        path = clean(raw, 400)
+        parts = path.split("/")
+        if len(parts) >= 3 and parts[0] == "nodes" and parts[2] == "profile":
+            continue
+        in_node = len(parts) >= 3 and parts[0] == "nodes"
+        if (in_node and parts[2] in _OUTPUT_DIRS) or parts[0] in _OUTPUT_DIRS:
+            outputs.append(path)
+        elif parts[0] == "tensorboard" or "tensorboard" in parts[:-1]:
+            board = "/".join(parts[: parts.index("tensorboard") + 1])
+            if board not in boards:
+                boards.append(board)
+        elif path.endswith(_PLOT_SUFFIXES):
+            plots.append(path)
+        elif parts[-1].endswith(".log"):
+            logs.append(path)
+        else:
+            internal += 1
+    if len(outputs) > MAX_LISTED_OUTPUTS:
+        more = len(outputs) - MAX_LISTED_OUTPUTS
+        outputs = [*outputs[:MAX_LISTED_OUTPUTS], f"... and {more} more"]
+    groups = [
+        ("plots", plots),
+        ("logs", logs),
+        ("outputs", outputs),
+        ("tensorboard", [b + "/" for b in boards]),
+    ]
+    return [(label, paths) for label, paths in groups if paths], internal
+
+
 def summary_panel(record: RunRecord) -> Panel:
     """The end-of-run summary: outcome and reason first, then what to look at next."""
     grid = Table.grid(padding=(0, 2))
@@ -167,33 +224,103 @@ def summary_panel(record: RunRecord) -> Panel:
     if record.exit_codes:
         _add_row(grid, "exit codes", _exit_codes_table(record.exit_codes))
     _add_row(grid, "run folder", record.run_dir or "-")
-    for artifact in record.artifacts:
-        _add_row(grid, "", artifact)
+    groups, internal = user_artifacts(record.artifacts)
+    for label, paths in groups:
+        for i, path in enumerate(paths):
+            _add_row(grid, label if i == 0 else "", path)
+    if internal:
+        _add_row(
+            grid, "", f"(and {internal} file(s) of fleetrun's own: plan, pids, exit codes, heartbeats...)"
+        )
     border = _STATE_STYLE.get(record.state, "").replace("bold ", "") or "white"
     return Panel(
         grid, title=safe_text(f"run {record.id}"), title_align="left", border_style=border, expand=False
     )
 
 
-def runs_table(records: Sequence[RunRecord], *, now: float | None = None) -> Table:
-    """``fab runs``: one line per run, newest first (as ``RunRecords.list`` returns them)."""
+RUN_COLUMNS = ("state", "id", "playbook", "rule", "started", "duration", "cost", "commit")
+"""``fab runs``' columns, left to right: the outcome first."""
+RUN_COLUMNS_DROPPED_FIRST = ("commit", "cost", "duration", "started", "playbook")
+"""What a narrow terminal leaves out, in this order; the outcome, the id and the stop rule stay."""
+_PLAYBOOK_MAX = 24  # a longer playbook name is cut ('…') rather than squeezing the other columns
+
+
+def short_run_id(run_id: str) -> str:
+    """The last part of a run id (``digits-ddp-20261125-153617-36db57`` -> ``36db57``): its random
+    part, which ``fab show`` and the other commands accept as well (the job and the time are in
+    their own columns)."""
+    tail = run_id.rsplit("-", 1)[-1]
+    return tail if tail and tail != run_id else run_id
+
+
+def _table_width(widths: Mapping[str, int]) -> int:
+    """Rich's width for columns of these cell widths: one space each side and a rule between."""
+    return sum(widths.values()) + 3 * len(widths) + 1
+
+
+def runs_table(records: Sequence[RunRecord], *, now: float | None = None, width: int | None = None) -> Table:
+    """``fab runs``: one line per run, newest first (as ``RunRecords.list`` returns them).
+
+    ``width`` (the terminal's): the outcome comes first and is never cut; when every column does
+    not fit, ids are shortened to their random part, then columns are left out in the order of
+    ``RUN_COLUMNS_DROPPED_FIRST`` (the caption names them), rather than squeezing every column
+    until the outcome read ``┃┃┃`` while the id and the commit kept their full width."""
+    rows = [
+        {
+            "state": r.state,
+            "id": r.id,
+            "playbook": r.playbook_name or r.playbook_path or "-",
+            "rule": r.stop_rule or "-",
+            "started": fmt_time(r.started_at),
+            "duration": fmt_duration(r.duration_s(now)),
+            "cost": fmt_cost(r.cost_usd),
+            "commit": (r.git_commit or "-")[:12]
+            + ("-dirty" if (r.git_commit or "").endswith("-dirty") else ""),
+        }
+        for r in records
+    ]
+    rows = [{k: clean(v, 400) for k, v in row.items()} for row in rows]
+    columns, short_ids = list(RUN_COLUMNS), False
+    if width is not None and rows:
+
+        def needed(names: Sequence[str], short: bool) -> int:
+            widths = {}
+            for name in names:
+                cells = [short_run_id(row[name]) if name == "id" and short else row[name] for row in rows]
+                widths[name] = max(len(name), *(len(c) for c in cells))
+                if name == "playbook":
+                    widths[name] = min(widths[name], _PLAYBOOK_MAX)
+            return _table_width(widths)
+
+        if needed(columns, False) > width:
+            short_ids = True
+            for name in RUN_COLUMNS_DROPPED_FIRST:
+                if needed(columns, True) <= width:
+                    break
+                columns.remove(name)
     table = Table(title="runs", title_justify="left")
-    for name in ("id", "playbook", "state", "rule", "started", "duration", "cost", "commit"):
-        table.add_column(name, no_wrap=name in ("id", "started", "commit", "duration", "cost"))
-    for r in records:
-        _add_row(
-            table,
-            r.id,
-            r.playbook_name or r.playbook_path or "-",
-            Text(r.state, style=_STATE_STYLE.get(r.state, "")),
-            r.stop_rule or "-",
-            fmt_time(r.started_at),
-            fmt_duration(r.duration_s(now)),
-            fmt_cost(r.cost_usd),
-            (r.git_commit or "-")[:12] + ("-dirty" if (r.git_commit or "").endswith("-dirty") else ""),
-        )
+    for name in columns:
+        if name == "playbook":
+            table.add_column(name, max_width=_PLAYBOOK_MAX, no_wrap=True, overflow="ellipsis")
+        else:
+            table.add_column(name, no_wrap=True, min_width=len(name) if name != "state" else None)
+    if "state" in columns:  # the outcome is never cut: its column is as wide as its longest value
+        table.columns[0].min_width = max([len("state"), *(len(row["state"]) for row in rows)])
+    for record, row in zip(records, rows, strict=True):
+        cells: list[RenderableType] = []
+        for name in columns:
+            if name == "state":
+                cells.append(Text(row["state"], style=_STATE_STYLE.get(record.state, "")))
+            elif name == "id" and short_ids:
+                cells.append(short_run_id(row["id"]))
+            else:
+                cells.append(row[name])
+        _add_row(table, *cells)
     if not records:
         table.caption = "no runs recorded yet"
+    elif len(columns) < len(RUN_COLUMNS):
+        left_out = ", ".join(n for n in RUN_COLUMNS if n not in columns)
+        table.caption = f"too narrow for {left_out} (fab runs --json has every field)"
     return table
 
 

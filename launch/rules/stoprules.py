@@ -149,6 +149,10 @@ class NodeObservation:
     preempted: bool = False
     """The cloud announced this node's end (a preemption notice seen by its watchdog): an attempt
     that ends here was preempted, not failed."""
+    last_step: int | None = None
+    last_loss: float | None = None
+    """What this node's ranks logged last (rank 0's node: the run's step and loss); kept once the
+    node exited, so its row in the live table still says how far it got."""
 
 
 @dataclass(frozen=True)

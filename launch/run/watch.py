@@ -197,6 +197,8 @@ class Watcher:
                     last_reachable_at=node.last_reachable_at,
                     gpu_util=node.gpu_util,
                     preempted=node.preempted is not None,
+                    last_step=node.stream.last_step,
+                    last_loss=node.stream.last_loss,
                 )
             )
         exits = {

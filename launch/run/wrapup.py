@@ -99,7 +99,7 @@ def write_reports(
     records, summary = folder.read_metrics() if logged else ([], None)
     history = summary.history if summary is not None else []
     try:
-        plot_loss(history, folder.path / "loss.png", title=folder.path.name)
+        plot_loss(history, folder.path / "loss.png", title=folder.path.name, records=records)
         if logged:
             write_tensorboard(records, folder.path / "tensorboard", hyperparameters=hyperparameters)
     except Exception as exc:  # noqa: BLE001 - a plot must never hide the run's outcome
@@ -223,8 +223,10 @@ def wrap_up(
     reach = fleet
     try:
         if started_job:
-            reporter.say((decision.outcome, "bold"), f" ({decision.rule}): {decision.reason}")
-            reporter.say("stopping anything left of the run on the nodes, then pulling artifacts")
+            # the outcome and reason are the summary's first line (app.report), not said twice
+            reporter.say(
+                f"run ending ({decision.rule}): stopping what is left on the nodes, pulling artifacts"
+            )
             warm_up_reports()
             # Nodes the watcher lost are probed once, briefly, while the others are stopped and
             # pulled (see ``launch.run.lost_nodes``); the ones still silent are left out of stop,
@@ -333,7 +335,6 @@ def wrap_up(
     finally:
         if reports.is_alive():
             reports.join()
-    reporter.say(f"  teardown: {teardown}")
 
     ended_at = time.time()
     price = price_per_node_hour(target.instance_type, target.rules.price_per_node_hour)

@@ -18,6 +18,7 @@ Fan-out uses our own thread pool with a bound and per-command timeouts, because 
 from __future__ import annotations
 
 import contextlib
+import logging
 import resource
 import secrets
 import select
@@ -51,6 +52,11 @@ from launch.transport.openssh import openssh_command, proxy_command  # noqa: F40
 from launch.transport.reachability import sshd_answers
 
 T = TypeVar("T")
+
+# paramiko's transport thread logs a failed handshake (a port that never sends the SSH banner) as an
+# ERROR with a traceback; with no handler configured, Python's last-resort handler printed it on
+# the terminal. Every such failure also reaches the caller as an exception, which fleetrun names.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -156,10 +162,33 @@ class NodeConnection:
         if host.proxy_jump is not None:
             self.conn.connect_kwargs["sock"] = self.jumps.channel(host, self.connect_timeout)
             where = f"{where} through jump host {host.proxy_jump.label}"
+        started = time.monotonic()
         with connect_errors(host.name, where, host.key, host.host_key, self.conn.client, "host"):
-            self.conn.open()
+            try:
+                self.conn.open()
+            except paramiko.SSHException as exc:
+                self._name_a_silent_port(exc, where, time.monotonic() - started)
+                raise
             if self.conn.transport is not None:
                 self.conn.transport.set_keepalive(KEEPALIVE_S)
+
+    def _name_a_silent_port(self, exc: paramiko.SSHException, where: str, waited: float) -> None:
+        """A port that accepts TCP but never speaks SSH (a hung sshd, a firewall's tarpit, another
+        service) is named as such: paramiko gives up on the banner in its own thread and reports
+        "No existing session" or "Error reading SSH protocol banner", which read like an SSH bug."""
+        transport = self.conn.client.get_transport()
+        if transport is None or transport.remote_version:
+            return  # the server did send its banner: connect_errors names what failed after it
+        if "Indecipherable protocol version" in str(exc):
+            raise HostError(
+                self.host.name, f"{where} answered, but not with SSH (is another service on that port?)"
+            ) from None
+        if waited >= 0.9 * self.connect_timeout:  # not a hang-up: that is over in an instant
+            raise HostError(
+                self.host.name,
+                f"{where}: port {self.host.port} answered but sent no SSH banner within "
+                f"{self.connect_timeout} s (is sshd hung or overloaded, or another service on that port?)",
+            ) from None
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
         """Run a shell command; a non-zero exit is a result, a broken connection is a ``HostError``."""

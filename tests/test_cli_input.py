@@ -1,0 +1,234 @@
+"""Bad input on the command line itself: flags, ports, positional arguments, run ids, dates, paths.
+
+Each is parsed by the same programs ``fab`` and ``fleetrun`` run, in-process: the result must be
+one ``fleetrun: error:`` line on stderr and exit code 2 (no traceback, nothing started), or, for
+the documented forms, the task called with the arguments the user meant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fabric.config import Config as FabricConfig
+from fabric.executor import Executor as FabricExecutor
+from fabric.main import Fab
+from invoke import Program
+
+from launch.cli import app
+from launch.cli.main import program as fleetrun_program
+from launch.cli.tasks import ns
+
+
+def _fab() -> Program:
+    return Fab(
+        name="Fabric", namespace=ns, binary="fab", executor_class=FabricExecutor, config_class=FabricConfig
+    )
+
+
+PROGRAMS = pytest.mark.parametrize("make", [_fab, fleetrun_program], ids=["fab", "fleetrun"])
+
+
+def run_cli(
+    make: Callable[[], Program], argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    """Exit code, stdout, stderr of one command line."""
+    try:
+        make().run(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_error_line(code: int, out: str, err: str, *fragments: str) -> None:
+    assert "Traceback" not in err, err
+    assert code == 2, (code, err)
+    lines = err.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("fleetrun: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+@pytest.fixture
+def doctor_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """``app.doctor`` replaced: the arguments each ``doctor`` command line reached it with."""
+    calls: list[dict[str, Any]] = []
+
+    def fake(playbook: str | None = None, **kwargs: Any) -> bool:
+        calls.append({"playbook": playbook, **kwargs})
+        return True
+
+    monkeypatch.setattr(app, "doctor", fake)
+    return calls
+
+
+@PROGRAMS
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["doctor", "job.yaml", "--inventory", "hosts.yaml"],  # the README's form
+        ["doctor", "--playbook", "job.yaml", "--inventory", "hosts.yaml"],
+        ["doctor", "--inventory", "hosts.yaml", "job.yaml"],
+        ["doctor", "-i", "hosts.yaml", "-p", "job.yaml"],
+    ],
+)
+def test_doctor_takes_the_playbook_as_a_positional_argument_or_a_flag(
+    make: Callable[[], Program],
+    args: list[str],
+    doctor_calls: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _out, err = run_cli(make, ["prog", *args], capsys)
+    assert code == 0, err
+    assert doctor_calls == [
+        {"playbook": "job.yaml", "inventory": "hosts.yaml", "port": None, "verbose": False}
+    ]
+
+
+@PROGRAMS
+def test_doctor_without_a_playbook_still_runs(
+    make: Callable[[], Program], doctor_calls: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _out, err = run_cli(
+        make, ["prog", "doctor", "--inventory", "hosts.yaml", "--port", "29555"], capsys
+    )
+    assert code == 0, err
+    assert doctor_calls == [{"playbook": None, "inventory": "hosts.yaml", "port": 29555, "verbose": False}]
+
+
+@PROGRAMS
+@pytest.mark.parametrize("port", ["70000", "-5", "0", "65536"])
+def test_doctor_port_out_of_range_is_refused_before_anything_is_read(
+    make: Callable[[], Program], port: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(
+        make, ["prog", "doctor", f"--port={port}", "-i", str(tmp_path / "none.yaml")], capsys
+    )
+    assert_one_error_line(code, out, err, f"--port {port}", "1 to 65535")
+
+
+@PROGRAMS
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["doctor", "--port", "abc"], ("--port 'abc'", "whole number")),
+        (["runs", "--limit", "many"], ("--limit 'many'", "whole number")),
+        (["exec", "true", "--timeout", "soon"], ("--timeout 'soon'", "a number")),
+        (["local.up", "--nodes", "3x"], ("--nodes '3x'", "whole number")),
+    ],
+)
+def test_a_flag_value_not_of_its_kind_is_one_line_not_a_traceback(
+    make: Callable[[], Program],
+    args: list[str],
+    fragments: tuple[str, ...],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run_cli(make, ["prog", *args], capsys)
+    assert_one_error_line(code, out, err, *fragments)
+
+
+@pytest.fixture
+def one_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fleetrun home holding one finished run (its folder has a short loss history)."""
+    import json
+
+    from launch.run.records import RunRecords
+
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("FLEETRUN_RUNS", raising=False)
+    folder = tmp_path / "runs" / "demo-1"
+    folder.mkdir(parents=True)
+    lines = [{"step": s, "time": 1.0e9 + s, "loss": 1.0 / (s + 1)} for s in range(5)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with RunRecords(tmp_path / "home" / "runs.db") as db:
+        db.start(run_id="demo-1", playbook_name="demo", started_at=1.0e9, run_dir=str(folder), watcher_pid=1)
+        db.finish("demo-1", state="succeeded", ended_at=1.0e9 + 60)
+    return "demo-1"
+
+
+NOT_UTF8 = b"\xff\xfe".decode("utf-8", "surrogateescape")  # what Python makes of $'\xff\xfe' in argv
+
+
+@PROGRAMS
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", NOT_UTF8],
+        ["logs", NOT_UTF8],
+        ["pull", NOT_UTF8],
+        ["watch", NOT_UTF8],
+        ["compare", f"demo-1,{NOT_UTF8}", "--plot", ""],
+        ["show", "demo\x1b[2J"],
+    ],
+)
+def test_a_run_id_that_is_not_text_is_one_line(
+    make: Callable[[], Program], args: list[str], one_run: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(make, ["prog", *args], capsys)
+    assert_one_error_line(code, out, err, "no run ", "printable text")
+    assert "\x1b" not in err
+
+
+@PROGRAMS
+@pytest.mark.parametrize("since", ["0001-01-01", "0001-01-01T00:00:00", "9999-12-31T23:59:59-14:00"])
+def test_runs_since_a_date_out_of_range_is_one_line(
+    make: Callable[[], Program], since: str, one_run: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(make, ["prog", "runs", "--since", since], capsys)
+    if code == 0:  # a far-future date is a valid (empty) filter, never a traceback
+        assert "Traceback" not in err and one_run not in out
+        return
+    assert_one_error_line(code, out, err, "--since", "expected a date")
+
+
+@PROGRAMS
+def test_compare_plot_to_an_unwritable_path_is_one_line_before_the_table(
+    make: Callable[[], Program], one_run: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for plot in (str(a_file / "loss.png"), str(tmp_path)):
+        code, out, err = run_cli(make, ["prog", "compare", one_run, "--plot", plot], capsys)
+        assert_one_error_line(code, out, err, "--plot", plot)
+        assert out == "", "nothing is printed before the refusal"
+    code, out, err = run_cli(
+        make, ["prog", "compare", one_run, "--plot", str(tmp_path / "new" / "c.png")], capsys
+    )
+    assert code == 0 and (tmp_path / "new" / "c.png").is_file(), err
+    assert not [p for p in (tmp_path / "new").iterdir() if p.name != "c.png"], "the probe file is removed"
+
+
+@PROGRAMS
+def test_runs_tensorboard_into_an_unwritable_folder_is_one_line(
+    make: Callable[[], Program], one_run: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    code, out, err = run_cli(make, ["prog", "runs", "--tensorboard", str(a_file / "tb")], capsys)
+    assert_one_error_line(code, out, err, "--tensorboard")
+
+
+def test_the_end_of_a_run_says_why_a_profiled_rank_left_no_trace(tmp_path: Path) -> None:
+    """``procs_per_node: auto`` on hosts of unknown GPU count: the world size is known only once
+    the nodes report it, so the playbook is accepted and the end of the run says it."""
+    from launch.job.spec import load_job_spec
+
+    (tmp_path / "code").mkdir()
+    playbook = tmp_path / "job.yaml"
+    playbook.write_text(
+        "name: demo\nworkdir: code\nentrypoint: python x.py\nnodes: 2\nprocs_per_node: auto\n"
+        "profile: {steps: '2-3', ranks: [1, 7]}\n"
+    )
+    spec = load_job_spec(playbook)
+    app.check_profiled_ranks_exist(spec, None, playbook)  # unknown world size: nothing to refuse yet
+    line = app.missing_profile_ranks_line(spec, {"world_size": 2, "ranks": []})
+    assert line == "no trace from rank(s) 7 (profile.ranks): the job ran 2 process(es), ranks 0-1"
+    assert app.missing_profile_ranks_line(spec, {"world_size": 8}) is None
+    for garbage in (None, {"world_size": "2"}, {"world_size": True}, [2], {"world_size": 0}):
+        assert app.missing_profile_ranks_line(spec, garbage) is None
+    with pytest.raises(Exception, match=r"field 'profile.ranks': rank\(s\) 7 do not exist"):
+        app.check_profiled_ranks_exist(spec, 4, playbook)
