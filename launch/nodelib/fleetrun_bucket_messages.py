@@ -225,6 +225,12 @@ class PreemptionNotice:
     Its existence is the checkpoint helper's ``should_save()`` flag; the node agent reports it in
     every poll (``PollAnswer.preempted``) so the laptop records the attempt as preempted, not
     failed. ``durable_step`` is set once a checkpoint reached the bucket after the notice.
+
+    For the laptop's drain (``launch.run.drain``): ``deadline_at`` is when the cloud takes the node
+    (the notice's own time, else the notice plus the cloud's window), ``saved_step`` a complete
+    checkpoint made on this node after the notice, and ``settled_at`` when the watchdog stopped
+    waiting (the ranks are gone and the bucket said what it will say): past it nothing on this
+    node changes any more. All on the node's clock.
     """
 
     noticed_at: float
@@ -233,6 +239,9 @@ class PreemptionNotice:
     signalled: int = 0
     durable_step: int | None = None
     durable_at: float | None = None
+    deadline_at: float | None = None
+    saved_step: int | None = None
+    settled_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -242,6 +251,9 @@ class PreemptionNotice:
             "signalled": self.signalled,
             "durable_step": self.durable_step,
             "durable_at": self.durable_at,
+            "deadline_at": self.deadline_at,
+            "saved_step": self.saved_step,
+            "settled_at": self.settled_at,
         }
 
     def to_json(self) -> str:
@@ -263,4 +275,7 @@ class PreemptionNotice:
             signalled=f.integer("signalled", 0, 10**6, required=False, default=0),
             durable_step=f.optional_integer("durable_step", 0, MAX_INT),
             durable_at=f.number("durable_at", 0.0, MAX_TIMESTAMP),
+            deadline_at=f.number("deadline_at", 0.0, MAX_TIMESTAMP),
+            saved_step=f.optional_integer("saved_step", 0, MAX_INT),
+            settled_at=f.number("settled_at", 0.0, MAX_TIMESTAMP),
         )

@@ -251,21 +251,47 @@ def on_notice(
     after the notice (the laptop reads it: the attempt was preempted, not failed).
     """
     noticed = time.time()
-    record = protocol.PreemptionNotice(noticed_at=noticed, source=cfg.preemption, detail=notice.detail)
+    deadline_at = fleetrun_preempt.deadline_of(notice, noticed, cfg.notice_window_s or window)
+    record = protocol.PreemptionNotice(
+        noticed_at=noticed, source=cfg.preemption, detail=notice.detail, deadline_at=deadline_at
+    )
     fleetrun_preempt.write_notice(run_dir, record)
     sent = fleetrun_preempt.signal_ranks(cfg.run_id, spare=(os.getpid(),))
     record = dataclasses.replace(record, signalled=sent)
     fleetrun_preempt.write_notice(run_dir, record)
-    log(f"preemption notice ({notice.detail[:120]}): SIGTERM sent to {sent} rank(s)")
-    deadline = noticed + (cfg.notice_window_s or window) - NOTICE_MARGIN_S
-    step = wait_durable(run_dir, cfg, noticed, deadline)
-    record = dataclasses.replace(record, durable_step=step, durable_at=None if step is None else time.time())
+    log(
+        f"preemption notice ({notice.detail[:120]}): SIGTERM sent to {sent} rank(s); "
+        f"the node goes in {deadline_at - noticed:.0f} s"
+    )
+    step = wait_durable(run_dir, cfg, noticed, deadline_at - NOTICE_MARGIN_S)
+    record = dataclasses.replace(
+        record,
+        durable_step=step,
+        durable_at=None if step is None else time.time(),
+        saved_step=saved_after(run_dir, cfg, noticed),
+        settled_at=time.time(),
+    )
     fleetrun_preempt.write_notice(run_dir, record)
     log(
         f"checkpoint step {step} is in the bucket, {time.time() - noticed:.1f} s after the notice"
         if step is not None
         else "no checkpoint reached the bucket after the notice"
     )
+
+
+def saved_after(run_dir: str, cfg: protocol.GuardConfig, noticed: float) -> int | None:
+    """The step of a complete checkpoint on this node made after the notice, or None (rank 0 runs
+    elsewhere, or saved nothing). The laptop's drain keeps the node until that step is safe
+    elsewhere (a peer copy); an error here is "none", never a crash of the preemption path."""
+    try:
+        local = fleetrun_checkpoint.Checkpointer(
+            run_dir=run_dir, bucket=cfg.bucket, rank=0, handle_sigterm=False
+        )
+        found = local.on_node(hashes=False)
+    except Exception as exc:  # noqa: BLE001 - reported in the log, the drain goes on without it
+        log(f"could not list this node's checkpoints: {type(exc).__name__}: {exc}")
+        return None
+    return found.step if found is not None and found.manifest.created >= noticed else None
 
 
 def wait_durable(run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadline: float) -> int | None:

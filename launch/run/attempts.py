@@ -37,6 +37,7 @@ from launch.rules.metrics_stream import LossPoint
 from launch.rules.recovery import (
     LOSS_RULES,
     AttemptEnd,
+    Drained,
     Loss,
     NodeEvidence,
     RecoveryPlan,
@@ -49,6 +50,7 @@ from launch.rules.recovery import (
 )
 from launch.rules.stoprules import StopDecision
 from launch.run.checkpoints import spread_latest
+from launch.run.drain import drain_noticed, ssh_reader
 from launch.run.records import RunRecords
 from launch.run.run_folder import RunFolder
 from launch.run.summary import RunSummary
@@ -170,6 +172,8 @@ class Attempts:
         """The latest attempt's, for a wrap-up after an unexpected error between attempts."""
         self.new_hosts: dict[str, Host] = {}
         """The replacement ``Host`` of each node replaced for the coming attempt."""
+        self.drained: tuple[Drained, ...] = ()
+        """Each preempted node's drain before its replacement (``launch.run.drain``)."""
 
     @property
     def policy(self) -> RecoveryPolicy:
@@ -231,8 +235,10 @@ class Attempts:
                 replaced=plan.replace,
                 dropped=plan.drop,
                 recovery_s=tuple(self.started_by.items()),
+                drained=self.drained,
             )
         )
+        self.drained = ()
 
     def run(
         self, target: WatchTarget, watcher: Watcher | None, decision: StopDecision
@@ -296,6 +302,11 @@ class Attempts:
             return RecoveryPlan(
                 stop=f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
             )
+        if loss.kind == "preempted":  # kept until the notice's checkpoint is durable (launch.run.drain)
+            noticed = [h for h in runner.hosts if h.name in lost]
+            self.drained = drain_noticed(noticed, ssh_reader(runner.fleet, runner.plan.run_id), self.say)
+            self.timings["drain"] = time.monotonic() - started
+            started = time.monotonic()
         for name in lost:
             runner.fleet.connections[name].close()
         kind = fleet_kind(runner.inventory.fleet)

@@ -1,0 +1,163 @@
+"""Drain a preempted node before it is replaced: the notice is time to save, not a death.
+
+A preemption notice (EC2: 120 s, GCE: 30 s) makes the node's watchdog flag every rank, which
+checkpoints at its next step and uploads; the watchdog then waits for that checkpoint in the
+bucket and records it in ``preempt.json`` (``launch.nodelib.fleetrun_guard.on_notice``). The
+ranks exit, so the laptop's attempt ends within seconds of the notice, long before the upload is
+done. Replacing the node then (its processes killed, its disk wiped) lost the very checkpoint the
+notice asked for. So between stopping the survivors and replacing the noticed nodes, the laptop
+reads each noticed node's record once a second and keeps the node, processes and watchdog
+included, until the decision (``launch.rules.recovery.drain_verdict``) says it may go.
+
+Everything here takes explicit arguments (the fleet, the hosts, the run id, a ``say`` callback),
+so the runner's restructuring does not move it. ``peer_durable(node, step)`` is the hook for a
+copy of the node's post-notice checkpoint elsewhere (a peer copy): until something provides one,
+only the bucket makes a checkpoint durable and a node without a bucket is kept until its
+watchdog is done or the notice runs out.
+
+The record on the node is untrusted: read with a byte bound, parsed by the node protocol, and a
+node that lies about its deadline is still let go after ``MAX_DRAIN_S`` of this machine's clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from launch.job.inventory import Host
+from launch.nodelib.fleetrun_protocol import PreemptionNotice, ProtocolError
+from launch.planning import remote_layout as layout
+from launch.reports.safe_text import clean
+from launch.rules.recovery import Drained, DrainVerdict, NoticeState, drain_verdict
+from launch.transport.ssh import Fleet, NodeConnection
+
+MAX_RECORD_BYTES = 16384
+MAX_DRAIN_S = 600.0
+"""The longest this machine waits for any node, whatever the node's record says."""
+READ_TIMEOUT_S = 10.0
+EVERY_S = 1.0
+
+Read = Callable[[Host], "tuple[bool, NoticeState | None]"]
+"""One read of a node: (it answered, its notice state or None when it has no readable record)."""
+PeerDurable = Callable[[str, int], bool]
+
+
+def never(_node: str, _step: int) -> bool:
+    """No peer copies (yet): only the bucket makes a post-notice checkpoint durable."""
+    return False
+
+
+def read_command(run_id: str) -> str:
+    """The node's clock, then its notice record (bounded); nothing else."""
+    path = f"$HOME/{layout.rundir(run_id)}/preempt.json"
+    return f'date +%s.%N; head -c {MAX_RECORD_BYTES} "{path}" 2>/dev/null; true'
+
+
+def parse_read(stdout: str) -> NoticeState | None:
+    """``read_command``'s output as a ``NoticeState``; None when either part does not parse."""
+    clock, _, record = stdout[: MAX_RECORD_BYTES + 64].partition("\n")
+    try:
+        node_now = float(clock.strip())
+        notice = PreemptionNotice.from_json(record.strip())
+    except (ValueError, ProtocolError):
+        return None
+    if not 0.0 < node_now < 1e11:
+        return None
+    return NoticeState(
+        noticed_at=notice.noticed_at,
+        deadline_at=notice.deadline_at,
+        node_now=node_now,
+        durable_step=notice.durable_step,
+        saved_step=notice.saved_step,
+        settled=notice.settled_at is not None,
+    )
+
+
+def ssh_reader(fleet: Fleet, run_id: str) -> Read:
+    """Reads through the fleet's connections; any error (refused, timed out) is "no answer"."""
+    command = read_command(run_id)
+
+    def read(host: Host) -> tuple[bool, NoticeState | None]:
+        def one(conn: NodeConnection) -> str:
+            result = conn.run(command, timeout=READ_TIMEOUT_S)
+            if not result.ok:
+                raise RuntimeError(f"exit {result.exit_code}")
+            return str(result.stdout)
+
+        answer = fleet.map(one, hosts=[host], deadline=READ_TIMEOUT_S + 5).get(host.name)
+        if not isinstance(answer, str):
+            return False, None
+        return True, parse_read(answer)
+
+    return read
+
+
+def drain_noticed(
+    hosts: Sequence[Host],
+    read: Read,
+    say: Callable[[str], None],
+    peer_durable: PeerDurable = never,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    every_s: float = EVERY_S,
+) -> tuple[Drained, ...]:
+    """Keep each noticed node until its drain verdict says it may go; the record of each drain.
+
+    Nodes are read one after another each round (a handful at most: the nodes one notice wave
+    takes); a node whose verdict is in is not read again.
+    """
+    if not hosts:
+        return ()
+    started = clock()
+    pending = {h.name: h for h in hosts}
+    first: dict[str, NoticeState] = {}
+    last: dict[str, NoticeState] = {}
+    done: dict[str, Drained] = {}
+    say(f"  draining {', '.join(pending)}: kept until the checkpoint made after the notice is durable")
+    while pending:
+        for name, host in list(pending.items()):
+            reachable, state = read(host)
+            if state is not None:
+                first.setdefault(name, state)
+                last[name] = state
+            peer = state is not None and state.saved_step is not None and peer_durable(name, state.saved_step)
+            verdict = drain_verdict(state, reachable, peer_durable=peer)
+            if not verdict.done and clock() - started >= MAX_DRAIN_S:
+                verdict = DrainVerdict("deadline", state.saved_step if state else None)
+            if verdict.done:
+                done[name] = _record(name, verdict, last.get(name), state, clock() - started)
+                say(f"  {clean(name)}: {_sentence(done[name])}")
+                del pending[name]
+        if pending:
+            sleep(every_s)
+    return tuple(done[h.name] for h in hosts)
+
+
+def _record(
+    name: str, verdict: DrainVerdict, seen: NoticeState | None, now: NoticeState | None, waited: float
+) -> Drained:
+    assert verdict.why is not None
+    notice_s = None
+    used_s = None
+    if seen is not None:
+        if seen.deadline_at is not None:
+            notice_s = max(0.0, seen.deadline_at - seen.noticed_at)
+        # the node's clock when it still answered; a node gone since: its last answer plus the wait
+        used_s = max(0.0, (now or seen).node_now - seen.noticed_at)
+    elif verdict.why == "gone":
+        used_s = None
+    return Drained(node=name, ended=verdict.why, notice_s=notice_s, used_s=used_s, step=verdict.step)
+
+
+def _sentence(d: Drained) -> str:
+    used = "" if d.used_s is None else f" {d.used_s:.1f} s"
+    of = "" if d.notice_s is None else f" of its {d.notice_s:.0f} s notice"
+    if d.ended == "durable":
+        return f"checkpoint step {d.step} is durable;{used}{of} used, replacing it now"
+    if d.ended == "nothing_held":
+        return f"holds no checkpoint made after the notice and its watchdog is done;{used}{of} used"
+    if d.ended == "deadline":
+        return f"the notice ran out{' (' + used.strip() + of + ')' if used else ''}; replacing it now"
+    if d.ended == "gone":
+        return "no longer answers (the cloud took it, or it powered off): replacing it"
+    return "has no readable notice record: nothing to wait for"
