@@ -71,13 +71,18 @@ def serve_notice(names: FleetNames, node: str, in_s: float) -> float:
         raise LocalFleetError(
             f"local fleet {names.prefix} has no spot notices: start it with fab local.up --spot"
         )
-    now = time.time()
-    record = {"noticed_at": now, "deadline_at": now + in_s, "host_key": host_key_stamp(names, index)}
+    return write_notice(names, index, in_s)
+
+
+def write_notice(names: FleetNames, i: int, in_s: float, now: float | None = None) -> float:
+    """The notice file the daemon answers from (atomic); the node's host key as it is now."""
+    now = time.time() if now is None else now
+    record = {"noticed_at": now, "deadline_at": now + in_s, "host_key": host_key_stamp(names, i)}
     where = notice_dir(names)
-    where.mkdir(mode=0o700, exist_ok=True)
-    tmp = where / f"{node}.json.tmp"
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = where / f"{names.node_name(i)}.json.tmp"
     tmp.write_text(json.dumps(record))
-    tmp.replace(where / f"{node}.json")
+    tmp.replace(where / f"{names.node_name(i)}.json")
     return now + in_s
 
 
