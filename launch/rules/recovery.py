@@ -47,6 +47,7 @@ __all__ = [
     "describe_policy",
     "drain_verdict",
     "plan_recovery",
+    "silent_before",
     "steps_recomputed",
 ]
 
@@ -146,16 +147,28 @@ class NodeEvidence:
     """Seconds between the first and the last check."""
     cloud_gone: bool = False
     preempted: bool = False
+    silent_before_s: float = 0.0
+    """How long the watcher had already found the node silent, poll after poll, before the stop
+    decision (the ``unreachable`` rule's limit for the nodes it named; see ``silent_before``)."""
 
 
 def confirmed_lost(evidence: NodeEvidence, confirm_s: float) -> bool:
     """Lost only when every check failed, there were at least two, spread over ``confirm_s``
-    (or the cloud says the machine is gone). Any answer at all means: not lost."""
+    together with the silence the watcher saw before (or the cloud says the machine is gone).
+    Any answer at all means: not lost."""
     if evidence.cloud_gone:
         return True
     if any(evidence.checks):
         return False
-    return len(evidence.checks) >= 2 and evidence.span_s >= confirm_s
+    return len(evidence.checks) >= 2 and evidence.span_s + evidence.silent_before_s >= confirm_s
+
+
+def silent_before(decision: StopDecision, unreachable_timeout_s: float | None) -> dict[str, float]:
+    """The nodes the ``unreachable`` rule gave up on were silent for its whole limit, poll after
+    poll: evidence already, which the re-checks need not gather again (item 8 of issue 19)."""
+    if decision.rule != "unreachable" or unreachable_timeout_s is None:
+        return {}
+    return {node: unreachable_timeout_s for node in decision.nodes}
 
 
 @dataclass(frozen=True)

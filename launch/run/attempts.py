@@ -45,12 +45,14 @@ from launch.rules.recovery import (
     answered_again,
     classify,
     plan_recovery,
+    silent_before,
     steps_recomputed,
     without,
 )
 from launch.rules.stoprules import StopDecision
 from launch.run.checkpoints import spread_latest
 from launch.run.drain import drain_noticed, ssh_reader
+from launch.run.recheck import recheck
 from launch.run.records import RunRecords
 from launch.run.run_folder import RunFolder
 from launch.run.summary import RunSummary
@@ -190,11 +192,12 @@ class Attempts:
         self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
         started = time.monotonic()
         jumps = self.runner.fleet.jumps  # hosts behind a bastion are checked through it
-        evidence = gather_evidence(  # sshd_answers looked up here, so tests can stand in for sshd
+        evidence = recheck(  # overlapping checks, the watcher's silence counted (launch.run.recheck)
             self.runner.hosts,
             self.policy.confirm_s,
             check=lambda host: sshd_answers(host, CHECK_TIMEOUT_S, jumps),
             preempted=preempted_nodes(watcher),
+            silent_before=silent_before(decision, self.runner.spec.stop.unreachable_timeout_s),
         )
         self.timings = {"recheck": time.monotonic() - started}
         back = answered_again(decision, evidence)
