@@ -12,7 +12,7 @@ from launch.job.inventory import Host
 from launch.nodelib import fleetrun_preempt
 from launch.nodelib.fleetrun_protocol import PreemptionNotice
 from launch.rules.recovery import AttemptEnd, Drained, NoticeState, drain_verdict
-from launch.run.drain import MAX_DRAIN_S, drain_noticed, parse_read, read_command
+from launch.run.drain import MAX_DRAIN_S, copied_through_laptop, drain_noticed, parse_read, read_command
 from tests.conftest import sample_inventory
 
 NOTICED = 1_000_000.0
@@ -200,3 +200,28 @@ def test_the_deadline_is_the_notice_time_within_the_window_else_the_window() -> 
     far = fleetrun_preempt.Notice("x", deadline=NOTICED + 3600)
     assert fleetrun_preempt.deadline_of(far, NOTICED, 120.0) == NOTICED + 120
     assert fleetrun_preempt.deadline_of(fleetrun_preempt.Notice("x"), NOTICED, 30.0) == NOTICED + 30
+
+
+def test_the_laptops_copy_makes_the_saved_step_durable_once_it_holds_it() -> None:
+    calls: list[int] = []
+
+    def spread() -> str | None:
+        calls.append(1)
+        return "~/.fleetrun/runs/r1/checkpoints/step-23"
+
+    durable = copied_through_laptop(spread)
+    assert durable("n1", 23) and durable("n1", 20)
+    assert not durable("n1", 24), "an older copy does not make a newer step durable"
+    assert len(calls) == 1, "copied once"
+    assert not copied_through_laptop(lambda: None)("n1", 1)
+    assert not copied_through_laptop(lambda: "/tmp/step-7; rm -rf ~")("n1", 1)
+
+
+def test_without_a_bucket_the_head_is_drained_by_the_laptops_copy() -> None:
+    node = FakeNode([(True, state(2.0)), (True, state(4.0, saved_step=23, settled=True))])
+    clock = FakeClock()
+    durable = copied_through_laptop(lambda: "runs/r1/checkpoints/step-23")
+    (drained,) = drain_noticed(
+        hosts(), node, lambda _m: None, peer_durable=durable, clock=clock, sleep=clock.sleep
+    )
+    assert drained.ended == "durable" and drained.step == 23 and node.reads == 2

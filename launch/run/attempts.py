@@ -51,7 +51,7 @@ from launch.rules.recovery import (
 )
 from launch.rules.stoprules import StopDecision
 from launch.run.checkpoints import spread_latest
-from launch.run.drain import drain_noticed, ssh_reader
+from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
 from launch.run.recheck import recheck
 from launch.run.records import RunRecords
 from launch.run.run_folder import RunFolder
@@ -307,7 +307,14 @@ class Attempts:
             )
         if loss.kind == "preempted":  # kept until the notice's checkpoint is durable (launch.run.drain)
             noticed = [h for h in runner.hosts if h.name in lost]
-            self.drained = drain_noticed(noticed, ssh_reader(runner.fleet, runner.plan.run_id), self.say)
+            reader = ssh_reader(runner.fleet, runner.plan.run_id)
+
+            def spread() -> str | None:  # the laptop's peer copy: off the noticed node before it goes
+                self.spread_checkpoint()
+                return runner.resume_from
+
+            copy = copied_through_laptop(spread)
+            self.drained = drain_noticed(noticed, reader, self.say, peer_durable=copy)
             self.timings["drain"] = time.monotonic() - started
             started = time.monotonic()
         for name in lost:

@@ -21,6 +21,7 @@ node that lies about its deadline is still let go after ``MAX_DRAIN_S`` of this 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -36,6 +37,7 @@ MAX_DRAIN_S = 600.0
 """The longest this machine waits for any node, whatever the node's record says."""
 READ_TIMEOUT_S = 10.0
 EVERY_S = 1.0
+STEP_PATH = re.compile(r"step-(\d{1,18})/?\Z")
 
 Read = Callable[[Host], "tuple[bool, NoticeState | None]"]
 """One read of a node: (it answered, its notice state or None when it has no readable record)."""
@@ -43,8 +45,25 @@ PeerDurable = Callable[[str, int], bool]
 
 
 def never(_node: str, _step: int) -> bool:
-    """No peer copies (yet): only the bucket makes a post-notice checkpoint durable."""
+    """No peer copies: only the bucket makes a post-notice checkpoint durable."""
     return False
+
+
+def copied_through_laptop(spread: Callable[[], str | None]) -> PeerDurable:
+    """A peer copy made by the laptop: ``spread`` copies the newest complete checkpoint of any node
+    to every node of the run and returns its path (``.../step-<N>``) or None. Asked once, when the
+    noticed node is done and holds a step no bucket confirmed (no bucket, or its upload failed):
+    then a survivor holds that step too and the node may go. Without it a checkpoint that only
+    the noticed node holds (rank 0's node, no bucket) would be wiped with it."""
+    copied: list[int | None] = []
+
+    def durable(_node: str, step: int) -> bool:
+        if not copied:
+            found = STEP_PATH.search(spread() or "")
+            copied.append(int(found.group(1)) if found else None)
+        return copied[0] is not None and copied[0] >= step
+
+    return durable
 
 
 def read_command(run_id: str) -> str:
