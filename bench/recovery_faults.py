@@ -6,6 +6,7 @@ recomputed, on one 3-node local fleet, measured from outside.
 | worker silent (link down), unreachable 10 s     | <= 25 s                           | <= 1 interval    |
 | head silent, no bucket                          | <= 25 s                           | <= 1 interval    |
 | spot notice on the head (bucket)                | <= 20 s after the notice          | 0                |
+| spot notice on the head, no bucket (extra row)  | <= 20 s after the notice          | 0                |
 
 Usage (root): .venv/bin/python bench/recovery_faults.py [--trials 3] [--only NAME ...]
 Prints a table (medians over the trials) and writes bench/results/recovery_faults.json.
@@ -15,7 +16,8 @@ bucket run with the fleet's bucket taken out of its inventory. Faults: the rank'
 on node 2 SIGKILLed (``recovery.on`` lists ``rank_failed``); a node's link taken down (its
 processes run on, it answers nothing: a machine gone silent, no reset) and brought back up only
 once fleetrun replaces the node (its host key changes: a new machine); ``fab local.preempt``'s
-notice on node 0. "First resumed step": this process (root) reads the nodes' run directories
+notice on node 0 (without a bucket the laptop copies the post-notice checkpoint off the head
+before it goes). "First resumed step": this process (root) reads the nodes' run directories
 until a metrics record of attempt 2 appears. The job checkpoints every 5 steps, 0.25 s a step.
 Another engineer's peer copy (issue 19) is what makes "head silent, no bucket" resume from a
 recent step; without it the run starts over (recomputed = every step done).
@@ -54,6 +56,7 @@ SCENARIOS = {
     "worker_silent": ("worker silent (link down), unreachable 10 s", 25.0, EVERY),
     "head_silent": ("head silent, no bucket", 25.0, EVERY),
     "spot_head": ("spot notice on the head (bucket)", 20.0, 0),
+    "spot_head_nobucket": ("spot notice on the head, no bucket", 20.0, 0),
 }
 
 
@@ -86,15 +89,23 @@ def run_dirs(fleet: LocalFleet) -> set[Path]:
     return {p for u in fleet.existing_users() for p in Path(f"/home/{u}/.fleetrun/runs").glob("*")}
 
 
-def reached(fleet: LocalFleet, old: set[Path], attempt: int, step: int = 1) -> bool:
+def steps_of(fleet: LocalFleet, old: set[Path], later_than: int) -> list[int]:
+    """Steps rank 0 logged in attempts after ``later_than`` (wherever rank 0 ran)."""
+    found = []
     for run_dir in run_dirs(fleet) - old:
         for path in run_dir.glob("metrics.jsonl"):
             for line in path.read_text(errors="replace").splitlines():
                 with contextlib.suppress(ValueError):
                     r = json.loads(line)
-                    if r.get("attempt") == attempt and isinstance(r.get("step"), int) and r["step"] >= step:
-                        return True
-    return False
+                    attempt, step = r.get("attempt"), r.get("step")
+                    if isinstance(attempt, int) and attempt > later_than and isinstance(step, int):
+                        found.append(step)
+    return found
+
+
+def reached(fleet: LocalFleet, old: set[Path], attempt: int, step: int = 1) -> bool:
+    """Rank 0 logged ``step`` (or later) in attempt ``attempt`` or a later one."""
+    return any(s >= step for s in steps_of(fleet, old, attempt - 1))
 
 
 def set_bucket(fleet: LocalFleet, saved: dict[str, object], on: bool) -> None:
@@ -148,6 +159,7 @@ def one(tmp: Path, fleet: LocalFleet, name: str) -> dict[str, object]:
         "worker_silent": lambda: silence(fleet, 2),
         "head_silent": lambda: silence(fleet, 0),
         "spot_head": lambda: None if serve_notice(fleet, fleet.node_name(0), 120) else None,
+        "spot_head_nobucket": lambda: None if serve_notice(fleet, fleet.node_name(0), 120) else None,
     }
 
     def fault() -> None:
@@ -159,8 +171,9 @@ def one(tmp: Path, fleet: LocalFleet, name: str) -> dict[str, object]:
             threading.Thread(target=faults[name], daemon=True).start()
         else:
             faults[name]()
-        wait_for(lambda: reached(fleet, old, 2), 300, "the first step of attempt 2")
+        wait_for(lambda: reached(fleet, old, 2), 300, "the first resumed step")
         marks["resumed"] = time.time()
+        marks["first_resumed_step"] = min(steps_of(fleet, old, 1))
 
     result = run_with_fault(playbook(tmp, name), fleet, fault)
     with history.open_records() as db:
@@ -170,7 +183,11 @@ def one(tmp: Path, fleet: LocalFleet, name: str) -> dict[str, object]:
     if "resumed" in marks:
         row["fault_to_first_resumed_step_s"] = round(marks["resumed"] - marks["fault"], 1)
     if len(attempts) > 1:
-        row["steps_recomputed"] = attempts[1].get("steps_recomputed")
+        # rank 0's first step after the fault against the last one before it (any attempt after
+        # the first counts: a retry that failed in between still resumed from somewhere)
+        last_before = attempts[0].get("last_step")
+        if isinstance(last_before, int) and "first_resumed_step" in marks:
+            row["steps_recomputed"] = max(0, last_before - (int(marks["first_resumed_step"]) - 1))
         row["recovery_steps_s"] = attempts[1].get("recovery_s")
         row["attempt1_end_after_fault_s"] = round(float(attempts[0]["ended_at"]) - marks["fault"], 1)
         row["launch_to_first_step_s"] = round(marks["resumed"] - float(attempts[1]["started_at"]), 1)
