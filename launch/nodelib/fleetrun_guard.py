@@ -248,7 +248,10 @@ def on_notice(
 
     The flag file comes first, so a rank checking ``should_save()`` before its signal arrives
     still saves; the record says how many ranks were told and which step reached the bucket
-    after the notice (the laptop reads it: the attempt was preempted, not failed).
+    after the notice (the laptop reads it: the attempt was preempted, not failed). It also says
+    when the node goes (the notice's own time, EC2's ``time``, else the window), the step this
+    node saved after the notice and when the wait was over: the laptop keeps the node until that
+    checkpoint is safe (``launch.run.drain``), so this node's processes are still here meanwhile.
     """
     noticed = time.time()
     deadline_at = fleetrun_preempt.deadline_of(notice, noticed, cfg.notice_window_s or window)
