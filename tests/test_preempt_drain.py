@@ -225,3 +225,18 @@ def test_without_a_bucket_the_head_is_drained_by_the_laptops_copy() -> None:
         hosts(), node, lambda _m: None, peer_durable=durable, clock=clock, sleep=clock.sleep
     )
     assert drained.ended == "durable" and drained.step == 23 and node.reads == 2
+
+
+def test_no_copy_through_the_laptop_once_the_bucket_confirmed_the_step() -> None:
+    asked: list[int] = []
+    node = FakeNode([(True, state(5.0, saved_step=20, durable_step=20, settled=True))])
+    clock = FakeClock()
+    (drained,) = drain_noticed(
+        hosts(),
+        node,
+        lambda _m: None,
+        peer_durable=lambda _n, s: bool(asked.append(s)),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert drained.ended == "durable" and asked == []

@@ -129,7 +129,6 @@ def drain_noticed(
         return ()
     started = clock()
     pending = {h.name: h for h in hosts}
-    first: dict[str, NoticeState] = {}
     last: dict[str, NoticeState] = {}
     done: dict[str, Drained] = {}
     say(f"  draining {', '.join(pending)}: kept until the checkpoint made after the notice is durable")
@@ -137,14 +136,19 @@ def drain_noticed(
         for name, host in list(pending.items()):
             reachable, state = read(host)
             if state is not None:
-                first.setdefault(name, state)
                 last[name] = state
-            peer = state is not None and state.saved_step is not None and peer_durable(name, state.saved_step)
+            # asked only when the bucket has not answered: a copy through the laptop is not free
+            peer = (
+                state is not None
+                and state.durable_step is None
+                and state.saved_step is not None
+                and peer_durable(name, state.saved_step)
+            )
             verdict = drain_verdict(state, reachable, peer_durable=peer)
             if not verdict.done and clock() - started >= MAX_DRAIN_S:
                 verdict = DrainVerdict("deadline", state.saved_step if state else None)
             if verdict.done:
-                done[name] = _record(name, verdict, last.get(name), state, clock() - started)
+                done[name] = _record(name, verdict, last.get(name), state)
                 say(f"  {clean(name)}: {_sentence(done[name])}")
                 del pending[name]
         if pending:
@@ -152,19 +156,16 @@ def drain_noticed(
     return tuple(done[h.name] for h in hosts)
 
 
-def _record(
-    name: str, verdict: DrainVerdict, seen: NoticeState | None, now: NoticeState | None, waited: float
-) -> Drained:
+def _record(name: str, verdict: DrainVerdict, seen: NoticeState | None, now: NoticeState | None) -> Drained:
+    """``seen``: the node's last readable record; ``now``: this read's (None: the node is gone,
+    the notice's use is then counted to its last answer)."""
     assert verdict.why is not None
     notice_s = None
     used_s = None
     if seen is not None:
         if seen.deadline_at is not None:
             notice_s = max(0.0, seen.deadline_at - seen.noticed_at)
-        # the node's clock when it still answered; a node gone since: its last answer plus the wait
         used_s = max(0.0, (now or seen).node_now - seen.noticed_at)
-    elif verdict.why == "gone":
-        used_s = None
     return Drained(node=name, ended=verdict.why, notice_s=notice_s, used_s=used_s, step=verdict.step)
 
 
