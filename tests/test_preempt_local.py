@@ -16,11 +16,11 @@ import pytest
 
 from launch.errors import LocalFleetError
 from launch.fleets.kinds.refs import LocalFleetRef
-from launch.fleets.local import spot
+from launch.fleets.local import LocalFleet, spot
 from launch.fleets.local.bucket import bucket_name
 from launch.fleets.local.naming import FleetNames
 from launch.nodelib import fleetrun_preempt
-from tests.conftest import fab
+from tests.conftest import fab, needs_root
 
 NAMES = FleetNames(prefix="tsp", subnet=3)
 
@@ -114,3 +114,11 @@ def test_the_watchdog_waits_no_longer_than_the_served_notice() -> None:
     noticed = time.time()
     notice = fleetrun_preempt.Notice("x", deadline=noticed + 30)
     assert fleetrun_preempt.deadline_of(notice, noticed, fleetrun_preempt.Ec2Imdsv2.window_s) == noticed + 30
+
+
+@needs_root()
+def test_bucket_and_spot_are_refused_on_a_bastion_fleet_before_anything_is_built(fleetrun_home: Path) -> None:
+    fleet = LocalFleet(prefix="tbq", subnet=3)
+    with pytest.raises(LocalFleetError, match="--bucket and --spot"):
+        fleet.up(2, say=lambda _m: None, bastion=True, bucket=True)
+    assert not fleet.state_dir.exists() and fleet.existing_netns() == []
