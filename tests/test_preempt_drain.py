@@ -118,7 +118,7 @@ def test_the_drain_waits_for_the_bucket_then_records_how_much_of_the_notice_it_u
             (True, state(6.5, saved_step=20, durable_step=20, settled=True)),
         ]
     )
-    clock, said = FakeClock(), []
+    clock, said = FakeClock(), list[str]()
     (drained,) = drain_noticed(hosts(), node, said.append, clock=clock, sleep=clock.sleep)
     assert node.reads == 4, "kept until the record said durable"
     assert drained.ended == "durable" and drained.step == 20
@@ -229,13 +229,18 @@ def test_without_a_bucket_the_head_is_drained_by_the_laptops_copy() -> None:
 
 def test_no_copy_through_the_laptop_once_the_bucket_confirmed_the_step() -> None:
     asked: list[int] = []
+
+    def peer(_node: str, step: int) -> bool:
+        asked.append(step)
+        return False
+
     node = FakeNode([(True, state(5.0, saved_step=20, durable_step=20, settled=True))])
     clock = FakeClock()
     (drained,) = drain_noticed(
         hosts(),
         node,
         lambda _m: None,
-        peer_durable=lambda _n, s: bool(asked.append(s)),
+        peer_durable=peer,
         clock=clock,
         sleep=clock.sleep,
     )
