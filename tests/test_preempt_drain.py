@@ -11,7 +11,7 @@ import pytest
 from launch.job.inventory import Host
 from launch.nodelib import fleetrun_preempt
 from launch.nodelib.fleetrun_protocol import PreemptionNotice
-from launch.rules.recovery import AttemptEnd, Drained, NoticeState, drain_verdict
+from launch.rules.recovery import AttemptEnd, Drained, DrainVerdict, NoticeState, drain_verdict
 from launch.run.drain import MAX_DRAIN_S, copied_through_laptop, drain_noticed, parse_read, read_command
 from tests.conftest import sample_inventory
 
@@ -36,6 +36,19 @@ def test_a_noticed_node_is_kept_while_its_checkpoint_is_not_durable() -> None:
 def test_the_bucket_confirming_the_post_notice_step_ends_the_drain() -> None:
     verdict = drain_verdict(state(9.0, saved_step=20, durable_step=20, settled=True), reachable=True)
     assert verdict.done and verdict.why == "durable" and verdict.step == 20
+
+
+def test_an_older_step_the_watchdog_fell_back_to_is_not_the_post_notice_checkpoint() -> None:
+    # the post-notice upload never finished: at its deadline the watchdog names an older step
+    older = state(115.0, saved_step=20, durable_step=15, durable_made_after=False, settled=True)
+    assert not drain_verdict(older, reachable=True).done
+    assert drain_verdict(older, reachable=True, peer_durable=True).why == "durable"
+    # a node holding nothing (rank 0 elsewhere) is let go, without claiming the older step
+    worker = state(115.0, durable_step=5, durable_made_after=False, settled=True)
+    assert drain_verdict(worker, reachable=True) == DrainVerdict("nothing_held")
+    # the saved step itself confirmed is the post-notice checkpoint, whatever the flag says
+    same = state(9.0, saved_step=20, durable_step=20, durable_made_after=False, settled=True)
+    assert drain_verdict(same, reachable=True).why == "durable"
 
 
 def test_a_peer_copy_of_the_saved_step_ends_the_drain_and_only_with_a_saved_step() -> None:
@@ -73,7 +86,10 @@ def record(**fields: object) -> str:
 
 def test_parse_read_takes_the_node_clock_and_its_record() -> None:
     parsed = parse_read(f"{NOTICED + 7.5}\n" + record(saved_step=20, settled_at=NOTICED + 7))
-    assert parsed == state(7.5, saved_step=20, settled=True)
+    assert parsed == state(7.5, saved_step=20, settled=True, durable_made_after=False)
+    made_after = parse_read(f"{NOTICED}\n" + record(durable_step=20, durable_made_after=True))
+    assert made_after is not None and made_after.durable_made_after
+    assert parse_read(f"{NOTICED}\n" + record(durable_made_after="yes")) is None
     assert parse_read(f"{NOTICED}\n") is None  # no record: nothing to wait for
     assert parse_read("not a clock\n" + record()) is None
     assert parse_read(f"{NOTICED}\n" + record(saved_step="20; rm -rf /")) is None

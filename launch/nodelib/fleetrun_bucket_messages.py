@@ -228,8 +228,9 @@ class PreemptionNotice:
 
     For the laptop's drain (``launch.run.drain``): ``deadline_at`` is when the cloud takes the node
     (the notice's own time, else the notice plus the cloud's window), ``saved_step`` a complete
-    checkpoint made on this node after the notice, and ``settled_at`` when the watchdog stopped
-    waiting (the ranks are gone and the bucket said what it will say): past it nothing on this
+    checkpoint made on this node after the notice, ``durable_made_after`` whether ``durable_step``
+    was made after the notice too (not an older step whose upload ended after it), and
+    ``settled_at`` when the watchdog stopped waiting (the ranks are gone and the bucket said what it will say): past it nothing on this
     node changes any more. All on the node's clock.
     """
 
@@ -242,6 +243,7 @@ class PreemptionNotice:
     deadline_at: float | None = None
     saved_step: int | None = None
     settled_at: float | None = None
+    durable_made_after: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -254,6 +256,7 @@ class PreemptionNotice:
             "deadline_at": self.deadline_at,
             "saved_step": self.saved_step,
             "settled_at": self.settled_at,
+            "durable_made_after": self.durable_made_after,
         }
 
     def to_json(self) -> str:
@@ -278,4 +281,5 @@ class PreemptionNotice:
             deadline_at=f.number("deadline_at", 0.0, MAX_TIMESTAMP),
             saved_step=f.optional_integer("saved_step", 0, MAX_INT),
             settled_at=f.number("settled_at", 0.0, MAX_TIMESTAMP),
+            durable_made_after=f.boolean("durable_made_after", False),
         )

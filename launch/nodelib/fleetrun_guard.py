@@ -266,11 +266,13 @@ def on_notice(
         f"preemption notice ({notice.detail[:120]}): SIGTERM sent to {sent} rank(s); "
         f"the node goes in {deadline_at - noticed:.0f} s"
     )
-    step = wait_durable(run_dir, cfg, noticed, deadline_at - NOTICE_MARGIN_S)
+    durable = wait_durable(run_dir, cfg, noticed, deadline_at - NOTICE_MARGIN_S)
+    step = durable[0] if durable is not None else None
     record = dataclasses.replace(
         record,
         durable_step=step,
         durable_at=None if step is None else time.time(),
+        durable_made_after=durable is not None and durable[1],
         saved_step=saved_after(run_dir, cfg, noticed),
         settled_at=time.time(),
     )
@@ -297,8 +299,11 @@ def saved_after(run_dir: str, cfg: protocol.GuardConfig, noticed: float) -> int 
     return found.step if found is not None and found.manifest.created >= noticed else None
 
 
-def wait_durable(run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadline: float) -> int | None:
-    """The newest step that reached the bucket after ``noticed``, once the ranks are done, or None.
+def wait_durable(
+    run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadline: float
+) -> tuple[int, bool] | None:
+    """The newest step that reached the bucket after ``noticed``, once the ranks are done, and
+    whether it was made after ``noticed`` too (False: an older step, at the deadline), or None.
 
     The ranks upload their checkpoint themselves and exit (the helper's ``wait_uploaded``); the
     watchdog waits for this node's ranks (until ``deadline``), then reads the bucket's pointer
@@ -318,10 +323,10 @@ def wait_durable(run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadli
     while True:  # rank 0 may run on another node and still be uploading: poll the pointer
         durable = bucket.durable_since(noticed)
         if durable is not None and durable[1]:
-            return durable[0]  # made and uploaded after the notice: the ranks' last word
+            return durable[0], True  # made and uploaded after the notice: the ranks' last word
         older = durable[0] if durable is not None else older
         if time.time() >= deadline:
-            return older  # uploaded after the notice, made just before it
+            return None if older is None else (older, False)  # uploaded after the notice, made before
         if stranded and found is not None:
             stranded = False
             log(f"uploading checkpoint step {found.step} from this node")

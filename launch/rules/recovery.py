@@ -301,6 +301,8 @@ class NoticeState:
     durable_step: int | None = None
     saved_step: int | None = None
     settled: bool = False
+    durable_made_after: bool = True
+    """``durable_step`` was made after the notice (False: an older step the watchdog fell back to)."""
 
 
 @dataclass(frozen=True)
@@ -326,7 +328,8 @@ def drain_verdict(
     """Whether a noticed node may be replaced now.
 
     Not before its post-notice checkpoint is safe: the bucket confirmed a step made after the
-    notice (the watchdog's ``durable_step``), or ``peer_durable`` (the caller's hook: the step it
+    notice (the watchdog's ``durable_step``; an older step it fell back to at its deadline does
+    not count), or ``peer_durable`` (the caller's hook: the step it
     saved, ``saved_step``, has a copy on another node). A node that holds no post-notice checkpoint
     and whose watchdog is done has nothing to lose. Past ``deadline - margin`` (the notice's own
     time, or the notice plus ``window_s`` when the record has none) waiting gains nothing: the
@@ -336,7 +339,10 @@ def drain_verdict(
         return DrainVerdict("gone")
     if state is None:
         return DrainVerdict("no_notice")
-    if state.durable_step is not None:
+    newest = state.durable_made_after or (
+        state.saved_step is not None and state.durable_step == state.saved_step
+    )
+    if state.durable_step is not None and newest:
         return DrainVerdict("durable", state.durable_step)
     if state.saved_step is not None and peer_durable:
         return DrainVerdict("durable", state.saved_step)

@@ -89,6 +89,7 @@ def parse_read(stdout: str) -> NoticeState | None:
         durable_step=notice.durable_step,
         saved_step=notice.saved_step,
         settled=notice.settled_at is not None,
+        durable_made_after=notice.durable_made_after,
     )
 
 
@@ -140,7 +141,7 @@ def drain_noticed(
             # asked only when the bucket has not answered: a copy through the laptop is not free
             peer = (
                 state is not None
-                and state.durable_step is None
+                and not drain_verdict(state, reachable).done
                 and state.saved_step is not None
                 and peer_durable(name, state.saved_step)
             )
