@@ -90,7 +90,7 @@ def test_a_spot_notice_drains_the_node_then_resumes_from_its_checkpoint(
     # the node was kept until the checkpoint the notice asked for was in the bucket, then replaced
     assert drained["node"] == node and drained["ended"] == "durable", drained
     step = drained["step"]
-    assert step >= 12, "a checkpoint made after the notice"
+    assert step >= 12, f"a checkpoint made after the notice: {attempts}"
     assert 100 <= drained["notice_s"] <= 120 and 0 < drained["used_s"] < drained["notice_s"], drained
     assert "drain" in attempts[1]["recovery_s"], attempts[1]
     keys = bucket_keys(fleet, f"runs/{result.run_id}/checkpoints/step-{step}/")

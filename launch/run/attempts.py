@@ -292,19 +292,8 @@ class Attempts:
         runner = self.runner
         lost = set(loss.nodes) if loss.kind != "rank_failed" else set()
         survivors = [h for h in runner.hosts if h.name not in lost]
-        self.say(
-            f"  stopping the attempt on {len(survivors)} node(s), {self.policy.grace_s:g} s to checkpoint"
-        )
         started = time.monotonic()
-        errors = stop_survivors(
-            runner.fleet, survivors, runner.plan.run_id, self.policy.grace_s, self.attempt
-        )
-        self.timings["stop_survivors"] = time.monotonic() - started
-        started = time.monotonic()
-        if errors:
-            return RecoveryPlan(
-                stop=f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
-            )
+        # drained first: the notice's checkpoint may still be uploading from a survivor (rank 0's node)
         if loss.kind == "preempted":  # kept until the notice's checkpoint is durable (launch.run.drain)
             noticed = [h for h in runner.hosts if h.name in lost]
             reader = ssh_reader(runner.fleet, runner.plan.run_id)
@@ -317,6 +306,18 @@ class Attempts:
             self.drained = drain_noticed(noticed, reader, self.say, peer_durable=copy)
             self.timings["drain"] = time.monotonic() - started
             started = time.monotonic()
+        self.say(
+            f"  stopping the attempt on {len(survivors)} node(s), {self.policy.grace_s:g} s to checkpoint"
+        )
+        errors = stop_survivors(
+            runner.fleet, survivors, runner.plan.run_id, self.policy.grace_s, self.attempt
+        )
+        self.timings["stop_survivors"] = time.monotonic() - started
+        started = time.monotonic()
+        if errors:
+            return RecoveryPlan(
+                stop=f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
+            )
         for name in lost:
             runner.fleet.connections[name].close()
         kind = fleet_kind(runner.inventory.fleet)
