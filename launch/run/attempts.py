@@ -287,8 +287,8 @@ class Attempts:
             decision = watch_safely(watcher, self.runner.folder.path)
 
     def replace(self, loss: Loss, plan: RecoveryPlan) -> RecoveryPlan:
-        """Stop the survivors, then replace the lost nodes; a replacement that fails turns into
-        going on without the node (elastic) or the end of the run."""
+        """Drain preempted nodes, stop the survivors, then replace the lost nodes; a replacement
+        that fails turns into going on without the node (elastic) or the end of the run."""
         runner = self.runner
         lost = set(loss.nodes) if loss.kind != "rank_failed" else set()
         survivors = [h for h in runner.hosts if h.name not in lost]
