@@ -1,10 +1,10 @@
 """From a preemption notice to SIGTERM on every rank (goal: at most 5 s), and to a durable checkpoint.
 
-On a 2-node local fleet, 2 ranks per node, the digits trainer checkpointing through the helper to
-a local S3-compatible server (moto) on the fleet's bridge; each node's namespace has its own
-metadata server at 169.254.169.254 (EC2's IMDSv2 flow). Once training runs, the laptop's
-``fab train`` is killed (what follows is the nodes' doing), and the notice goes up on the last
-node. Each rank notes when its SIGTERM arrived (the checkpoint helper's ``signals/rank-<R>``);
+On a 2-node local fleet made as a user makes it (``local.up --bucket --spot``: the fleet's own
+S3-compatible server as the nodes' bucket, a metadata endpoint at 169.254.169.254 in each node's
+namespace, EC2's IMDSv2 flow), 2 ranks per node, the digits trainer checkpointing through the
+helper. Once training runs, the laptop's ``fab train`` is killed (what follows is the nodes'
+doing), and ``local.preempt``'s notice goes up on the last node. Each rank notes when its SIGTERM arrived (the checkpoint helper's ``signals/rank-<R>``);
 the first time ``should_save()`` said yes, and how (``told-rank-<R>``: SIGTERM, the flag file,
 or a peer through the all-reduce): the notice goes up on one node, the others hear it from their
 peers. The noticed node's watchdog records when a checkpoint made after the notice was in the
@@ -33,14 +33,13 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 
 from launch.fleets.local import LocalFleet  # noqa: E402
+from launch.fleets.local.bucket import have_moto  # noqa: E402
+from launch.fleets.local.spot import serve_notice  # noqa: E402
 from tests.faultkit import wait_for  # noqa: E402
-from tests.s3server import S3Server, have_s3_tools  # noqa: E402
 
 TAG = os.environ.get("FLEETRUN_TEST_TAG", "")
 PREFIX = f"frn{TAG}"
 SUBNET = 8 + int(os.environ.get("FLEETRUN_TEST_SUBNET_BASE", "0"))
-BUCKET = "bench-preempt"
-METADATA = "169.254.169.254"
 NODES, PROCS = 2, 2
 GOAL_S = 5.0
 
@@ -64,91 +63,86 @@ def playbook(tmp: Path) -> Path:
     return path
 
 
-def trial(tmp: Path, home: Path, bucket: str) -> dict[str, object]:
+def bucket_keys(endpoint: str, bucket: str, prefix: str) -> list[str]:
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="fleetrun-bench",
+        aws_secret_access_key="fleetrun-bench",
+        region_name="us-east-1",
+    )
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+
+def trial(tmp: Path, home: Path) -> dict[str, object]:
     os.environ["FLEETRUN_HOME"] = str(home)  # the fleet's state and fab's, apart from the user's
     fleet = LocalFleet(prefix=PREFIX, subnet=SUBNET)
-    fleet.up(NODES, say=lambda _m: None)
-    controls = [tmp / f"control{i}" for i in range(NODES)]  # one metadata server per node
-    for control in controls:
-        control.mkdir()
-    servers: list[subprocess.Popen[bytes]] = []
+    fleet.up(NODES, say=lambda _m: None, bucket=True, spot_notices=True)
     try:
-        with S3Server(fleet.gateway) as s3:
-            s3.create_bucket(bucket)
-            data = yaml.safe_load(fleet.inventory_path.read_text())
-            data["fleet"].update(bucket=bucket, s3_endpoint=s3.endpoint, preemption_poller="ec2-imdsv2")
-            fleet.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
-            for i in range(NODES):
-                ns = fleet.netns(i)
-                subprocess.run(["ip", "-n", ns, "addr", "add", f"{METADATA}/32", "dev", "lo"], check=True)
-                server = str(REPO / "tests" / "metadataserver.py")
-                argv = ["ip", "netns", "exec", ns, sys.executable, server, METADATA, "80", str(controls[i])]
-                servers.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            wait_for(lambda: all((c / "ready").exists() for c in controls), 30, "the metadata servers")
-            fab = subprocess.Popen(
-                [
-                    str(REPO / ".venv" / "bin" / "fab"),
-                    "train",
-                    str(playbook(tmp)),
-                    "--inventory",
-                    f"local:{PREFIX}",
-                ],
-                cwd=REPO,
-                env={**os.environ, "FLEETRUN_HOME": str(home), "FLEETRUN_RUNS": str(tmp / "runs")},
-                stdout=(tmp / "fab.log").open("wb"),
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                wait_for(
-                    lambda: any(k.endswith("/checkpoints/LATEST.json") for k in s3.keys(bucket, "runs/")),
-                    180,
-                    "a first checkpoint",
-                )
-            except AssertionError:
-                logs = [
-                    p.read_text()[-1500:]
-                    for i in range(NODES)
-                    for p in fleet.home(i).glob(".fleetrun/runs/*/*.log")
-                ]
-                raise AssertionError("\n".join([(tmp / "fab.log").read_text()[-3000:], *logs])) from None
-            finally:
-                fab.kill()
-                fab.wait()
+        ref = yaml.safe_load(fleet.inventory_path.read_text())["fleet"]
+        bucket, endpoint = ref["bucket"], ref["s3_endpoint"]
+        fab = subprocess.Popen(
+            [
+                str(REPO / ".venv" / "bin" / "fab"),
+                "train",
+                str(playbook(tmp)),
+                "--inventory",
+                f"local:{PREFIX}",
+            ],
+            cwd=REPO,
+            env={**os.environ, "FLEETRUN_HOME": str(home), "FLEETRUN_RUNS": str(tmp / "runs")},
+            stdout=(tmp / "fab.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        try:
             wait_for(
-                lambda: all(any(fleet.home(i).glob(".fleetrun/runs/*")) for i in range(NODES)), 60, "runs"
+                lambda: any(
+                    k.endswith("/checkpoints/LATEST.json") for k in bucket_keys(endpoint, bucket, "runs/")
+                ),
+                180,
+                "a first checkpoint",
             )
-            run_dirs = [next(iter(fleet.home(i).glob(".fleetrun/runs/*"))) for i in range(NODES)]
-            noticed = time.time()
-            (controls[-1] / "notice").touch()  # one node preempted, as on a cloud
+        except AssertionError:
+            logs = [
+                p.read_text()[-1500:]
+                for i in range(NODES)
+                for p in fleet.home(i).glob(".fleetrun/runs/*/*.log")
+            ]
+            raise AssertionError("\n".join([(tmp / "fab.log").read_text()[-3000:], *logs])) from None
+        finally:
+            fab.kill()
+            fab.wait()
+        wait_for(lambda: all(any(fleet.home(i).glob(".fleetrun/runs/*")) for i in range(NODES)), 60, "runs")
+        run_dirs = [next(iter(fleet.home(i).glob(".fleetrun/runs/*"))) for i in range(NODES)]
+        noticed = time.time()
+        serve_notice(fleet, fleet.node_name(NODES - 1), 120)  # one node preempted, as on a cloud
 
-            def marks(directories: list[Path], pattern: str) -> list[float]:
-                return [
-                    float(p.read_text().split()[0])
-                    for d in directories
-                    for p in (d / "signals").glob(pattern)
-                ]
+        def marks(directories: list[Path], pattern: str) -> list[float]:
+            return [
+                float(p.read_text().split()[0]) for d in directories for p in (d / "signals").glob(pattern)
+            ]
 
-            wait_for(lambda: len(marks(run_dirs[-1:], "rank-*")) == PROCS, 60, "SIGTERM on the node's ranks")
-            wait_for(lambda: len(marks(run_dirs, "told-rank-*")) == NODES * PROCS, 60, "every rank told")
-            delays = sorted(t - noticed for t in marks(run_dirs[-1:], "rank-*"))
-            told = sorted(t - noticed for t in marks(run_dirs, "told-rank-*"))
-            record = run_dirs[-1] / "preempt.json"
+        wait_for(lambda: len(marks(run_dirs[-1:], "rank-*")) == PROCS, 60, "SIGTERM on the node's ranks")
+        wait_for(lambda: len(marks(run_dirs, "told-rank-*")) == NODES * PROCS, 60, "every rank told")
+        delays = sorted(t - noticed for t in marks(run_dirs[-1:], "rank-*"))
+        told = sorted(t - noticed for t in marks(run_dirs, "told-rank-*"))
+        record = run_dirs[-1] / "preempt.json"
 
-            def durable_at() -> float:
-                data = json.loads(record.read_text()) if record.exists() else {}
-                return float(data.get("durable_at") or 0.0)
+        def durable_at() -> float:
+            data = json.loads(record.read_text()) if record.exists() else {}
+            return float(data.get("durable_at") or 0.0)
 
-            wait_for(lambda: durable_at() > 0, 150, "a durable checkpoint")
-            return {
-                "ranks": NODES * PROCS,
-                "notice_to_sigterm_s": delays,
-                "notice_to_every_rank_told_s": told,
-                "notice_to_durable_s": durable_at() - noticed,
-            }
+        wait_for(lambda: durable_at() > 0, 150, "a durable checkpoint")
+        return {
+            "ranks": NODES * PROCS,
+            "notice_to_sigterm_s": delays,
+            "notice_to_every_rank_told_s": told,
+            "notice_to_durable_s": durable_at() - noticed,
+        }
     finally:
-        for server in servers:
-            server.kill()
-            server.wait()
         fleet.down(say=lambda _m: None)
 
 
@@ -157,16 +151,15 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "preempt_notice.json"))
     args = parser.parse_args()
-    missing = have_s3_tools()
-    if missing:
-        print(f"cannot run: {missing}")
+    if not have_moto():
+        print("cannot run: moto[server] is not installed (pip install -e '.[local-bucket]')")
         return 2
     results = []
     with tempfile.TemporaryDirectory(prefix="fleetrun-bench-preempt-") as tmpdir:
         for n in range(args.trials):
             tmp = Path(tmpdir) / f"trial{n}"
             (tmp / "home").mkdir(parents=True)
-            results.append(trial(tmp, tmp / "home", f"{BUCKET}-{n}"))  # moto's state outlives a server
+            results.append(trial(tmp, tmp / "home"))
     header = ("trial", "ranks", "SIGTERM max s", "SIGTERM mean s", "all told s", "durable s")
     print("  ".join(f"{h:>14}" for h in header))
     for n, r in enumerate(results):

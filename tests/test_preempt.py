@@ -310,6 +310,11 @@ def test_notice_signals_every_rank_and_waits_for_the_bucket(
             "preempt-unit", f"runs/{run_id}/checkpoints/step-{record['durable_step']}/weights.bin"
         )
         assert weights.startswith(b"final "), "the checkpoint made after the notice is the durable one"
+        # what the laptop's drain reads (issue 19): when the node goes (this server's notice tells
+        # no time ahead: EC2's window), the step saved here after the notice, the wait over
+        assert record["deadline_at"] == pytest.approx(record["noticed_at"] + 120.0)
+        assert record["saved_step"] == record["durable_step"] and record["durable_made_after"] is True
+        assert record["settled_at"] is not None and record["settled_at"] >= record["durable_at"]
         poll = PollAnswer.from_json(
             subprocess.run(
                 [sys.executable, AGENT, "poll", str(run_dir), "0", "--no-heartbeat"],

@@ -114,6 +114,8 @@ def plan(c: Any, playbook: str, inventory: str = "local") -> None:
         "mixed": "a sshd port and an interface name of its own on each node",
         "vm": "like cloud VMs: one user and home path on every node, each with its own home and /tmp",
         "uplink": "rate-limit this machine's traffic to the nodes (tc tbf), e.g. 200mbit; nodes talk at full speed",
+        "bucket": "an S3-compatible server of the fleet's own (moto) as the nodes' bucket, removed by local.down",
+        "spot": "spot-like nodes: a metadata endpoint in each node; fab local.preempt serves a notice",
     }
 )
 @_friendly
@@ -126,12 +128,22 @@ def local_up(
     mixed: bool = False,
     vm: bool = False,
     uplink: str = "",
+    bucket: bool = False,
+    spot: bool = False,
 ) -> None:
     """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
     from launch.cli import app
 
     fleet = app.local_fleet(prefix or None, None if subnet < 0 else subnet)
-    inventory = fleet.up(nodes, bastion=bastion, mixed=mixed, vm=vm, uplink_rate=uplink or None)
+    inventory = fleet.up(
+        nodes,
+        bastion=bastion,
+        mixed=mixed,
+        vm=vm,
+        uplink_rate=uplink or None,
+        bucket=bucket,
+        spot_notices=spot,
+    )
     for host in inventory.hosts:
         via = f" via {host.proxy_jump.label}" if host.proxy_jump else ""
         print(f"  {host.name}  {host.user}@{host.address}:{host.port}{via}  {host.host_key[:40]}...")
@@ -157,6 +169,24 @@ def local_status(c: Any, prefix: str = "") -> None:
     fleet = app.local_fleet(prefix or None)
     for kind, items in fleet.leftovers().items():
         print(f"{kind:>10}: {', '.join(items) if items else '-'}")
+
+
+@task(
+    help={
+        "node": "the node to preempt (e.g. frnode1)",
+        "in": "seconds until the node is taken (EC2 gives 120, GCE 30)",
+        "prefix": "name prefix (default fr)",
+    }
+)
+@_friendly
+def local_preempt(c: Any, node: str, in_: float = 120.0, prefix: str = "") -> None:
+    """Serve a spot interruption notice to one node of a `local.up --spot` fleet (docs/rehearse-faults.md)."""
+    from launch.cli import app
+    from launch.fleets.local.spot import serve_notice
+
+    fleet = app.local_fleet(prefix or None)
+    serve_notice(fleet, node, in_)
+    print(f"{node}: spot notice served; the node is taken in {in_:g} s unless replaced before")
 
 
 @task(help={"nodes": "number of nodes", "playbook": "job file, or a built-in playbook's name"})
@@ -431,6 +461,7 @@ local = Collection("local")
 local.add_task(local_up, "up")
 local.add_task(local_down, "down")
 local.add_task(local_status, "status")
+local.add_task(local_preempt, "preempt")
 
 ns = Collection()
 ns.add_task(train)

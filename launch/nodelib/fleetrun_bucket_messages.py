@@ -225,6 +225,13 @@ class PreemptionNotice:
     Its existence is the checkpoint helper's ``should_save()`` flag; the node agent reports it in
     every poll (``PollAnswer.preempted``) so the laptop records the attempt as preempted, not
     failed. ``durable_step`` is set once a checkpoint reached the bucket after the notice.
+
+    For the laptop's drain (``launch.run.drain``): ``deadline_at`` is when the cloud takes the node
+    (the notice's own time, else the notice plus the cloud's window), ``saved_step`` a complete
+    checkpoint made on this node after the notice, ``durable_made_after`` whether ``durable_step``
+    was made after the notice too (not an older step whose upload ended after it), and
+    ``settled_at`` when the watchdog stopped waiting (the ranks are gone and the bucket said what it will say): past it nothing on this
+    node changes any more. All on the node's clock.
     """
 
     noticed_at: float
@@ -233,6 +240,10 @@ class PreemptionNotice:
     signalled: int = 0
     durable_step: int | None = None
     durable_at: float | None = None
+    deadline_at: float | None = None
+    saved_step: int | None = None
+    settled_at: float | None = None
+    durable_made_after: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -242,6 +253,10 @@ class PreemptionNotice:
             "signalled": self.signalled,
             "durable_step": self.durable_step,
             "durable_at": self.durable_at,
+            "deadline_at": self.deadline_at,
+            "saved_step": self.saved_step,
+            "settled_at": self.settled_at,
+            "durable_made_after": self.durable_made_after,
         }
 
     def to_json(self) -> str:
@@ -263,4 +278,8 @@ class PreemptionNotice:
             signalled=f.integer("signalled", 0, 10**6, required=False, default=0),
             durable_step=f.optional_integer("durable_step", 0, MAX_INT),
             durable_at=f.number("durable_at", 0.0, MAX_TIMESTAMP),
+            deadline_at=f.number("deadline_at", 0.0, MAX_TIMESTAMP),
+            saved_step=f.optional_integer("saved_step", 0, MAX_INT),
+            settled_at=f.number("settled_at", 0.0, MAX_TIMESTAMP),
+            durable_made_after=f.boolean("durable_made_after", False),
         )

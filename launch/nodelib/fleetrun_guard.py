@@ -249,18 +249,34 @@ def on_notice(
 
     The flag file comes first, so a rank checking ``should_save()`` before its signal arrives
     still saves; the record says how many ranks were told and which step reached the bucket
-    after the notice (the laptop reads it: the attempt was preempted, not failed).
+    after the notice (the laptop reads it: the attempt was preempted, not failed). It also says
+    when the node goes (the notice's own time, EC2's ``time``, else the window), the step this
+    node saved after the notice and when the wait was over: the laptop keeps the node until that
+    checkpoint is safe (``launch.run.drain``), so this node's processes are still here meanwhile.
     """
     noticed = time.time()
-    record = protocol.PreemptionNotice(noticed_at=noticed, source=cfg.preemption, detail=notice.detail)
+    deadline_at = fleetrun_preempt.deadline_of(notice, noticed, cfg.notice_window_s or window)
+    record = protocol.PreemptionNotice(
+        noticed_at=noticed, source=cfg.preemption, detail=notice.detail, deadline_at=deadline_at
+    )
     fleetrun_preempt.write_notice(run_dir, record)
     sent = fleetrun_preempt.signal_ranks(cfg.run_id, spare=(os.getpid(),))
     record = dataclasses.replace(record, signalled=sent)
     fleetrun_preempt.write_notice(run_dir, record)
-    log(f"preemption notice ({notice.detail[:120]}): SIGTERM sent to {sent} rank(s)")
-    deadline = noticed + (cfg.notice_window_s or window) - NOTICE_MARGIN_S
-    step = wait_durable(run_dir, cfg, noticed, deadline)
-    record = dataclasses.replace(record, durable_step=step, durable_at=None if step is None else time.time())
+    log(
+        f"preemption notice ({notice.detail[:120]}): SIGTERM sent to {sent} rank(s); "
+        f"the node goes in {deadline_at - noticed:.0f} s"
+    )
+    durable = wait_durable(run_dir, cfg, noticed, deadline_at - NOTICE_MARGIN_S)
+    step = durable[0] if durable is not None else None
+    record = dataclasses.replace(
+        record,
+        durable_step=step,
+        durable_at=None if step is None else time.time(),
+        durable_made_after=durable is not None and durable[1],
+        saved_step=saved_after(run_dir, cfg, noticed),
+        settled_at=time.time(),
+    )
     fleetrun_preempt.write_notice(run_dir, record)
     log(
         f"checkpoint step {step} is in the bucket, {time.time() - noticed:.1f} s after the notice"
@@ -269,8 +285,26 @@ def on_notice(
     )
 
 
-def wait_durable(run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadline: float) -> int | None:
-    """The newest step that reached the bucket after ``noticed``, once the ranks are done, or None.
+def saved_after(run_dir: str, cfg: protocol.GuardConfig, noticed: float) -> int | None:
+    """The step of a complete checkpoint on this node made after the notice, or None (rank 0 runs
+    elsewhere, or saved nothing). The laptop's drain keeps the node until that step is safe
+    elsewhere (a peer copy); an error here is "none", never a crash of the preemption path."""
+    try:
+        local = fleetrun_checkpoint.Checkpointer(
+            run_dir=run_dir, bucket=cfg.bucket, rank=0, handle_sigterm=False
+        )
+        found = local.on_node(hashes=False)
+    except Exception as exc:  # noqa: BLE001 - reported in the log, the drain goes on without it
+        log(f"could not list this node's checkpoints: {type(exc).__name__}: {exc}")
+        return None
+    return found.step if found is not None and found.manifest.created >= noticed else None
+
+
+def wait_durable(
+    run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadline: float
+) -> tuple[int, bool] | None:
+    """The newest step that reached the bucket after ``noticed``, once the ranks are done, and
+    whether it was made after ``noticed`` too (False: an older step, at the deadline), or None.
 
     The ranks upload their checkpoint themselves and exit (the helper's ``wait_uploaded``); the
     watchdog waits for this node's ranks (until ``deadline``), then reads the bucket's pointer
@@ -290,10 +324,10 @@ def wait_durable(run_dir: str, cfg: protocol.GuardConfig, noticed: float, deadli
     while True:  # rank 0 may run on another node and still be uploading: poll the pointer
         durable = bucket.durable_since(noticed)
         if durable is not None and durable[1]:
-            return durable[0]  # made and uploaded after the notice: the ranks' last word
+            return durable[0], True  # made and uploaded after the notice: the ranks' last word
         older = durable[0] if durable is not None else older
         if time.time() >= deadline:
-            return older  # uploaded after the notice, made just before it
+            return None if older is None else (older, False)  # uploaded after the notice, made before
         if stranded and found is not None:
             stranded = False
             log(f"uploading checkpoint step {found.step} from this node")

@@ -14,7 +14,9 @@ exception out of ``poll``: a broken metadata server must not take the watchdog d
 
 from __future__ import annotations
 
+import calendar
 import http.client
+import json
 import os
 import signal
 import sys
@@ -39,7 +41,33 @@ RANK_VARIABLES = (b"LOCAL_RANK=", b"RANK=", b"HOROVOD_RANK=", b"OMPI_COMM_WORLD_
 
 @dataclass(frozen=True)
 class Notice:
+    """``deadline``: when the cloud says it takes the node (EC2's ``time``), None when it does not
+    say (GCE: its 30 s window from the notice)."""
+
     detail: str
+    deadline: float | None = None
+
+
+def notice_deadline(body: str) -> float | None:
+    """EC2's ``{"action": ..., "time": "2026-11-25T17:02:00Z"}``: the time as unix seconds, or
+    None when the answer does not carry one that parses (the window from the notice applies)."""
+    try:
+        data = json.loads(body)
+        text = data.get("time") if isinstance(data, dict) else None
+        if not isinstance(text, str) or len(text) > 40:
+            return None
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
+    except (ValueError, OverflowError):
+        return None
+
+
+def deadline_of(notice: Notice, noticed: float, window: float) -> float:
+    """When the node goes: the notice's own time when it lies within the window after the notice
+    (a clock off by minutes, or a time already past, cannot stretch or empty the drain), else
+    the notice plus the cloud's window."""
+    if notice.deadline is not None and noticed < notice.deadline <= noticed + window:
+        return notice.deadline
+    return noticed + window
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -101,7 +129,8 @@ class Ec2Imdsv2:
                 return None
             if status != 200:
                 raise ValueError(f"instance-action answered {status}")
-            return Notice(body.decode("utf-8", errors="replace")[:300])
+            text = body.decode("utf-8", errors="replace")[:300]
+            return Notice(text, notice_deadline(text))
         raise ValueError("instance-action refused a fresh token")
 
 

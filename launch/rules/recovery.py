@@ -11,6 +11,12 @@ What counts as evidence is decided here too. A node is *lost* only when a check 
 stop decision, repeated over a short window, still finds it gone (sshd refusing or silent, the
 cloud saying the instance is gone, its watchdog silent past its limit): one slow poll never
 starts a recovery (skypilot#10155: 24 false recoveries in 19 h from flaky status checks).
+
+A *preempted* node is drained before it is replaced (``drain_verdict``): a notice is time the
+cloud gives (EC2 120 s, GCE 30 s), and the checkpoint the notice asked for is still being written
+and uploaded on that node. Replacing it at once (killing its processes, wiping its disk) lost that
+checkpoint; so the node keeps its processes and its watchdog until the checkpoint made after the
+notice is durable elsewhere, or the node has nothing left to save, or the notice runs out.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ from launch.rules.stoprules import RuleName, StopDecision
 __all__ = [
     "LOSS_KINDS",
     "AttemptEnd",
+    "DrainEnd",
+    "DrainVerdict",
+    "Drained",
+    "NoticeState",
     "Loss",
     "LossKind",
     "NodeEvidence",
@@ -35,7 +45,9 @@ __all__ = [
     "classify",
     "confirmed_lost",
     "describe_policy",
+    "drain_verdict",
     "plan_recovery",
+    "silent_before",
     "steps_recomputed",
 ]
 
@@ -135,16 +147,28 @@ class NodeEvidence:
     """Seconds between the first and the last check."""
     cloud_gone: bool = False
     preempted: bool = False
+    silent_before_s: float = 0.0
+    """How long the watcher had already found the node silent, poll after poll, before the stop
+    decision (the ``unreachable`` rule's limit for the nodes it named; see ``silent_before``)."""
 
 
 def confirmed_lost(evidence: NodeEvidence, confirm_s: float) -> bool:
     """Lost only when every check failed, there were at least two, spread over ``confirm_s``
-    (or the cloud says the machine is gone). Any answer at all means: not lost."""
+    together with the silence the watcher saw before (or the cloud says the machine is gone).
+    Any answer at all means: not lost."""
     if evidence.cloud_gone:
         return True
     if any(evidence.checks):
         return False
-    return len(evidence.checks) >= 2 and evidence.span_s >= confirm_s
+    return len(evidence.checks) >= 2 and evidence.span_s + evidence.silent_before_s >= confirm_s
+
+
+def silent_before(decision: StopDecision, unreachable_timeout_s: float | None) -> dict[str, float]:
+    """The nodes the ``unreachable`` rule gave up on were silent for its whole limit, poll after
+    poll: evidence already, which the re-checks need not gather again (item 8 of issue 19)."""
+    if decision.rule != "unreachable" or unreachable_timeout_s is None:
+        return {}
+    return {node: unreachable_timeout_s for node in decision.nodes}
 
 
 @dataclass(frozen=True)
@@ -256,6 +280,103 @@ def without(lost: Sequence[str], nodes: Sequence[str], min_nodes: int | None) ->
     return RecoveryPlan(drop=tuple(lost))
 
 
+DrainEnd = Literal["durable", "nothing_held", "deadline", "gone", "no_notice"]
+"""Why the drain of a noticed node ended: its post-notice checkpoint is durable (bucket or peer
+copy); the node holds no checkpoint made after the notice and its watchdog is done (rank 0 runs
+elsewhere); the notice ran out; the node stopped answering (the cloud took it, or it powered
+itself off); no readable notice record on it (nothing to wait for)."""
+DRAIN_MARGIN_S = 2.0
+"""The drain ends this long before the notice's deadline: the replacement may start, the cloud is
+about to take the node anyway (its watchdog gave up waiting 5 s before)."""
+
+
+@dataclass(frozen=True)
+class NoticeState:
+    """One read of a noticed node during the drain (its ``preempt.json``), times on the node's
+    clock (``node_now`` read in the same command, so a skewed laptop clock cannot matter)."""
+
+    noticed_at: float
+    deadline_at: float | None
+    node_now: float
+    durable_step: int | None = None
+    saved_step: int | None = None
+    settled: bool = False
+    durable_made_after: bool = True
+    """``durable_step`` was made after the notice (False: an older step the watchdog fell back to)."""
+
+
+@dataclass(frozen=True)
+class DrainVerdict:
+    """``why`` None: keep waiting; else the drain of this node is over, ``step`` the checkpoint it
+    made durable (when known)."""
+
+    why: DrainEnd | None
+    step: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.why is not None
+
+
+def drain_verdict(
+    state: NoticeState | None,
+    reachable: bool,
+    peer_durable: bool = False,
+    margin_s: float = DRAIN_MARGIN_S,
+    window_s: float = 120.0,
+) -> DrainVerdict:
+    """Whether a noticed node may be replaced now.
+
+    Not before its post-notice checkpoint is safe: the bucket confirmed a step made after the
+    notice (the watchdog's ``durable_step``; an older step it fell back to at its deadline does
+    not count), or ``peer_durable`` (the caller's hook: the step it
+    saved, ``saved_step``, has a copy on another node). A node that holds no post-notice checkpoint
+    and whose watchdog is done has nothing to lose. Past ``deadline - margin`` (the notice's own
+    time, or the notice plus ``window_s`` when the record has none) waiting gains nothing: the
+    cloud takes the node. A node that does not answer, or has no notice record, is not waited for.
+    """
+    if not reachable:
+        return DrainVerdict("gone")
+    if state is None:
+        return DrainVerdict("no_notice")
+    newest = state.durable_made_after or (
+        state.saved_step is not None and state.durable_step == state.saved_step
+    )
+    if state.durable_step is not None and newest:
+        return DrainVerdict("durable", state.durable_step)
+    if state.saved_step is not None and peer_durable:
+        return DrainVerdict("durable", state.saved_step)
+    if state.settled and state.saved_step is None:
+        return DrainVerdict("nothing_held")
+    deadline = state.deadline_at if state.deadline_at is not None else state.noticed_at + window_s
+    if state.node_now >= deadline - margin_s:
+        return DrainVerdict("deadline", state.saved_step)
+    return DrainVerdict(None)
+
+
+@dataclass(frozen=True)
+class Drained:
+    """One noticed node's drain as the record keeps it: how much of the notice it used."""
+
+    node: str
+    ended: DrainEnd
+    notice_s: float | None
+    """The notice's length: deadline minus notice (None when the node gave no record)."""
+    used_s: float | None
+    """From the notice to the end of the drain, on the node's clock (None: no record)."""
+    step: int | None = None
+    """The post-notice checkpoint the drain waited for, when known."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "node": self.node,
+            "ended": self.ended,
+            "notice_s": None if self.notice_s is None else round(self.notice_s, 2),
+            "used_s": None if self.used_s is None else round(self.used_s, 2),
+            "step": self.step,
+        }
+
+
 @dataclass(frozen=True)
 class AttemptEnd:
     """One attempt as the record keeps it."""
@@ -276,6 +397,8 @@ class AttemptEnd:
     recovery_s: tuple[tuple[str, float], ...] = ()
     """For attempts after the first: seconds each step of the recovery that started it took
     (re-checks, stopping the survivors, replacement, sync and setup, checkpoint copy, start)."""
+    drained: tuple[Drained, ...] = ()
+    """For a preempted attempt: each noticed node's drain before it was replaced."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -293,6 +416,7 @@ class AttemptEnd:
             "replaced": list(self.replaced),
             "dropped": list(self.dropped),
             "recovery_s": {name: round(seconds, 2) for name, seconds in self.recovery_s},
+            "drained": [d.to_json() for d in self.drained],
         }
 
 

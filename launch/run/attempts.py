@@ -37,6 +37,7 @@ from launch.rules.metrics_stream import LossPoint
 from launch.rules.recovery import (
     LOSS_RULES,
     AttemptEnd,
+    Drained,
     Loss,
     NodeEvidence,
     RecoveryPlan,
@@ -44,11 +45,14 @@ from launch.rules.recovery import (
     answered_again,
     classify,
     plan_recovery,
+    silent_before,
     steps_recomputed,
     without,
 )
 from launch.rules.stoprules import StopDecision
 from launch.run.checkpoints import spread_latest
+from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
+from launch.run.recheck import recheck
 from launch.run.records import RunRecords
 from launch.run.run_folder import RunFolder
 from launch.run.summary import RunSummary
@@ -170,6 +174,8 @@ class Attempts:
         """The latest attempt's, for a wrap-up after an unexpected error between attempts."""
         self.new_hosts: dict[str, Host] = {}
         """The replacement ``Host`` of each node replaced for the coming attempt."""
+        self.drained: tuple[Drained, ...] = ()
+        """Each preempted node's drain before its replacement (``launch.run.drain``)."""
 
     @property
     def policy(self) -> RecoveryPolicy:
@@ -186,11 +192,12 @@ class Attempts:
         self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
         started = time.monotonic()
         jumps = self.runner.fleet.jumps  # hosts behind a bastion are checked through it
-        evidence = gather_evidence(  # sshd_answers looked up here, so tests can stand in for sshd
+        evidence = recheck(  # overlapping checks, the watcher's silence counted (launch.run.recheck)
             self.runner.hosts,
             self.policy.confirm_s,
             check=lambda host: sshd_answers(host, CHECK_TIMEOUT_S, jumps),
             preempted=preempted_nodes(watcher),
+            silent_before=silent_before(decision, self.runner.spec.stop.unreachable_timeout_s),
         )
         self.timings = {"recheck": time.monotonic() - started}
         back = answered_again(decision, evidence)
@@ -231,8 +238,10 @@ class Attempts:
                 replaced=plan.replace,
                 dropped=plan.drop,
                 recovery_s=tuple(self.started_by.items()),
+                drained=self.drained,
             )
         )
+        self.drained = ()
 
     def run(
         self, target: WatchTarget, watcher: Watcher | None, decision: StopDecision
@@ -278,15 +287,28 @@ class Attempts:
             decision = watch_safely(watcher, self.runner.folder.path)
 
     def replace(self, loss: Loss, plan: RecoveryPlan) -> RecoveryPlan:
-        """Stop the survivors, then replace the lost nodes; a replacement that fails turns into
-        going on without the node (elastic) or the end of the run."""
+        """Drain preempted nodes, stop the survivors, then replace the lost nodes; a replacement
+        that fails turns into going on without the node (elastic) or the end of the run."""
         runner = self.runner
         lost = set(loss.nodes) if loss.kind != "rank_failed" else set()
         survivors = [h for h in runner.hosts if h.name not in lost]
+        started = time.monotonic()
+        # drained first: the notice's checkpoint may still be uploading from a survivor (rank 0's node)
+        if loss.kind == "preempted":  # kept until the notice's checkpoint is durable (launch.run.drain)
+            noticed = [h for h in runner.hosts if h.name in lost]
+            reader = ssh_reader(runner.fleet, runner.plan.run_id)
+
+            def spread() -> str | None:  # the laptop's peer copy: off the noticed node before it goes
+                self.spread_checkpoint()
+                return runner.resume_from
+
+            copy = copied_through_laptop(spread)
+            self.drained = drain_noticed(noticed, reader, self.say, peer_durable=copy)
+            self.timings["drain"] = time.monotonic() - started
+            started = time.monotonic()
         self.say(
             f"  stopping the attempt on {len(survivors)} node(s), {self.policy.grace_s:g} s to checkpoint"
         )
-        started = time.monotonic()
         errors = stop_survivors(
             runner.fleet, survivors, runner.plan.run_id, self.policy.grace_s, self.attempt
         )

@@ -37,10 +37,11 @@ class LocalFleetRef(_Ref):
     """The local fleet (network-namespace nodes on this machine) named by ``prefix``.
 
     ``bucket`` and ``s3_endpoint``: an S3-compatible server on this machine that the nodes use as
-    their bucket (tests, demos: the bucket path without a cloud); the endpoint must be a plain
-    http URL on loopback or the local fleets' test range 198.18.0.0/15, so a local fleet never
-    sends its runs anywhere else. ``preemption_poller``: the watchdog polls that notice (a test's own metadata
-    server at 169.254.169.254 inside a node); "" (the default) for none.
+    their bucket (``fab local.up --bucket`` starts the fleet's own: the bucket path without a
+    cloud); the endpoint must be a plain http URL on loopback or the local fleets' test range
+    198.18.0.0/15, so a local fleet never sends its runs anywhere else. ``preemption_poller``: the
+    watchdog polls that notice (``fab local.up --spot``: a metadata endpoint at 169.254.169.254
+    inside every node, ``launch.fleets.local.spot``); "" (the default) for none.
     """
 
     kind: Literal["local"] = "local"

@@ -35,7 +35,8 @@ import yaml
 
 from launch.errors import LocalFleetError
 from launch.fleets.kinds.refs import LocalFleetRef
-from launch.fleets.local import mountns, uplink
+from launch.fleets.local import bucket as local_bucket
+from launch.fleets.local import mountns, spot, uplink
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.node import Shape, behind_head, make_node, start_sshd
 from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
@@ -165,6 +166,7 @@ class LocalFleet(FleetNames):
         users = [u for u in created["user"] if _gecos(u) == self.marker]
         owners = set(users) | self._gone_users(created)
         procs = [f"power-daemon:{pid}" for pid in self.power_daemon_pids()]
+        procs += [f"{name}:{pid}" for name, pid in self.helper_pids()]
         for user in users:
             procs += [f"{user}:{pid}" for pid in run(["pgrep", "-u", user], check=False).stdout.split()]
         netns = set(self.existing_netns())
@@ -196,6 +198,8 @@ class LocalFleet(FleetNames):
         mixed: bool = False,
         vm: bool = False,
         uplink_rate: str | None = None,
+        bucket: bool = False,
+        spot_notices: bool = False,
     ) -> Inventory:
         """Build ``nodes`` nodes. ``bastion``: the nodes sit on an internal bridge this machine
         cannot reach, the head also on the external one, and the workers' inventory entries jump
@@ -204,12 +208,22 @@ class LocalFleet(FleetNames):
         node with its own mount namespace (its home and /tmp; ``launch.fleets.local.mountns``).
         ``uplink_rate`` (``200mbit``): what this machine sends to the nodes is rate-limited, as over a
         laptop's uplink, while the nodes reach each other at full speed (``launch.fleets.local.uplink``).
+        ``bucket``: an S3-compatible server of the fleet's own on its bridge, given to the nodes as
+        their bucket (``launch.fleets.local.bucket``). ``spot_notices``: a metadata endpoint in every
+        node's namespace that ``serve_notice`` makes announce a spot interruption, and the
+        watchdog's poller for it (``launch.fleets.local.spot``).
         All off: the default fleet, as it always was."""
         require_root()
         if not 1 <= nodes <= MAX_NODES:
             raise LocalFleetError(f"--nodes {nodes}: expected 1..{MAX_NODES}")
         if bastion and not 2 <= nodes <= NODES_PER_BLOCK:
             raise LocalFleetError(f"--nodes {nodes}: a bastion fleet has 2..{NODES_PER_BLOCK} nodes")
+        if bastion and (bucket or spot_notices):
+            raise LocalFleetError("--bucket and --spot are for a fleet without --bastion")
+        if bucket and not local_bucket.have_moto():
+            raise LocalFleetError(
+                "--bucket needs moto's S3 server on this machine: pip install 'fleetrun[local-bucket]'"
+            )
         shape = Shape(bastion=bastion, mixed=mixed, vm=vm)
         rate = None if uplink_rate is None else uplink.parse_rate(uplink_rate)
         ensure_tools(say)
@@ -263,9 +277,17 @@ class LocalFleet(FleetNames):
             start_sshd(self, i, shape)
         self.wait_for_sshd(dict(enumerate(hosts)), bastion)
         self._start_power_daemon()
-        inventory = Inventory(
-            hosts=hosts, source=f"local fleet {self.prefix}", fleet=LocalFleetRef(prefix=self.prefix)
-        )
+        ref = LocalFleetRef(prefix=self.prefix)
+        if bucket:
+            name, endpoint = local_bucket.start(self, self.gateway)
+            ref = ref.model_copy(update={"bucket": name, "s3_endpoint": endpoint})
+            say(f"local fleet {self.prefix}: bucket {name} at {endpoint} (lives until local.down)")
+        if spot_notices:
+            spot.start(self, nodes)
+            ref = ref.model_copy(update={"preemption_poller": spot.POLLER})
+            say(f"local fleet {self.prefix}: spot notices on (fab local.preempt --node NAME)")
+        ref = LocalFleetRef.model_validate(ref.model_dump())  # the endpoint's pattern checked
+        inventory = Inventory(hosts=hosts, source=f"local fleet {self.prefix}", fleet=ref)
         self.inventory_path.write_text(yaml.safe_dump(inventory.to_yaml_data(), sort_keys=False))
         say(
             f"local fleet {self.prefix}: {nodes} node(s) up in {time.monotonic() - started:.1f} s; "
@@ -332,6 +354,11 @@ class LocalFleet(FleetNames):
             return []
         expected = [POWER_MODULE.encode(), self.prefix.encode()]
         return [pid] if pid_alive(pid) and argv[2:4] == expected else []
+
+    def helper_pids(self) -> list[tuple[str, int]]:
+        """The fleet's S3 server and spot notice daemon, when it has them (pid files, command lines)."""
+        found = [("s3-server", pid) for pid in local_bucket.server_pids(self.state_dir)]
+        return found + [("spot-daemon", pid) for pid in spot.spot_pids(self.state_dir)]
 
     def powered_off(self, i: int) -> bool:
         return (self.node_dir(i) / "powered-off").exists()
@@ -423,7 +450,7 @@ class LocalFleet(FleetNames):
     def _kill(self, created: Created, users: list[str]) -> None:
         """SIGKILL the power daemon, everything in the fleet's namespaces and of its users; wait."""
         killed: list[int] = []
-        for daemon in self.power_daemon_pids():
+        for daemon in self.power_daemon_pids() + [pid for _name, pid in self.helper_pids()]:
             with contextlib.suppress(OSError):
                 os.kill(daemon, signal.SIGKILL)
                 killed.append(daemon)

@@ -1,0 +1,269 @@
+"""Four faults, one table (issue 19): seconds from the fault to the first resumed step, and steps
+recomputed, on one 3-node local fleet, measured from outside.
+
+| fault                                           | goal: fault -> first resumed step | goal: recomputed |
+| rank process killed                             | <= 15 s                           | <= 1 interval    |
+| worker silent (link down), unreachable 10 s     | <= 25 s                           | <= 1 interval    |
+| head silent, no bucket                          | <= 25 s                           | <= 1 interval    |
+| spot notice on the head (bucket)                | <= 20 s after the notice          | 0                |
+| spot notice on the head, no bucket (extra row)  | <= 20 s after the notice          | 0                |
+
+Usage (root): .venv/bin/python bench/recovery_faults.py [--trials 3] [--only NAME ...]
+Prints a table (medians over the trials) and writes bench/results/recovery_faults.json.
+
+The fleet is made as a user makes it (``local.up --bucket --spot``); the three faults without a
+bucket run with the fleet's bucket taken out of its inventory. Faults: the rank's trainer process
+on node 2 SIGKILLed (``recovery.on`` lists ``rank_failed``); a node's link taken down (its
+processes run on, it answers nothing: a machine gone silent, no reset) and brought back up only
+once fleetrun replaces the node (its host key changes: a new machine); ``fab local.preempt``'s
+notice on node 0 (without a bucket the laptop copies the post-notice checkpoint off the head
+before it goes). "First resumed step": this process (root) reads the nodes' run directories
+until a metrics record of attempt 2 appears. The job checkpoints every 5 steps, 0.25 s a step.
+Another engineer's peer copy (issue 19) is what makes "head silent, no bucket" resume from a
+recent step; without it the run starts over (recomputed = every step done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+from launch.cli import runs as history  # noqa: E402
+from launch.fleets.local import LocalFleet  # noqa: E402
+from launch.fleets.local.spot import serve_notice  # noqa: E402
+from tests.faultkit import run_with_fault, wait_for  # noqa: E402
+
+TAG = os.environ.get("FLEETRUN_TEST_TAG", "")
+PREFIX = f"frf{TAG}"[:6]
+SUBNET = 1 + int(os.environ.get("FLEETRUN_TEST_SUBNET_BASE", "0"))
+STEPS, EVERY, SLEEP, FAULT_AT = 40, 5, 0.25, 12
+SCENARIOS = {
+    "rank_killed": ("rank process killed", 15.0, EVERY),
+    "worker_silent": ("worker silent (link down), unreachable 10 s", 25.0, EVERY),
+    "head_silent": ("head silent, no bucket", 25.0, EVERY),
+    "spot_head": ("spot notice on the head (bucket)", 20.0, 0),
+    "spot_head_nobucket": ("spot notice on the head, no bucket", 20.0, 0),
+}
+
+
+def playbook(tmp: Path, name: str) -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": f"bench-{name.replace('_', '-')}",
+                "workdir": str(REPO / "tests" / "recovery_job"),
+                "nodes": 3,
+                "procs_per_node": 1,
+                "entrypoint": f"python ckpt_trainer.py --steps {STEPS} --ckpt-every {EVERY} --step-sleep {SLEEP}",
+                "env": {"OMP_NUM_THREADS": "1"},
+                "teardown": "never",
+                "recovery": {
+                    "max_restarts": 2,
+                    "on": ["node_lost", "preempted", "rank_failed"],
+                    "grace_s": 5,
+                    "confirm_s": 2,
+                },
+                "stop": {"watcher_lost_after_s": 300, "unreachable_timeout_s": 10},
+            }
+        )
+    )
+    return path
+
+
+def run_dirs(fleet: LocalFleet) -> set[Path]:
+    return {p for u in fleet.existing_users() for p in Path(f"/home/{u}/.fleetrun/runs").glob("*")}
+
+
+def steps_of(fleet: LocalFleet, old: set[Path], later_than: int) -> list[int]:
+    """Steps rank 0 logged in attempts after ``later_than`` (wherever rank 0 ran)."""
+    found = []
+    for run_dir in run_dirs(fleet) - old:
+        for path in run_dir.glob("metrics.jsonl"):
+            for line in path.read_text(errors="replace").splitlines():
+                with contextlib.suppress(ValueError):
+                    r = json.loads(line)
+                    attempt, step = r.get("attempt"), r.get("step")
+                    if isinstance(attempt, int) and attempt > later_than and isinstance(step, int):
+                        found.append(step)
+    return found
+
+
+def reached(fleet: LocalFleet, old: set[Path], attempt: int, step: int = 1) -> bool:
+    """Rank 0 logged ``step`` (or later) in attempt ``attempt`` or a later one."""
+    return any(s >= step for s in steps_of(fleet, old, attempt - 1))
+
+
+def set_bucket(fleet: LocalFleet, saved: dict[str, object], on: bool) -> None:
+    """The fleet's bucket in its inventory, or taken out (the no-bucket faults)."""
+    data = yaml.safe_load(fleet.inventory_path.read_text())
+    for key in ("bucket", "s3_endpoint"):
+        if on:
+            data["fleet"][key] = saved[key]
+        else:
+            data["fleet"].pop(key, None)
+    fleet.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def silence(fleet: LocalFleet, i: int) -> None:
+    """Take node i's link down; up again once fleetrun replaced it (a new machine), or at the end."""
+    key = fleet.node_dir(i) / "ssh_host_ed25519_key.pub"
+    before = key.stat().st_mtime_ns
+    subprocess.run(["ip", "link", "set", fleet.veth(i), "down"], check=True)
+
+    def replaced() -> bool:
+        with contextlib.suppress(OSError):
+            return key.stat().st_mtime_ns != before
+        return False
+
+    try:
+        wait_for(replaced, 300, "the replacement of the silent node")
+    finally:
+        subprocess.run(["ip", "link", "set", fleet.veth(i), "up"], check=False)
+
+
+def kill_rank(fleet: LocalFleet, i: int) -> None:
+    """SIGKILL node i's rank (the trainer torchrun started: it carries ``LOCAL_RANK``), not torchrun."""
+    pids = subprocess.run(["pgrep", "-u", fleet.node_name(i)], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if (
+                any(v.startswith(b"LOCAL_RANK=") for v in env)
+                and b"ckpt_trainer.py" in argv
+                and b"torchrun" not in argv
+            ):
+                os.kill(int(pid), 9)
+
+
+def one(tmp: Path, fleet: LocalFleet, name: str) -> dict[str, object]:
+    old = run_dirs(fleet)
+    marks: dict[str, float] = {}
+    faults: dict[str, Callable[[], None]] = {
+        "rank_killed": lambda: kill_rank(fleet, 2),
+        "worker_silent": lambda: silence(fleet, 2),
+        "head_silent": lambda: silence(fleet, 0),
+        "spot_head": lambda: None if serve_notice(fleet, fleet.node_name(0), 120) else None,
+        "spot_head_nobucket": lambda: None if serve_notice(fleet, fleet.node_name(0), 120) else None,
+    }
+
+    def fault() -> None:
+        wait_for(lambda: reached(fleet, old, 1, FAULT_AT), 180, f"step {FAULT_AT}")
+        marks["fault"] = time.time()
+        if name in ("worker_silent", "head_silent"):
+            import threading
+
+            threading.Thread(target=faults[name], daemon=True).start()
+        else:
+            faults[name]()
+        wait_for(lambda: reached(fleet, old, 2), 300, "the first resumed step")
+        marks["resumed"] = time.time()
+        marks["first_resumed_step"] = min(steps_of(fleet, old, 1))
+
+    result = run_with_fault(playbook(tmp, name), fleet, fault)
+    with history.open_records() as db:
+        record = db.get(result.run_id)
+    attempts = record.attempts if record is not None else []
+    row: dict[str, object] = {"fault": name, "outcome": result.outcome, "attempts": len(attempts) or 1}
+    if "resumed" in marks:
+        row["fault_to_first_resumed_step_s"] = round(marks["resumed"] - marks["fault"], 1)
+    if len(attempts) > 1:
+        # rank 0's first step after the fault against the last one before it (any attempt after
+        # the first counts: a retry that failed in between still resumed from somewhere)
+        last_before = attempts[0].get("last_step")
+        if isinstance(last_before, int) and "first_resumed_step" in marks:
+            row["steps_recomputed"] = max(0, last_before - (int(marks["first_resumed_step"]) - 1))
+        row["recovery_steps_s"] = attempts[1].get("recovery_s")
+        row["attempt1_end_after_fault_s"] = round(float(attempts[0]["ended_at"]) - marks["fault"], 1)
+        row["launch_to_first_step_s"] = round(marks["resumed"] - float(attempts[1]["started_at"]), 1)
+        row["drained"] = attempts[0].get("drained")
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--only", nargs="*", choices=list(SCENARIOS), default=list(SCENARIOS))
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "recovery_faults.json")
+    args = parser.parse_args()
+    os.environ.setdefault("FLEETRUN_HOME", tempfile.mkdtemp(prefix="fleetrun-bench-faults-"))
+    fleet = LocalFleet(prefix=PREFIX, subnet=SUBNET)
+    fleet.up(3, say=lambda _m: None, bucket=True, spot_notices=True)
+    saved = dict(yaml.safe_load(fleet.inventory_path.read_text())["fleet"])
+    rows: list[dict[str, object]] = []
+    try:
+        with tempfile.TemporaryDirectory() as name:
+            for trial in range(args.trials):
+                for scenario in args.only:
+                    set_bucket(fleet, saved, on=scenario == "spot_head")
+                    row = one(Path(name), fleet, scenario)
+                    row["trial"] = trial + 1
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        for i in range(3):
+            subprocess.run(["ip", "link", "set", fleet.veth(i), "up"], check=False, capture_output=True)
+        fleet.down(say=lambda _m: None)
+    table = []
+    print(f"{'fault':46} {'n':>2} {'fault->1st resumed step':>24} {'goal':>7} {'recomputed':>10} {'goal':>5}")
+    for scenario in args.only:
+        label, goal_s, goal_steps = SCENARIOS[scenario]
+        mine = [r for r in rows if r["fault"] == scenario]
+        times = [t for r in mine if isinstance(t := r.get("fault_to_first_resumed_step_s"), float)]
+        steps = [n for r in mine if isinstance(n := r.get("steps_recomputed"), int)]
+        median_s = statistics.median(times) if times else None
+        median_steps = statistics.median(steps) if steps else None
+        table.append(
+            {
+                "fault": label,
+                "trials": len(mine),
+                "median_fault_to_first_resumed_step_s": median_s,
+                "goal_s": goal_s,
+                "median_steps_recomputed": median_steps,
+                "goal_steps": goal_steps,
+                "met": median_s is not None
+                and median_s <= goal_s
+                and median_steps is not None
+                and median_steps <= goal_steps,
+            }
+        )
+        shown_s = "-" if median_s is None else f"{median_s:.1f} s"
+        shown_steps = "-" if median_steps is None else f"{median_steps:g}"
+        print(f"{label:46} {len(mine):>2} {shown_s:>24} {goal_s:>5.0f} s {shown_steps:>10} {goal_steps:>5}")
+    args.out.write_text(
+        json.dumps(
+            {
+                "table": table,
+                "rows": rows,
+                "nodes": 3,
+                "checkpoint_every_steps": EVERY,
+                "step_sleep_s": SLEEP,
+                "grace_s": 5,
+                "confirm_s": 2,
+                "unreachable_timeout_s": 10,
+                "load": os.getloadavg(),
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

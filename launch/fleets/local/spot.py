@@ -1,0 +1,267 @@
+"""Spot notices for the local fleet: a cloud metadata endpoint inside each node's namespace.
+
+``fab local.up --spot`` makes the fleet's nodes behave like spot instances: every node's namespace
+answers at 169.254.169.254:80 (the address EC2 and GCE use) with the real flows the on-node
+watchdog polls (EC2's IMDSv2: ``PUT /latest/api/token``, then
+``GET /latest/meta-data/spot/instance-action`` with the token, 404 until a notice; GCE's
+``/computeMetadata/v1/instance/preempted`` with ``Metadata-Flavor: Google``), and the fleet's
+inventory names the EC2 poller. ``fab local.preempt --node NAME --in 30`` then serves one node a
+notice: ``{"action": "terminate", "time": <now + 30 s>}``; at that time this daemon takes the node
+as the cloud would (every process of it and its sshd end; ``LocalFleet.stop_node``), unless it
+was replaced before (its host key changed: a fresh machine has no notice).
+
+One root daemon per fleet (``python -m launch.fleets.local.spot_daemon PREFIX SUBNET NODES``), in this
+machine's namespace: each node's listening socket is made inside that node's namespace by a
+short-lived thread that enters it (``setns``), so nothing of the daemon runs in a node (a node's
+power-off, which kills every process in its namespace, leaves it serving). ``down`` ends it by
+its pid file. Notices are files under the fleet's state directory (root only); read bounded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from launch.errors import LocalFleetError
+from launch.fleets.local.naming import FleetNames
+
+ADDRESS = "169.254.169.254"
+PORT = 80
+POLLER = "ec2-imdsv2"
+MODULE = "launch.fleets.local.spot_daemon"
+PID_FILE = "spot.pid"
+LOG_FILE = "spot.log"
+READY_FILE = "spot.ready"
+CLONE_NEWNET = 0x40000000
+MAX_NOTICE_BYTES = 4096
+MAX_TOKENS = 1024
+MAX_WINDOW_S = 3600.0
+
+
+def notice_dir(names: FleetNames) -> Path:
+    return names.state_dir / "spot"
+
+
+def host_key_stamp(names: FleetNames, i: int) -> str:
+    """The node's host key file as it is now: a replacement makes a new one (a new machine)."""
+    try:
+        info = (names.node_dir(i) / "ssh_host_ed25519_key.pub").stat()
+    except OSError:
+        return ""
+    return f"{info.st_ino}:{info.st_mtime_ns}"
+
+
+def serve_notice(names: FleetNames, node: str, in_s: float) -> float:
+    """Announce ``node``'s end in ``in_s`` seconds; returns the deadline (unix seconds)."""
+    index = names.node_index(node)
+    if index is None or not names.node_dir(index).is_dir():
+        raise LocalFleetError(f"--node {node}: not a node of local fleet {names.prefix}")
+    if not 0 < in_s <= MAX_WINDOW_S:
+        raise LocalFleetError(f"--in {in_s:g}: expected more than 0 and at most {MAX_WINDOW_S:g} seconds")
+    if not spot_pids(names.state_dir):
+        raise LocalFleetError(
+            f"local fleet {names.prefix} has no spot notices: start it with fab local.up --spot"
+        )
+    return write_notice(names, index, in_s)
+
+
+def write_notice(names: FleetNames, i: int, in_s: float, now: float | None = None) -> float:
+    """The notice file the daemon answers from (atomic); the node's host key as it is now."""
+    now = time.time() if now is None else now
+    record = {"noticed_at": now, "deadline_at": now + in_s, "host_key": host_key_stamp(names, i)}
+    where = notice_dir(names)
+    where.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = where / f"{names.node_name(i)}.json.tmp"
+    tmp.write_text(json.dumps(record))
+    tmp.replace(where / f"{names.node_name(i)}.json")
+    return now + in_s
+
+
+def active_notice(names: FleetNames, i: int) -> dict[str, float] | None:
+    """The node's notice while it concerns this machine (same host key), else None (and a notice
+    of a replaced node is removed)."""
+    path = notice_dir(names) / f"{names.node_name(i)}.json"
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read(MAX_NOTICE_BYTES))
+        noticed, deadline, key = float(data["noticed_at"]), float(data["deadline_at"]), str(data["host_key"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if key != host_key_stamp(names, i):
+        path.unlink(missing_ok=True)  # the node was replaced: a fresh machine has no notice
+        return None
+    return {"noticed_at": noticed, "deadline_at": deadline}
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: NodeMetadata
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
+        pass
+
+    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_PUT(self) -> None:  # noqa: N802 - http.server's name
+        if self.path != "/latest/api/token":
+            self._answer(404, b"")
+            return
+        if not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "").isdigit():
+            self._answer(400, b"missing the TTL header")
+            return
+        self._answer(200, self.server.new_token().encode())
+
+    def do_GET(self) -> None:  # noqa: N802
+        notice = active_notice(self.server.names, self.server.index)
+        if self.path == "/latest/meta-data/spot/instance-action":
+            if not self.server.valid(self.headers.get("X-aws-ec2-metadata-token", "")):
+                self._answer(401, b"")
+                return
+            if notice is None:
+                self._answer(404, b"")
+                return
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(notice["deadline_at"]))
+            self._answer(200, json.dumps({"action": "terminate", "time": when}).encode())
+            return
+        if self.path == "/computeMetadata/v1/instance/preempted":
+            if self.headers.get("Metadata-Flavor") != "Google":
+                self._answer(403, b"missing Metadata-Flavor")
+                return
+            self._answer(200, b"TRUE" if notice else b"FALSE", {"Metadata-Flavor": "Google"})
+            return
+        self._answer(404, b"")
+
+
+class NodeMetadata(ThreadingHTTPServer):
+    """One node's metadata endpoint, on a socket already listening in that node's namespace."""
+
+    daemon_threads = True
+
+    def __init__(self, sock: socket.socket, names: FleetNames, index: int) -> None:
+        super().__init__((ADDRESS, PORT), Handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+        self.names = names
+        self.index = index
+        self.tokens: set[str] = set()
+        self.lock = threading.Lock()
+
+    def new_token(self) -> str:
+        token = secrets.token_urlsafe(24)
+        with self.lock:
+            if len(self.tokens) >= MAX_TOKENS:
+                self.tokens.clear()
+            self.tokens.add(token)
+        return token
+
+    def valid(self, token: str) -> bool:
+        with self.lock:
+            return token in self.tokens
+
+
+def listen_in(netns: str, address: str = ADDRESS, port: int = PORT) -> socket.socket:
+    """A listening TCP socket inside network namespace ``netns``: made by a thread that enters the
+    namespace (``setns`` moves only the calling thread) and then ends; the socket stays there."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    made: list[socket.socket] = []
+    failed: list[BaseException] = []
+
+    def enter_and_listen() -> None:
+        try:
+            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns {netns}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
+            sock.listen(64)
+            made.append(sock)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failed.append(exc)
+
+    thread = threading.Thread(target=enter_and_listen)  # this thread never serves: it ends here
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return made[0]
+
+
+def take_due(names: FleetNames, nodes: int, taken: dict[int, float]) -> None:
+    """Power off each node whose notice ran out, once per notice (the cloud takes the machine)."""
+    from launch.fleets.local.fleet import LocalFleet  # root-only I/O
+
+    for i in range(nodes):
+        notice = active_notice(names, i)
+        if notice is None or time.time() < notice["deadline_at"] or taken.get(i) == notice["noticed_at"]:
+            continue
+        taken[i] = notice["noticed_at"]
+        LocalFleet(prefix=names.prefix, subnet=names.subnet).stop_node(i)
+        (names.node_dir(i) / "powered-off").write_text(f"{time.time()}\n")
+        print(f"{time.strftime('%H:%M:%S')} the notice ran out: took {names.node_name(i)}", flush=True)
+
+
+def serve(names: FleetNames, nodes: int) -> None:
+    for i in range(nodes):
+        server = NodeMetadata(listen_in(names.netns(i)), names, i)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    (names.state_dir / READY_FILE).write_text(str(os.getpid()))
+    print(f"{time.strftime('%H:%M:%S')} serving {ADDRESS}:{PORT} in {nodes} node(s)", flush=True)
+    taken: dict[int, float] = {}
+    while names.state_dir.exists():
+        take_due(names, nodes, taken)
+        time.sleep(0.5)
+
+
+def start(names: FleetNames, nodes: int, timeout: float = 30.0) -> None:
+    """Give every node the metadata address and start the daemon; returns once it serves."""
+    from launch.fleets.local.prereqs import run
+
+    for i in range(nodes):
+        run(["ip", "-n", names.netns(i), "link", "set", "lo", "up"])
+        run(["ip", "-n", names.netns(i), "addr", "replace", f"{ADDRESS}/32", "dev", "lo"])
+    (names.state_dir / READY_FILE).unlink(missing_ok=True)
+    log = open(names.state_dir / LOG_FILE, "ab")  # noqa: SIM115 - handed to the daemon
+    proc = subprocess.Popen(
+        [sys.executable, "-m", MODULE, names.prefix, str(names.subnet), str(nodes)],
+        cwd=Path(__file__).resolve().parents[3],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    (names.state_dir / PID_FILE).write_text(str(proc.pid))
+    deadline = time.monotonic() + timeout
+    while not (names.state_dir / READY_FILE).exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise LocalFleetError(f"the spot notice daemon did not start; see {names.state_dir / LOG_FILE}")
+        time.sleep(0.05)
+
+
+def spot_pids(state_dir: Path) -> list[int]:
+    """The fleet's spot daemon, by its pid file and confirmed by its command line."""
+    try:
+        pid = int((state_dir / PID_FILE).read_text().strip())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return []
+    return [pid] if argv[1:3] == [b"-m", MODULE.encode()] else []
