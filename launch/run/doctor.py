@@ -31,6 +31,7 @@ from launch.errors import HostError
 from launch.job.inventory import Host
 from launch.nodelib.fleetrun_wire import ProtocolError
 from launch.reports.safe_text import clean
+from launch.rules.gpu_health import expected_fabric_devices, expected_gpus
 from launch.rules.preflight import Findings, Job, Observation, judge
 from launch.rules.probe_facts import ProbeFacts, parse_probe_answer
 from launch.transport.ssh import DEFAULT_CONNECT_TIMEOUT, Fleet, NodeConnection
@@ -81,7 +82,18 @@ else:
 
 
 def probe_source() -> bytes:
-    return resources.files("launch.nodelib").joinpath("fleetrun_probe.py").read_bytes()
+    """The probe as one script for ``python -``: the GPU health reader (``fleetrun_gpu.py``) first,
+    registered as a module from its own source, then the probe, which imports it. One round trip,
+    and the reader is the very file the node agent imports during a run."""
+    lib = resources.files("launch.nodelib")
+    reader = lib.joinpath("fleetrun_gpu.py").read_text(encoding="utf-8")
+    boot = (
+        "import sys as _sys, types as _types\n"
+        "_gpu = _types.ModuleType('fleetrun_gpu')\n"
+        f"exec(compile({reader!r}, 'fleetrun_gpu.py', 'exec'), _gpu.__dict__)\n"
+        "_sys.modules['fleetrun_gpu'] = _gpu\n"
+    )
+    return boot.encode() + lib.joinpath("fleetrun_probe.py").read_bytes()
 
 
 @dataclass(frozen=True)
@@ -139,7 +151,14 @@ def gather(
     observations = []
     for host in hosts:
         value = results[host.name]
-        base = Observation(host.name, host.user, host.private_address or host.address)
+        base = Observation(
+            host.name,
+            host.user,
+            host.private_address or host.address,
+            gpus_expected=expected_gpus(host.gpus, host.instance_type),
+            gpu_indices=tuple(host.gpu_indices) if host.gpu_indices is not None else None,
+            fabric_devices=expected_fabric_devices(host.instance_type),
+        )
         if isinstance(value, BaseException):
             message = str(value).removeprefix(f"{host.name}: ") or type(value).__name__
             observations.append(dataclasses.replace(base, error=message))
