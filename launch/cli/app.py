@@ -26,6 +26,7 @@ from launch.paths import known_hosts_file
 from launch.planning.launchers import launcher_class
 from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
+from launch.rules.preflight import errors_by_node, pick_hosts
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
 from launch.run.provenance import file_sha256, git_commit_of
@@ -72,7 +73,10 @@ def train(
             choices = ", ".join(t.value for t in Teardown)
             raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
         spec = spec.model_copy(update={"teardown": policy})
-    inv = load_inventory(inventory, save_keys=not dry_run).first(spec.nodes)
+    every_host = load_inventory(inventory, save_keys=not dry_run)
+    inv, choice = every_host.first(spec.nodes), None
+    if not dry_run and not skip_doctor and len(every_host.hosts) > spec.nodes:
+        inv, choice = choose_from_spares(every_host, spec, console)
     plan = make_plan(spec, inv, dry_run=dry_run)
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
@@ -81,6 +85,8 @@ def train(
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     folder = RunFolder.create(plan.run_id)
+    if choice is not None:
+        folder.write_json("hosts.json", choice.record())  # which hosts ran the job, which were skipped
     records = open_records()
     records.start(
         run_id=plan.run_id,
@@ -133,9 +139,11 @@ def doctor(
     inv = load_inventory(inventory)
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
+    nodes = None
     if playbook is not None:
         spec = load_job_spec(playbook)
-        inv = inv.first(spec.nodes)
+        nodes = spec.nodes
+        inv = inv if len(inv.hosts) > spec.nodes else inv.first(spec.nodes)
         rdzv_port = spec.rdzv_port
         brings_torch = checks.torch_from_setup(spec.requirements_text(), spec.setup)
     if port is not None:
@@ -149,7 +157,36 @@ def doctor(
     with Fleet(inv.hosts, known_hosts, max_parallel=current().fanout) as fleet:
         _obs, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
     print_findings(console, findings, [h.name for h in inv.hosts], verbose=verbose)
+    if nodes is not None and len(inv.hosts) > nodes:
+        # spares: a job needs only ``nodes`` healthy hosts; the others' errors do not fail it
+        chosen, excluded = pick_hosts([h.name for h in inv.hosts], errors_by_node(findings), nodes)
+        for name, why in excluded.items():
+            console.print(Text(clean(f"a job would skip {name}: {why}", 600)))
+        if not chosen:
+            console.print(Text(f"fewer than {nodes} healthy hosts: a job would not start", style="bold red"))
+            return False
+        console.print(Text(clean(f"a job of {nodes} node(s) would get: {', '.join(chosen)}", 2000)))
+        return True
     return not findings.failed
+
+
+def choose_from_spares(inventory: Inventory, spec: JobSpec, console: Console) -> tuple[Inventory, Any]:
+    """An inventory with more hosts than the job's ``nodes``: probe them all (the pre-launch
+    check's one round trip each) and take the first healthy ones, printing every host skipped and
+    why. With too few healthy hosts the first ``nodes`` are kept: the pre-launch check then
+    refuses with its verdict lines."""
+    from launch.run import doctor as checks
+    from launch.transport.ssh import Fleet
+
+    port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else 0
+    known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+    with Fleet(inventory.hosts, known_hosts, max_parallel=current().fanout) as fleet:
+        choice = checks.choose_hosts(fleet, inventory.hosts, spec.nodes, None, port)
+    for name, why in choice.excluded.items():
+        console.print(Text("skipping host ", style="yellow") + Text(clean(f"{name}: {why}", 600)))
+    if not choice.chosen:
+        return inventory.first(spec.nodes), choice
+    return inventory.model_copy(update={"hosts": list(choice.chosen)}), choice
 
 
 def launch_warnings(spec: JobSpec, inventory: Inventory) -> list[str]:

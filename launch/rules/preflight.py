@@ -383,3 +383,24 @@ def errors_by_node(findings: Findings) -> Mapping[str, str]:
     for v in findings.errors:
         out[v.node] = f"{out[v.node]}; {v.message}" if v.node in out else f"{v.check}: {v.message}"
     return out
+
+
+def pick_hosts(
+    names: Sequence[str], problems: Mapping[str, str], count: int, least: int | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """Spares: the first ``count`` hosts without an error, in inventory order (the head first),
+    and every skipped host with its reason. ``least`` (``nodes: MIN:MAX``) is the fewest a job
+    can start with; with fewer healthy hosts than that, nothing is chosen (the caller refuses
+    with the verdicts). Hosts past the ones needed are not "excluded": they stay spares."""
+    chosen: list[str] = []
+    excluded: dict[str, str] = {}
+    for name in names:
+        if len(chosen) == count:
+            break
+        if name in problems:
+            excluded[name] = problems[name]
+        else:
+            chosen.append(name)
+    if len(chosen) < (count if least is None else least):
+        return [], excluded
+    return chosen, excluded

@@ -32,7 +32,7 @@ from launch.job.inventory import Host
 from launch.nodelib.fleetrun_wire import ProtocolError
 from launch.reports.safe_text import clean
 from launch.rules.gpu_health import expected_fabric_devices, expected_gpus
-from launch.rules.preflight import Findings, Job, Observation, judge
+from launch.rules.preflight import Findings, Job, Observation, errors_by_node, judge, pick_hosts
 from launch.rules.probe_facts import ProbeFacts, parse_probe_answer
 from launch.transport.ssh import DEFAULT_CONNECT_TIMEOUT, Fleet, NodeConnection
 from launch.transport.sync import LIB_VERSION
@@ -258,3 +258,28 @@ def cheap(fleet: Fleet, hosts: Sequence[Host], port: int) -> tuple[list[Observat
     """What ``fab train`` checks before it changes anything: one round trip per node."""
     observations = gather(fleet, hosts, "cheap", port)
     return observations, judge(observations, Job(head=hosts[0].name, port=port, full=False))
+
+
+@dataclass(frozen=True)
+class HostChoice:
+    """Which hosts of an inventory with spares a job gets, and why the others were skipped."""
+
+    chosen: tuple[Host, ...]
+    excluded: dict[str, str]
+    findings: Findings
+
+    def record(self) -> dict[str, object]:
+        return {"chosen": [h.name for h in self.chosen], "excluded": dict(self.excluded)}
+
+
+def choose_hosts(
+    fleet: Fleet, hosts: Sequence[Host], count: int, least: int | None, port: int, mode: str = "cheap"
+) -> HostChoice:
+    """Probe every host of the inventory (one round trip each) and take the first ``count``
+    healthy ones: a bad GPU, an unreachable machine or a missing rsync sends the job to a spare
+    instead of failing it. Nothing is chosen when too few are healthy (the verdicts say why)."""
+    observations = gather(fleet, hosts, mode, port)
+    findings = judge(observations, Job(head=hosts[0].name, port=port, full=mode == "full"))
+    names, excluded = pick_hosts([h.name for h in hosts], errors_by_node(findings), count, least)
+    by_name = {h.name: h for h in hosts}
+    return HostChoice(tuple(by_name[n] for n in names), excluded, findings)
