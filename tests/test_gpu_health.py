@@ -299,3 +299,72 @@ def test_new_faults_name_gpu_and_code(tmp_path: Path) -> None:
         ("gpu2", "uncorrectable ECC 0 -> 1 (volatile)"),
         ("gpu1", "Xid 79 at 14:02: fallen off the bus"),
     ]
+
+
+def test_gpu_fault_rule_names_node_gpu_and_code_within_one_poll(tmp_path: Path) -> None:
+    from launch.rules.recovery import classify
+    from launch.rules.stoprules import NodeObservation, Observation, RuleState, StopRules, evaluate
+
+    healthy = read(tmp_path / "a", {"count": 2}, full=False)
+    gpus: list[dict[str, Any]] = [{}, {"lost": True}]
+    faulty = read(tmp_path / "b", {"gpus": gpus, "xids": [XID79]}, full=False)
+    rules, state = StopRules(), RuleState()
+
+    def poll(now: float, b: GpuHealth) -> Any:
+        nodes = (
+            NodeObservation("a", "running", gpu_health=healthy),
+            NodeObservation("b", "running", gpu_health=b),
+        )
+        return evaluate(rules, Observation(now=now, started_at=0.0, nodes=nodes), state)
+
+    assert poll(1.0, healthy) is None and poll(2.0, healthy) is None
+    decision = poll(3.0, faulty)
+    assert decision is not None and (decision.rule, decision.outcome, decision.nodes) == (
+        "gpu_fault",
+        "failed",
+        ("b",),
+    )
+    assert "b gpu1: GPU 1 (0000:28:00) gone from nvidia-smi's list" in decision.reason
+    assert "b gpu1: Xid 79 at 14:02: fallen off the bus" in decision.reason
+    loss = classify(decision, {}, 5.0)
+    assert loss is not None and (loss.kind, loss.nodes) == ("gpu_fault", ("b",))
+    off = RuleState()
+    assert (
+        evaluate(
+            StopRules(gpu_fault=False),
+            Observation(3.0, 0.0, (NodeObservation("b", "running", gpu_health=healthy),)),
+            off,
+        )
+        is None
+    )
+    assert (
+        evaluate(
+            StopRules(gpu_fault=False),
+            Observation(4.0, 0.0, (NodeObservation("b", "running", gpu_health=faulty),)),
+            off,
+        )
+        is None
+    )
+
+
+def test_node_agent_answers_with_the_gpu_reading(tmp_path: Path) -> None:
+    """The agent's poll answer carries the reader's counters (what ``gpu_fault`` compares)."""
+    fakebin = install(tmp_path / "fakebin", {"count": 2, "gpus": [{"util": 40}, {"util": 60}]})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {**os.environ, "PATH": f"{fakebin}:{os.environ['PATH']}"}
+    agent = NODELIB / "fleetrun_node.py"
+    out = subprocess.run(
+        [sys.executable, str(agent), "poll", str(run_dir), "0", "--no-heartbeat"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    from launch.nodelib.fleetrun_protocol import PollAnswer
+
+    answer = PollAnswer.from_json(out.stdout.strip())
+    assert answer.gpu_util == 50.0
+    health = gpu_health.gpu_reading(answer.gpu)
+    assert health is not None and [g.util for g in health.gpus] == [40.0, 60.0]
+    assert gpu_health.gpu_reading({"smi": True, "gpus": "garbage"}) is None

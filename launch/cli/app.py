@@ -85,8 +85,8 @@ def train(
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     folder = RunFolder.create(plan.run_id)
-    if choice is not None:
-        folder.write_json("hosts.json", choice.record())  # which hosts ran the job, which were skipped
+    if choice is not None:  # which hosts the job got, which were skipped and why, the spares
+        folder.write_json("hosts.json", choice.record())
     records = open_records()
     records.start(
         run_id=plan.run_id,
@@ -110,6 +110,7 @@ def train(
         max_parallel=current().fanout,
         allow_busy_gpus=allow_busy_gpus,
         skip_doctor=skip_doctor,
+        spares=choice.spares if choice is not None else (),
     )
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
     runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)

@@ -47,8 +47,10 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
+    from launch.nodelib import fleetrun_gpu
     from launch.nodelib import fleetrun_protocol as protocol
 else:
+    import fleetrun_gpu  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 RUN_TMP = "tmp"
@@ -59,6 +61,10 @@ SERVE_IDLE_S = 600.0
 SMALL_FILE = 64
 """``rc`` and ``pid`` hold one number; more than this many bytes is not one."""
 LOG_TAIL_BYTES = 2000
+GPU_READ_EVERY_S = 2.0
+"""The GPU counters are read at most this often (nvidia-smi takes a few hundred ms on 8 GPUs);
+polls in between get the last reading, so a fault shows within one poll of the next reading."""
+_gpu_cache: dict[str, object] = {"at": 0.0, "reading": None}
 
 
 def _alive(pid: int) -> bool:
@@ -320,6 +326,7 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
     if heartbeat:
         _touch(os.path.join(run_dir, "watcher-heartbeat"))
     limit = protocol.MAX_SMALL_ANSWER_BYTES
+    gpu = gpu_reading()
     preempted = _read_record(run_dir, "preempt.json", limit, protocol.PreemptionNotice.from_json, notes)
     return protocol.PollAnswer(
         state=state,
@@ -331,7 +338,8 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
         ),
         exited_at=exited_at,
         log_tail=_tail(os.path.join(run_dir, "node.log"), LOG_TAIL_BYTES),
-        gpu_util=gpu_utilization(),
+        gpu_util=mean_utilization(gpu) if gpu is not None else gpu_utilization(),
+        gpu=gpu,
         malformed=tuple(notes[: protocol.MAX_NOTES]),
         preempted=preempted,
     )
@@ -360,6 +368,29 @@ def upload(run_dir: str, argv: Sequence[str]) -> protocol.UploadAnswer:
     if proc.returncode != 0:
         return protocol.UploadAnswer(f"upload to {command[-1]} failed: {proc.stderr.strip()[-300:]}", False)
     return protocol.UploadAnswer(f"uploaded to {command[-1]}", True)
+
+
+def gpu_reading(now: float | None = None) -> dict | None:
+    """The GPU health counters (``fleetrun_gpu``, without its slow reads), at most every
+    ``GPU_READ_EVERY_S``; None on a node without nvidia-smi. A failing reader is no reading."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    now = time.monotonic() if now is None else now
+    at = _gpu_cache["at"]
+    if _gpu_cache["reading"] is None or not isinstance(at, float) or now - at >= GPU_READ_EVERY_S:
+        try:
+            _gpu_cache["reading"] = fleetrun_gpu.read_health(full=False)
+        except Exception:  # noqa: BLE001 - the poll must be answered whatever nvidia-smi does
+            _gpu_cache["reading"] = None
+        _gpu_cache["at"] = now
+    reading = _gpu_cache["reading"]
+    return reading if isinstance(reading, dict) else None
+
+
+def mean_utilization(reading: dict) -> float | None:
+    values = [g.get("util") for g in reading.get("gpus", []) if isinstance(g, dict)]
+    known = [float(v) for v in values if isinstance(v, (int, float)) and 0 <= v <= 100]
+    return sum(known) / len(known) if known else None
 
 
 def gpu_utilization() -> float | None:

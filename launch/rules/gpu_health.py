@@ -36,6 +36,7 @@ __all__ = [
     "GpuVerdict",
     "XidEvent",
     "expected_fabric_devices",
+    "gpu_reading",
     "expected_gpus",
     "judge_fleet",
     "judge_node",
@@ -483,6 +484,17 @@ def worst(verdicts: Sequence[GpuVerdict]) -> str:
 
 
 # -- during a run ---------------------------------------------------------------------------------
+
+
+def gpu_reading(data: object) -> GpuHealth | None:
+    """A poll answer's ``gpu`` field as facts; None when absent or malformed (a node that sends
+    garbage here has no GPU reading this poll: no fault is made up from it)."""
+    if data is None:
+        return None
+    try:
+        return parse_gpu_health(data, "poll answer gpu")
+    except ProtocolError:
+        return None
 
 
 def new_faults(baseline: GpuHealth, now: GpuHealth) -> list[tuple[str, str]]:

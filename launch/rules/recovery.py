@@ -39,14 +39,14 @@ __all__ = [
     "steps_recomputed",
 ]
 
-LossKind = Literal["node_lost", "preempted", "rank_failed"]
-LOSS_KINDS: tuple[LossKind, ...] = ("node_lost", "preempted", "rank_failed")
+LossKind = Literal["node_lost", "preempted", "rank_failed", "gpu_fault"]
+LOSS_KINDS: tuple[LossKind, ...] = ("node_lost", "preempted", "rank_failed", "gpu_fault")
 DEFAULT_ON: tuple[LossKind, ...] = ("node_lost", "preempted")
 
 FAILURE_RULES: frozenset[RuleName] = frozenset({"rank_failed", "vanished", "reported_failed"})
 """Stop rules that a lost node also explains: its peers' collectives fail, their torchrun exits
 non-zero, the lost node's own process is gone without an exit code."""
-LOSS_RULES: frozenset[RuleName] = FAILURE_RULES | {"unreachable"}
+LOSS_RULES: frozenset[RuleName] = FAILURE_RULES | {"unreachable", "gpu_fault"}
 """Stop rules after which the laptop looks for a lost node before calling the attempt failed."""
 RANK_FAILED_RULES: frozenset[RuleName] = frozenset({"rank_failed", "vanished"})
 """Stop rules that, without a confirmed lost node, are a rank's own failure (a ``rank_failed`` loss)."""
@@ -74,7 +74,7 @@ class RecoveryPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_restarts: int = Field(default=0, ge=0, le=100)
-    on: list[LossKind] = Field(default_factory=lambda: list(DEFAULT_ON), max_length=3)
+    on: list[LossKind] = Field(default_factory=lambda: list(DEFAULT_ON), max_length=4)
     replace_lost_nodes: bool = True
     grace_s: float = Field(default=30.0, ge=0.0, le=3600.0)
     confirm_s: float = Field(default=5.0, ge=0.0, le=600.0)
@@ -167,6 +167,8 @@ def classify(decision: StopDecision, evidence: Mapping[str, NodeEvidence], confi
     """
     if decision.outcome != "failed" or decision.rule not in LOSS_RULES:
         return None
+    if decision.rule == "gpu_fault":  # the node's own counters are the evidence: it answers, but is bad
+        return Loss("gpu_fault", decision.nodes, decision.reason)
     preempted = tuple(sorted(n for n, e in evidence.items() if e.preempted))
     lost = tuple(sorted(n for n, e in evidence.items() if confirmed_lost(e, confirm_s) and not e.preempted))
     if len(evidence) > 1 and len(lost) == len(evidence):

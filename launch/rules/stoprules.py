@@ -8,6 +8,8 @@ a clock: ``Observation.now`` is the time, so every rule is testable with a fake 
 
 Rules are checked in this order; the first that fires wins (:data:`RULES`):
 
+0. ``gpu_fault``     a new critical Xid, an uncorrectable ECC count that grew, a GPU gone
+                     (the node's counters against its first poll of the attempt)  -> failed
 1. ``rank_failed``   a node's torchrun exited non-zero             -> failed
 2. ``vanished``      a node's process is gone with no exit code    -> failed
 3. ``reported_failed`` ``status.json`` says failed                 -> failed
@@ -19,6 +21,9 @@ Rules are checked in this order; the first that fires wins (:data:`RULES`):
 9. ``plateau``       the loss stopped improving                    -> stopped
 10. ``wall_time``    the run is older than the wall-time cap       -> stopped
 11. ``max_cost``     the estimated cost reached the cap            -> stopped
+
+``gpu_fault`` comes first: a GPU that fell off the bus makes its rank (and then every peer) exit
+non-zero, and the GPU, not the rank, is what recovery must leave out.
 
 Why this order: evidence of a failure beats evidence of success (a NaN in a run that then
 "succeeds" is still a broken run), and positive evidence (exit codes, status) beats absence
@@ -42,6 +47,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from launch.rules.gpu_health import GpuHealth, new_faults
 from launch.rules.metrics_stream import FinalStatus, MetricsSummary
 from launch.rules.pricing import cost_so_far
 
@@ -78,6 +84,7 @@ class Teardown(str, Enum):
 Outcome = Literal["succeeded", "failed", "stopped"]
 NodeState = Literal["running", "exited", "vanished", "unreachable"]
 RuleName = Literal[
+    "gpu_fault",
     "rank_failed",
     "vanished",
     "reported_failed",
@@ -129,6 +136,9 @@ class StopRules(BaseModel):
     """The on-node watchdog takes over when the laptop's watcher has been silent this long."""
     gpu_idle_timeout_s: float | None = Field(default=None, gt=0)
     """Stop when a running node's GPUs stay idle this long; None = off (needs nvidia-smi)."""
+    gpu_fault: bool = True
+    """Fail as soon as a node's GPU counters show a new critical Xid, an uncorrectable ECC
+    increment or a GPU gone (needs nvidia-smi; ``recovery.on: [gpu_fault]`` replaces the node)."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +156,8 @@ class NodeObservation:
     preempted: bool = False
     """The cloud announced this node's end (a preemption notice seen by its watchdog): an attempt
     that ends here was preempted, not failed."""
+    gpu_health: GpuHealth | None = None
+    """The node's GPU health counters at this poll; None without nvidia-smi or a reading."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +210,8 @@ class RuleState:
     plateau_best: float = math.inf
     plateau_best_step: int | None = None
     plateau_best_index: int | None = None
+    gpu_baseline: dict[str, GpuHealth] = field(default_factory=dict)
+    """Each node's first GPU reading of the attempt: what ``gpu_fault`` compares against."""
 
     def update(self, rules: StopRules, obs: Observation) -> None:
         """Fold one observation into the memory; :func:`evaluate` calls this first."""
@@ -220,6 +234,8 @@ class RuleState:
                 self.idle_since.setdefault(n.node, obs.now)
             else:
                 self.idle_since.pop(n.node, None)
+            if n.gpu_health is not None and n.gpu_health.queried:
+                self.gpu_baseline.setdefault(n.node, n.gpu_health)
         self._update_plateau(rules, obs.metrics)
 
     def _update_plateau(self, rules: StopRules, metrics: MetricsSummary) -> None:
@@ -266,6 +282,25 @@ def _fmt_s(seconds: float) -> str:
 
 def _at_step(metrics: MetricsSummary) -> str:
     return f" (last step {metrics.last_step})" if metrics.last_step is not None else ""
+
+
+def gpu_fault(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
+    """Node, GPU and code of every GPU fault since the node's first reading of the attempt."""
+    if not rules.gpu_fault:
+        return None
+    found: list[tuple[str, str, str]] = []
+    for n in obs.nodes:
+        baseline = state.gpu_baseline.get(n.node)
+        if baseline is None or n.gpu_health is None:
+            continue
+        found.extend((n.node, gpu, why) for gpu, why in new_faults(baseline, n.gpu_health))
+    if not found:
+        return None
+    nodes = tuple(dict.fromkeys(node for node, _, _ in found))
+    what = "; ".join(f"{node} {gpu}: {why}" for node, gpu, why in found[:8])
+    return StopDecision(
+        "failed", "gpu_fault", f"GPU fault: {what}{_at_step(obs.metrics)}; stopping the run.", nodes
+    )
 
 
 def rank_failed(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
@@ -438,6 +473,7 @@ def max_cost(rules: StopRules, obs: Observation, state: RuleState) -> StopDecisi
 
 #: The rules in priority order (see the module docstring for why this order).
 RULES: tuple[tuple[RuleName, Rule], ...] = (
+    ("gpu_fault", gpu_fault),
     ("rank_failed", rank_failed),
     ("vanished", vanished),
     ("reported_failed", reported_failed),

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import select
 import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 from paramiko import Channel
 
@@ -268,8 +270,15 @@ class HostChoice:
     excluded: dict[str, str]
     findings: Findings
 
+    spares: tuple[Host, ...] = ()
+    """Healthy hosts not chosen: they replace a host excluded during the run (``gpu_fault``)."""
+
     def record(self) -> dict[str, object]:
-        return {"chosen": [h.name for h in self.chosen], "excluded": dict(self.excluded)}
+        return {
+            "chosen": [h.name for h in self.chosen],
+            "excluded": dict(self.excluded),
+            "spares": [h.name for h in self.spares],
+        }
 
 
 def choose_hosts(
@@ -280,6 +289,40 @@ def choose_hosts(
     instead of failing it. Nothing is chosen when too few are healthy (the verdicts say why)."""
     observations = gather(fleet, hosts, mode, port)
     findings = judge(observations, Job(head=hosts[0].name, port=port, full=mode == "full"))
-    names, excluded = pick_hosts([h.name for h in hosts], errors_by_node(findings), count, least)
+    problems = errors_by_node(findings)
+    names, excluded = pick_hosts([h.name for h in hosts], problems, count, least)
     by_name = {h.name: h for h in hosts}
-    return HostChoice(tuple(by_name[n] for n in names), excluded, findings)
+    spares = tuple(h for h in hosts if h.name not in names and h.name not in problems)
+    return HostChoice(tuple(by_name[n] for n in names), excluded, findings, spares)
+
+
+HOSTS_FILE = "hosts.json"
+"""In the run folder: the hosts a run chose, and every host it left out and why."""
+
+
+def read_exclusions(folder: Path) -> dict[str, str]:
+    try:
+        data = json.loads((folder / HOSTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    excluded = data.get("excluded") if isinstance(data, dict) else None
+    return {str(k): str(v) for k, v in excluded.items()} if isinstance(excluded, dict) else {}
+
+
+def record_exclusion(folder: Path, name: str, reason: str) -> None:
+    """Add ``name`` to the run's excluded hosts (``hosts.json``), for the record and for every
+    later attempt of the run (an excluded host is never taken again)."""
+    try:
+        data = json.loads((folder / HOSTS_FILE).read_text())
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    excluded = data.get("excluded")
+    if not isinstance(excluded, dict):
+        excluded = {}
+    excluded[name] = reason[:600]
+    data["excluded"] = excluded
+    tmp = folder / (HOSTS_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(folder / HOSTS_FILE)

@@ -24,6 +24,7 @@ from launch.planning import remote_layout as layout
 from launch.reports.safe_text import safe_text
 from launch.reports.views import live_table
 from launch.rules.contact import poll_budget
+from launch.rules.gpu_health import GpuHealth, gpu_reading
 from launch.rules.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import (
@@ -64,6 +65,8 @@ class NodeWatch:
     last_reachable_at: float | None = None
     log_tail: str = ""
     gpu_util: float | None = None
+    gpu: GpuHealth | None = None
+    """The node's GPU health counters at the last poll (``gpu_fault`` compares them)."""
     error: str = ""
     bad_answers: int = 0
     """Answers refused by the protocol (garbage, wrong types, agent errors)."""
@@ -150,6 +153,7 @@ class Watcher:
         node.last_reachable_at = now if arrived_at is None else min(arrived_at, now)
         node.log_tail = answer.log_tail
         node.gpu_util = answer.gpu_util
+        node.gpu = gpu_reading(answer.gpu)
         node.state = "vanished" if answer.state == "absent" else answer.state
         node.rc = answer.rc
         node.exited_at = answer.exited_at
@@ -197,6 +201,7 @@ class Watcher:
                     last_reachable_at=node.last_reachable_at,
                     gpu_util=node.gpu_util,
                     preempted=node.preempted is not None,
+                    gpu_health=node.gpu,
                 )
             )
         exits = {
