@@ -103,3 +103,61 @@ def test_elastic_survivors_go_on(fleet3: LocalFleet, tmp_path: Path) -> None:
     assert len(attempts[1]["nodes"]) == 2 and attempts[1]["started_at"] > started
     assert final_status(result)["world_size"] == 2
     assert 0 <= attempts[1]["steps_recomputed"] <= EVERY, attempts
+
+
+def test_gpu_fault_excludes_the_host_and_the_run_completes_on_the_spare(
+    fleet3: LocalFleet, tmp_path: Path
+) -> None:
+    """A lab inventory of the 3 nodes, a job of 2: node 2 is the spare. Node 1 runs the scripted
+    ``nvidia-smi``/``dmesg`` (healthy at the start); mid-run its GPU falls off the bus (Xid 79,
+    gone from nvidia-smi's list). ``gpu_fault`` stops the attempt, node 1 is excluded for the rest
+    of the run, and the run resumes from its checkpoint on node 0 and the spare."""
+    import pwd
+    import threading
+
+    import yaml
+
+    from launch.cli import app
+    from tests.faultkit import quiet
+    from tests.gpustandin import install, write_scenario, xid
+
+    one, spare = fleet3.node_name(1), fleet3.node_name(2)
+    home = fleet3.home(1)
+    user = pwd.getpwnam(one)
+    fakebin = install(home / "fakebin", {"count": 1}, owner=(user.pw_uid, user.pw_gid))
+    bashrc = home / ".bashrc"
+    before = bashrc.read_text() if bashrc.exists() else ""
+    bashrc.write_text('export PATH="$HOME/fakebin:$PATH"\n' + before)
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(yaml.safe_dump({"hosts": fleet3.inventory().to_yaml_data()["hosts"]}))
+    book = playbook(tmp_path, nodes=2, procs_per_node=1, recovery={"on": ["gpu_fault"]})
+    old = run_dirs(fleet3)
+    box: dict[str, object] = {}
+
+    def train() -> None:
+        box["result"] = app.train(
+            book, inventory=str(lab), console=quiet(), poll_interval=0.5, ask_on_interrupt=False
+        )
+
+    thread = threading.Thread(target=train)
+    try:
+        thread.start()
+        wait_for(lambda: step_reached(fleet3, 2 * EVERY + 2, old) or not thread.is_alive(), 180, "step 12")
+        fault = xid(0, 79, "2026-11-25T14:02:11", "pid=4242, name=python, GPU has fallen off the bus.")
+        write_scenario(fakebin, {"gpus": [{"lost": True}], "xids": [fault]})
+        thread.join(600)
+    finally:
+        bashrc.write_text(before)
+    assert not thread.is_alive(), "fab train did not finish"
+    result = box["result"]
+    assert isinstance(result, RunResult) and result.outcome == "succeeded", getattr(result, "reason", result)
+    attempts = attempts_of(result)
+    assert attempts[0]["rule"] == "gpu_fault" and attempts[0]["loss"] == "gpu_fault", attempts[0]
+    assert f"{one} gpu0: Xid 79 at 14:02: fallen off the bus" in attempts[0]["reason"]
+    assert attempts[0]["replaced"] == [one]
+    assert one not in attempts[1]["nodes"] and spare in attempts[1]["nodes"], attempts
+    assert attempts[1]["first_step"] > EVERY, "the second attempt resumed from a checkpoint"
+    hosts = json.loads((result.folder / "hosts.json").read_text())
+    assert hosts["chosen"] == [fleet3.node_name(0), one] and hosts["spares"] == [spare]
+    assert "Xid 79" in hosts["excluded"][one]
+    assert_nothing_running(fleet3)
