@@ -340,6 +340,7 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
         log_tail=_tail(os.path.join(run_dir, "node.log"), LOG_TAIL_BYTES),
         gpu_util=mean_utilization(gpu) if gpu is not None else gpu_utilization(),
         gpu=gpu,
+        pace=pace_reading(run_dir),
         malformed=tuple(notes[: protocol.MAX_NOTES]),
         preempted=preempted,
     )
@@ -385,6 +386,43 @@ def gpu_reading(now: float | None = None) -> dict | None:
         _gpu_cache["at"] = now
     reading = _gpu_cache["reading"]
     return reading if isinstance(reading, dict) else None
+
+
+PACE_MAX_RANKS = 64
+PACE_FRESH_S = 30.0
+"""A rank's pace file older than this is from an earlier attempt or a rank that stopped logging."""
+
+
+def pace_reading(run_dir: str, now: float | None = None) -> dict | None:
+    """This node's pace from its ranks' ``pace/<rank>.json`` (``fleetrun_metrics.Pace``): the
+    slowest local rank's probe time and steps/s. Files are the job's: read bounded, and what does
+    not parse is skipped. None when no rank wrote one recently."""
+    now = time.time() if now is None else now
+    folder = os.path.join(run_dir, "pace")
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))[:PACE_MAX_RANKS]
+    except OSError:
+        return None
+    probes: list[float] = []
+    rates: list[float] = []
+    for name in names:
+        data = _read_bounded(os.path.join(folder, name), 1024)
+        try:
+            record = protocol.decode(data or b"", 1024, "pace")
+        except protocol.ProtocolError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        at, probe, rate = record.get("time"), record.get("probe_ms"), record.get("steps_per_s")
+        if not isinstance(at, (int, float)) or not 0 <= now - at <= PACE_FRESH_S:
+            continue
+        if isinstance(probe, (int, float)) and math.isfinite(probe) and 0 < probe < 1e6:
+            probes.append(float(probe))
+        if isinstance(rate, (int, float)) and math.isfinite(rate) and 0 <= rate < 1e6:
+            rates.append(float(rate))
+    if not probes:
+        return None
+    return {"probe_ms": max(probes), "steps_per_s": min(rates) if rates else None, "ranks": len(probes)}
 
 
 def mean_utilization(reading: dict) -> float | None:

@@ -18,6 +18,8 @@ Rules are checked in this order; the first that fires wins (:data:`RULES`):
 6. ``unreachable``   a node could not be reached for too long      -> failed
 7. ``stalled``       processes run but no new metrics for too long -> failed (a hang)
 8. ``gpu_idle``      a running node's GPUs idle for too long       -> stopped
+8b. ``straggler``    one node slower than the others for a window -> stopped (action stop) or
+                     failed (action exclude: recovery goes on without it); warn: table only
 9. ``plateau``       the loss stopped improving                    -> stopped
 10. ``wall_time``    the run is older than the wall-time cap       -> stopped
 11. ``max_cost``     the estimated cost reached the cap            -> stopped
@@ -50,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from launch.rules.gpu_health import GpuHealth, new_faults
 from launch.rules.metrics_stream import FinalStatus, MetricsSummary
 from launch.rules.pricing import cost_so_far
+from launch.rules.stragglers import NodePace, StragglerRule, describe, slow_nodes
 
 __all__ = [
     "RULES",
@@ -93,6 +96,7 @@ RuleName = Literal[
     "unreachable",
     "stalled",
     "gpu_idle",
+    "straggler",
     "plateau",
     "wall_time",
     "max_cost",
@@ -136,6 +140,9 @@ class StopRules(BaseModel):
     """The on-node watchdog takes over when the laptop's watcher has been silent this long."""
     gpu_idle_timeout_s: float | None = Field(default=None, gt=0)
     """Stop when a running node's GPUs stay idle this long; None = off (needs nvidia-smi)."""
+    straggler: StragglerRule | None = None
+    """``{factor: 1.3, window_s: 120, action: warn|stop|exclude}``: a node whose ranks' pace is
+    ``factor`` times slower than the median node's for ``window_s``; None = off."""
     gpu_fault: bool = True
     """Fail as soon as a node's GPU counters show a new critical Xid, an uncorrectable ECC
     increment or a GPU gone (needs nvidia-smi; ``recovery.on: [gpu_fault]`` replaces the node)."""
@@ -158,6 +165,8 @@ class NodeObservation:
     that ends here was preempted, not failed."""
     gpu_health: GpuHealth | None = None
     """The node's GPU health counters at this poll; None without nvidia-smi or a reading."""
+    pace: NodePace | None = None
+    """The node's slowest rank's pace (``launch.rules.stragglers``); None before any report."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +219,10 @@ class RuleState:
     plateau_best: float = math.inf
     plateau_best_step: int | None = None
     plateau_best_index: int | None = None
+    slow_since: dict[str, float] = field(default_factory=dict)
+    """Since when each node has been slower than ``straggler.factor`` times the median."""
+    stragglers: list[tuple[str, float, float]] = field(default_factory=list)
+    """The nodes the straggler rule flags at this poll (shown in the live table, whatever the action)."""
     gpu_baseline: dict[str, GpuHealth] = field(default_factory=dict)
     """Each node's first GPU reading of the attempt: what ``gpu_fault`` compares against."""
 
@@ -237,6 +250,9 @@ class RuleState:
             if n.gpu_health is not None and n.gpu_health.queried:
                 self.gpu_baseline.setdefault(n.node, n.gpu_health)
         self._update_plateau(rules, obs.metrics)
+        if rules.straggler is not None:
+            running = {n.node: n.pace for n in obs.nodes if n.state == "running"}
+            self.stragglers = slow_nodes(rules.straggler, running, obs.now, self.slow_since)
 
     def _update_plateau(self, rules: StopRules, metrics: MetricsSummary) -> None:
         history = metrics.history
@@ -418,6 +434,15 @@ def gpu_idle(rules: StopRules, obs: Observation, state: RuleState) -> StopDecisi
     )
 
 
+def straggler(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
+    rule = rules.straggler
+    if rule is None or rule.action == "warn" or not state.stragglers:
+        return None
+    nodes = tuple(node for node, _, _ in state.stragglers)
+    outcome: Outcome = "failed" if rule.action == "exclude" else "stopped"
+    return StopDecision(outcome, "straggler", describe(state.stragglers, rule) + ".", nodes)
+
+
 def plateau(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
     patience = rules.plateau_patience
     m = obs.metrics
@@ -482,6 +507,7 @@ RULES: tuple[tuple[RuleName, Rule], ...] = (
     ("unreachable", unreachable),
     ("stalled", stalled),
     ("gpu_idle", gpu_idle),
+    ("straggler", straggler),
     ("plateau", plateau),
     ("wall_time", wall_time),
     ("max_cost", max_cost),

@@ -35,6 +35,7 @@ from launch.reports.plot import plot_loss
 from launch.reports.safe_text import clean
 from launch.rules.metrics_stream import LossPoint
 from launch.rules.recovery import (
+    EXCLUDING_LOSSES,
     LOSS_RULES,
     AttemptEnd,
     Loss,
@@ -283,7 +284,7 @@ class Attempts:
         going on without the node (elastic) or the end of the run."""
         runner = self.runner
         # a rank's own failure and a GPU fault leave the node answering: its processes are stopped too
-        lost = set(loss.nodes) if loss.kind not in ("rank_failed", "gpu_fault") else set()
+        lost = set(loss.nodes) if loss.kind != "rank_failed" and loss.kind not in EXCLUDING_LOSSES else set()
         survivors = [h for h in runner.hosts if h.name not in lost]
         self.say(
             f"  stopping the attempt on {len(survivors)} node(s), {self.policy.grace_s:g} s to checkpoint"
@@ -305,7 +306,7 @@ class Attempts:
         failed: list[str] = []
         for name in plan.replace:
             host = next(h for h in runner.hosts if h.name == name)
-            if loss.kind == "gpu_fault":
+            if loss.kind in EXCLUDING_LOSSES:
                 new = self.take_spare(name, loss.reason)
             else:
                 try:

@@ -34,6 +34,7 @@ from launch.rules.stoprules import (
     StopDecision,
     evaluate,
 )
+from launch.rules.stragglers import NodePace, parse_pace
 from launch.run.target import WatchTarget
 from launch.transport.ssh import Fleet, NodeConnection
 
@@ -67,6 +68,7 @@ class NodeWatch:
     gpu_util: float | None = None
     gpu: GpuHealth | None = None
     """The node's GPU health counters at the last poll (``gpu_fault`` compares them)."""
+    pace: NodePace | None = None
     error: str = ""
     bad_answers: int = 0
     """Answers refused by the protocol (garbage, wrong types, agent errors)."""
@@ -154,6 +156,7 @@ class Watcher:
         node.log_tail = answer.log_tail
         node.gpu_util = answer.gpu_util
         node.gpu = gpu_reading(answer.gpu)
+        node.pace = parse_pace(answer.pace) or node.pace
         node.state = "vanished" if answer.state == "absent" else answer.state
         node.rc = answer.rc
         node.exited_at = answer.exited_at
@@ -202,6 +205,7 @@ class Watcher:
                     gpu_util=node.gpu_util,
                     preempted=node.preempted is not None,
                     gpu_health=node.gpu,
+                    pace=node.pace,
                 )
             )
         exits = {
@@ -273,7 +277,9 @@ class Watcher:
             while True:
                 obs = self.poll_once()
                 decision = evaluate(self.target.rules, obs, self.rule_state)
-                live.update(live_table(obs, title=self.title(), decision=decision))
+                live.update(
+                    live_table(obs, title=self.title(), decision=decision, rule_state=self.rule_state)
+                )
                 if self.on_poll is not None:
                     self.on_poll(obs)
                 if decision is not None:
