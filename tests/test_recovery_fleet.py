@@ -161,3 +161,66 @@ def test_gpu_fault_excludes_the_host_and_the_run_completes_on_the_spare(
     assert hosts["chosen"] == [fleet3.node_name(0), one] and hosts["spares"] == [spare]
     assert "Xid 79" in hosts["excluded"][one]
     assert_nothing_running(fleet3)
+
+
+def _job_pids(user: str) -> list[int]:
+    """Processes of ``user`` that carry a run's ``FLEETRUN_RUN_ID`` (the job, not the node agent)."""
+    import pwd
+
+    uid = pwd.getpwnam(user).pw_uid
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(b"FLEETRUN_RUN_ID=") for v in env):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_cpu_throttled_node_is_named_by_the_straggler_rule(fleet3: LocalFleet, tmp_path: Path) -> None:
+    """Node 2's job processes are put in a cgroup with 3% of a CPU (``cpu.cfs_quota_us``) once the
+    run trains (no sleep between steps: CPU-bound, so the quota bites; a mostly sleeping job under
+    the same quota is not slowed, and rightly not flagged): its ranks' pace probe runs many times
+    slower than the other nodes', and the straggler rule (action stop) stops the run naming node 2."""
+    import contextlib
+    import os
+
+    cgroup = Path("/sys/fs/cgroup/cpu") / f"fleetrun-{os.environ.get('FLEETRUN_TEST_TAG', 't')}-straggler"
+    if not Path("/sys/fs/cgroup/cpu/cgroup.procs").exists():
+        pytest.skip("no cgroup v1 cpu controller to throttle a node with")
+    book = write_playbook(
+        tmp_path / "job.yaml",
+        JOB,
+        name="t-straggler",
+        entrypoint=f"python ckpt_trainer.py --steps 5000 --ckpt-every {EVERY * 100} --step-sleep 0",
+        procs_per_node=1,
+        stop={"straggler": {"factor": 2.0, "window_s": 8, "action": "stop"}, "watcher_lost_after_s": 300},
+    )
+    slow = fleet3.node_name(2)
+
+    def throttle() -> None:
+        cgroup.mkdir(exist_ok=True)
+        (cgroup / "cpu.cfs_period_us").write_text("100000")
+        (cgroup / "cpu.cfs_quota_us").write_text("3000")
+        for pid in _job_pids(slow):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                (cgroup / "cgroup.procs").write_text(str(pid))
+
+    try:
+        result = run_with_fault(book, fleet3, throttle)
+    finally:
+        if cgroup.exists():
+            for pid in (cgroup / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    Path("/sys/fs/cgroup/cpu/cgroup.procs").write_text(pid)
+            cgroup.rmdir()
+    assert (result.outcome, result.rule) == ("stopped", "straggler"), result.reason
+    assert result.failed_nodes == (slow,) or slow in result.reason, result.reason
+    assert f"{slow} " in result.reason and "x the median node's probe time" in result.reason
+    assert_nothing_running(fleet3)

@@ -41,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, BinaryIO, TypeVar
@@ -64,7 +65,7 @@ LOG_TAIL_BYTES = 2000
 GPU_READ_EVERY_S = 2.0
 """The GPU counters are read at most this often (nvidia-smi takes a few hundred ms on 8 GPUs);
 polls in between get the last reading, so a fault shows within one poll of the next reading."""
-_gpu_cache: dict[str, object] = {"at": 0.0, "reading": None}
+_gpu_cache: dict[str, object] = {"at": 0.0, "reading": None, "background": False}
 
 
 def _alive(pid: int) -> bool:
@@ -213,6 +214,7 @@ def serve(run_dir: str, idle_s: float = SERVE_IDLE_S) -> int:
     A request line longer than ``MAX_REQUEST_BYTES`` is dropped and answered with an error; an
     error while answering is an error answer, never the end of the channel.
     """
+    start_gpu_reader()
     fd = sys.stdin.fileno()
     out = sys.stdout
     pending = b""
@@ -371,9 +373,32 @@ def upload(run_dir: str, argv: Sequence[str]) -> protocol.UploadAnswer:
     return protocol.UploadAnswer(f"uploaded to {command[-1]}", True)
 
 
+def _read_gpus_forever() -> None:
+    while True:
+        try:
+            _gpu_cache["reading"] = fleetrun_gpu.read_health(full=False)
+        except Exception:  # noqa: BLE001 - no reading this round; the poll answers go on
+            _gpu_cache["reading"] = None
+        _gpu_cache["at"] = time.monotonic()
+        time.sleep(GPU_READ_EVERY_S)
+
+
+def start_gpu_reader() -> None:
+    """In ``serve``: read the GPU counters in a thread of their own, so a slow or hung nvidia-smi
+    (a failing GPU can make it take seconds) never delays a poll answer: answers carry the
+    latest reading."""
+    if shutil.which("nvidia-smi") is None or _gpu_cache["background"]:
+        return
+    _gpu_cache["background"] = True
+    threading.Thread(target=_read_gpus_forever, name="gpu-reader", daemon=True).start()
+
+
 def gpu_reading(now: float | None = None) -> dict | None:
     """The GPU health counters (``fleetrun_gpu``, without its slow reads), at most every
     ``GPU_READ_EVERY_S``; None on a node without nvidia-smi. A failing reader is no reading."""
+    if _gpu_cache["background"]:
+        reading = _gpu_cache["reading"]
+        return reading if isinstance(reading, dict) else None
     if shutil.which("nvidia-smi") is None:
         return None
     now = time.monotonic() if now is None else now
