@@ -368,3 +368,23 @@ def test_node_agent_answers_with_the_gpu_reading(tmp_path: Path) -> None:
     health = gpu_health.gpu_reading(answer.gpu)
     assert health is not None and [g.util for g in health.gpus] == [40.0, 60.0]
     assert gpu_health.gpu_reading({"smi": True, "gpus": "garbage"}) is None
+
+
+def test_energy_is_power_over_time_per_node_and_gaps_are_not_counted() -> None:
+    from launch.rules.gpu_health import EnergyMeter, GpuFacts
+
+    def at(watts: float) -> GpuHealth:
+        return GpuHealth(
+            smi=True,
+            queried=True,
+            gpus=(GpuFacts(0, "u0", "b0", power_w=watts), GpuFacts(1, "u1", "b1", power_w=watts)),
+        )
+
+    meter = EnergyMeter()
+    assert meter.kwh is None
+    meter.add("a", 0.0, at(300.0))
+    meter.add("a", 10.0, at(500.0))  # 10 s between 600 W and 1000 W: 8000 J
+    meter.add("b", 5.0, at(100.0))
+    meter.add("b", 500.0, at(100.0))  # a gap of 495 s (unreachable meanwhile): not counted
+    meter.add("c", 1.0, GpuHealth(smi=True, queried=True))
+    assert meter.joules == 8000.0 and meter.kwh == 8000.0 / 3.6e6

@@ -34,6 +34,7 @@ __all__ = [
     "GpuFacts",
     "GpuHealth",
     "GpuVerdict",
+    "EnergyMeter",
     "XidEvent",
     "expected_fabric_devices",
     "gpu_reading",
@@ -526,3 +527,34 @@ def new_faults(baseline: GpuHealth, now: GpuHealth) -> list[tuple[str, str]]:
         if xid.key not in seen and xid.code in CRITICAL_XIDS:
             faults.append((bus_label.get(xid.bus_id, f"PCI {xid.bus_id}"), _xid_text(xid)))
     return faults
+
+
+MAX_GAP_S = 60.0
+"""Power readings further apart than this are not joined (a node unreachable meanwhile)."""
+
+
+@dataclass
+class EnergyMeter:
+    """GPU energy of a run, from the power each node's GPUs draw at each poll (trapezoids between
+    readings of one node; a gap over ``MAX_GAP_S`` is not counted). Joules; ``kwh`` for records."""
+
+    joules: float = 0.0
+    last: dict[str, tuple[float, float]] | None = None
+
+    def add(self, node: str, now: float, health: GpuHealth | None) -> None:
+        if health is None or not health.gpus:
+            return
+        watts = [g.power_w for g in health.gpus if g.power_w is not None]
+        if not watts:
+            return
+        power = sum(watts)
+        last = self.last if self.last is not None else {}
+        self.last = last
+        before = last.get(node)
+        if before is not None and 0 < now - before[0] <= MAX_GAP_S:
+            self.joules += (now - before[0]) * (power + before[1]) / 2
+        last[node] = (now, power)
+
+    @property
+    def kwh(self) -> float | None:
+        return None if self.last is None else self.joules / 3.6e6

@@ -49,7 +49,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from launch.rules.gpu_health import GpuHealth, new_faults
+from launch.rules.gpu_health import EnergyMeter, GpuHealth, new_faults
 from launch.rules.metrics_stream import FinalStatus, MetricsSummary
 from launch.rules.pricing import cost_so_far
 from launch.rules.stragglers import NodePace, StragglerRule, describe, slow_nodes
@@ -225,6 +225,8 @@ class RuleState:
     """The nodes the straggler rule flags at this poll (shown in the live table, whatever the action)."""
     gpu_baseline: dict[str, GpuHealth] = field(default_factory=dict)
     """Each node's first GPU reading of the attempt: what ``gpu_fault`` compares against."""
+    energy: EnergyMeter = field(default_factory=EnergyMeter)
+    """GPU energy so far (power over time), for the summary; not a rule, but polled with them."""
 
     def update(self, rules: StopRules, obs: Observation) -> None:
         """Fold one observation into the memory; :func:`evaluate` calls this first."""
@@ -249,6 +251,7 @@ class RuleState:
                 self.idle_since.pop(n.node, None)
             if n.gpu_health is not None and n.gpu_health.queried:
                 self.gpu_baseline.setdefault(n.node, n.gpu_health)
+                self.energy.add(n.node, obs.now, n.gpu_health)
         self._update_plateau(rules, obs.metrics)
         if rules.straggler is not None:
             running = {n.node: n.pace for n in obs.nodes if n.state == "running"}
