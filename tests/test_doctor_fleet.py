@@ -296,3 +296,62 @@ def test_bad_gpu_is_named_per_gpu_with_the_nvidia_smi_stand_in(lab: LocalFleet, 
     )
     assert found[(one, "gpu0")] == ("WARN", "PCIe x8 of x16")
     assert not any(node != one for node, _ in found), "nodes without nvidia-smi have no GPU lines"
+
+
+def test_collective_names_the_node_behind_a_slow_link(lab: LocalFleet, fleetrun_home: Path) -> None:
+    """Node 2's link limited to 20 Mbit/s with ``tc tbf`` (netem is not in this kernel):
+    ``fab doctor --collective`` runs all-reduce through torchrun, then pairs, and names node 2."""
+    import os
+
+    two = lab.node_name(2)
+    _netns(
+        lab,
+        2,
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        "eth0",
+        "root",
+        "tbf",
+        "rate",
+        "20mbit",
+        "burst",
+        "32kbit",
+        "latency",
+        "400ms",
+    )
+    env_before = {k: os.environ.get(k) for k in ("FLEETRUN_COLLECTIVE_MB", "FLEETRUN_COLLECTIVE_REPS")}
+    os.environ.update({"FLEETRUN_COLLECTIVE_MB": "2", "FLEETRUN_COLLECTIVE_REPS": "2"})
+    try:
+        proc = fab(
+            "doctor",
+            "--collective",
+            "--inventory",
+            f"local:{PREFIX}",
+            "--port",
+            "29500",
+            home=fleetrun_home,
+            timeout=600,
+        )
+    finally:
+        subprocess.run(
+            ["ip", "netns", "exec", lab.netns(2), "tc", "qdisc", "del", "dev", "eth0", "root"], check=False
+        )
+        for key, value in env_before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    line = re.compile(r"^(\S+)\s+collective\s+(ok|WARN|ERROR)\s+(.*)$")
+    found = {m.group(1): (m.group(2), m.group(3)) for m in map(line.match, proc.stdout.splitlines()) if m}
+    assert found[two][0] == "ERROR" and "a slow node or link" in found[two][1], proc.stdout[-3000:]
+    assert set(found) == {two}, "only the slow node has a problem line"
+    assert "collective fleet: all-reduce" in proc.stdout
+    saved = (
+        sorted((fleetrun_home / "runs" / "collective").glob("*.json"))
+        if (fleetrun_home / "runs").exists()
+        else []
+    )
+    assert saved or "figures in" in proc.stdout

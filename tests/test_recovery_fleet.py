@@ -203,12 +203,16 @@ def test_a_cpu_throttled_node_is_named_by_the_straggler_rule(fleet3: LocalFleet,
         stop={"straggler": {"factor": 2.0, "window_s": 8, "action": "stop"}, "watcher_lost_after_s": 300},
     )
     slow = fleet3.node_name(2)
+    old = run_dirs(fleet3)
 
     def throttle() -> None:
+        wait_for(lambda: step_reached(fleet3, 20, old), 120, "step 20 of this run")
         cgroup.mkdir(exist_ok=True)
         (cgroup / "cpu.cfs_period_us").write_text("100000")
         (cgroup / "cpu.cfs_quota_us").write_text("3000")
-        for pid in _job_pids(slow):
+        pids = _job_pids(slow)
+        assert pids, f"no job process of {slow} to throttle"
+        for pid in pids:
             with contextlib.suppress(OSError):  # gone meanwhile
                 (cgroup / "cgroup.procs").write_text(str(pid))
 

@@ -128,10 +128,13 @@ def doctor(
     console: Console | None = None,
     port: int | None = None,
     verbose: bool = False,
+    collective: bool = False,
 ) -> bool:
     """``fab doctor``: every check on every node (the playbook's first ``nodes`` hosts when one is
     given: its port, and whether its setup installs torch). True when nothing would break a job.
-    Verdict lines are printed for warnings and errors (every check with ``verbose``), then the table."""
+    Verdict lines are printed for warnings and errors (every check with ``verbose``), then the table.
+    ``collective``: then an all-reduce and matmul test through torchrun on the hosts a job would
+    get, bisecting to the slow node or link (``launch.run.collective``), kept under the runs folder."""
     from launch.reports.doctor_view import print_findings
     from launch.run import doctor as checks
     from launch.transport.ssh import Fleet
@@ -157,6 +160,8 @@ def doctor(
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     with Fleet(inv.hosts, known_hosts, max_parallel=current().fanout) as fleet:
         _obs, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
+        if collective:
+            collective_check(console, fleet, inv.hosts, findings, nodes, rdzv_port)
     print_findings(console, findings, [h.name for h in inv.hosts], verbose=verbose)
     if nodes is not None and len(inv.hosts) > nodes:
         # spares: a job needs only ``nodes`` healthy hosts; the others' errors do not fail it
@@ -169,6 +174,60 @@ def doctor(
         console.print(Text(clean(f"a job of {nodes} node(s) would get: {', '.join(chosen)}", 2000)))
         return True
     return not findings.failed
+
+
+def collective_check(
+    console: Console, fleet: Any, hosts: list[Any], findings: Any, nodes: int | None, port: int
+) -> None:
+    """``fab doctor --collective`` on the hosts a job would get (reachable, no error), its lines
+    added to the doctor's findings and its figures saved as ``collective/<time>.json`` in the runs
+    folder, for comparison over time."""
+    import json
+    import os
+    import time
+
+    from launch.paths import runs_dir
+    from launch.rules.collective import verdict_lines
+    from launch.run import collective as test
+
+    chosen, _excluded = pick_hosts([h.name for h in hosts], errors_by_node(findings), nodes or len(hosts))
+    usable = [h for h in hosts if h.name in chosen]
+    if len(usable) < 2:
+        console.print(Text("collective: fewer than two healthy nodes, nothing to measure", style="yellow"))
+        return
+    console.print(f"collective: all-reduce and matmul on {len(usable)} nodes through torchrun ...")
+    sizes = {
+        k: v for k in ("FLEETRUN_COLLECTIVE_MB", "FLEETRUN_COLLECTIVE_REPS") if (v := os.environ.get(k, ""))
+    }
+    sizes = {k: v for k, v in sizes.items() if v.replace(".", "", 1).isdigit() and len(v) < 10}
+    report, seconds = test.check(fleet, usable, port, sizes)
+    level = {"ok": "ok", "warn": "warn", "error": "error"}
+    for node, lv, message in verdict_lines(report):
+        if node == "fleet":
+            console.print(
+                Text(clean(f"collective fleet: {message}", 600), style="red" if lv == "error" else "")
+            )
+            if lv == "error":
+                findings.add(usable[0].name, "collective", level[lv], message)
+        else:
+            findings.add(node, "collective", level[lv], message)
+    folder = runs_dir() / "collective"
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {
+        "time": time.time(),
+        "seconds": round(seconds, 2),
+        "nodes": [h.name for h in usable],
+        **report.to_json(),
+    }
+    path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    console.print(
+        Text(
+            clean(
+                f"collective: {seconds:.1f} s, {len(report.measured)} measurement(s); figures in {path}", 600
+            )
+        )
+    )
 
 
 def choose_from_spares(inventory: Inventory, spec: JobSpec, console: Console) -> tuple[Inventory, Any]:

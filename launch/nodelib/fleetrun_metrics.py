@@ -14,10 +14,14 @@ atomically. Outside fleetrun (no ``FLEETRUN_RUN_DIR``), files go to ``./fleetrun
 A metric record: ``{"step": 12, "time": <unix>, "elapsed": <s>, "loss": 0.52, ...}``.
 
 Every rank's ``log`` also keeps its pace (``pace/<rank>.json`` in the run dir, rewritten at most
-every ``PACE_WRITE_S``): its own steps/s and the time of a fixed tiny CPU probe, timed at most once
-a second (about 1 ms). Ranks of synchronous data-parallel training run in lockstep, so steps/s
-alone cannot say which node is slow: the probe can, since a throttled or starved node runs it
-slower. The node agent reports the slowest of its ranks; the ``straggler`` rule compares nodes.
+every ``PACE_WRITE_S``): its own steps/s, the time of a fixed tiny CPU probe (timed at most once a
+second, about 1 ms) and the share of wall time the rank was ready to run but not given a CPU
+(``run_delay`` of ``/proc/self/schedstat``: a CPU quota, an overcommitted or starved machine).
+Ranks of synchronous data-parallel training run in lockstep, so steps/s alone cannot say which
+node is slow; the probe time divided by the share of time the rank actually ran can. (A probe
+alone is not enough: a throttled rank wakes with a fresh CPU quota after each all-reduce and
+runs the probe at once, unthrottled.) The node agent reports the slowest of its ranks; the
+``straggler`` rule compares nodes.
 
 Every rank's ``log`` also drives the playbook's ``profile:`` (``fleetrun_profile``): the steps it
 sees are the ones torch.profiler records, so an unchanged training loop is profiled.
@@ -55,6 +59,15 @@ PACE_WRITE_S = 5.0
 PACE_PROBE_LOOPS = 20000
 
 
+def run_delay_s() -> float | None:
+    """Seconds this thread has been runnable but waiting for a CPU (``/proc/self/schedstat``)."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as fh:
+            return int(fh.read(200).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def pace_probe() -> float:
     """Seconds a fixed pure-Python loop takes here now (about 1 ms on an idle core)."""
     started = time.perf_counter()
@@ -74,6 +87,7 @@ class Pace:
         self.probes: list[float] = []
         self.last_probe = 0.0
         self.window_start: tuple[int, float] | None = None
+        self.delay_start = run_delay_s()
         self.last_write = time.monotonic()
 
     def tick(self, step: int, now: float | None = None) -> None:
@@ -87,13 +101,21 @@ class Pace:
             return
         first_step, first_at = self.window_start
         rate = (step - first_step) / (now - first_at) if now > first_at and step > first_step else None
+        delay = run_delay_s()
+        stall = 0.0
+        if delay is not None and self.delay_start is not None and now > first_at:
+            stall = min(0.95, max(0.0, (delay - self.delay_start) / (now - first_at)))
+        probe_ms = 1000.0 * sum(self.probes) / len(self.probes)
         record = {
             "rank": self.rank,
             "step": step,
             "time": time.time(),
             "steps_per_s": rate,
-            "probe_ms": 1000.0 * sum(self.probes) / len(self.probes),
+            "probe_ms": probe_ms / (1.0 - stall),
+            "probe_raw_ms": probe_ms,
+            "stall": round(stall, 4),
         }
+        self.delay_start = delay
         try:
             os.makedirs(self.folder, exist_ok=True)
             path = os.path.join(self.folder, f"{self.rank}.json")

@@ -41,6 +41,7 @@ CHECKS = (
     "disk",
     "gpus",
     "gpu-health",
+    "collective",
 )
 """Check names in display order; one GPU's own line is ``gpu0``, ``gpu1``... after ``gpu-health``."""
 GPU_LEVEL = {
