@@ -105,6 +105,16 @@ def test_elastic_survivors_go_on(fleet3: LocalFleet, tmp_path: Path) -> None:
     assert 0 <= attempts[1]["steps_recomputed"] <= EVERY, attempts
 
 
+def every_node_up(fleet: LocalFleet) -> None:
+    """An earlier test of the module may have left a node powered off: a fresh one in its place."""
+    from launch.fleets.local.power import replace_node
+    from launch.transport.reachability import sshd_answers
+
+    for host in fleet.inventory().hosts:
+        if not sshd_answers(host, 3.0):
+            replace_node(fleet, host)
+
+
 def test_gpu_fault_excludes_the_host_and_the_run_completes_on_the_spare(
     fleet3: LocalFleet, tmp_path: Path
 ) -> None:
@@ -121,6 +131,7 @@ def test_gpu_fault_excludes_the_host_and_the_run_completes_on_the_spare(
     from tests.faultkit import quiet
     from tests.gpustandin import install, write_scenario, xid
 
+    every_node_up(fleet3)
     one, spare = fleet3.node_name(1), fleet3.node_name(2)
     home = fleet3.home(1)
     user = pwd.getpwnam(one)
@@ -194,6 +205,7 @@ def test_a_cpu_throttled_node_is_named_by_the_straggler_rule(fleet3: LocalFleet,
     cgroup = Path("/sys/fs/cgroup/cpu") / f"fleetrun-{os.environ.get('FLEETRUN_TEST_TAG', 't')}-straggler"
     if not Path("/sys/fs/cgroup/cpu/cgroup.procs").exists():
         pytest.skip("no cgroup v1 cpu controller to throttle a node with")
+    every_node_up(fleet3)
     book = write_playbook(
         tmp_path / "job.yaml",
         JOB,

@@ -321,8 +321,6 @@ def judge_gpu(gpu: GpuFacts, xids: Sequence[XidEvent] | None, health_fields: boo
         bad.append("page retirement pending (reset the GPU)")
     for xid in xids or ():
         (bad if xid.code in CRITICAL_XIDS else warn).append(_xid_text(xid))
-    if xids is None:
-        unknown.append("Xid (kernel log not readable here)")
     if gpu.nvlink_inactive and gpu.nvlink_active is not None:
         total = gpu.nvlink_active + gpu.nvlink_inactive
         bad.append(f"{gpu.nvlink_inactive} of {total} NVLinks inactive")
@@ -427,16 +425,18 @@ def judge_node(
             node_bad.extend(f"GPU at PCI {bus}: {_xid_text(x)}" for x in events if x.code in CRITICAL_XIDS)
     if health.ib_devices is not None and fabric_devices and len(health.ib_devices) < fabric_devices:
         node_bad.append(f"{len(health.ib_devices)} EFA/InfiniBand device(s) of {fabric_devices} expected")
+    # an unreadable kernel log hides every GPU's Xids: said once, on the node's line, never "ok"
+    no_xids = "unknown: Xid (kernel log not readable here: root, or the adm/systemd-journal group)"
     if node_bad:
-        out.append(GpuVerdict(None, BAD, "; ".join(node_bad)))
+        out.append(GpuVerdict(None, BAD, "; ".join(node_bad + ([no_xids] if health.xids is None else []))))
     else:
         count = f"{len(health.gpus)} GPU(s)" + (f" of {expected} expected" if expected else "")
-        versions = ", ".join(
-            v
-            for v in (health.driver and f"driver {health.driver}", health.cuda and f"CUDA {health.cuda}")
-            if v
-        )
-        out.append(GpuVerdict(None, OK, count + (f", {versions}" if versions else "")))
+        known = (health.driver and f"driver {health.driver}", health.cuda and f"CUDA {health.cuda}")
+        line = count + "".join(f", {v}" for v in known if v)
+        if health.xids is None:
+            out.append(GpuVerdict(None, UNKNOWN, f"{line}; {no_xids}"))
+        else:
+            out.append(GpuVerdict(None, OK, line))
     for gpu in health.gpus:
         if indices is not None and gpu.index not in indices:
             continue
