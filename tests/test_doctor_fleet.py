@@ -300,7 +300,8 @@ def test_bad_gpu_is_named_per_gpu_with_the_nvidia_smi_stand_in(lab: LocalFleet, 
 
 def test_collective_names_the_node_behind_a_slow_link(lab: LocalFleet, fleetrun_home: Path) -> None:
     """Node 2's link limited to 20 Mbit/s with ``tc tbf`` (netem is not in this kernel):
-    ``fab doctor --collective`` runs all-reduce through torchrun, then pairs, and names node 2."""
+    ``fab doctor --collective`` runs all-reduce through torchrun, then pairs, and names node 2.
+    Its own port: an earlier test's stray listener may still hold 29500 on the head."""
     import os
 
     two = lab.node_name(2)
@@ -330,7 +331,7 @@ def test_collective_names_the_node_behind_a_slow_link(lab: LocalFleet, fleetrun_
             "--inventory",
             f"local:{PREFIX}",
             "--port",
-            "29500",
+            "29611",
             home=fleetrun_home,
             timeout=600,
         )
@@ -346,6 +347,7 @@ def test_collective_names_the_node_behind_a_slow_link(lab: LocalFleet, fleetrun_
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     line = re.compile(r"^(\S+)\s+collective\s+(ok|WARN|ERROR)\s+(.*)$")
     found = {m.group(1): (m.group(2), m.group(3)) for m in map(line.match, proc.stdout.splitlines()) if m}
+    assert two in found, proc.stdout[-4000:]
     assert found[two][0] == "ERROR" and "a slow node or link" in found[two][1], proc.stdout[-3000:]
     assert set(found) == {two}, "only the slow node has a problem line"
     assert "collective fleet: all-reduce" in proc.stdout

@@ -190,7 +190,9 @@ def collective_check(
     from launch.rules.collective import verdict_lines
     from launch.run import collective as test
 
-    chosen, _excluded = pick_hosts([h.name for h in hosts], errors_by_node(findings), nodes or len(hosts))
+    # the hosts a job would get; without a playbook, every host without an error (two at least)
+    names = [h.name for h in hosts]
+    chosen, _excluded = pick_hosts(names, errors_by_node(findings), nodes or len(hosts), None if nodes else 2)
     usable = [h for h in hosts if h.name in chosen]
     if len(usable) < 2:
         console.print(Text("collective: fewer than two healthy nodes, nothing to measure", style="yellow"))
