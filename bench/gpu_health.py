@@ -87,7 +87,7 @@ def doctor_rows(tmp: Path) -> list[dict[str, Any]]:
         findings = judge(observations, Job(head="node0", port=29500, full=True))
         laptop_s = time.perf_counter() - started
         gpu_lines = [v for v in findings.verdicts if v.check.startswith("gpu")]
-        named = [f"{v.node} {v.check} {v.message}" for v in findings.errors]
+        named = [f"{v.node} {v.check} {v.message}" for v in findings.errors if v.check.startswith("gpu")]
         rows.append(
             {
                 "nodes": n,
