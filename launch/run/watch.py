@@ -156,7 +156,7 @@ class Watcher:
         node.log_tail = answer.log_tail
         node.gpu_util = answer.gpu_util
         node.gpu = gpu_reading(answer.gpu)
-        node.pace = parse_pace(answer.pace) or node.pace
+        node.pace = parse_pace(answer.pace)  # None once its ranks stop reporting: no stale verdict
         node.state = "vanished" if answer.state == "absent" else answer.state
         node.rc = answer.rc
         node.exited_at = answer.exited_at
