@@ -263,3 +263,97 @@ def test_wrong_pinned_key_and_missing_python_are_named(
         level == "ERROR" and "the probe did not run with /opt/no-such-python/bin/python3 (exit 127" in message
     )
     assert found[(lab.node_name(0), "ssh")][0] == "ok" and found[(lab.node_name(0), "torch")][0] == "ok"
+
+
+def test_bad_gpu_is_named_per_gpu_with_the_nvidia_smi_stand_in(lab: LocalFleet, fleetrun_home: Path) -> None:
+    """Node 1 runs the scripted ``nvidia-smi``/``dmesg`` (``tests/gpu_standin``) first on its PATH:
+    GPU 1 has 2 uncorrectable ECC errors and an Xid 79 in the kernel log; GPU 0 runs at PCIe x8.
+    The doctor (the reader sent with the probe) prints one line per GPU and exits 1."""
+    from tests.gpustandin import install, xid
+
+    one = lab.node_name(1)
+    home = lab.home(1)
+    user = pwd.getpwnam(one)
+    gpus: list[dict[str, object]] = [{"pcie_width": 8}, {"ecc_volatile": 2}]
+    fakebin = home / "fakebin"
+    install(
+        fakebin,
+        {"gpus": gpus, "xids": [xid(1, 79, "2026-11-25T14:02:11", "pid=4242, GPU has fallen off the bus.")]},
+        owner=(user.pw_uid, user.pw_gid),
+    )
+    before = _prepend_bashrc(home, 'export PATH="$HOME/fakebin:$PATH"')
+    try:
+        proc = fab("doctor", "--inventory", f"local:{PREFIX}", "--port", "29500", home=fleetrun_home)
+    finally:
+        (home / ".bashrc").write_text(before)
+        shutil.rmtree(fakebin)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    gpu_line = re.compile(r"^(\S+)\s+(gpu\d+|gpu-health)\s+(ok|WARN|ERROR)\s+(.*)$")
+    found = {m.group(1, 2): m.group(3, 4) for m in map(gpu_line.match, proc.stdout.splitlines()) if m}
+    assert found[(one, "gpu1")] == (
+        "ERROR",
+        "uncorrectable ECC 2 (volatile); Xid 79 at 14:02: fallen off the bus",
+    )
+    assert found[(one, "gpu0")] == ("WARN", "PCIe x8 of x16")
+    assert not any(node != one for node, _ in found), "nodes without nvidia-smi have no GPU lines"
+
+
+def test_collective_names_the_node_behind_a_slow_link(lab: LocalFleet, fleetrun_home: Path) -> None:
+    """Node 2's link limited to 20 Mbit/s with ``tc tbf`` (netem is not in this kernel):
+    ``fab doctor --collective`` runs all-reduce through torchrun, then pairs, and names node 2.
+    Its own port: an earlier test's stray listener may still hold 29500 on the head."""
+    import os
+
+    two = lab.node_name(2)
+    _netns(
+        lab,
+        2,
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        "eth0",
+        "root",
+        "tbf",
+        "rate",
+        "20mbit",
+        "burst",
+        "32kbit",
+        "latency",
+        "400ms",
+    )
+    env_before = {k: os.environ.get(k) for k in ("FLEETRUN_COLLECTIVE_MB", "FLEETRUN_COLLECTIVE_REPS")}
+    os.environ.update({"FLEETRUN_COLLECTIVE_MB": "2", "FLEETRUN_COLLECTIVE_REPS": "2"})
+    try:
+        proc = fab(
+            "doctor",
+            "--collective",
+            "--inventory",
+            f"local:{PREFIX}",
+            "--port",
+            "29611",
+            home=fleetrun_home,
+            timeout=600,
+        )
+    finally:
+        subprocess.run(
+            ["ip", "netns", "exec", lab.netns(2), "tc", "qdisc", "del", "dev", "eth0", "root"], check=False
+        )
+        for key, value in env_before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    line = re.compile(r"^(\S+)\s+collective\s+(ok|WARN|ERROR)\s+(.*)$")
+    found = {m.group(1): (m.group(2), m.group(3)) for m in map(line.match, proc.stdout.splitlines()) if m}
+    assert two in found, proc.stdout[-4000:]
+    assert found[two][0] == "ERROR" and "a slow node or link" in found[two][1], proc.stdout[-3000:]
+    assert set(found) == {two}, "only the slow node has a problem line"
+    assert "collective fleet: all-reduce" in proc.stdout
+    saved = (
+        sorted((fleetrun_home / "runs" / "collective").glob("*.json"))
+        if (fleetrun_home / "runs").exists()
+        else []
+    )
+    assert saved or "figures in" in proc.stdout

@@ -85,7 +85,7 @@ def test_unquoted_on_key_in_yaml(tmp_path: Path) -> None:
     [
         (
             {"recovery": {"on": ["node_lost", "cosmic_ray"]}},
-            "field 'recovery.on[1]': expected one of 'node_lost', 'preempted' or 'rank_failed'",
+            "field 'recovery.on[1]': expected one of 'node_lost', 'preempted', 'rank_failed', 'gpu_fault' or 'straggler'",
         ),
         ({"recovery": {"max_restarts": -1}}, "field 'recovery.max_restarts'"),
         ({"recovery": {"max_restarts": 2, "retry": True}}, "field 'recovery.retry'"),

@@ -103,3 +103,140 @@ def test_elastic_survivors_go_on(fleet3: LocalFleet, tmp_path: Path) -> None:
     assert len(attempts[1]["nodes"]) == 2 and attempts[1]["started_at"] > started
     assert final_status(result)["world_size"] == 2
     assert 0 <= attempts[1]["steps_recomputed"] <= EVERY, attempts
+
+
+def every_node_up(fleet: LocalFleet) -> None:
+    """An earlier test of the module may have left a node powered off: a fresh one in its place."""
+    from launch.fleets.local.power import replace_node
+    from launch.transport.reachability import sshd_answers
+
+    for host in fleet.inventory().hosts:
+        if not sshd_answers(host, 3.0):
+            replace_node(fleet, host)
+
+
+def test_gpu_fault_excludes_the_host_and_the_run_completes_on_the_spare(
+    fleet3: LocalFleet, tmp_path: Path
+) -> None:
+    """A lab inventory of the 3 nodes, a job of 2: node 2 is the spare. Node 1 runs the scripted
+    ``nvidia-smi``/``dmesg`` (healthy at the start); mid-run its GPU falls off the bus (Xid 79,
+    gone from nvidia-smi's list). ``gpu_fault`` stops the attempt, node 1 is excluded for the rest
+    of the run, and the run resumes from its checkpoint on node 0 and the spare."""
+    import pwd
+    import threading
+
+    import yaml
+
+    from launch.cli import app
+    from tests.faultkit import quiet
+    from tests.gpustandin import install, write_scenario, xid
+
+    every_node_up(fleet3)
+    one, spare = fleet3.node_name(1), fleet3.node_name(2)
+    home = fleet3.home(1)
+    user = pwd.getpwnam(one)
+    fakebin = install(home / "fakebin", {"count": 1}, owner=(user.pw_uid, user.pw_gid))
+    bashrc = home / ".bashrc"
+    before = bashrc.read_text() if bashrc.exists() else ""
+    bashrc.write_text('export PATH="$HOME/fakebin:$PATH"\n' + before)
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(yaml.safe_dump({"hosts": fleet3.inventory().to_yaml_data()["hosts"]}))
+    book = playbook(tmp_path, nodes=2, procs_per_node=1, recovery={"on": ["gpu_fault"]})
+    old = run_dirs(fleet3)
+    box: dict[str, object] = {}
+
+    def train() -> None:
+        box["result"] = app.train(
+            book, inventory=str(lab), console=quiet(), poll_interval=0.5, ask_on_interrupt=False
+        )
+
+    thread = threading.Thread(target=train)
+    try:
+        thread.start()
+        wait_for(lambda: step_reached(fleet3, 2 * EVERY + 2, old) or not thread.is_alive(), 180, "step 12")
+        fault = xid(0, 79, "2026-11-25T14:02:11", "pid=4242, name=python, GPU has fallen off the bus.")
+        write_scenario(fakebin, {"gpus": [{"lost": True}], "xids": [fault]})
+        thread.join(600)
+    finally:
+        bashrc.write_text(before)
+    assert not thread.is_alive(), "fab train did not finish"
+    result = box["result"]
+    assert isinstance(result, RunResult) and result.outcome == "succeeded", getattr(result, "reason", result)
+    attempts = attempts_of(result)
+    assert attempts[0]["rule"] == "gpu_fault" and attempts[0]["loss"] == "gpu_fault", attempts[0]
+    assert f"{one} gpu0: Xid 79 at 14:02: fallen off the bus" in attempts[0]["reason"]
+    assert attempts[0]["replaced"] == [one]
+    assert one not in attempts[1]["nodes"] and spare in attempts[1]["nodes"], attempts
+    assert attempts[1]["first_step"] > EVERY, "the second attempt resumed from a checkpoint"
+    hosts = json.loads((result.folder / "hosts.json").read_text())
+    assert hosts["chosen"] == [fleet3.node_name(0), one] and hosts["spares"] == [spare]
+    assert "Xid 79" in hosts["excluded"][one]
+    assert_nothing_running(fleet3)
+
+
+def _job_pids(user: str) -> list[int]:
+    """Processes of ``user`` that carry a run's ``FLEETRUN_RUN_ID`` (the job, not the node agent)."""
+    import pwd
+
+    uid = pwd.getpwnam(user).pw_uid
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(b"FLEETRUN_RUN_ID=") for v in env):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_cpu_throttled_node_is_named_by_the_straggler_rule(fleet3: LocalFleet, tmp_path: Path) -> None:
+    """Node 2's job processes are put in a cgroup with 3% of a CPU (``cpu.cfs_quota_us``) once the
+    run trains (no sleep between steps: CPU-bound, so the quota bites; a mostly sleeping job under
+    the same quota is not slowed, and rightly not flagged): its ranks' pace probe runs many times
+    slower than the other nodes', and the straggler rule (action stop) stops the run naming node 2."""
+    import contextlib
+    import os
+
+    cgroup = Path("/sys/fs/cgroup/cpu") / f"fleetrun-{os.environ.get('FLEETRUN_TEST_TAG', 't')}-straggler"
+    if not Path("/sys/fs/cgroup/cpu/cgroup.procs").exists():
+        pytest.skip("no cgroup v1 cpu controller to throttle a node with")
+    every_node_up(fleet3)
+    book = write_playbook(
+        tmp_path / "job.yaml",
+        JOB,
+        name="t-straggler",
+        entrypoint=f"python ckpt_trainer.py --steps 5000 --ckpt-every {EVERY * 100} --step-sleep 0",
+        procs_per_node=1,
+        stop={"straggler": {"factor": 2.0, "window_s": 8, "action": "stop"}, "watcher_lost_after_s": 300},
+    )
+    slow = fleet3.node_name(2)
+    old = run_dirs(fleet3)
+
+    def throttle() -> None:
+        wait_for(lambda: step_reached(fleet3, 20, old), 120, "step 20 of this run")
+        cgroup.mkdir(exist_ok=True)
+        (cgroup / "cpu.cfs_period_us").write_text("100000")
+        (cgroup / "cpu.cfs_quota_us").write_text("3000")
+        pids = _job_pids(slow)
+        assert pids, f"no job process of {slow} to throttle"
+        for pid in pids:
+            with contextlib.suppress(OSError):  # gone meanwhile
+                (cgroup / "cgroup.procs").write_text(str(pid))
+
+    try:
+        result = run_with_fault(book, fleet3, throttle)
+    finally:
+        if cgroup.exists():
+            for pid in (cgroup / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    Path("/sys/fs/cgroup/cpu/cgroup.procs").write_text(pid)
+            cgroup.rmdir()
+    assert (result.outcome, result.rule) == ("stopped", "straggler"), result.reason
+    assert result.failed_nodes == (slow,) or slow in result.reason, result.reason
+    assert f"{slow} " in result.reason and "x the median node's probe time" in result.reason
+    assert_nothing_running(fleet3)

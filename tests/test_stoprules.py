@@ -82,8 +82,8 @@ def test_unknown_and_invalid_fields_are_rejected() -> None:
 def test_rule_names_are_unique_and_in_documented_order() -> None:
     names = [name for name, _ in RULES]
     assert names == [
-        "rank_failed", "vanished", "reported_failed", "nan_loss", "completed", "unreachable",
-        "stalled", "gpu_idle", "plateau", "wall_time", "max_cost",
+        "gpu_fault", "rank_failed", "vanished", "reported_failed", "nan_loss", "completed", "unreachable",
+        "stalled", "gpu_idle", "straggler", "plateau", "wall_time", "max_cost",
     ]  # fmt: skip
 
 

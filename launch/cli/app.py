@@ -27,6 +27,7 @@ from launch.paths import known_hosts_file
 from launch.planning.launchers import launcher_class
 from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
+from launch.rules.preflight import errors_by_node, pick_hosts
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
 from launch.run.provenance import file_sha256, git_commit_of
@@ -88,7 +89,10 @@ def train(
             choices = ", ".join(t.value for t in Teardown)
             raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
         spec = spec.model_copy(update={"teardown": policy})
-    inv = load_inventory(inventory, save_keys=not dry_run).first(spec.nodes)
+    every_host = load_inventory(inventory, save_keys=not dry_run)
+    inv, choice = every_host.first(spec.nodes), None
+    if not dry_run and not skip_doctor and len(every_host.hosts) > spec.nodes:
+        inv, choice = choose_from_spares(every_host, spec, console)
     check_channels_fit_the_fleet(spec, inv, playbook)
     plan = make_plan(spec, inv, dry_run=dry_run)
     check_profiled_ranks_exist(spec, plan.total_processes, playbook)
@@ -99,6 +103,8 @@ def train(
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     folder = RunFolder.create(plan.run_id)
+    if choice is not None:  # which hosts the job got, which were skipped and why, the spares
+        folder.write_json("hosts.json", choice.record())
     records = open_records()
     records.start(
         run_id=plan.run_id,
@@ -122,6 +128,7 @@ def train(
         max_parallel=current().fanout,
         allow_busy_gpus=allow_busy_gpus,
         skip_doctor=skip_doctor,
+        spares=choice.spares if choice is not None else (),
     )
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
     runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)
@@ -174,10 +181,13 @@ def doctor(
     console: Console | None = None,
     port: int | None = None,
     verbose: bool = False,
+    collective: bool = False,
 ) -> bool:
     """``fab doctor``: every check on every node (the playbook's first ``nodes`` hosts when one is
     given: its port, and whether its setup installs torch). True when nothing would break a job.
-    Verdict lines are printed for warnings and errors (every check with ``verbose``), then the table."""
+    Verdict lines are printed for warnings and errors (every check with ``verbose``), then the table.
+    ``collective``: then an all-reduce and matmul test through torchrun on the hosts a job would
+    get, bisecting to the slow node or link (``launch.run.collective``), kept under the runs folder."""
     from launch.reports.doctor_view import print_findings
     from launch.run import doctor as checks
     from launch.transport.ssh import Fleet
@@ -189,9 +199,11 @@ def doctor(
     inv = load_inventory(inventory)
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
+    nodes = None
     if playbook is not None:
         spec = load_job_spec(playbook)
-        inv = inv.first(spec.nodes)
+        nodes = spec.nodes
+        inv = inv if len(inv.hosts) > spec.nodes else inv.first(spec.nodes)
         rdzv_port = spec.rdzv_port
         brings_torch = checks.torch_from_setup(spec.requirements_text(), spec.setup)
     if port is not None:
@@ -204,8 +216,95 @@ def doctor(
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     with Fleet(inv.hosts, known_hosts, max_parallel=current().fanout) as fleet:
         _obs, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
+        if collective:
+            collective_check(console, fleet, inv.hosts, findings, nodes, rdzv_port)
     print_findings(console, findings, [h.name for h in inv.hosts], verbose=verbose)
+    if nodes is not None and len(inv.hosts) > nodes:
+        # spares: a job needs only ``nodes`` healthy hosts; the others' errors do not fail it
+        chosen, excluded = pick_hosts([h.name for h in inv.hosts], errors_by_node(findings), nodes)
+        for name, why in excluded.items():
+            console.print(Text(clean(f"a job would skip {name}: {why}", 600)))
+        if not chosen:
+            console.print(Text(f"fewer than {nodes} healthy hosts: a job would not start", style="bold red"))
+            return False
+        console.print(Text(clean(f"a job of {nodes} node(s) would get: {', '.join(chosen)}", 2000)))
+        return True
     return not findings.failed
+
+
+def collective_check(
+    console: Console, fleet: Any, hosts: list[Any], findings: Any, nodes: int | None, port: int
+) -> None:
+    """``fab doctor --collective`` on the hosts a job would get (reachable, no error), its lines
+    added to the doctor's findings and its figures saved as ``collective/<time>.json`` in the runs
+    folder, for comparison over time."""
+    import json
+    import os
+    import time
+
+    from launch.paths import runs_dir
+    from launch.rules.collective import verdict_lines
+    from launch.run import collective as test
+
+    # the hosts a job would get; without a playbook, every host without an error (two at least)
+    names = [h.name for h in hosts]
+    chosen, _excluded = pick_hosts(names, errors_by_node(findings), nodes or len(hosts), None if nodes else 2)
+    usable = [h for h in hosts if h.name in chosen]
+    if len(usable) < 2:
+        console.print(Text("collective: fewer than two healthy nodes, nothing to measure", style="yellow"))
+        return
+    console.print(f"collective: all-reduce and matmul on {len(usable)} nodes through torchrun ...")
+    sizes = {
+        k: v for k in ("FLEETRUN_COLLECTIVE_MB", "FLEETRUN_COLLECTIVE_REPS") if (v := os.environ.get(k, ""))
+    }
+    sizes = {k: v for k, v in sizes.items() if v.replace(".", "", 1).isdigit() and len(v) < 10}
+    report, seconds = test.check(fleet, usable, port, sizes)
+    level = {"ok": "ok", "warn": "warn", "error": "error"}
+    for node, lv, message in verdict_lines(report):
+        if node == "fleet":
+            console.print(
+                Text(clean(f"collective fleet: {message}", 600), style="red" if lv == "error" else "")
+            )
+            if lv == "error":
+                findings.add(usable[0].name, "collective", level[lv], message)
+        else:
+            findings.add(node, "collective", level[lv], message)
+    folder = runs_dir() / "collective"
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {
+        "time": time.time(),
+        "seconds": round(seconds, 2),
+        "nodes": [h.name for h in usable],
+        **report.to_json(),
+    }
+    path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    console.print(
+        Text(
+            clean(
+                f"collective: {seconds:.1f} s, {len(report.measured)} measurement(s); figures in {path}", 600
+            )
+        )
+    )
+
+
+def choose_from_spares(inventory: Inventory, spec: JobSpec, console: Console) -> tuple[Inventory, Any]:
+    """An inventory with more hosts than the job's ``nodes``: probe them all (the pre-launch
+    check's one round trip each) and take the first healthy ones, printing every host skipped and
+    why. With too few healthy hosts the first ``nodes`` are kept: the pre-launch check then
+    refuses with its verdict lines."""
+    from launch.run import doctor as checks
+    from launch.transport.ssh import Fleet
+
+    port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else 0
+    known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+    with Fleet(inventory.hosts, known_hosts, max_parallel=current().fanout) as fleet:
+        choice = checks.choose_hosts(fleet, inventory.hosts, spec.nodes, None, port)
+    for name, why in choice.excluded.items():
+        console.print(Text("skipping host ", style="yellow") + Text(clean(f"{name}: {why}", 600)))
+    if not choice.chosen:
+        return inventory.first(spec.nodes), choice
+    return inventory.model_copy(update={"hosts": list(choice.chosen)}), choice
 
 
 def launch_warnings(spec: JobSpec, inventory: Inventory) -> list[str]:

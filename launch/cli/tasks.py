@@ -81,17 +81,27 @@ def train(
         "inventory": "as for train",
         "port": "rendezvous port to check (default: the playbook's, else 29500)",
         "verbose": "a line for every check of every node, not only warnings and errors",
+        "collective": "also an all-reduce and matmul test through torchrun, naming a slow node or link",
     },
 )
 @_friendly
 def doctor(
-    c: Any, playbook: str = "", inventory: str = "local", port: int = -1, verbose: bool = False
+    c: Any,
+    playbook: str = "",
+    inventory: str = "local",
+    port: int = -1,
+    verbose: bool = False,
+    collective: bool = False,
 ) -> None:
     """Check every node for what would break a multi-node job; exit 1 if anything would."""
     from launch.cli import app
 
     if not app.doctor(
-        playbook or None, inventory=inventory, port=None if port == -1 else port, verbose=verbose
+        playbook or None,
+        inventory=inventory,
+        port=None if port == -1 else port,
+        verbose=verbose,
+        collective=collective,
     ):
         raise Exit(code=1)
 

@@ -13,6 +13,16 @@ watcher reads them while training runs); the final record goes to ``status.json`
 atomically. Outside fleetrun (no ``FLEETRUN_RUN_DIR``), files go to ``./fleetrun-metrics``.
 A metric record: ``{"step": 12, "time": <unix>, "elapsed": <s>, "loss": 0.52, ...}``.
 
+Every rank's ``log`` also keeps its pace (``pace/<rank>.json`` in the run dir, rewritten at most
+every ``PACE_WRITE_S``): its own steps/s, the time of a fixed tiny CPU probe (timed at most once a
+second, about 1 ms) and the share of wall time the rank was ready to run but not given a CPU
+(``run_delay`` of ``/proc/self/schedstat``: a CPU quota, an overcommitted or starved machine).
+Ranks of synchronous data-parallel training run in lockstep, so steps/s alone cannot say which
+node is slow; the probe time divided by the share of time the rank actually ran can. (A probe
+alone is not enough: a throttled rank wakes with a fresh CPU quota after each all-reduce and
+runs the probe at once, unthrottled.) The node agent reports the slowest of its ranks; the
+``straggler`` rule compares nodes.
+
 Every rank's ``log`` also drives the playbook's ``profile:`` (``fleetrun_profile``): the steps it
 sees are the ones torch.profiler records, so an unchanged training loop is profiled.
 """
@@ -44,6 +54,79 @@ def _rank() -> int:
     return 0
 
 
+PACE_PROBE_EVERY_S = 1.0
+PACE_WRITE_S = 5.0
+PACE_PROBE_LOOPS = 20000
+
+
+def run_delay_s() -> float | None:
+    """Seconds this thread has been runnable but waiting for a CPU (``/proc/self/schedstat``)."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as fh:
+            return int(fh.read(200).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pace_probe() -> float:
+    """Seconds a fixed pure-Python loop takes here now (about 1 ms on an idle core)."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(PACE_PROBE_LOOPS):
+        total += i
+    return time.perf_counter() - started
+
+
+class Pace:
+    """One rank's pace, written for the node agent: steps/s and the probe's mean time since the
+    last write. Rate-limited (a probe a second, a small file every few seconds); never raises."""
+
+    def __init__(self, run_dir: str, rank: int) -> None:
+        self.folder = os.path.join(run_dir, "pace")
+        self.rank = rank
+        self.probes: list[float] = []
+        self.last_probe = 0.0
+        self.window_start: tuple[int, float] | None = None
+        self.delay_start = run_delay_s()
+        self.last_write = time.monotonic()
+
+    def tick(self, step: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if self.window_start is None:
+            self.window_start = (step, now)
+        if now - self.last_probe >= PACE_PROBE_EVERY_S:
+            self.probes.append(pace_probe())
+            self.last_probe = now
+        if now - self.last_write < PACE_WRITE_S or not self.probes:
+            return
+        first_step, first_at = self.window_start
+        rate = (step - first_step) / (now - first_at) if now > first_at and step > first_step else None
+        delay = run_delay_s()
+        stall = 0.0
+        if delay is not None and self.delay_start is not None and now > first_at:
+            stall = min(0.95, max(0.0, (delay - self.delay_start) / (now - first_at)))
+        probe_ms = 1000.0 * sum(self.probes) / len(self.probes)
+        record = {
+            "rank": self.rank,
+            "step": step,
+            "time": time.time(),
+            "steps_per_s": rate,
+            "probe_ms": probe_ms / (1.0 - stall),
+            "probe_raw_ms": probe_ms,
+            "stall": round(stall, 4),
+        }
+        self.delay_start = delay
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            path = os.path.join(self.folder, f"{self.rank}.json")
+            with open(path + ".tmp", "w", encoding="utf-8") as fh:
+                json.dump(record, fh)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass  # pace is a hint for the watcher; training goes on without it
+        self.probes, self.window_start, self.last_write = [], (step, now), now
+
+
 def _scalar(name: str, value: Any) -> float | int:
     if hasattr(value, "item"):
         value = value.item()
@@ -71,6 +154,8 @@ class Metrics:
             self._mark_elsewhere()
         # profiler hook: every rank, enabled or not (profile.ranks picks them)
         self._profiler = fleetrun_profile.for_rank(self.rank, self.run_dir)
+        # pace (stragglers): every rank under fleetrun
+        self._pace = Pace(self.run_dir, self.rank) if os.environ.get("FLEETRUN_RUN_DIR") else None
 
     def _mark_elsewhere(self) -> None:
         """Tell this node's watchdog that rank 0 (and so the metrics) runs on another node.
@@ -94,6 +179,8 @@ class Metrics:
         """One metric record. NaN and Inf are kept (the watcher's NaN rule needs to see them)."""
         if self._profiler is not None:  # profiler hook, on every rank
             self._profiler.on_step(int(step))
+        if self._pace is not None:
+            self._pace.tick(int(step))
         if not self.enabled:
             return
         now = time.time()

@@ -41,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, BinaryIO, TypeVar
@@ -48,8 +49,10 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
+    from launch.nodelib import fleetrun_gpu
     from launch.nodelib import fleetrun_protocol as protocol
 else:
+    import fleetrun_gpu  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 RUN_TMP = "tmp"
@@ -60,6 +63,10 @@ SERVE_IDLE_S = 600.0
 SMALL_FILE = 64
 """``rc`` and ``pid`` hold one number; more than this many bytes is not one."""
 LOG_TAIL_BYTES = 2000
+GPU_READ_EVERY_S = 2.0
+"""The GPU counters are read at most this often (nvidia-smi takes a few hundred ms on 8 GPUs);
+polls in between get the last reading, so a fault shows within one poll of the next reading."""
+_gpu_cache: dict[str, object] = {"at": 0.0, "reading": None, "background": False}
 
 
 def _alive(pid: int) -> bool:
@@ -208,6 +215,7 @@ def serve(run_dir: str, idle_s: float = SERVE_IDLE_S) -> int:
     A request line longer than ``MAX_REQUEST_BYTES`` is dropped and answered with an error; an
     error while answering is an error answer, never the end of the channel.
     """
+    start_gpu_reader()
     fd = sys.stdin.fileno()
     out = sys.stdout
     pending = b""
@@ -321,6 +329,7 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
     if heartbeat:
         _touch(os.path.join(run_dir, "watcher-heartbeat"))
     limit = protocol.MAX_SMALL_ANSWER_BYTES
+    gpu = gpu_reading()
     preempted = _read_record(run_dir, "preempt.json", limit, protocol.PreemptionNotice.from_json, notes)
     return protocol.PollAnswer(
         state=state,
@@ -332,7 +341,9 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
         ),
         exited_at=exited_at,
         log_tail=_tail(os.path.join(run_dir, "node.log"), LOG_TAIL_BYTES),
-        gpu_util=gpu_utilization(),
+        gpu_util=mean_utilization(gpu) if gpu is not None else gpu_utilization(),
+        gpu=gpu,
+        pace=pace_reading(run_dir),
         malformed=tuple(notes[: protocol.MAX_NOTES]),
         preempted=preempted,
     )
@@ -361,6 +372,89 @@ def upload(run_dir: str, argv: Sequence[str]) -> protocol.UploadAnswer:
     if proc.returncode != 0:
         return protocol.UploadAnswer(f"upload to {command[-1]} failed: {proc.stderr.strip()[-300:]}", False)
     return protocol.UploadAnswer(f"uploaded to {command[-1]}", True)
+
+
+def _read_gpus_forever() -> None:
+    while True:
+        try:
+            _gpu_cache["reading"] = fleetrun_gpu.read_health(full=False)
+        except Exception:  # noqa: BLE001 - no reading this round; the poll answers go on
+            _gpu_cache["reading"] = None
+        _gpu_cache["at"] = time.monotonic()
+        time.sleep(GPU_READ_EVERY_S)
+
+
+def start_gpu_reader() -> None:
+    """In ``serve``: read the GPU counters in a thread of their own, so a slow or hung nvidia-smi
+    (a failing GPU can make it take seconds) never delays a poll answer: answers carry the
+    latest reading."""
+    if shutil.which("nvidia-smi") is None or _gpu_cache["background"]:
+        return
+    _gpu_cache["background"] = True
+    threading.Thread(target=_read_gpus_forever, name="gpu-reader", daemon=True).start()
+
+
+def gpu_reading(now: float | None = None) -> dict | None:
+    """The GPU health counters (``fleetrun_gpu``, without its slow reads), at most every
+    ``GPU_READ_EVERY_S``; None on a node without nvidia-smi. A failing reader is no reading."""
+    if _gpu_cache["background"]:
+        reading = _gpu_cache["reading"]
+        return reading if isinstance(reading, dict) else None
+    if shutil.which("nvidia-smi") is None:
+        return None
+    now = time.monotonic() if now is None else now
+    at = _gpu_cache["at"]
+    if _gpu_cache["reading"] is None or not isinstance(at, float) or now - at >= GPU_READ_EVERY_S:
+        try:
+            _gpu_cache["reading"] = fleetrun_gpu.read_health(full=False)
+        except Exception:  # noqa: BLE001 - the poll must be answered whatever nvidia-smi does
+            _gpu_cache["reading"] = None
+        _gpu_cache["at"] = now
+    reading = _gpu_cache["reading"]
+    return reading if isinstance(reading, dict) else None
+
+
+PACE_MAX_RANKS = 64
+PACE_FRESH_S = 30.0
+"""A rank's pace file older than this is from an earlier attempt or a rank that stopped logging."""
+
+
+def pace_reading(run_dir: str, now: float | None = None) -> dict | None:
+    """This node's pace from its ranks' ``pace/<rank>.json`` (``fleetrun_metrics.Pace``): the
+    slowest local rank's probe time and steps/s. Files are the job's: read bounded, and what does
+    not parse is skipped. None when no rank wrote one recently."""
+    now = time.time() if now is None else now
+    folder = os.path.join(run_dir, "pace")
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))[:PACE_MAX_RANKS]
+    except OSError:
+        return None
+    probes: list[float] = []
+    rates: list[float] = []
+    for name in names:
+        data = _read_bounded(os.path.join(folder, name), 1024)
+        try:
+            record = protocol.decode(data or b"", 1024, "pace")
+        except protocol.ProtocolError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        at, probe, rate = record.get("time"), record.get("probe_ms"), record.get("steps_per_s")
+        if not isinstance(at, (int, float)) or not 0 <= now - at <= PACE_FRESH_S:
+            continue
+        if isinstance(probe, (int, float)) and math.isfinite(probe) and 0 < probe < 1e6:
+            probes.append(float(probe))
+        if isinstance(rate, (int, float)) and math.isfinite(rate) and 0 <= rate < 1e6:
+            rates.append(float(rate))
+    if not probes:
+        return None
+    return {"probe_ms": max(probes), "steps_per_s": min(rates) if rates else None, "ranks": len(probes)}
+
+
+def mean_utilization(reading: dict) -> float | None:
+    values = [g.get("util") for g in reading.get("gpus", []) if isinstance(g, dict)]
+    known = [float(v) for v in values if isinstance(v, (int, float)) and 0 <= v <= 100]
+    return sum(known) / len(known) if known else None
 
 
 def gpu_utilization() -> float | None:

@@ -6,6 +6,10 @@ library only (Python 3.8+), plus ``ip``, ``ss`` and ``nvidia-smi`` when the node
 missing tool is a fact to report (``null``), never a crash. Every external command has a short
 timeout, so one odd node cannot stall the doctor.
 
+GPU health (ECC, Xid, PCIe, NVLink, throttling, fabric) is read by ``fleetrun_gpu`` (the same
+reader the node agent polls during a run) and reported under ``gpu_health``; the cheap mode skips
+its slower reads (``nvidia-smi -q``, NVLink).
+
 It only reports facts; the verdicts are made on the laptop (``launch.rules.preflight``) from the
 answer, which is parsed as untrusted input there (``launch.rules.probe_facts``). ``MODE`` is
 ``cheap`` (what ``fab train`` checks before every launch) or ``full``; the clock reading is the
@@ -22,6 +26,11 @@ import subprocess
 import sys
 import threading
 import time
+
+try:  # sent ahead of this file by the doctor (``launch.run.doctor.probe_source``), or beside it
+    import fleetrun_gpu
+except ImportError:
+    fleetrun_gpu = None
 
 TOOL_TIMEOUT_S = 8
 MAX_ITEMS = 64
@@ -174,6 +183,16 @@ def gpu_facts():
     return {"nvidia_smi": True, "driver": driver, "gpus": gpus, "gpu_procs": procs}
 
 
+def gpu_health(full):
+    """The GPU health reader's answer; an error in it is reported, never the end of the probe."""
+    if fleetrun_gpu is None:
+        return None
+    try:
+        return fleetrun_gpu.read_health(full)
+    except Exception as exc:  # noqa: BLE001 - the other facts must still reach the laptop
+        return {"smi": True, "queried": False, "error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
 def main(argv):
     mode, private, port, head, lib_file = argv[1], argv[2], int(argv[3]), argv[4] == "1", argv[5]
     answer = {"v": 1, "mode": mode, "python": platform.python_version()}
@@ -192,6 +211,7 @@ def main(argv):
         answer["lib"] = ""
     if head and port > 0:  # 0: the run takes a free port at launch (rdzv_port: auto)
         answer["port"] = port_facts(port)
+    answer["gpu_health"] = gpu_health(mode == "full")
     if mode == "full":
         answer["iface"], answer["mtu"] = interface_of(private)
         answer.update(torch_facts())

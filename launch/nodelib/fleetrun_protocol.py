@@ -248,6 +248,13 @@ class PollAnswer:
     error: str = ""
     preempted: PreemptionNotice | None = None  # noqa: F405
     """Set once the cloud announced this node's end (``preempt.json``, written by the watchdog)."""
+    gpu: dict | None = None
+    """The node's GPU health reading (``fleetrun_gpu.read_health``), as read: untrusted, parsed on
+    the laptop by ``launch.rules.gpu_health.parse_gpu_health``; None without nvidia-smi."""
+
+    pace: dict | None = None
+    """The node's pace (``fleetrun_node.pace_reading``: its slowest rank's probe time in ms and
+    steps/s), as read: untrusted, parsed on the laptop (``launch.rules.stragglers``)."""
 
     def to_json(self) -> str:
         return encode(
@@ -263,6 +270,8 @@ class PollAnswer:
                 "malformed": list(self.malformed),
                 "error": self.error,
                 "preempted": None if self.preempted is None else self.preempted.to_dict(),
+                "gpu": self.gpu,
+                "pace": self.pace,
             },
             allow_nan=True,  # a status field may be NaN (finish(loss=nan)); Python reads it back
         )
@@ -287,6 +296,12 @@ class PollAnswer:
             raise f._fail("metrics_b64", "base64", encoded) from None
         status = f.data.get("status")
         preempted = f.data.get("preempted")
+        gpu = f.data.get("gpu")
+        if gpu is not None and not isinstance(gpu, dict):
+            raise f._fail("gpu", "an object or null", gpu)
+        pace = f.data.get("pace")
+        if pace is not None and not isinstance(pace, dict):
+            raise f._fail("pace", "an object or null", pace)
         return cls(
             state=str(state),
             rc=f.optional_integer("rc", -(2**31), 2**31 - 1),
@@ -300,6 +315,8 @@ class PollAnswer:
             preempted=None
             if preempted is None
             else PreemptionNotice.from_dict(preempted, "poll answer: preempted"),  # noqa: F405
+            gpu=gpu,
+            pace=pace,
         )
 
 

@@ -15,7 +15,7 @@ from rich.text import Text
 from launch.reports.safe_text import clean, safe_text
 from launch.rules.preflight import CHECKS, ERROR, OK, WARN, Findings, Verdict, summary_rows
 
-HEADER = {"python": "py", "hostname": "host", "rdzv-port": "rdzv", "interface": "iface"}
+HEADER = {"python": "py", "hostname": "host", "rdzv-port": "rdzv", "interface": "iface", "gpu-health": "gpu"}
 STYLE = {OK: "green", WARN: "yellow", ERROR: "bold red"}
 LABEL = {OK: "ok", WARN: "WARN", ERROR: "ERROR"}
 

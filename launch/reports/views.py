@@ -17,9 +17,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from launch.reports import gpu_view
 from launch.reports.safe_text import clean, safe_text
 from launch.rules.pricing import cost_so_far
-from launch.rules.stoprules import NodeObservation, Observation, StopDecision
+from launch.rules.stoprules import NodeObservation, Observation, RuleState, StopDecision
 from launch.run.records import RunRecord
 
 
@@ -85,7 +86,13 @@ def render_text(renderable: RenderableType, *, width: int = 100) -> str:
 # ---------------------------------------------------------------- live view
 
 
-def live_table(obs: Observation, *, title: str | None = None, decision: StopDecision | None = None) -> Table:
+def live_table(
+    obs: Observation,
+    *,
+    title: str | None = None,
+    decision: StopDecision | None = None,
+    rule_state: RuleState | None = None,
+) -> Table:
     """The table the watcher redraws each poll: one row per node and a bold ``run`` row.
 
     The run row's step, loss and steps/s are global rank 0's; a node row shows what its own ranks
@@ -107,8 +114,12 @@ def live_table(obs: Observation, *, title: str | None = None, decision: StopDeci
     ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     node_cost = fmt_cost(cost_so_far(1, price, elapsed)) if price > 0 else "n/a"
+    ratio, flagged = (
+        gpu_view.ratios(obs.nodes),
+        {n for n, _, _ in (rule_state.stragglers if rule_state else ())},
+    )
     for node in obs.nodes:
-        gpu = "-" if node.gpu_util is None else f"{node.gpu_util:.0f}%"
+        pace, gpu = gpu_view.pace_cell(node, ratio, flagged), gpu_view.gpu_cell(node)
         step = "" if node.last_step is None else fmt_number(node.last_step)
         loss = "" if node.last_loss is None else fmt_number(node.last_loss)
         _add_row(
@@ -117,7 +128,7 @@ def live_table(obs: Observation, *, title: str | None = None, decision: StopDeci
             _node_state(node, obs.now),
             step,
             loss,
-            "",
+            pace,
             gpu,
             fmt_duration(elapsed),
             node_cost,
@@ -138,8 +149,11 @@ def live_table(obs: Observation, *, title: str | None = None, decision: StopDeci
         fmt_duration(elapsed),
         total,
     )
+    captions = [gpu_view.pace_caption(obs.nodes)]
     if m.bad_lines:
-        table.caption = f"{m.bad_lines} unreadable metrics line(s) skipped"
+        captions.append(f"{m.bad_lines} unreadable metrics line(s) skipped")
+    if any(captions):
+        table.caption = "; ".join(c for c in captions if c)
     return table
 
 

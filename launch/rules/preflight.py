@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from launch.rules import gpu_health
 from launch.rules.probe_facts import ProbeFacts
 
 T = TypeVar("T", str, int)
@@ -39,7 +40,26 @@ CHECKS = (
     "clock",
     "disk",
     "gpus",
+    "gpu-health",
+    "collective",
 )
+"""Check names in display order; one GPU's own line is ``gpu0``, ``gpu1``... after ``gpu-health``."""
+GPU_LEVEL = {
+    gpu_health.OK: OK,
+    gpu_health.UNKNOWN: WARN,
+    gpu_health.WARN: WARN,
+    gpu_health.BAD: ERROR,
+}
+"""A GPU verdict as a doctor level: ``unknown`` is a warning (never ok), ``bad`` an error."""
+
+
+def check_order(check: str) -> tuple[int, int]:
+    """Sort key of a check name: the listed checks in order, then GPUs by index."""
+    if check in CHECKS:
+        return (CHECKS.index(check), 0)
+    if check.startswith("gpu") and check[3:].isdigit():
+        return (len(CHECKS), int(check[3:]))
+    return (len(CHECKS) + 1, 0)
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,12 @@ class Observation:
     clock_offset_s: float | None = None
     rdzv_reach: str | None = None
     """'ok', the reason a connect to the head's port failed, or None when not tested."""
+    gpus_expected: int | None = None
+    """GPUs the inventory (``gpus: 8``) or the instance type says the host has; None: unknown."""
+    gpu_indices: tuple[int, ...] | None = None
+    """The devices a shared host lends (``gpus: [2, 3]``): only these are judged."""
+    fabric_devices: int = 0
+    """EFA/InfiniBand devices the instance type comes with."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +262,22 @@ def check_gpus(findings: Findings, obs: Observation) -> None:
     )
 
 
+def check_gpu_health(findings: Findings, nodes: Sequence[Observation]) -> None:
+    """GPU health per node and per GPU (``launch.rules.gpu_health``), one line each."""
+    probed = {o.node: o for o in nodes if o.facts is not None and o.facts.gpu_health is not None}
+    if not probed:
+        return
+    verdicts = gpu_health.judge_fleet(
+        {n: o.facts.gpu_health for n, o in probed.items() if o.facts and o.facts.gpu_health},
+        expected={n: o.gpus_expected for n, o in probed.items()},
+        indices={n: o.gpu_indices for n, o in probed.items()},
+        fabric={n: o.fabric_devices for n, o in probed.items()},
+    )
+    for node, found in verdicts.items():
+        for verdict in found:
+            findings.add(node, verdict.label, GPU_LEVEL[verdict.level], verdict.message)
+
+
 def check_interfaces(findings: Findings, nodes: Sequence[Observation]) -> None:
     """The interface holding each node's private address, its MTU the same as most nodes'."""
     probed = [o for o in nodes if o.facts is not None and o.facts.full]
@@ -310,12 +352,13 @@ def judge(nodes: Sequence[Observation], job: Job) -> Findings:
     for obs in reached:
         if obs.facts is not None:
             check_node(findings, obs, job)
+    check_gpu_health(findings, reached)
     if job.full:
         check_interfaces(findings, reached)
         check_clocks(findings, reached, job.head)
     check_rendezvous(findings, reached, job)
     order = {name: i for i, name in enumerate(o.node for o in nodes)}
-    findings.verdicts.sort(key=lambda v: (order.get(v.node, 0), CHECKS.index(v.check)))
+    findings.verdicts.sort(key=lambda v: (order.get(v.node, 0), check_order(v.check)))
     return findings
 
 
@@ -325,8 +368,9 @@ def summary_rows(findings: Findings, nodes: Sequence[str]) -> list[tuple[str, di
     rows: dict[str, dict[str, str]] = {n: {} for n in nodes}
     for v in findings.verdicts:
         cells = rows.setdefault(v.node, {})
-        if rank[v.level] >= rank.get(cells.get(v.check, OK), 0):
-            cells[v.check] = v.level
+        check = v.check if v.check in CHECKS else "gpu-health"  # one column for every GPU's line
+        if rank[v.level] >= rank.get(cells.get(check, OK), 0):
+            cells[check] = v.level
     return list(rows.items())
 
 
@@ -340,3 +384,24 @@ def errors_by_node(findings: Findings) -> Mapping[str, str]:
     for v in findings.errors:
         out[v.node] = f"{out[v.node]}; {v.message}" if v.node in out else f"{v.check}: {v.message}"
     return out
+
+
+def pick_hosts(
+    names: Sequence[str], problems: Mapping[str, str], count: int, least: int | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """Spares: the first ``count`` hosts without an error, in inventory order (the head first),
+    and every skipped host with its reason. ``least`` (``nodes: MIN:MAX``) is the fewest a job
+    can start with; with fewer healthy hosts than that, nothing is chosen (the caller refuses
+    with the verdicts). Hosts past the ones needed are not "excluded": they stay spares."""
+    chosen: list[str] = []
+    excluded: dict[str, str] = {}
+    for name in names:
+        if len(chosen) == count:
+            break
+        if name in problems:
+            excluded[name] = problems[name]
+        else:
+            chosen.append(name)
+    if len(chosen) < (count if least is None else least):
+        return [], excluded
+    return chosen, excluded

@@ -18,8 +18,9 @@ from launch.nodelib.fleetrun_wire import (
     _Fields,
     _json_object,
 )
+from launch.rules.gpu_health import GpuHealth, parse_gpu_health
 
-MAX_PROBE_ANSWER_BYTES = 64 * 1024
+MAX_PROBE_ANSWER_BYTES = 256 * 1024
 MAX_PROBE_ITEMS = 64
 MAX_VERSION = 64
 MAX_PID = 2**31 - 1
@@ -75,6 +76,8 @@ class ProbeFacts:
     driver: str | None = None
     gpus: tuple[Gpu, ...] = ()
     gpu_procs: tuple[GpuProcess, ...] = ()
+    gpu_health: GpuHealth | None = None
+    """None: the probe had no GPU reader (an old probe); else what ``fleetrun_gpu`` read."""
 
 
 def _opt_text(fields: _Fields, key: str, limit: int = MAX_VERSION) -> str | None:
@@ -142,4 +145,7 @@ def parse_probe_answer(text: str | bytes) -> ProbeFacts:
             )
             for p in _items(fields, "gpu_procs")
         ),
+        gpu_health=None
+        if fields.data.get("gpu_health") is None
+        else parse_gpu_health(fields.data["gpu_health"], "probe answer gpu_health"),
     )

@@ -51,14 +51,16 @@ __all__ = [
     "steps_recomputed",
 ]
 
-LossKind = Literal["node_lost", "preempted", "rank_failed"]
-LOSS_KINDS: tuple[LossKind, ...] = ("node_lost", "preempted", "rank_failed")
+LossKind = Literal["node_lost", "preempted", "rank_failed", "gpu_fault", "straggler"]
+LOSS_KINDS: tuple[LossKind, ...] = ("node_lost", "preempted", "rank_failed", "gpu_fault", "straggler")
+EXCLUDING_LOSSES: frozenset[LossKind] = frozenset({"gpu_fault", "straggler"})
+"""Losses whose node still answers but must not be used again in this run: a spare replaces it."""
 DEFAULT_ON: tuple[LossKind, ...] = ("node_lost", "preempted")
 
 FAILURE_RULES: frozenset[RuleName] = frozenset({"rank_failed", "vanished", "reported_failed"})
 """Stop rules that a lost node also explains: its peers' collectives fail, their torchrun exits
 non-zero, the lost node's own process is gone without an exit code."""
-LOSS_RULES: frozenset[RuleName] = FAILURE_RULES | {"unreachable"}
+LOSS_RULES: frozenset[RuleName] = FAILURE_RULES | {"unreachable", "gpu_fault", "straggler"}
 """Stop rules after which the laptop looks for a lost node before calling the attempt failed."""
 RANK_FAILED_RULES: frozenset[RuleName] = frozenset({"rank_failed", "vanished"})
 """Stop rules that, without a confirmed lost node, are a rank's own failure (a ``rank_failed`` loss)."""
@@ -72,7 +74,9 @@ class RecoveryPolicy(BaseModel):
             the first loss ends the run.
         on: which losses start a new attempt: ``node_lost`` (the machine is gone), ``preempted``
             (its cloud took it back, with or without a notice), ``rank_failed`` (a rank exited
-            non-zero by itself; off by default, since a deterministic bug fails again).
+            non-zero by itself; off by default, since a deterministic bug fails again),
+            ``gpu_fault`` and ``straggler`` (the node is left out for the rest of the run and a
+            spare of the inventory takes its place; see docs/gpu-health.md).
         replace_lost_nodes: replace a lost node through the fleet kind (local fleet: a fresh node;
             stack: the missing instance recreated; lab: wait for the host to answer again). When
             false (or the replacement fails) an elastic job goes on with the survivors.
@@ -86,7 +90,7 @@ class RecoveryPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_restarts: int = Field(default=0, ge=0, le=100)
-    on: list[LossKind] = Field(default_factory=lambda: list(DEFAULT_ON), max_length=3)
+    on: list[LossKind] = Field(default_factory=lambda: list(DEFAULT_ON), max_length=5)
     replace_lost_nodes: bool = True
     grace_s: float = Field(default=30.0, ge=0.0, le=3600.0)
     confirm_s: float = Field(default=5.0, ge=0.0, le=600.0)
@@ -191,6 +195,10 @@ def classify(decision: StopDecision, evidence: Mapping[str, NodeEvidence], confi
     """
     if decision.outcome != "failed" or decision.rule not in LOSS_RULES:
         return None
+    if decision.rule in ("gpu_fault", "straggler"):  # the node answers, but its own reports say it is bad
+        return Loss(
+            "gpu_fault" if decision.rule == "gpu_fault" else "straggler", decision.nodes, decision.reason
+        )
     preempted = tuple(sorted(n for n, e in evidence.items() if e.preempted))
     lost = tuple(sorted(n for n, e in evidence.items() if confirmed_lost(e, confirm_s) and not e.preempted))
     if len(evidence) > 1 and len(lost) == len(evidence):

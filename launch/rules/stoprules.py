@@ -8,6 +8,8 @@ a clock: ``Observation.now`` is the time, so every rule is testable with a fake 
 
 Rules are checked in this order; the first that fires wins (:data:`RULES`):
 
+0. ``gpu_fault``     a new critical Xid, an uncorrectable ECC count that grew, a GPU gone
+                     (the node's counters against its first poll of the attempt)  -> failed
 1. ``rank_failed``   a node's torchrun exited non-zero             -> failed
 2. ``vanished``      a node's process is gone with no exit code    -> failed
 3. ``reported_failed`` ``status.json`` says failed                 -> failed
@@ -16,9 +18,14 @@ Rules are checked in this order; the first that fires wins (:data:`RULES`):
 6. ``unreachable``   a node could not be reached for too long      -> failed
 7. ``stalled``       processes run but no new metrics for too long -> failed (a hang)
 8. ``gpu_idle``      a running node's GPUs idle for too long       -> stopped
+8b. ``straggler``    one node slower than the others for a window -> stopped (action stop) or
+                     failed (action exclude: recovery goes on without it); warn: table only
 9. ``plateau``       the loss stopped improving                    -> stopped
 10. ``wall_time``    the run is older than the wall-time cap       -> stopped
 11. ``max_cost``     the estimated cost reached the cap            -> stopped
+
+``gpu_fault`` comes first: a GPU that fell off the bus makes its rank (and then every peer) exit
+non-zero, and the GPU, not the rank, is what recovery must leave out.
 
 Why this order: evidence of a failure beats evidence of success (a NaN in a run that then
 "succeeds" is still a broken run), and positive evidence (exit codes, status) beats absence
@@ -42,8 +49,10 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from launch.rules.gpu_health import EnergyMeter, GpuHealth, new_faults
 from launch.rules.metrics_stream import FinalStatus, MetricsSummary
 from launch.rules.pricing import cost_so_far
+from launch.rules.stragglers import NodePace, StragglerRule, describe, slow_nodes
 
 __all__ = [
     "RULES",
@@ -78,6 +87,7 @@ class Teardown(str, Enum):
 Outcome = Literal["succeeded", "failed", "stopped"]
 NodeState = Literal["running", "exited", "vanished", "unreachable"]
 RuleName = Literal[
+    "gpu_fault",
     "rank_failed",
     "vanished",
     "reported_failed",
@@ -86,6 +96,7 @@ RuleName = Literal[
     "unreachable",
     "stalled",
     "gpu_idle",
+    "straggler",
     "plateau",
     "wall_time",
     "max_cost",
@@ -132,6 +143,12 @@ class StopRules(BaseModel):
     """The on-node watchdog takes over when the laptop's watcher has been silent this long."""
     gpu_idle_timeout_s: float | None = Field(default=None, gt=0)
     """Stop when a running node's GPUs stay idle this long; None = off (needs nvidia-smi)."""
+    straggler: StragglerRule | None = None
+    """``{factor: 1.3, window_s: 120, action: warn|stop|exclude}``: a node whose ranks' pace is
+    ``factor`` times slower than the median node's for ``window_s``; None = off."""
+    gpu_fault: bool = True
+    """Fail as soon as a node's GPU counters show a new critical Xid, an uncorrectable ECC
+    increment or a GPU gone (needs nvidia-smi; ``recovery.on: [gpu_fault]`` replaces the node)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +170,10 @@ class NodeObservation:
     last_loss: float | None = None
     """What this node's ranks logged last (rank 0's node: the run's step and loss); kept once the
     node exited, so its row in the live table still says how far it got."""
+    gpu_health: GpuHealth | None = None
+    """The node's GPU health counters at this poll; None without nvidia-smi or a reading."""
+    pace: NodePace | None = None
+    """The node's slowest rank's pace (``launch.rules.stragglers``); None before any report."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +226,14 @@ class RuleState:
     plateau_best: float = math.inf
     plateau_best_step: int | None = None
     plateau_best_index: int | None = None
+    slow_since: dict[str, float] = field(default_factory=dict)
+    """Since when each node has been slower than ``straggler.factor`` times the median."""
+    stragglers: list[tuple[str, float, float]] = field(default_factory=list)
+    """The nodes the straggler rule flags at this poll (shown in the live table, whatever the action)."""
+    gpu_baseline: dict[str, GpuHealth] = field(default_factory=dict)
+    """Each node's first GPU reading of the attempt: what ``gpu_fault`` compares against."""
+    energy: EnergyMeter = field(default_factory=EnergyMeter)
+    """GPU energy so far (power over time), for the summary; not a rule, but polled with them."""
 
     def update(self, rules: StopRules, obs: Observation) -> None:
         """Fold one observation into the memory; :func:`evaluate` calls this first."""
@@ -227,7 +256,13 @@ class RuleState:
                 self.idle_since.setdefault(n.node, obs.now)
             else:
                 self.idle_since.pop(n.node, None)
+            if n.gpu_health is not None and n.gpu_health.queried:
+                self.gpu_baseline.setdefault(n.node, n.gpu_health)
+                self.energy.add(n.node, obs.now, n.gpu_health)
         self._update_plateau(rules, obs.metrics)
+        if rules.straggler is not None:
+            running = {n.node: n.pace for n in obs.nodes if n.state == "running"}
+            self.stragglers = slow_nodes(rules.straggler, running, obs.now, self.slow_since)
 
     def _update_plateau(self, rules: StopRules, metrics: MetricsSummary) -> None:
         history = metrics.history
@@ -273,6 +308,25 @@ def _fmt_s(seconds: float) -> str:
 
 def _at_step(metrics: MetricsSummary) -> str:
     return f" (last step {metrics.last_step})" if metrics.last_step is not None else ""
+
+
+def gpu_fault(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
+    """Node, GPU and code of every GPU fault since the node's first reading of the attempt."""
+    if not rules.gpu_fault:
+        return None
+    found: list[tuple[str, str, str]] = []
+    for n in obs.nodes:
+        baseline = state.gpu_baseline.get(n.node)
+        if baseline is None or n.gpu_health is None:
+            continue
+        found.extend((n.node, gpu, why) for gpu, why in new_faults(baseline, n.gpu_health))
+    if not found:
+        return None
+    nodes = tuple(dict.fromkeys(node for node, _, _ in found))
+    what = "; ".join(f"{node} {gpu}: {why}" for node, gpu, why in found[:8])
+    return StopDecision(
+        "failed", "gpu_fault", f"GPU fault: {what}{_at_step(obs.metrics)}; stopping the run.", nodes
+    )
 
 
 def rank_failed(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
@@ -390,6 +444,15 @@ def gpu_idle(rules: StopRules, obs: Observation, state: RuleState) -> StopDecisi
     )
 
 
+def straggler(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
+    rule = rules.straggler
+    if rule is None or rule.action == "warn" or not state.stragglers:
+        return None
+    nodes = tuple(node for node, _, _ in state.stragglers)
+    outcome: Outcome = "failed" if rule.action == "exclude" else "stopped"
+    return StopDecision(outcome, "straggler", describe(state.stragglers, rule) + ".", nodes)
+
+
 def plateau(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
     patience = rules.plateau_patience
     m = obs.metrics
@@ -445,6 +508,7 @@ def max_cost(rules: StopRules, obs: Observation, state: RuleState) -> StopDecisi
 
 #: The rules in priority order (see the module docstring for why this order).
 RULES: tuple[tuple[RuleName, Rule], ...] = (
+    ("gpu_fault", gpu_fault),
     ("rank_failed", rank_failed),
     ("vanished", vanished),
     ("reported_failed", reported_failed),
@@ -453,6 +517,7 @@ RULES: tuple[tuple[RuleName, Rule], ...] = (
     ("unreachable", unreachable),
     ("stalled", stalled),
     ("gpu_idle", gpu_idle),
+    ("straggler", straggler),
     ("plateau", plateau),
     ("wall_time", wall_time),
     ("max_cost", max_cost),

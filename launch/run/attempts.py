@@ -35,6 +35,7 @@ from launch.reports.plot import plot_loss
 from launch.reports.safe_text import clean
 from launch.rules.metrics_stream import LossPoint
 from launch.rules.recovery import (
+    EXCLUDING_LOSSES,
     LOSS_RULES,
     AttemptEnd,
     Drained,
@@ -51,6 +52,7 @@ from launch.rules.recovery import (
 )
 from launch.rules.stoprules import StopDecision
 from launch.run.checkpoints import spread_latest
+from launch.run.doctor import read_exclusions, record_exclusion
 from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
 from launch.run.recheck import recheck
 from launch.run.records import RunRecords
@@ -290,7 +292,8 @@ class Attempts:
         """Drain preempted nodes, stop the survivors, then replace the lost nodes; a replacement
         that fails turns into going on without the node (elastic) or the end of the run."""
         runner = self.runner
-        lost = set(loss.nodes) if loss.kind != "rank_failed" else set()
+        # a rank's own failure and a GPU fault leave the node answering: its processes are stopped too
+        lost = set(loss.nodes) if loss.kind != "rank_failed" and loss.kind not in EXCLUDING_LOSSES else set()
         survivors = [h for h in runner.hosts if h.name not in lost]
         started = time.monotonic()
         # drained first: the notice's checkpoint may still be uploading from a survivor (rank 0's node)
@@ -325,16 +328,19 @@ class Attempts:
         failed: list[str] = []
         for name in plan.replace:
             host = next(h for h in runner.hosts if h.name == name)
-            try:
-                new = kind.replace(
-                    host,
-                    lambda m: self.say(f"  {clean(m)}"),
-                    self.policy.replace_timeout_s,
-                    probe=runner.fleet.answers,
-                )
-            except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
-                self.say(f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
-                new = None
+            if loss.kind in EXCLUDING_LOSSES:
+                new = self.take_spare(name, loss.reason)
+            else:
+                try:
+                    new = kind.replace(
+                        host,
+                        lambda m: self.say(f"  {clean(m)}"),
+                        self.policy.replace_timeout_s,
+                        probe=runner.fleet.answers,
+                    )
+                except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
+                    self.say(f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
+                    new = None
             if new is None:
                 failed.append(name)
             else:
@@ -348,14 +354,30 @@ class Attempts:
             return RecoveryPlan(replace=tuple(replaced), drop=plan.drop + fallback.drop)
         return RecoveryPlan(replace=tuple(replaced), drop=plan.drop)
 
+    def take_spare(self, name: str, reason: str) -> Host | None:
+        """After a ``gpu_fault``: ``name`` is left out for the rest of the run (recorded in the run
+        folder's ``hosts.json``) and the first healthy spare not yet in use takes its place."""
+        runner = self.runner
+        record_exclusion(runner.folder.path, name, reason)
+        in_use = {h.name for h in runner.hosts}
+        excluded = set(read_exclusions(runner.folder.path))
+        for spare in runner.options.spares:
+            if spare.name not in in_use and spare.name not in excluded:
+                self.say(f"  {name}: excluded for the rest of the run; spare {spare.name} takes its place")
+                return spare
+        self.say(f"  {name}: excluded for the rest of the run; no spare host left")
+        return None
+
     def relaunch(self, target: WatchTarget, plan: RecoveryPlan) -> WatchTarget:
         """The next attempt: new inventory (replaced hosts, dropped ones gone), re-planned, only
         the new nodes synced and set up, a fresh port claimed, every node started."""
         runner = self.runner
-        fresh = set(plan.replace)
-        new_hosts = [h for h in runner.hosts if h.name not in plan.drop]
+        # a spare (another name) takes the place of the host it replaces, head position included
+        fresh = {self.new_hosts[n].name if n in self.new_hosts else n for n in plan.replace}
+        new_hosts = [self.new_hosts.get(h.name, h) for h in runner.hosts if h.name not in plan.drop]
         for name in fresh:  # a replaced jump host (a lab's head) is re-pinned on the hosts behind it
-            new_hosts = [h.repinned(self.new_hosts[name]) for h in new_hosts]
+            if name in self.new_hosts:
+                new_hosts = [h.repinned(self.new_hosts[name]) for h in new_hosts]
         inventory = runner.inventory.model_copy(update={"hosts": new_hosts})
         known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
         spec = runner.spec.model_copy(update={"nodes": len(new_hosts)})

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import select
 import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 from paramiko import Channel
 
@@ -31,7 +33,8 @@ from launch.errors import HostError
 from launch.job.inventory import Host
 from launch.nodelib.fleetrun_wire import ProtocolError
 from launch.reports.safe_text import clean
-from launch.rules.preflight import Findings, Job, Observation, judge
+from launch.rules.gpu_health import expected_fabric_devices, expected_gpus
+from launch.rules.preflight import Findings, Job, Observation, errors_by_node, judge, pick_hosts
 from launch.rules.probe_facts import ProbeFacts, parse_probe_answer
 from launch.transport.ssh import DEFAULT_CONNECT_TIMEOUT, Fleet, NodeConnection
 from launch.transport.sync import LIB_VERSION
@@ -81,7 +84,18 @@ else:
 
 
 def probe_source() -> bytes:
-    return resources.files("launch.nodelib").joinpath("fleetrun_probe.py").read_bytes()
+    """The probe as one script for ``python -``: the GPU health reader (``fleetrun_gpu.py``) first,
+    registered as a module from its own source, then the probe, which imports it. One round trip,
+    and the reader is the very file the node agent imports during a run."""
+    lib = resources.files("launch.nodelib")
+    reader = lib.joinpath("fleetrun_gpu.py").read_text(encoding="utf-8")
+    boot = (
+        "import sys as _sys, types as _types\n"
+        "_gpu = _types.ModuleType('fleetrun_gpu')\n"
+        f"exec(compile({reader!r}, 'fleetrun_gpu.py', 'exec'), _gpu.__dict__)\n"
+        "_sys.modules['fleetrun_gpu'] = _gpu\n"
+    )
+    return boot.encode() + lib.joinpath("fleetrun_probe.py").read_bytes()
 
 
 @dataclass(frozen=True)
@@ -139,7 +153,14 @@ def gather(
     observations = []
     for host in hosts:
         value = results[host.name]
-        base = Observation(host.name, host.user, host.private_address or host.address)
+        base = Observation(
+            host.name,
+            host.user,
+            host.private_address or host.address,
+            gpus_expected=expected_gpus(host.gpus, host.instance_type),
+            gpu_indices=tuple(host.gpu_indices) if host.gpu_indices is not None else None,
+            fabric_devices=expected_fabric_devices(host.instance_type),
+        )
         if isinstance(value, BaseException):
             message = str(value).removeprefix(f"{host.name}: ") or type(value).__name__
             observations.append(dataclasses.replace(base, error=message))
@@ -239,3 +260,69 @@ def cheap(fleet: Fleet, hosts: Sequence[Host], port: int) -> tuple[list[Observat
     """What ``fab train`` checks before it changes anything: one round trip per node."""
     observations = gather(fleet, hosts, "cheap", port)
     return observations, judge(observations, Job(head=hosts[0].name, port=port, full=False))
+
+
+@dataclass(frozen=True)
+class HostChoice:
+    """Which hosts of an inventory with spares a job gets, and why the others were skipped."""
+
+    chosen: tuple[Host, ...]
+    excluded: dict[str, str]
+    findings: Findings
+
+    spares: tuple[Host, ...] = ()
+    """Healthy hosts not chosen: they replace a host excluded during the run (``gpu_fault``)."""
+
+    def record(self) -> dict[str, object]:
+        return {
+            "chosen": [h.name for h in self.chosen],
+            "excluded": dict(self.excluded),
+            "spares": [h.name for h in self.spares],
+        }
+
+
+def choose_hosts(
+    fleet: Fleet, hosts: Sequence[Host], count: int, least: int | None, port: int, mode: str = "cheap"
+) -> HostChoice:
+    """Probe every host of the inventory (one round trip each) and take the first ``count``
+    healthy ones: a bad GPU, an unreachable machine or a missing rsync sends the job to a spare
+    instead of failing it. Nothing is chosen when too few are healthy (the verdicts say why)."""
+    observations = gather(fleet, hosts, mode, port)
+    findings = judge(observations, Job(head=hosts[0].name, port=port, full=mode == "full"))
+    problems = errors_by_node(findings)
+    names, excluded = pick_hosts([h.name for h in hosts], problems, count, least)
+    by_name = {h.name: h for h in hosts}
+    spares = tuple(h for h in hosts if h.name not in names and h.name not in problems)
+    return HostChoice(tuple(by_name[n] for n in names), excluded, findings, spares)
+
+
+HOSTS_FILE = "hosts.json"
+"""In the run folder: the hosts a run chose, and every host it left out and why."""
+
+
+def read_exclusions(folder: Path) -> dict[str, str]:
+    try:
+        data = json.loads((folder / HOSTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    excluded = data.get("excluded") if isinstance(data, dict) else None
+    return {str(k): str(v) for k, v in excluded.items()} if isinstance(excluded, dict) else {}
+
+
+def record_exclusion(folder: Path, name: str, reason: str) -> None:
+    """Add ``name`` to the run's excluded hosts (``hosts.json``), for the record and for every
+    later attempt of the run (an excluded host is never taken again)."""
+    try:
+        data = json.loads((folder / HOSTS_FILE).read_text())
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    excluded = data.get("excluded")
+    if not isinstance(excluded, dict):
+        excluded = {}
+    excluded[name] = reason[:600]
+    data["excluded"] = excluded
+    tmp = folder / (HOSTS_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(folder / HOSTS_FILE)

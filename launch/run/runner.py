@@ -95,6 +95,9 @@ class RunOptions:
     """Start even where other users' processes hold the GPUs this run would use."""
     skip_doctor: bool = False
     """Launch without the pre-launch doctor checks (connect and the node library check still run)."""
+    spares: tuple[Host, ...] = ()
+    """Healthy hosts of the inventory the job did not take: a host left out after a ``gpu_fault``
+    is replaced by the first one still unused."""
 
 
 class Runner:

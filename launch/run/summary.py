@@ -102,6 +102,8 @@ class RunSummary:
     nodes: list[str] = field(default_factory=list)
     cost_usd: float | None = None
     """Estimated USD (``launch.rules.pricing``) from the launch to the end; None when the price is unknown."""
+    energy_kwh: float | None = None
+    """GPU energy of the (last) attempt, from the polled power draw; None without GPU readings."""
     traceback: str | None = None
     """``traceback.txt`` when fleetrun itself failed during the run."""
     decided_at: float | None = None
@@ -136,6 +138,7 @@ class RunSummary:
             "timings": self.timings,
             "nodes": self.nodes,
             "cost_usd": self.cost_usd,
+            "energy_kwh": self.energy_kwh,
             "traceback": self.traceback,
             "decided_at": self.decided_at,
             "teardown_started_at": self.teardown_started_at,

@@ -24,6 +24,7 @@ from launch.planning import remote_layout as layout
 from launch.reports.safe_text import safe_text
 from launch.reports.views import live_table
 from launch.rules.contact import poll_budget
+from launch.rules.gpu_health import GpuHealth, gpu_reading
 from launch.rules.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import (
@@ -33,6 +34,7 @@ from launch.rules.stoprules import (
     StopDecision,
     evaluate,
 )
+from launch.rules.stragglers import NodePace, parse_pace
 from launch.run.target import WatchTarget
 from launch.transport.ssh import Fleet, NodeConnection
 
@@ -64,6 +66,9 @@ class NodeWatch:
     last_reachable_at: float | None = None
     log_tail: str = ""
     gpu_util: float | None = None
+    gpu: GpuHealth | None = None
+    """The node's GPU health counters at the last poll (``gpu_fault`` compares them)."""
+    pace: NodePace | None = None
     error: str = ""
     bad_answers: int = 0
     """Answers refused by the protocol (garbage, wrong types, agent errors)."""
@@ -150,6 +155,8 @@ class Watcher:
         node.last_reachable_at = now if arrived_at is None else min(arrived_at, now)
         node.log_tail = answer.log_tail
         node.gpu_util = answer.gpu_util
+        node.gpu = gpu_reading(answer.gpu)
+        node.pace = parse_pace(answer.pace)  # None once its ranks stop reporting: no stale verdict
         node.state = "vanished" if answer.state == "absent" else answer.state
         node.rc = answer.rc
         node.exited_at = answer.exited_at
@@ -199,6 +206,8 @@ class Watcher:
                     preempted=node.preempted is not None,
                     last_step=node.stream.last_step,
                     last_loss=node.stream.last_loss,
+                    gpu_health=node.gpu,
+                    pace=node.pace,
                 )
             )
         exits = {
@@ -270,7 +279,9 @@ class Watcher:
             while True:
                 obs = self.poll_once()
                 decision = evaluate(self.target.rules, obs, self.rule_state)
-                live.update(live_table(obs, title=self.title(), decision=decision))
+                live.update(
+                    live_table(obs, title=self.title(), decision=decision, rule_state=self.rule_state)
+                )
                 if self.on_poll is not None:
                     self.on_poll(obs)
                 if decision is not None:

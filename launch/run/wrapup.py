@@ -148,6 +148,7 @@ class WatchFacts:
     last_metrics: dict[str, Any] = field(default_factory=dict)
     world: dict[str, Any] | None = None
     first_step_after_s: float | None = None
+    energy_kwh: float | None = None
 
 
 def watch_facts(watcher: Watcher | None, started_at: float) -> WatchFacts:
@@ -162,6 +163,7 @@ def watch_facts(watcher: Watcher | None, started_at: float) -> WatchFacts:
         last_metrics=last_metrics,
         world=dict(summary.world) if summary.world else None,
         first_step_after_s=None if watcher.first_step_at is None else watcher.first_step_at - started_at,
+        energy_kwh=watcher.rule_state.energy.kwh,
     )
 
 
@@ -359,6 +361,7 @@ def wrap_up(
         timings={**(timings or {}), **steps.timings},
         nodes=hosts,
         cost_usd=cost_so_far(len(hosts), price, ended_at - target.started_at) if launched else None,
+        energy_kwh=facts.energy_kwh,
         traceback=TRACEBACK_FILE if (folder.path / TRACEBACK_FILE).exists() else None,
         decided_at=decided_at,
         teardown_started_at=teardown_started_at,

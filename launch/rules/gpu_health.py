@@ -1,0 +1,560 @@
+"""GPU health verdicts, per node and per GPU, from what the node's NVIDIA tools said: pure, no I/O.
+
+The facts come from ``launch/nodelib/fleetrun_gpu.py`` (``nvidia-smi``'s query interface, its
+``-q`` report, ``nvlink --status`` and the kernel's Xid lines), through the probe (``fab doctor``,
+the pre-launch check) and the node agent's poll (during a run). They are untrusted: parsed here
+within bounds into typed facts, and a malformed answer is a ``ProtocolError`` naming the field.
+
+Levels: ``bad`` (a job on this GPU fails, hangs or corrupts: uncorrectable ECC since the driver
+loaded, a critical Xid, a GPU missing, row remapping pending or failed, NVLinks down, the NVSwitch
+fabric not trained), ``warn`` (it runs, slower or at risk: PCIe narrower than the GPU's maximum,
+hardware or thermal slowdown, persistence mode off, uncorrectable ECC in the lifetime count only),
+``unknown`` (something that matters could not be read here, typically the kernel log without root:
+never reported as healthy) and ``ok``. Why these: they are the faults Meta's Llama 3 report and
+NVIDIA's own Xid catalogue put first, and the ones DCGM's health watches look at.
+
+During a run, :func:`new_faults` compares a poll against the node's first one: a new critical Xid,
+an uncorrectable ECC count that went up, a GPU gone from the list; each is named with node, GPU
+and code (the ``gpu_fault`` stop rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from launch.nodelib.fleetrun_wire import ProtocolError, _Fields
+
+__all__ = [
+    "BAD",
+    "CRITICAL_XIDS",
+    "OK",
+    "UNKNOWN",
+    "WARN",
+    "GpuFacts",
+    "GpuHealth",
+    "GpuVerdict",
+    "EnergyMeter",
+    "XidEvent",
+    "expected_fabric_devices",
+    "gpu_reading",
+    "expected_gpus",
+    "judge_fleet",
+    "judge_node",
+    "new_faults",
+    "parse_gpu_health",
+    "xid_name",
+]
+
+OK, WARN, BAD, UNKNOWN = "ok", "warn", "bad", "unknown"
+RANK = {OK: 0, UNKNOWN: 1, WARN: 2, BAD: 3}
+MAX_GPUS = 64
+MAX_XIDS = 32
+MAX_TEXT = 120
+
+XID_NAMES: Mapping[int, str] = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    32: "invalid or corrupted push buffer stream",
+    38: "driver firmware error",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup",
+    48: "double-bit ECC error",
+    56: "display engine error",
+    57: "error programming video memory interface",
+    61: "internal micro-controller breakpoint/warning",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failed",
+    68: "video processor exception",
+    69: "graphics engine class error",
+    74: "NVLink error",
+    79: "fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    121: "C2C link error",
+    140: "unrecovered ECC error",
+    143: "GPU initialization failure",
+    154: "GPU recovery action changed",
+}
+"""Names from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors)."""
+CRITICAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 121, 140, 143, 154})
+"""Xids that mean the GPU (not the application) is at fault: the node is bad until reset or
+repaired. 13, 31, 43 and 45 are usually the application's own doing, so only a warning."""
+
+HW_THROTTLE = {
+    "hw_slowdown": "HW slowdown",
+    "hw_thermal_slowdown": "HW thermal slowdown",
+    "hw_power_brake_slowdown": "HW power brake",
+    "sw_thermal_slowdown": "SW thermal slowdown",
+}
+"""Throttle reasons worth a warning; ``sw_power_cap`` is a GPU working at its power limit (normal)."""
+THROTTLE_NAMES = (*HW_THROTTLE, "sw_power_cap")
+
+INSTANCE_GPUS: Mapping[str, tuple[int, int]] = {
+    "p4d.24xlarge": (8, 4),
+    "p4de.24xlarge": (8, 4),
+    "p5.48xlarge": (8, 32),
+    "p5e.48xlarge": (8, 32),
+    "p5en.48xlarge": (8, 16),
+    "p3dn.24xlarge": (8, 1),
+    "g5.48xlarge": (8, 1),
+    "g6e.48xlarge": (8, 4),
+    "a2-highgpu-8g": (8, 0),
+    "a2-ultragpu-8g": (8, 0),
+    "a3-highgpu-8g": (8, 0),
+    "a3-megagpu-8g": (8, 0),
+}
+"""GPUs and EFA/InfiniBand devices an instance type comes with (the cloud's published specs)."""
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """One GPU as nvidia-smi reported it; ``None`` is "not read" (unsupported or not allowed)."""
+
+    index: int
+    uuid: str
+    bus_id: str
+    name: str | None = None
+    persistence: bool | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    ecc_volatile: int | None = None
+    ecc_aggregate: int | None = None
+    retired_pending: bool | None = None
+    remap_unc: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    throttle: tuple[str, ...] | None = None
+    """Active throttle reasons (``THROTTLE_NAMES``); None when not read."""
+    temp_c: float | None = None
+    power_w: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    util: float | None = None
+    nvlink_active: int | None = None
+    nvlink_inactive: int | None = None
+    fabric_state: str | None = None
+    fabric_status: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"gpu{self.index}"
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    bus_id: str
+    code: int
+    at: str | None
+    text: str
+
+    @property
+    def key(self) -> tuple[str, int, str | None, str]:
+        return (self.bus_id, self.code, self.at, self.text)
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """One node's answer. ``smi`` False: no nvidia-smi (no GPUs, or no driver)."""
+
+    smi: bool = False
+    queried: bool = False
+    """nvidia-smi answered with a GPU table."""
+    health_fields: bool = False
+    """The health fields were read (False: an old driver knew only the basic ones)."""
+    driver: str | None = None
+    cuda: str | None = None
+    gpus: tuple[GpuFacts, ...] = ()
+    xids: tuple[XidEvent, ...] | None = None
+    """None: the kernel log could not be read here, so Xids are unknown (not absent)."""
+    xid_source: str | None = None
+    ib_devices: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class GpuVerdict:
+    """One line of the doctor: ``gpu3 bad uncorrectable ECC 2 (volatile); Xid 79 at 14:02: ...``."""
+
+    gpu: int | None
+    """None: the node as a whole (GPU count, fabric devices, versions)."""
+    level: str
+    message: str
+
+    @property
+    def label(self) -> str:
+        return "gpu-health" if self.gpu is None else f"gpu{self.gpu}"
+
+
+# -- parsing the node's answer --------------------------------------------------------------------
+
+
+def _opt_text(fields: _Fields, key: str, limit: int = MAX_TEXT) -> str | None:
+    return None if fields.data.get(key) is None else fields.text(key, limit)
+
+
+def _opt_bool(fields: _Fields, key: str) -> bool | None:
+    return None if fields.data.get(key) is None else fields.boolean(key, False)
+
+
+def _opt_count(fields: _Fields, key: str) -> int | None:
+    return fields.optional_integer(key, 0, 2**40)
+
+
+def _gpu(fields: _Fields) -> GpuFacts:
+    throttle: tuple[str, ...] | None = None
+    raw = fields.data.get("throttle")
+    if isinstance(raw, dict):
+        flags = _Fields(raw, f"{fields.what} throttle")
+        if all(flags.data.get(name) is not None for name in THROTTLE_NAMES):
+            throttle = tuple(name for name in THROTTLE_NAMES if flags.boolean(name, False))
+    elif raw is not None:
+        raise ProtocolError(f"{fields.what}: field 'throttle': expected an object")
+    return GpuFacts(
+        index=fields.integer("index", 0, 4096),
+        uuid=fields.text("uuid", 128),
+        bus_id=fields.text("bus_id", 32),
+        name=_opt_text(fields, "name"),
+        persistence=_opt_bool(fields, "persistence"),
+        pcie_gen=fields.optional_integer("pcie_gen", 0, 64),
+        pcie_gen_max=fields.optional_integer("pcie_gen_max", 0, 64),
+        pcie_width=fields.optional_integer("pcie_width", 0, 64),
+        pcie_width_max=fields.optional_integer("pcie_width_max", 0, 64),
+        ecc_volatile=_opt_count(fields, "ecc_volatile"),
+        ecc_aggregate=_opt_count(fields, "ecc_aggregate"),
+        retired_pending=_opt_bool(fields, "retired_pending"),
+        remap_unc=_opt_count(fields, "remap_unc"),
+        remap_pending=_opt_bool(fields, "remap_pending"),
+        remap_failure=_opt_bool(fields, "remap_failure"),
+        throttle=throttle,
+        temp_c=fields.number("temp_c", -100.0, 1000.0),
+        power_w=fields.number("power_w", 0.0, 100000.0),
+        mem_used_mib=fields.number("mem_used_mib", 0.0, 1e9),
+        mem_total_mib=fields.number("mem_total_mib", 0.0, 1e9),
+        util=fields.number("util", 0.0, 100.0),
+        nvlink_active=fields.optional_integer("nvlink_active", 0, 1024),
+        nvlink_inactive=fields.optional_integer("nvlink_inactive", 0, 1024),
+        fabric_state=_opt_text(fields, "fabric_state", 40),
+        fabric_status=_opt_text(fields, "fabric_status", 40),
+    )
+
+
+def _items(fields: _Fields, key: str, limit: int) -> list[_Fields] | None:
+    if fields.data.get(key) is None:
+        return None
+    return [_Fields(item, f"{fields.what} {key}[{i}]") for i, item in enumerate(fields.objects(key, limit))]
+
+
+def parse_gpu_health(data: object, what: str = "gpu health") -> GpuHealth:
+    """The reader's dict (already JSON-decoded within a bound) as typed facts."""
+    fields = _Fields(data, what)
+    xids = _items(fields, "xids", MAX_XIDS)
+    ib = fields.data.get("ib_devices")
+    return GpuHealth(
+        smi=fields.boolean("smi", False),
+        queried=fields.boolean("queried", False),
+        health_fields=fields.boolean("health_fields", False),
+        driver=_opt_text(fields, "driver", 64),
+        cuda=_opt_text(fields, "cuda", 32),
+        gpus=tuple(_gpu(g) for g in _items(fields, "gpus", MAX_GPUS) or []),
+        xids=None
+        if xids is None
+        else tuple(
+            XidEvent(
+                x.text("bus_id", 32),
+                x.integer("code", 0, 100000),
+                _opt_text(x, "at", 40),
+                x.text("text", MAX_TEXT),
+            )
+            for x in xids
+        ),
+        xid_source=_opt_text(fields, "xid_source", 20),
+        ib_devices=None if ib is None else fields.strings("ib_devices", MAX_GPUS, _device),
+    )
+
+
+def _device(value: object, key: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= 64:
+        raise ProtocolError(f"field {key!r}: expected a device name")
+    return value
+
+
+# -- verdicts -------------------------------------------------------------------------------------
+
+
+def xid_name(code: int) -> str:
+    return XID_NAMES.get(code, "see NVIDIA's Xid catalogue")
+
+
+def _clock(at: str | None) -> str:
+    """``2026-11-25T14:02:11`` as ``14:02`` (the line's own time, as the kernel logged it)."""
+    if at and "T" in at:
+        return f" at {at.split('T', 1)[1][:5]}"
+    return ""
+
+
+def _xid_text(xid: XidEvent) -> str:
+    return f"Xid {xid.code}{_clock(xid.at)}: {xid_name(xid.code)}"
+
+
+def judge_gpu(gpu: GpuFacts, xids: Sequence[XidEvent] | None, health_fields: bool) -> GpuVerdict:
+    """One GPU: the worst level found and every reason, in one line."""
+    bad: list[str] = []
+    warn: list[str] = []
+    unknown: list[str] = []
+    if gpu.ecc_volatile:
+        bad.append(f"uncorrectable ECC {gpu.ecc_volatile} (volatile)")
+    elif gpu.ecc_aggregate:
+        warn.append(f"uncorrectable ECC {gpu.ecc_aggregate} (aggregate, lifetime)")
+    if gpu.ecc_volatile is None and gpu.ecc_aggregate is None:
+        unknown.append("ECC" if health_fields else "health fields (driver too old for the query)")
+    if gpu.remap_failure:
+        bad.append("row remapping failed (the GPU needs repair)")
+    if gpu.remap_pending:
+        bad.append("row remapping pending (reset the GPU)")
+    if gpu.retired_pending:
+        bad.append("page retirement pending (reset the GPU)")
+    for xid in xids or ():
+        (bad if xid.code in CRITICAL_XIDS else warn).append(_xid_text(xid))
+    if gpu.nvlink_inactive and gpu.nvlink_active is not None:
+        total = gpu.nvlink_active + gpu.nvlink_inactive
+        bad.append(f"{gpu.nvlink_inactive} of {total} NVLinks inactive")
+    if gpu.fabric_state is not None and (
+        gpu.fabric_state != "Completed" or gpu.fabric_status not in (None, "Success")
+    ):
+        bad.append(
+            f"NVSwitch fabric {gpu.fabric_state}/{gpu.fabric_status or '?'} (is nvidia-fabricmanager running?)"
+        )
+    if gpu.pcie_width is not None and gpu.pcie_width_max and gpu.pcie_width < gpu.pcie_width_max:
+        warn.append(f"PCIe x{gpu.pcie_width} of x{gpu.pcie_width_max}")
+    busy = gpu.util is not None and gpu.util >= 10
+    if gpu.pcie_gen is not None and gpu.pcie_gen_max and gpu.pcie_gen < gpu.pcie_gen_max and busy:
+        warn.append(f"PCIe gen{gpu.pcie_gen} of gen{gpu.pcie_gen_max} while busy")
+    if gpu.throttle:
+        slow = [HW_THROTTLE[t] for t in gpu.throttle if t in HW_THROTTLE]
+        if slow:
+            warn.append(f"throttled: {', '.join(slow)}")
+    if gpu.persistence is False:
+        warn.append("persistence mode off")
+    if bad:
+        level = BAD
+    elif warn:
+        level = WARN
+    elif unknown:
+        level = UNKNOWN
+    else:
+        level = OK
+    parts = bad + warn
+    if not parts:
+        parts.append(_summary(gpu))
+    if unknown:
+        parts.append("unknown: " + ", ".join(unknown))
+    return GpuVerdict(gpu.index, level, "; ".join(parts))
+
+
+def _summary(gpu: GpuFacts) -> str:
+    bits = [gpu.name or "GPU"]
+    if gpu.pcie_width is not None:
+        gen = f"gen{gpu.pcie_gen}" if gpu.pcie_gen is not None else ""
+        bits.append(f"PCIe {gen} x{gpu.pcie_width}".replace("  ", " "))
+    if gpu.ecc_volatile is not None:
+        bits.append("no uncorrectable ECC")
+    if gpu.nvlink_active:
+        bits.append(f"{gpu.nvlink_active} NVLinks")
+    if gpu.temp_c is not None:
+        bits.append(f"{gpu.temp_c:.0f} C")
+    if gpu.power_w is not None:
+        bits.append(f"{gpu.power_w:.0f} W")
+    return ", ".join(bits)
+
+
+def expected_gpus(gpus: int | list[int] | None, instance_type: str | None) -> int | None:
+    """How many GPUs the inventory (``gpus: 8``) or the instance type says a host has."""
+    if isinstance(gpus, int):
+        return gpus
+    if isinstance(gpus, list):
+        return None  # a shared machine lends some devices: each must be there, not a count
+    if instance_type and instance_type in INSTANCE_GPUS:
+        return INSTANCE_GPUS[instance_type][0]
+    return None
+
+
+def expected_fabric_devices(instance_type: str | None) -> int:
+    known = INSTANCE_GPUS.get(instance_type or "")
+    return known[1] if known else 0
+
+
+def judge_node(
+    health: GpuHealth,
+    expected: int | None = None,
+    indices: Sequence[int] | None = None,
+    fabric_devices: int = 0,
+) -> list[GpuVerdict]:
+    """One node: its GPUs (only ``indices`` when the host lends some of its devices) and the node
+    line (count against ``expected``, fabric devices against the instance type)."""
+    out: list[GpuVerdict] = []
+    if not health.smi:
+        if expected:
+            out.append(GpuVerdict(None, BAD, f"no nvidia-smi, but {expected} GPU(s) expected"))
+        return out
+    if not health.queried:
+        why = "nvidia-smi gave no GPU list (driver not loaded, or a GPU hangs it)"
+        if expected:
+            out.append(GpuVerdict(None, BAD, f"{why}, but {expected} GPU(s) expected"))
+        else:
+            out.append(GpuVerdict(None, UNKNOWN, f"GPU health unknown: {why}"))
+        return out
+    by_bus: dict[str, list[XidEvent]] = {}
+    for xid in health.xids or ():
+        by_bus.setdefault(xid.bus_id, []).append(xid)
+    present = {g.index for g in health.gpus}
+    node_bad: list[str] = []
+    if expected is not None and len(health.gpus) < expected:
+        node_bad.append(f"{len(health.gpus)} GPU(s) of {expected} expected")
+    missing_lent = [i for i in indices or () if i not in present]
+    if missing_lent:
+        node_bad.append(f"lent GPU(s) {', '.join(map(str, missing_lent))} not listed by nvidia-smi")
+    known_buses = {g.bus_id for g in health.gpus}
+    for bus, events in by_bus.items():
+        if bus not in known_buses:  # a GPU gone from the list leaves only its Xids behind
+            node_bad.extend(f"GPU at PCI {bus}: {_xid_text(x)}" for x in events if x.code in CRITICAL_XIDS)
+    if health.ib_devices is not None and fabric_devices and len(health.ib_devices) < fabric_devices:
+        node_bad.append(f"{len(health.ib_devices)} EFA/InfiniBand device(s) of {fabric_devices} expected")
+    # an unreadable kernel log hides every GPU's Xids: said once, on the node's line, never "ok"
+    no_xids = "unknown: Xid (kernel log not readable here: root, or the adm/systemd-journal group)"
+    if node_bad:
+        out.append(GpuVerdict(None, BAD, "; ".join(node_bad + ([no_xids] if health.xids is None else []))))
+    else:
+        count = f"{len(health.gpus)} GPU(s)" + (f" of {expected} expected" if expected else "")
+        known = (health.driver and f"driver {health.driver}", health.cuda and f"CUDA {health.cuda}")
+        line = count + "".join(f", {v}" for v in known if v)
+        if health.xids is None:
+            out.append(GpuVerdict(None, UNKNOWN, f"{line}; {no_xids}"))
+        else:
+            out.append(GpuVerdict(None, OK, line))
+    for gpu in health.gpus:
+        if indices is not None and gpu.index not in indices:
+            continue
+        out.append(
+            judge_gpu(gpu, None if health.xids is None else by_bus.get(gpu.bus_id, []), health.health_fields)
+        )
+    return out
+
+
+def _majority(values: Sequence[str]) -> str:
+    return max(values, key=values.count)
+
+
+def judge_fleet(
+    nodes: Mapping[str, GpuHealth],
+    expected: Mapping[str, int | None] | None = None,
+    indices: Mapping[str, Sequence[int] | None] | None = None,
+    fabric: Mapping[str, int] | None = None,
+) -> dict[str, list[GpuVerdict]]:
+    """Every node; a node whose GPU count, driver or CUDA differ from most nodes' is named.
+
+    Without an expected count from the inventory or instance type, the most common count among
+    the nodes with GPUs is expected: one node with 7 of 8 stands out.
+    """
+    counts = [len(h.gpus) for h in nodes.values() if h.smi and h.queried]
+    usual = max(counts, key=counts.count) if counts else None
+    out: dict[str, list[GpuVerdict]] = {}
+    for name, health in nodes.items():
+        want = (expected or {}).get(name)
+        if want is None and health.smi and usual:
+            want = usual
+        out[name] = judge_node(health, want, (indices or {}).get(name), (fabric or {}).get(name, 0))
+    for label, get in (("driver", lambda h: h.driver), ("CUDA", lambda h: h.cuda)):
+        values = {n: get(h) for n, h in nodes.items() if get(h)}
+        if len(set(values.values())) < 2:
+            continue
+        common = _majority(list(values.values()))
+        for name, mine in values.items():
+            if mine != common:
+                out[name].append(GpuVerdict(None, WARN, f"{label} {mine}, other nodes {common}"))
+    return out
+
+
+def worst(verdicts: Sequence[GpuVerdict]) -> str:
+    return max((v.level for v in verdicts), key=lambda lv: RANK[lv], default=OK)
+
+
+# -- during a run ---------------------------------------------------------------------------------
+
+
+def gpu_reading(data: object) -> GpuHealth | None:
+    """A poll answer's ``gpu`` field as facts; None when absent or malformed (a node that sends
+    garbage here has no GPU reading this poll: no fault is made up from it)."""
+    if data is None:
+        return None
+    try:
+        return parse_gpu_health(data, "poll answer gpu")
+    except ProtocolError:
+        return None
+
+
+def new_faults(baseline: GpuHealth, now: GpuHealth) -> list[tuple[str, str]]:
+    """What went wrong since ``baseline`` (the node's first poll of the run): ``(gpu, reason)``
+    for a new critical Xid, an uncorrectable ECC count that grew, a GPU gone from the list."""
+    faults: list[tuple[str, str]] = []
+    before = {g.uuid: g for g in baseline.gpus}
+    after = {g.uuid: g for g in now.gpus}
+    bus_label = {g.bus_id: g.label for g in baseline.gpus}
+    if baseline.queried and not now.queried and baseline.gpus:
+        faults.append(("gpus", "nvidia-smi stopped listing the GPUs"))
+    elif now.queried:
+        for uuid, gpu in before.items():
+            if uuid not in after:
+                faults.append((gpu.label, f"GPU {gpu.index} ({gpu.bus_id}) gone from nvidia-smi's list"))
+    for uuid, gpu in after.items():
+        old = before.get(uuid)
+        if old is None:
+            continue
+        for label, was, is_ in (
+            ("volatile", old.ecc_volatile, gpu.ecc_volatile),
+            ("aggregate", old.ecc_aggregate, gpu.ecc_aggregate),
+        ):
+            if was is not None and is_ is not None and is_ > was:
+                faults.append((gpu.label, f"uncorrectable ECC {was} -> {is_} ({label})"))
+                break
+    seen = {x.key for x in baseline.xids or ()}
+    for xid in now.xids or ():
+        if xid.key not in seen and xid.code in CRITICAL_XIDS:
+            faults.append((bus_label.get(xid.bus_id, f"PCI {xid.bus_id}"), _xid_text(xid)))
+    return faults
+
+
+MAX_GAP_S = 60.0
+"""Power readings further apart than this are not joined (a node unreachable meanwhile)."""
+
+
+@dataclass
+class EnergyMeter:
+    """GPU energy of a run, from the power each node's GPUs draw at each poll (trapezoids between
+    readings of one node; a gap over ``MAX_GAP_S`` is not counted). Joules; ``kwh`` for records."""
+
+    joules: float = 0.0
+    last: dict[str, tuple[float, float]] | None = None
+
+    def add(self, node: str, now: float, health: GpuHealth | None) -> None:
+        if health is None or not health.gpus:
+            return
+        watts = [g.power_w for g in health.gpus if g.power_w is not None]
+        if not watts:
+            return
+        power = sum(watts)
+        last = self.last if self.last is not None else {}
+        self.last = last
+        before = last.get(node)
+        if before is not None and 0 < now - before[0] <= MAX_GAP_S:
+            self.joules += (now - before[0]) * (power + before[1]) / 2
+        last[node] = (now, power)
+
+    @property
+    def kwh(self) -> float | None:
+        return None if self.last is None else self.joules / 3.6e6

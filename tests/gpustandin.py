@@ -1,0 +1,43 @@
+"""Put the scripted ``nvidia-smi`` (and ``dmesg``) stand-ins of ``tests/gpu_standin/`` somewhere.
+
+The scripts print NVIDIA's documented formats from a scenario file beside them; ``install`` copies
+them into a folder (a node's ``~/fakebin``, or a temporary folder put first on ``PATH``) and
+``scenario`` rewrites the file, which the stand-ins re-read at every call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+SOURCE = Path(__file__).resolve().parent / "gpu_standin"
+SCENARIO = "gpu-standin.json"
+
+
+def install(
+    folder: Path, scenario: dict[str, Any] | None = None, owner: tuple[int, int] | None = None
+) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("nvidia-smi", "dmesg"):
+        shutil.copy(SOURCE / name, folder / name)
+        (folder / name).chmod(0o755)
+    write_scenario(folder, scenario or {"count": 8})
+    if owner is not None:
+        for path in (folder, *folder.iterdir()):
+            os.chown(path, *owner)
+    return folder
+
+
+def write_scenario(folder: Path, scenario: dict[str, Any]) -> None:
+    tmp = folder / (SCENARIO + ".tmp")
+    tmp.write_text(json.dumps(scenario))
+    tmp.chmod(0o644)
+    tmp.replace(folder / SCENARIO)
+
+
+def xid(gpu: int, code: int, at: str, text: str) -> dict[str, Any]:
+    """An Xid line of GPU ``gpu`` (its stand-in bus id), as the kernel would log it."""
+    return {"bus": f"0000:{0x18 + 0x10 * gpu:02x}:00", "code": code, "at": at, "text": text}
