@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.select import load_inventory, local_fleet
 from launch.job.builtin import resolve_playbook
 from launch.job.inventory import Inventory
+from launch.job.overrides import overrides_record, parse_overrides
 from launch.job.spec import JobSpec, load_job_spec
 from launch.paths import known_hosts_file
 from launch.planning.launchers import launcher_class
@@ -59,12 +60,15 @@ def train(
     ask_on_interrupt: bool = True,
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
+    overrides: Sequence[str] = (),
 ) -> RunResult | LaunchPlan:
     """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``);
-    ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part)."""
+    ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part);
+    ``overrides``: ``--set key=value`` items (``launch.job.overrides``), recorded with the run."""
     console = console or Console()
     playbook = resolve_playbook(playbook)
-    spec = load_job_spec(playbook)
+    changes = parse_overrides(overrides)
+    spec = load_job_spec(playbook, changes)
     if teardown is not None:
         try:
             policy = Teardown(teardown)
@@ -92,6 +96,7 @@ def train(
         launcher=spec.launcher,
         run_dir=str(folder.path),
         hyperparameters=spec.hyperparameters,
+        overrides=overrides_record(changes),
     )
     reporter = RichReporter(console)
     reporter.say(
@@ -121,6 +126,7 @@ def doctor(
     console: Console | None = None,
     port: int | None = None,
     verbose: bool = False,
+    overrides: Sequence[str] = (),
 ) -> bool:
     """``fab doctor``: every check on every node (the playbook's first ``nodes`` hosts when one is
     given: its port, and whether its setup installs torch). True when nothing would break a job.
@@ -130,11 +136,15 @@ def doctor(
     from launch.transport.ssh import Fleet
 
     console = console or Console()
+    if overrides and playbook is None:
+        raise SpecError(
+            "--set changes a playbook's field: name the playbook too (fab doctor --playbook FILE --set ...)"
+        )
     inv = load_inventory(inventory)
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
     if playbook is not None:
-        spec = load_job_spec(playbook)
+        spec = load_job_spec(playbook, parse_overrides(overrides))
         inv = inv.first(spec.nodes)
         rdzv_port = spec.rdzv_port
         brings_torch = checks.torch_from_setup(spec.requirements_text(), spec.setup)

@@ -38,7 +38,14 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+SET_HELP = (
+    "change a playbook field for this run, as written in the file; repeatable, dotted paths: "
+    "--set nodes=2 --set hyperparameters.lr=0.01 --set env.NCCL_DEBUG=INFO --set stop.max_wall_time_s=600"
+)
+
+
 @task(
+    iterable=["set"],
     help={
         "playbook": "job file, or a built-in playbook's name (`fab examples` copies them out)",
         "inventory": "'local' (default), 'local:<prefix>', 'stack:<name>', stack outputs .json, or inventory .yaml",
@@ -46,7 +53,8 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "teardown": "override the playbook: always, on_success or never",
         "allow-busy-gpus": "start even where other users' processes hold the GPUs this run would use",
         "skip-doctor": "launch without the pre-launch checks (rsync, Python, hostname, port in use)",
-    }
+        "set": SET_HELP,
+    },
 )
 @_friendly
 def train(
@@ -57,8 +65,12 @@ def train(
     teardown: str = "",
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
+    set: list[str] | None = None,
 ) -> None:
-    """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded."""
+    """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded.
+
+    Example: fab train playbooks/digits-ddp.yaml --inventory local --set nodes=2 --set hyperparameters.lr=0.01
+    """
     from launch.cli import app
     from launch.run.summary import RunResult
 
@@ -69,37 +81,50 @@ def train(
         teardown=teardown or None,
         allow_busy_gpus=allow_busy_gpus,
         skip_doctor=skip_doctor,
+        overrides=set or (),
     )
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
 
 
 @task(
+    iterable=["set"],
     help={
         "playbook": "job file (optional): its nodes, rendezvous port and setup are checked for",
         "inventory": "as for train",
         "port": "rendezvous port to check (default: the playbook's, else 29500)",
         "verbose": "a line for every check of every node, not only warnings and errors",
-    }
+        "set": "with a playbook: " + SET_HELP,
+    },
 )
 @_friendly
 def doctor(
-    c: Any, playbook: str = "", inventory: str = "local", port: int = 0, verbose: bool = False
+    c: Any,
+    playbook: str = "",
+    inventory: str = "local",
+    port: int = 0,
+    verbose: bool = False,
+    set: list[str] | None = None,
 ) -> None:
     """Check every node for what would break a multi-node job; exit 1 if anything would."""
     from launch.cli import app
 
-    if not app.doctor(playbook or None, inventory=inventory, port=port or None, verbose=verbose):
+    if not app.doctor(
+        playbook or None, inventory=inventory, port=port or None, verbose=verbose, overrides=set or ()
+    ):
         raise Exit(code=1)
 
 
-@task(help={"playbook": "job file", "inventory": "as for train"})
+@task(iterable=["set"], help={"playbook": "job file", "inventory": "as for train", "set": SET_HELP})
 @_friendly
-def plan(c: Any, playbook: str, inventory: str = "local") -> None:
-    """Print the launch plan (same as train --dry-run)."""
+def plan(c: Any, playbook: str, inventory: str = "local", set: list[str] | None = None) -> None:
+    """Print the launch plan (same as train --dry-run).
+
+    Example: fab plan playbooks/digits-ddp.yaml --set nodes=2 --set env.NCCL_DEBUG=INFO
+    """
     from launch.cli import app
 
-    app.train(playbook, inventory=inventory, dry_run=True)
+    app.train(playbook, inventory=inventory, dry_run=True, overrides=set or ())
 
 
 @task(
@@ -389,6 +414,7 @@ def exec_(
 
 
 @task(
+    iterable=["set"],
     help={
         "playbook": "job file, e.g. playbooks/digits-ddp.yaml",
         "to": "what to export to: pytorchjob (a Kubeflow Training Operator PyTorchJob)",
@@ -397,7 +423,8 @@ def exec_(
         "gpus": "GPUs per node (default: procs_per_node when a number, else 1; 0 for a CPU job)",
         "namespace": "Kubernetes namespace of the job (default: default)",
         "output": "write the manifest here instead of printing it",
-    }
+        "set": SET_HELP,
+    },
 )
 @_friendly
 def export(
@@ -409,8 +436,12 @@ def export(
     gpus: int = -1,
     namespace: str = "default",
     output: str = "",
+    set: list[str] | None = None,
 ) -> None:
-    """Write a playbook as a Kubeflow PyTorchJob manifest (master + workers, env, GPUs, elastic policy)."""
+    """Write a playbook as a Kubeflow PyTorchJob manifest (master + workers, env, GPUs, elastic policy).
+
+    Example: fab export playbooks/digits-ddp.yaml --image IMAGE --set hyperparameters.lr=0.01
+    """
     from launch.cli import export as exporting
 
     exporting.export(
@@ -421,6 +452,7 @@ def export(
         gpus=None if gpus < 0 else gpus,
         namespace=namespace,
         output=output or None,
+        overrides=set or (),
     )
 
 

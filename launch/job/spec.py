@@ -13,6 +13,7 @@ import hashlib
 import math
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +29,7 @@ from pydantic import (
 
 from launch.errors import SpecError
 from launch.job.builtin import resolve_playbook
+from launch.job.overrides import Override, apply_overrides, describe_errors
 from launch.job.profiling import ProfileSpec
 from launch.job.sagemaker import (
     MAX_CHANNELS,
@@ -40,7 +42,7 @@ from launch.job.sagemaker import (
     hyperparameter_args,
 )
 from launch.job.shell_text import CONTROL_CHARS, control_operators
-from launch.job.validation import describe_validation_error, load_yaml_mapping, printable, read_text_bounded
+from launch.job.validation import load_yaml_mapping, printable, read_text_bounded
 from launch.rules.recovery import RecoveryPolicy
 from launch.rules.stoprules import StopRules, Teardown
 
@@ -391,8 +393,11 @@ class JobSpec(BaseModel):
         return digest.hexdigest()[:16]
 
 
-def load_job_spec(path: str | Path) -> JobSpec:
+def load_job_spec(path: str | Path, overrides: Sequence[Override] = ()) -> JobSpec:
     """Read and validate a playbook; every problem names the file and the field.
+
+    ``overrides`` (``--set key=value``, ``launch.job.overrides``) are written into the file's data
+    before validation, so they are checked exactly as the file is; their errors name the ``--set``.
 
     Validated strictly (``procs_per_node: yes`` is not 1, ``nodes: "3"`` is not 3), then the
     checks that need the file system: the workdir is a real directory that is not ``/`` or the
@@ -402,6 +407,8 @@ def load_job_spec(path: str | Path) -> JobSpec:
     path = resolve_playbook(path)
     shown = printable(path, 400)
     data = load_yaml_mapping(path, "playbook")
+    if overrides:
+        data = apply_overrides(data, overrides, str(path))
     workdir = data.get("workdir")
     if isinstance(workdir, str):
         if not workdir.strip() or CONTROL_CHARS.search(workdir) or len(workdir) > MAX_PATH_CHARS:
@@ -416,7 +423,7 @@ def load_job_spec(path: str | Path) -> JobSpec:
     try:
         spec = JobSpec.model_validate(data, strict=True)
     except ValidationError as exc:
-        raise SpecError(describe_validation_error(str(path), exc)) from None
+        raise SpecError(describe_errors(str(path), exc, overrides)) from None
     where = printable(spec.workdir, 400)
     if not spec.workdir.is_dir():
         raise SpecError(f"{shown}: field 'workdir': directory {where} does not exist")

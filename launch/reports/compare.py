@@ -24,7 +24,7 @@ from rich.text import Text
 from launch.errors import FleetrunError
 from launch.reports.safe_text import clean, safe_text
 from launch.reports.tensorboard import MAX_TAGS, metric_scalars, record_step
-from launch.reports.views import fmt_cost, fmt_duration, fmt_number
+from launch.reports.views import fmt_cost, fmt_duration, fmt_number, overrides_text
 from launch.run.records import RunRecord
 
 MAX_METRICS = 5
@@ -161,6 +161,7 @@ def compare_rows(runs: Sequence[ComparedRun], now: float | None = None) -> list[
                 "cost_usd": rec.cost_usd,
                 "git_commit": rec.git_commit,
                 "hyperparameters": dict(rec.hyperparameters),
+                "overrides": dict(rec.overrides),
                 "final": dict(run.metrics.final),
                 "best": dict(run.metrics.best),
             }
@@ -204,6 +205,9 @@ def compare_table(runs: Sequence[ComparedRun], now: float | None = None) -> Tabl
     table.add_column("outcome")
     for name in differing:
         table.add_column(safe_text(clean(name, 40)), overflow="fold")
+    with_set = any(run.record.overrides for run in runs)
+    if with_set:
+        table.add_column("--set", overflow="fold")
     for name in metrics:
         arrow = "min" if lower_is_better(name) else "max"
         table.add_column(
@@ -215,6 +219,8 @@ def compare_table(runs: Sequence[ComparedRun], now: float | None = None) -> Tabl
         rec = run.record
         cells = [safe_text(rec.id), safe_text(rec.state)]
         cells += [safe_text(clean(fmt_number(rec.hyperparameters.get(n)), 40)) for n in differing]
+        if with_set:
+            cells.append(safe_text(clean(overrides_text(rec.overrides), 200) or "-"))
         for name in metrics:
             final = run.metrics.final.get(name)
             best = run.metrics.best.get(name)
@@ -241,6 +247,7 @@ def run_json(record: RunRecord, now: float | None = None) -> dict[str, Any]:
         "git_commit": record.git_commit,
         "launcher": record.launcher,
         "hyperparameters": dict(record.hyperparameters),
+        "overrides": dict(record.overrides),
         "last_metrics": dict(record.last_metrics),
         "exit_codes": dict(record.exit_codes),
         "run_dir": record.run_dir,

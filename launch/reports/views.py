@@ -213,6 +213,11 @@ def profile_traces(artifacts: Sequence[str]) -> tuple[list[str], list[str]]:
     return traces, boards
 
 
+def overrides_text(overrides: Mapping[str, Any]) -> str:
+    """A run's ``--set`` as typed again: ``nodes=2 hyperparameters.lr=0.01`` (values from the record)."""
+    return " ".join(f"{k}={fmt_number(v)}" for k, v in list(overrides.items())[:64])
+
+
 def show_run(record: RunRecord, *, now: float | None = None) -> Group:
     """``fab show <id>``: every field of one run, then the end-of-run summary."""
     grid = Table.grid(padding=(0, 2))
@@ -249,6 +254,8 @@ def show_run(record: RunRecord, *, now: float | None = None) -> Group:
     if record.hyperparameters:
         hps = ", ".join(f"{k}={fmt_number(v)}" for k, v in sorted(record.hyperparameters.items()))
         _add_row(grid, "hyperparameters", clean(hps, 2000))
+    if record.overrides:
+        _add_row(grid, "--set", clean(overrides_text(record.overrides), 2000))
     if record.attempts:
         return Group(grid, attempts_table(record.attempts), summary_panel(record))
     return Group(grid, summary_panel(record))
