@@ -456,6 +456,72 @@ def export(
     )
 
 
+ACCESS_TARGET_HELP = (
+    "a run (id, prefix or 'last') or an inventory (local, local:<prefix>, stack:<name>, a file)"
+)
+
+
+@task(
+    help={
+        "target": ACCESS_TARGET_HELP,
+        "node": "which node (default: the head, where rank 0 runs)",
+        "command": "run this command instead of a shell, e.g. 'nvidia-smi'",
+    }
+)
+@_friendly
+def ssh(c: Any, target: str, node: str = "", command: str = "") -> None:
+    """A shell (or one command) on a run's node, with the pinned host keys and the jump host.
+
+    Example: fab ssh last --node fr-n1 --command 'tail -n 20 ~/.fleetrun/runs/*/node.log'
+    (fab keeps its own meaning for '-- CMD', so the command goes in --command)
+    """
+    from launch.cli import access
+
+    code = access.ssh(target, node=node or None, command=command)
+    if code:
+        raise Exit(code=code)
+
+
+@task(
+    help={
+        "target": ACCESS_TARGET_HELP,
+        "port": "the port on the node (its localhost), e.g. 6006 for TensorBoard",
+        "node": "which node (default: the head)",
+        "local-port": "the port on this machine's 127.0.0.1 (default: the same as PORT)",
+    }
+)
+@_friendly
+def forward(c: Any, target: str, port: str, node: str = "", local_port: int = 0) -> None:
+    """Forward a port of a run's node to this machine (live TensorBoard, a notebook) until Ctrl-C.
+
+    Example: fab forward last 6006   (then open http://127.0.0.1:6006)
+    """
+    from launch.cli import access
+
+    code = access.forward(target, port, node=node or None, local_port=local_port)
+    if code:
+        raise Exit(code=code)
+
+
+@task(
+    name="ssh-config",
+    help={
+        "target": ACCESS_TARGET_HELP,
+        "output": "write the block to this file (mode 600) instead of printing it; Include it from ~/.ssh/config",
+        "prefix": "alias of each node: <prefix><node name> (default fleetrun-)",
+    },
+)
+@_friendly
+def ssh_config(c: Any, target: str, output: str = "", prefix: str = "fleetrun-") -> None:
+    """Write an OpenSSH config block for a run's nodes (pinned keys, ProxyCommand for jumps).
+
+    Example: fab ssh-config last --output ~/.ssh/fleetrun.conf   (then: ssh fleetrun-NODE, or VS Code Remote)
+    """
+    from launch.cli import access
+
+    access.write_ssh_config(target, output=output, alias_prefix=prefix)
+
+
 local = Collection("local")
 local.add_task(local_up, "up")
 local.add_task(local_down, "down")
@@ -477,5 +543,8 @@ ns.add_task(watch)
 ns.add_task(pull)
 ns.add_task(exec_)
 ns.add_task(export)
+ns.add_task(ssh)
+ns.add_task(forward)
+ns.add_task(ssh_config)
 ns.add_collection(local)
 ROOT.append(ns)  # what `fab TASK --help` prints from (launch.cli.task_help)
