@@ -29,6 +29,7 @@ from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
+from launch.run.hooks import run_on_end, save_on_end
 from launch.run.provenance import file_sha256, git_commit_of
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder, new_run_id
@@ -85,6 +86,7 @@ def train(
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     folder = RunFolder.create(plan.run_id)
+    save_on_end(folder.path, spec)
     records = open_records()
     records.start(
         run_id=plan.run_id,
@@ -117,7 +119,13 @@ def train(
     finally:
         records.close()
     report(result, console)
+    end_hooks(result, console)
     return result
+
+
+def end_hooks(result: RunResult, console: Console) -> None:
+    """The playbook's ``on_end`` commands, now that the run is recorded (``launch.run.hooks``)."""
+    run_on_end(result.folder, say=lambda line: console.print(Text(line, style="yellow")))
 
 
 def doctor(

@@ -330,6 +330,7 @@ def watch(c: Any, run: str) -> None:
 
     result = history.reattach(run, Console())
     app.report(result, Console())
+    app.end_hooks(result, Console())
     if not result.ok:
         raise Exit(code=1)
 

@@ -29,6 +29,7 @@ from pydantic import (
 
 from launch.errors import SpecError
 from launch.job.builtin import resolve_playbook
+from launch.job.hooks import DEFAULT_HOOK_TIMEOUT_S, HookCommands, HookTimeout
 from launch.job.overrides import Override, apply_overrides, describe_errors
 from launch.job.profiling import ProfileSpec
 from launch.job.sagemaker import (
@@ -119,6 +120,8 @@ class JobSpec(BaseModel):
         channels: name -> a folder on every node (``/data/x`` or ``{path: /data/x}``) or a folder on
             this machine (``{local: dir}``, relative to the playbook, copied to every node before
             the start); exported as ``SM_CHANNEL_<NAME>`` and listed in ``SM_CHANNELS``.
+        on_end, before_stop, hook_timeout_s: commands run on the laptop once the run is recorded,
+            and on each node when its watchdog ends the run; each bounded (``launch.job.hooks``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -149,6 +152,9 @@ class JobSpec(BaseModel):
         default_factory=dict, max_length=MAX_HYPERPARAMETERS
     )
     channels: dict[str, Channel] = Field(default_factory=dict, max_length=MAX_CHANNELS)
+    on_end: HookCommands = Field(default_factory=list)
+    before_stop: HookCommands = Field(default_factory=list)
+    hook_timeout_s: HookTimeout = DEFAULT_HOOK_TIMEOUT_S
 
     @model_validator(mode="before")
     @classmethod
