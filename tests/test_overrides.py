@@ -167,9 +167,10 @@ def test_fab_plan_doctor_and_export_take_set(tmp_path: Path) -> None:
     home = tmp_path / "home"
     ok = fab(
         "plan", playbook, "--inventory", str(inventory), "--set", "nodes=2", "--set", "env.NCCL_DEBUG=INFO",
-        "--set", "hyperparameters.lr=0.5", home=home,
+        "--set", "hyperparameters.lr=0.5", "--set", "total_steps=500", home=home,
     )  # fmt: skip
     assert ok.returncode == 0, ok.stderr
+    assert "export FLEETRUN_TOTAL_STEPS=500" in ok.stdout, "the metrics helper's total (progress, ETA)"
     assert "nodes: 2;" in ok.stdout and "## n1 " in ok.stdout and "## n2 " not in ok.stdout
     assert "export NCCL_DEBUG=INFO" in ok.stdout and "--lr 0.5" in ok.stdout
     for task in ("plan", "doctor", "export"):
@@ -201,7 +202,8 @@ def test_a_run_with_set_uses_and_records_it(
     proc = fab(
         "train", str(playbook), "--inventory", f"local:{TEST_PREFIX}", "--set", "nodes=2",
         "--set", "hyperparameters.lr=0.05", "--set", "stop.max_wall_time_s=900",
-        "--set", "env.FLEETRUN_T_SET=yes", home=fleetrun_home, runs=runs, timeout=600,
+        "--set", "env.FLEETRUN_T_SET=yes", "--set", "total_steps=100000",
+        home=fleetrun_home, runs=runs, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run,) = list(runs.iterdir())
@@ -211,5 +213,12 @@ def test_a_run_with_set_uses_and_records_it(
     assert "--lr 0.05" in launch_sh and "FLEETRUN_T_SET=yes" in launch_sh
     show = fab("show", run.name, home=fleetrun_home, runs=runs)
     assert "nodes=2 hyperparameters.lr=0.05 stop.max_wall_time_s=900 env.FLEETRUN_T_SET=yes" in show.stdout
+    assert "total_steps=100000" in show.stdout
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [(m["step"], m["progress"]) for m in metrics if "progress" in m]
+    assert steps and all(p == round(s / 100000, 6) for s, p in steps), "progress against total_steps"
+    listed = fab("runs", "--limit", "100", home=fleetrun_home, runs=runs, columns=300)
+    row = next(line for line in listed.stdout.splitlines() if run.name[:20] in line)
+    assert "0%" in row, row
     compare = fab("compare", run.name, "--plot", "", "--json", home=fleetrun_home, runs=runs)
     assert json.loads(compare.stdout)[0]["overrides"]["hyperparameters.lr"] == 0.05

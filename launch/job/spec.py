@@ -122,6 +122,8 @@ class JobSpec(BaseModel):
             the start); exported as ``SM_CHANNEL_<NAME>`` and listed in ``SM_CHANNELS``.
         on_end, before_stop, hook_timeout_s: commands run on the laptop once the run is recorded,
             and on each node when its watchdog ends the run; each bounded (``launch.job.hooks``).
+        total_steps: the steps the job will take, for progress and ETA (``FLEETRUN_TOTAL_STEPS``,
+            read by the metrics helper, which then logs ``progress`` with each step).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -155,6 +157,7 @@ class JobSpec(BaseModel):
     on_end: HookCommands = Field(default_factory=list)
     before_stop: HookCommands = Field(default_factory=list)
     hook_timeout_s: HookTimeout = DEFAULT_HOOK_TIMEOUT_S
+    total_steps: int | None = Field(default=None, ge=1, le=10**12)
 
     @model_validator(mode="before")
     @classmethod

@@ -24,7 +24,7 @@ from rich.text import Text
 from launch.errors import FleetrunError
 from launch.reports.safe_text import clean, safe_text
 from launch.reports.tensorboard import MAX_TAGS, metric_scalars, record_step
-from launch.reports.views import fmt_cost, fmt_duration, fmt_number, overrides_text
+from launch.reports.views import PROGRESS_KEY, fmt_cost, fmt_duration, fmt_number, overrides_text
 from launch.run.records import RunRecord
 
 MAX_METRICS = 5
@@ -130,6 +130,8 @@ def metric_columns(runs: Sequence[ComparedRun], limit: int = MAX_METRICS) -> lis
     counts: dict[str, int] = {}
     for run in runs:
         for name in run.metrics.final:
+            if name == PROGRESS_KEY:  # how far the run got, not how well it did
+                continue
             counts[name] = counts.get(name, 0) + 1
     names = sorted(counts, key=lambda n: (n != "loss", -counts[n], n))
     return names[:limit]

@@ -32,6 +32,33 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+PROGRESS_KEY = "progress"
+"""The metric the helper logs when the job states its total steps: step / total, 0 to 1."""
+
+
+def progress_of(metrics: Mapping[str, Any]) -> float | None:
+    """The run's progress (0..1) from its last metrics; None when the job stated no total."""
+    value = metrics.get(PROGRESS_KEY)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return min(max(float(value), 0.0), 1.0)
+
+
+def eta_s(progress: float | None, seconds_so_far: float | None) -> float | None:
+    """Seconds left if the rest goes at the pace so far: ``seconds_so_far`` took ``progress``."""
+    if progress is None or seconds_so_far is None or progress <= 0 or seconds_so_far <= 0:
+        return None
+    return seconds_so_far * (1.0 - progress) / progress
+
+
+def fmt_progress(progress: float | None, eta: float | None = None) -> str:
+    """``42% ETA 3:10`` (``-`` without a total; no ETA once done or unknown)."""
+    if progress is None:
+        return "-"
+    shown = f"{progress * 100:.0f}%"
+    return f"{shown} ETA {fmt_duration(eta)}" if eta is not None and progress < 1.0 else shown
+
+
 def fmt_cost(usd: float | None) -> str:
     return "n/a" if usd is None else f"${usd:,.2f}"
 
@@ -85,6 +112,15 @@ def render_text(renderable: RenderableType, *, width: int = 100) -> str:
 # ---------------------------------------------------------------- live view
 
 
+def live_progress(metrics: Mapping[str, Any], step: int | None, steps_per_s: float | None) -> str:
+    """Progress and ETA while watching: steps left (from step and progress) at the current pace."""
+    progress = progress_of(metrics)
+    eta = None
+    if progress is not None and progress > 0 and step and steps_per_s:
+        eta = (step / progress - step) / steps_per_s
+    return fmt_progress(progress, eta)
+
+
 def live_table(obs: Observation, *, title: str | None = None, decision: StopDecision | None = None) -> Table:
     """The table the watcher redraws each poll: one row per node and a bold ``run`` row.
 
@@ -100,6 +136,7 @@ def live_table(obs: Observation, *, title: str | None = None, decision: StopDeci
         ("step", "right"),
         ("loss", "right"),
         ("steps/s", "right"),
+        ("progress", "right"),
         ("GPU", "right"),
         ("elapsed", "right"),
         ("cost", "right"),
@@ -109,7 +146,16 @@ def live_table(obs: Observation, *, title: str | None = None, decision: StopDeci
     for node in obs.nodes:
         gpu = "-" if node.gpu_util is None else f"{node.gpu_util:.0f}%"
         _add_row(
-            table, node.node, _node_state(node, obs.now), "", "", "", gpu, fmt_duration(elapsed), node_cost
+            table,
+            node.node,
+            _node_state(node, obs.now),
+            "",
+            "",
+            "",
+            "",
+            gpu,
+            fmt_duration(elapsed),
+            node_cost,
         )
     m = obs.metrics
     rate = "-" if m.steps_per_second is None else f"{m.steps_per_second:.2f}"
@@ -123,6 +169,7 @@ def live_table(obs: Observation, *, title: str | None = None, decision: StopDeci
         fmt_number(m.last_step),
         fmt_number(m.last_loss),
         rate,
+        live_progress(m.last_metrics, m.last_step, m.steps_per_second),
         "",
         fmt_duration(elapsed),
         total,
@@ -178,9 +225,11 @@ def summary_panel(record: RunRecord) -> Panel:
 def runs_table(records: Sequence[RunRecord], *, now: float | None = None) -> Table:
     """``fab runs``: one line per run, newest first (as ``RunRecords.list`` returns them)."""
     table = Table(title="runs", title_justify="left")
-    for name in ("id", "playbook", "state", "rule", "started", "duration", "cost", "commit"):
+    for name in ("id", "playbook", "state", "rule", "started", "duration", "progress", "cost", "commit"):
         table.add_column(name, no_wrap=name in ("id", "started", "commit", "duration", "cost"))
     for r in records:
+        progress = progress_of(r.last_metrics)
+        eta = eta_s(progress, r.duration_s(now)) if r.state == "running" else None
         _add_row(
             table,
             r.id,
@@ -189,6 +238,7 @@ def runs_table(records: Sequence[RunRecord], *, now: float | None = None) -> Tab
             r.stop_rule or "-",
             fmt_time(r.started_at),
             fmt_duration(r.duration_s(now)),
+            fmt_progress(progress, eta),
             fmt_cost(r.cost_usd),
             (r.git_commit or "-")[:12] + ("-dirty" if (r.git_commit or "").endswith("-dirty") else ""),
         )

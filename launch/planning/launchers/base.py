@@ -244,6 +244,8 @@ class Launcher(ABC):
             "NNODES": str(len(ips)),
             "TF_CONFIG": json.dumps(tf_config, separators=(",", ":")),
         }
+        if spec.total_steps is not None:  # the metrics helper reports progress against it
+            env["FLEETRUN_TOTAL_STEPS"] = str(spec.total_steps)
         if total is not None:
             env["WORLD_SIZE"] = str(total)
         if procs is not None:
