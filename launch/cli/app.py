@@ -62,10 +62,14 @@ def train(
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
     overrides: Sequence[str] = (),
+    hosts: Sequence[str] = (),
+    sweep_id: str | None = None,
 ) -> RunResult | LaunchPlan:
     """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``);
     ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part);
-    ``overrides``: ``--set key=value`` items (``launch.job.overrides``), recorded with the run."""
+    ``overrides``: ``--set key=value`` items (``launch.job.overrides``), recorded with the run;
+    ``hosts``: run on these hosts of the inventory (by name, head first) instead of its first ones;
+    ``sweep_id``: the ``fab sweep`` this run is a variant of (recorded)."""
     console = console or Console()
     playbook = resolve_playbook(playbook)
     changes = parse_overrides(overrides)
@@ -77,7 +81,7 @@ def train(
             choices = ", ".join(t.value for t in Teardown)
             raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
         spec = spec.model_copy(update={"teardown": policy})
-    inv = load_inventory(inventory, save_keys=not dry_run).first(spec.nodes)
+    inv = only_hosts(load_inventory(inventory, save_keys=not dry_run), hosts).first(spec.nodes)
     plan = make_plan(spec, inv, dry_run=dry_run)
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
@@ -99,6 +103,7 @@ def train(
         run_dir=str(folder.path),
         hyperparameters=spec.hyperparameters,
         overrides=overrides_record(changes),
+        sweep_id=sweep_id,
     )
     reporter = RichReporter(console)
     reporter.say(
@@ -168,6 +173,20 @@ def doctor(
         _obs, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
     print_findings(console, findings, [h.name for h in inv.hosts], verbose=verbose)
     return not findings.failed
+
+
+def only_hosts(inventory: Inventory, names: Sequence[str]) -> Inventory:
+    """The inventory cut to the named hosts, in the order named (``--hosts``; a sweep's slot)."""
+    if not names:
+        return inventory
+    by_name = {h.name: h for h in inventory.hosts}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise SpecError(
+            f"--hosts: {clean(unknown[0], 100)!r} is not a host of inventory {clean(inventory.source, 200)} "
+            f"(it has {', '.join(list(by_name)[:20])})"
+        )
+    return inventory.model_copy(update={"hosts": [by_name[n] for n in dict.fromkeys(names)]})
 
 
 def launch_warnings(spec: JobSpec, inventory: Inventory) -> list[str]:

@@ -54,6 +54,8 @@ SET_HELP = (
         "allow-busy-gpus": "start even where other users' processes hold the GPUs this run would use",
         "skip-doctor": "launch without the pre-launch checks (rsync, Python, hostname, port in use)",
         "set": SET_HELP,
+        "hosts": "run on these hosts of the inventory (names, comma-separated, head first) instead of its first ones",
+        "sweep-id": "record the run as a variant of this sweep (fab sweep sets it)",
     },
 )
 @_friendly
@@ -66,6 +68,8 @@ def train(
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
     set: list[str] | None = None,
+    hosts: str = "",
+    sweep_id: str = "",
 ) -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded.
 
@@ -82,6 +86,8 @@ def train(
         allow_busy_gpus=allow_busy_gpus,
         skip_doctor=skip_doctor,
         overrides=set or (),
+        hosts=[h.strip() for h in hosts.split(",") if h.strip()],
+        sweep_id=sweep_id or None,
     )
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
@@ -235,6 +241,7 @@ RUN_FILTER_HELP = {
         "limit": "how many runs, newest first",
         **RUN_FILTER_HELP,
         "tensorboard": "link every listed run's TensorBoard files into this folder (tensorboard --logdir it)",
+        "sweep": "only the variants of this sweep (its id, as fab sweep printed it)",
     }
 )
 @_friendly
@@ -246,6 +253,7 @@ def runs(
     since: str = "",
     json: bool = False,
     tensorboard: str = "",
+    sweep: str = "",
 ) -> None:
     """List recorded runs: outcome, stop reason, elapsed time, cost (filters, --json, --tensorboard)."""
     from rich.console import Console
@@ -260,12 +268,14 @@ def runs(
         since=since,
         as_json=json,
         tensorboard=tensorboard,
+        sweep=sweep,
     )
 
 
 @task(
     help={
-        "runs": "ids, prefixes or 'last', separated by commas (r1,r2,r3); 'all': every run the filters keep",
+        "runs": "ids, prefixes or 'last', separated by commas (r1,r2,r3); 'all': every run the filters keep; "
+        "'sweep:ID': a sweep's variants, best loss first",
         **RUN_FILTER_HELP,
         "plot": "where to write the overlaid loss plot (PNG; '' for none)",
     },
@@ -457,6 +467,50 @@ def export(
     )
 
 
+@task(
+    iterable=["grid", "set"],
+    help={
+        "playbook": "job file, or a built-in playbook's name",
+        "grid": "a field and its values, name=v1,v2 (repeatable; every combination runs), e.g. hyperparameters.lr=0.1,0.01",
+        "inventory": "as for train",
+        "random": "run this many of the combinations, drawn at random, instead of all",
+        "parallel": "variants at once, each on its own nodes of the inventory (default 1: one after another)",
+        "set": "a --set for every variant (as for train)",
+        "seed": "seed of --random's draw (default: a new draw each time)",
+    },
+)
+@_friendly
+def sweep(
+    c: Any,
+    playbook: str,
+    grid: list[str] | None = None,
+    inventory: str = "local",
+    random: int = 0,
+    parallel: int = 1,
+    set: list[str] | None = None,
+    seed: int = -1,
+) -> None:
+    """Run variants of a playbook (a grid of --set values), K at a time on disjoint nodes; one sweep id.
+
+    Example: fab sweep playbooks/digits-ddp.yaml --grid hyperparameters.lr=0.1,0.01 --grid nodes=1,2
+             fab sweep job.yaml --grid hyperparameters.lr=0.1,0.05,0.01,0.005 --set nodes=1 --parallel 2
+    Then: fab runs --sweep ID; fab compare sweep:ID. Ctrl-C stops the whole sweep.
+    """
+    from launch.cli import sweep as sweeping
+
+    result = sweeping.run_sweep(
+        playbook,
+        grid or [],
+        inventory=inventory,
+        sample=random,
+        parallel=parallel,
+        sets=set or (),
+        seed=None if seed < 0 else seed,
+    )
+    if any(v.state != "succeeded" for v in result.variants):
+        raise Exit(code=1)
+
+
 ACCESS_TARGET_HELP = (
     "a run (id, prefix or 'last') or an inventory (local, local:<prefix>, stack:<name>, a file)"
 )
@@ -544,6 +598,7 @@ ns.add_task(watch)
 ns.add_task(pull)
 ns.add_task(exec_)
 ns.add_task(export)
+ns.add_task(sweep)
 ns.add_task(ssh)
 ns.add_task(forward)
 ns.add_task(ssh_config)

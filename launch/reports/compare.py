@@ -64,11 +64,14 @@ def select_runs(
     playbook: str | None = None,
     outcome: str | None = None,
     since: float | None = None,
+    sweep: str | None = None,
 ) -> list[RunRecord]:
     """The runs matching every filter given: playbook name (or the playbook file's name),
-    outcome (``succeeded``, ``failed``, ...), started at or after ``since``."""
+    outcome (``succeeded``, ``failed``, ...), started at or after ``since``, variant of ``sweep``."""
     chosen = []
     for run in runs:
+        if sweep is not None and run.sweep_id != sweep:
+            continue
         if playbook is not None and playbook not in (run.playbook_name, _file_stem(run.playbook_path)):
             continue
         if outcome is not None and run.state != outcome:

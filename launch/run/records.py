@@ -73,8 +73,12 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # one run id, several attempts (``recovery:``): each attempt's nodes, end and steps recomputed
     "ALTER TABLE runs ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]'",
-    # ``--set key=value`` given for the run (``launch.job.overrides``): ``fab show``/``fab compare``
-    "ALTER TABLE runs ADD COLUMN overrides TEXT NOT NULL DEFAULT '{}'",
+    # ``--set key=value`` given for the run (``launch.job.overrides``): ``fab show``/``fab compare``;
+    # the sweep a run is a variant of (``fab sweep``; ``fab runs --sweep ID``)
+    """
+    ALTER TABLE runs ADD COLUMN overrides TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE runs ADD COLUMN sweep_id TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -136,6 +140,8 @@ class RunRecord:
     """With ``recovery:``: one entry per attempt (``launch.rules.recovery.AttemptEnd.to_json``)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """``--set key=value`` of the run: dotted key -> value (``launch.job.overrides``)."""
+    sweep_id: str | None = None
+    """The ``fab sweep`` this run is a variant of, if any."""
 
     def duration_s(self, now: float | None = None) -> float:
         """Seconds from start to end (or to ``now`` while not ended)."""
@@ -244,6 +250,7 @@ class RunRecords:
         watcher_host: str | None = None,
         hyperparameters: Mapping[str, Any] | None = None,
         overrides: Mapping[str, Any] | None = None,
+        sweep_id: str | None = None,
     ) -> RunRecord:
         """Insert a ``running`` record and return it. The watcher pid defaults to this process."""
         started = time.time() if started_at is None else started_at
@@ -252,8 +259,8 @@ class RunRecords:
             db.execute(
                 """INSERT INTO runs (id, playbook_path, playbook_name, playbook_hash, git_commit,
                    inventory, launcher, started_at, state, run_dir, watcher_pid, watcher_host, heartbeat_at,
-                   hyperparameters, overrides)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)""",
+                   hyperparameters, overrides, sweep_id)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)""",
                 (
                     rid,
                     playbook_path,
@@ -269,6 +276,7 @@ class RunRecords:
                     started,
                     _encode("hyperparameters", dict(hyperparameters or {})),
                     _encode("overrides", dict(overrides or {})),
+                    sweep_id,
                 ),
             )
         return self._require(rid)

@@ -1,0 +1,151 @@
+"""``fab sweep``: the grid, the slots, and sweeps on the session's local fleet (3 nodes): four
+1-node variants two at a time on disjoint nodes, one sweep id, the compare table; and Ctrl-C in
+the middle of one, which stops every variant, records them, and starts no other."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launch.cli.sweep import parse_grid, slots_of, variants_of
+from launch.errors import SpecError
+from launch.run.records import RunRecords
+from tests.conftest import REPO, TEST_PREFIX, assert_nothing_running, fab, needs_root, write_playbook
+
+
+def test_the_grid_makes_every_combination_or_a_random_few() -> None:
+    grid = parse_grid(["hyperparameters.lr=0.1,0.01", "nodes=1,2,3"])
+    combos = variants_of(grid)
+    assert len(combos) == 6 and combos[0] == ["hyperparameters.lr=0.1", "nodes=1"]
+    assert combos[-1] == ["hyperparameters.lr=0.01", "nodes=3"]
+    drawn = variants_of(grid, sample=4, seed=7)
+    assert len(drawn) == 4 and len({tuple(c) for c in drawn}) == 4 and all(c in combos for c in drawn)
+    assert drawn == variants_of(grid, sample=4, seed=7), "a seed repeats the draw"
+    assert len(variants_of(grid, sample=50)) == 6
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        ([], "at least one --grid"),
+        (["lr"], "expected name=v1,v2"),
+        (["lr=0.1,,0.2"], "expected name=v1,v2"),
+        (["a..b=1,2"], "dotted path"),
+        (["nodes=1,2", "nodes=3"], "given twice"),
+    ],
+)
+def test_a_bad_grid_is_one_line(items: list[str], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_grid(items)
+
+
+def test_slots_are_disjoint_and_must_fit() -> None:
+    assert slots_of(["a", "b", "c", "d", "e"], 2, 2) == [["a", "b"], ["c", "d"]]
+    with pytest.raises(SpecError, match="need 6 hosts; the inventory has 5"):
+        slots_of(["a", "b", "c", "d", "e"], 2, 3)
+
+
+def test_a_bad_variant_stops_the_sweep_before_anything_starts(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    playbook = write_playbook(tmp_path / "job.yaml", workdir, nodes=1)
+    proc = fab("sweep", str(playbook), "--grid", "nodes=1,zero", home=tmp_path / "home")
+    assert proc.returncode == 2 and "--set nodes=zero: field 'nodes'" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+@needs_root()
+def test_four_variants_two_at_a_time_on_disjoint_nodes(
+    fleet: object, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+) -> None:
+    playbook = write_playbook(
+        tmp_path / "job.yaml",
+        digits_workdir,
+        name="t-sweep",
+        nodes=1,
+        entrypoint="python -m trainer.task --epochs 1",
+    )
+    runs = tmp_path / "runs"
+    proc = fab(
+        "sweep", str(playbook), "--inventory", f"local:{TEST_PREFIX}", "--grid", "hyperparameters.lr=0.2,0.1,0.05,0.02",
+        "--parallel", "2", home=fleetrun_home, runs=runs, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep_id = proc.stdout.split("sweep ", 1)[1].split(":", 1)[0]
+    with RunRecords(fleetrun_home / "runs.db") as records:
+        mine = [r for r in records.list(limit=1000) if r.sweep_id == sweep_id]
+    assert len(mine) == 4 and all(r.state == "succeeded" for r in mine)
+    assert sorted(r.hyperparameters["lr"] for r in mine) == [0.02, 0.05, 0.1, 0.2]
+    hosts = {r.id: tuple(h["name"] for h in r.inventory["hosts"]) for r in mine}
+    assert all(len(h) == 1 for h in hosts.values()) and len(set(hosts.values())) == 2, hosts
+    for a in mine:
+        for b in mine:
+            if a.id < b.id and hosts[a.id] == hosts[b.id]:
+                assert not _overlap((a.started_at, a.ended_at or 0), (b.started_at, b.ended_at or 0)), (
+                    "one slot runs its variants one after another"
+                )
+    listed = fab("runs", "--sweep", sweep_id, "--json", home=fleetrun_home, runs=runs)
+    assert {r["id"] for r in json.loads(listed.stdout)} == {r.id for r in mine}
+    compare = fab(
+        "compare", f"sweep:{sweep_id}", "--plot", str(tmp_path / "c.png"), home=fleetrun_home, runs=runs
+    )
+    assert compare.returncode == 0, compare.stderr
+    assert "fab compare: 4 run(s)" in compare.stdout and (tmp_path / "c.png").stat().st_size > 1000
+    rows = json.loads(
+        fab("compare", f"sweep:{sweep_id}", "--plot", "", "--json", home=fleetrun_home, runs=runs).stdout
+    )
+    finals = [row["final"]["loss"] for row in rows]
+    assert finals == sorted(finals), "best (lowest final loss) first"
+
+
+@needs_root()
+def test_ctrl_c_stops_the_whole_sweep_and_records_it(
+    fleet: object, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+) -> None:
+    playbook = write_playbook(
+        tmp_path / "job.yaml", digits_workdir, name="t-sweep-int", nodes=1,
+        entrypoint="python -m trainer.task --epochs 200",
+    )  # fmt: skip
+    env = {**os.environ, "FLEETRUN_HOME": str(fleetrun_home), "FLEETRUN_RUNS": str(tmp_path / "runs")}
+    sweep = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "fab"), "sweep", str(playbook), "--inventory", f"local:{TEST_PREFIX}",
+         "--grid", "hyperparameters.lr=0.2,0.1,0.05,0.02", "--parallel", "2"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    sweeps = fleetrun_home / "sweeps"
+    deadline = time.monotonic() + 300
+    state: dict = {}
+    while time.monotonic() < deadline and sweep.poll() is None:
+        files = list(sweeps.glob("sw-*/sweep.json")) if sweeps.exists() else []
+        files = [f for f in files if "t-sweep-int" in f.read_text() or "job.yaml" in f.read_text()]
+        if files:
+            state = json.loads(max(files, key=lambda f: f.stat().st_mtime).read_text())
+            logs = [Path(v["log"]) for v in state["variants"] if v["state"] == "running" and v["log"]]
+            if len(logs) == 2 and all(p.exists() and "first step logged" in p.read_text() for p in logs):
+                break
+        time.sleep(1)
+    assert sweep.poll() is None, sweep.communicate()[0][-3000:]
+    sweep.send_signal(signal.SIGINT)
+    out, _ = sweep.communicate(timeout=300)
+    assert sweep.returncode == 1, out[-3000:]
+    assert "interrupted: no new variant starts" in out
+    final = json.loads((sweeps / state["sweep_id"] / "sweep.json").read_text())
+    assert final["state"] == "interrupted"
+    assert sorted(v["state"] for v in final["variants"]) == ["failed", "failed", "not started", "not started"]
+    with RunRecords(fleetrun_home / "runs.db") as records:
+        mine = [r for r in records.list(limit=1000) if r.sweep_id == final["sweep_id"]]
+    assert len(mine) == 2 and all(r.state in ("stopped", "interrupted", "failed") for r in mine), [
+        (r.state, r.stop_rule) for r in mine
+    ]
+    assert all(r.ended_at is not None or r.state == "interrupted" for r in mine)
+    assert_nothing_running(fleet)  # type: ignore[arg-type]
