@@ -272,7 +272,10 @@ def test_fab_forward_a_workers_port_and_ssh_config(
     ``fab ssh-config`` writes entries plain OpenSSH uses through the jump host."""
     home = fleetrun_home
     two = bastion.node_name(2)
-    port, local_port = 18765, 18766
+    port = 18765  # on the node, in its own network namespace
+    with socket.socket() as probe:  # here: a port no other test run on this machine holds
+        probe.bind(("127.0.0.1", 0))
+        local_port = probe.getsockname()[1]
     start = (
         f"mkdir -p /tmp/fwd-{port} && echo forwarded-ok > /tmp/fwd-{port}/index.html && "
         f"(setsid nohup python3 -m http.server {port} --bind 127.0.0.1 --directory /tmp/fwd-{port} "

@@ -51,6 +51,17 @@ def test_slots_are_disjoint_and_must_fit() -> None:
         slots_of(["a", "b", "c", "d", "e"], 2, 3)
 
 
+def test_train_hosts_picks_named_hosts_in_order() -> None:
+    from launch.cli.app import only_hosts
+    from tests.conftest import sample_inventory
+
+    inv = sample_inventory(3)
+    assert [h.name for h in only_hosts(inv, ["n2", "n0"]).hosts] == ["n2", "n0"]
+    assert only_hosts(inv, []) is inv
+    with pytest.raises(SpecError, match="--hosts: 'n9' is not a host of inventory"):
+        only_hosts(inv, ["n9"])
+
+
 def test_a_bad_variant_stops_the_sweep_before_anything_starts(tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
