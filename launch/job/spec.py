@@ -120,10 +120,8 @@ class JobSpec(BaseModel):
         channels: name -> a folder on every node (``/data/x`` or ``{path: /data/x}``) or a folder on
             this machine (``{local: dir}``, relative to the playbook, copied to every node before
             the start); exported as ``SM_CHANNEL_<NAME>`` and listed in ``SM_CHANNELS``.
-        on_end, before_stop, hook_timeout_s: commands run on the laptop once the run is recorded,
-            and on each node when its watchdog ends the run; each bounded (``launch.job.hooks``).
-        total_steps: the steps the job will take, for progress and ETA (``FLEETRUN_TOTAL_STEPS``,
-            read by the metrics helper, which then logs ``progress`` with each step).
+        on_end, before_stop, hook_timeout_s: bounded hooks, laptop and node (``launch.job.hooks``).
+        total_steps: for progress and ETA (``FLEETRUN_TOTAL_STEPS``, read by the metrics helper).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -404,9 +402,7 @@ class JobSpec(BaseModel):
 
 def load_job_spec(path: str | Path, overrides: Sequence[Override] = ()) -> JobSpec:
     """Read and validate a playbook; every problem names the file and the field.
-
-    ``overrides`` (``--set key=value``, ``launch.job.overrides``) are written into the file's data
-    before validation, so they are checked exactly as the file is; their errors name the ``--set``.
+    ``overrides`` (``--set``, ``launch.job.overrides``) go into the data before validation.
 
     Validated strictly (``procs_per_node: yes`` is not 1, ``nodes: "3"`` is not 3), then the
     checks that need the file system: the workdir is a real directory that is not ``/`` or the
@@ -416,8 +412,7 @@ def load_job_spec(path: str | Path, overrides: Sequence[Override] = ()) -> JobSp
     path = resolve_playbook(path)
     shown = printable(path, 400)
     data = load_yaml_mapping(path, "playbook")
-    if overrides:
-        data = apply_overrides(data, overrides, str(path))
+    data = apply_overrides(data, overrides, str(path)) if overrides else data
     workdir = data.get("workdir")
     if isinstance(workdir, str):
         if not workdir.strip() or CONTROL_CHARS.search(workdir) or len(workdir) > MAX_PATH_CHARS:
