@@ -160,3 +160,48 @@ def test_ctrl_c_stops_the_whole_sweep_and_records_it(
     ]
     assert all(r.ended_at is not None or r.state == "interrupted" for r in mine)
     assert_nothing_running(fleet)  # type: ignore[arg-type]
+
+
+FAKE_TRAIN = """
+import sys, time
+args = sys.argv[1:]
+sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+hosts = args[args.index("--hosts") + 1]
+with open(sys.argv[0] + ".calls", "a") as out:
+    out.write(hosts + " " + " ".join(sets) + "\\n")
+time.sleep(0.2)
+sys.exit(1 if "hyperparameters.lr=0.2" in sets or "hyperparameters.lr=0.1" in sets else 0)
+"""
+
+
+def test_a_failure_budget_stops_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The orchestration alone, each variant a stand-in for ``fab train`` that fails for two of the
+    learning rates: with --max-failures 2 the sweep stops there and starts nothing more."""
+    from launch.cli import sweep as sweeping
+    from tests.conftest import SAMPLE_HOST_KEYS
+
+    fake = tmp_path / "fake_train.py"
+    fake.write_text(FAKE_TRAIN)
+    monkeypatch.setattr(sweeping, "_fab", lambda: [__import__("sys").executable, str(fake)])
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    playbook = write_playbook(tmp_path / "job.yaml", workdir, nodes=1)
+    hosts = [
+        {"name": f"n{i}", "address": f"203.0.113.{i + 1}", "user": "u", "host_key": SAMPLE_HOST_KEYS[i]}
+        for i in range(2)
+    ]
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(json.dumps({"hosts": hosts}))
+    said: list[str] = []
+    result = sweeping.run_sweep(
+        str(playbook), ["hyperparameters.lr=0.2,0.1,0.05,0.02,0.01"], inventory=str(inventory),
+        max_failures=2, say=said.append,
+    )  # fmt: skip
+    assert result.state == "stopped" and any("--max-failures 2" in line for line in said)
+    states = [v.state for v in result.variants]
+    assert states == ["failed", "failed", "not started", "not started", "not started"], states
+    calls = (tmp_path / "fake_train.py.calls").read_text().splitlines()
+    assert calls == ["n0 hyperparameters.lr=0.2", "n0 hyperparameters.lr=0.1"], "one slot, in order"
+    saved = json.loads((tmp_path / "home" / "sweeps" / result.sweep_id / "sweep.json").read_text())
+    assert saved["state"] == "stopped" and [v["state"] for v in saved["variants"]] == states

@@ -53,6 +53,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "parallel": "variants at once, each on its own nodes of the inventory (default 1: one after another)",
         "set": "a --set for every variant (as for train)",
         "seed": "seed of --random's draw (default: a new draw each time)",
+        "max-failures": "stop the whole sweep (as Ctrl-C does) once this many variants failed (default: no limit)",
     },
 )
 @_friendly
@@ -65,6 +66,7 @@ def sweep(
     parallel: int = 1,
     set: list[str] | None = None,
     seed: int = -1,
+    max_failures: int = 0,
 ) -> None:
     """Run variants of a playbook (a grid of --set values), K at a time on disjoint nodes; one sweep id.
 
@@ -82,6 +84,7 @@ def sweep(
         parallel=parallel,
         sets=set or (),
         seed=None if seed < 0 else seed,
+        max_failures=max_failures,
     )
     if any(v.state != "succeeded" for v in result.variants):
         raise Exit(code=1)

@@ -147,9 +147,12 @@ def run_sweep(
     parallel: int = 1,
     sets: Sequence[str] = (),
     seed: int | None = None,
+    max_failures: int = 0,
     say: Any = print,
 ) -> Sweep:
-    """Run the sweep; returns what became of each variant (also in the sweep's JSON file)."""
+    """Run the sweep; returns what became of each variant (also in the sweep's JSON file).
+
+    ``max_failures``: once that many variants failed, the sweep stops as on Ctrl-C (0: no limit)."""
     from launch.fleets.select import load_inventory
     from launch.fleets.teardown import tear_down
     from launch.rules.stoprules import Teardown
@@ -187,6 +190,18 @@ def run_sweep(
 
     queue = list(sweep.variants)
 
+    ended_as: list[str] = []
+
+    def stop_all(state: str) -> None:
+        """No new variant starts; each running one gets the Ctrl-C ``fab train`` wraps up on."""
+        if not stopping.is_set():
+            ended_as.append(state)
+        stopping.set()
+        with guard:
+            for child in children.values():
+                with contextlib.suppress(OSError):
+                    child.send_signal(signal.SIGINT)
+
     def next_variant() -> Variant | None:
         with guard:
             if stopping.is_set() or not queue:
@@ -223,7 +238,12 @@ def run_sweep(
                 variant.exit_code = code
                 variant.state = "succeeded" if code == 0 else "failed"
                 save()
+                failed = sum(v.state == "failed" for v in sweep.variants)
+                over_budget = max_failures > 0 and failed >= max_failures and not stopping.is_set()
             say(f"  variant {variant.index}: {variant.state} (log {log})")
+            if over_budget:
+                say(f"{failed} variant(s) failed (--max-failures {max_failures}): stopping the sweep")
+                stop_all("stopped")
 
     say(
         f"sweep {sweep.sweep_id}: {len(combos)} variant(s) of {clean(spec.name, 100)}, {parallel} at a time "
@@ -239,11 +259,7 @@ def run_sweep(
                 thread.join(timeout=0.5)
     except KeyboardInterrupt:
         say("interrupted: no new variant starts; the running ones stop and wrap up")
-        stopping.set()
-        with guard:
-            for child in children.values():
-                with contextlib.suppress(OSError):
-                    child.send_signal(signal.SIGINT)
+        stop_all("interrupted")
         for thread in threads:
             while thread.is_alive():
                 try:
@@ -254,7 +270,7 @@ def run_sweep(
         for variant in sweep.variants:
             if variant.state == "pending":
                 variant.state = "not started"
-        sweep.state = "interrupted" if stopping.is_set() else "finished"
+        sweep.state = ended_as[0] if ended_as else "finished"
         save()
     ok = all(v.state == "succeeded" for v in sweep.variants)
     if spec.teardown is Teardown.ALWAYS or (spec.teardown is Teardown.ON_SUCCESS and ok):
