@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from launch.cli.queue import wait_turn
 from launch.cli.runs import open_records
 from launch.errors import SpecError
 from launch.fleets.kinds.registry import fleet_kind
@@ -64,12 +65,14 @@ def train(
     overrides: Sequence[str] = (),
     hosts: Sequence[str] = (),
     sweep_id: str | None = None,
+    wait: bool = False,
 ) -> RunResult | LaunchPlan:
     """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``);
     ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part);
     ``overrides``: ``--set key=value`` items (``launch.job.overrides``), recorded with the run;
     ``hosts``: run on these hosts of the inventory (by name, head first) instead of its first ones;
-    ``sweep_id``: the ``fab sweep`` this run is a variant of (recorded)."""
+    ``sweep_id``: the ``fab sweep`` this run is a variant of (recorded); ``wait``: queue for the
+    machines in arrival order instead of starting at once (``launch.cli.queue``)."""
     console = console or Console()
     playbook = resolve_playbook(playbook)
     changes = parse_overrides(overrides)
@@ -89,6 +92,8 @@ def train(
     for warning in launch_warnings(spec, inv):
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
+    # after its turn came, the run's queue entries are kept fresh until it ended (then removed)
+    hold = wait_turn(inv, known_hosts, plan.run_id, lambda line: console.print(Text(line))) if wait else None
     folder = RunFolder.create(plan.run_id)
     save_on_end(folder.path, spec)
     records = open_records()
@@ -123,6 +128,8 @@ def train(
         result = runner.execute()
     finally:
         records.close()
+        if hold is not None:
+            hold.release()
     report(result, console)
     end_hooks(result, console)
     return result

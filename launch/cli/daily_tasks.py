@@ -154,3 +154,18 @@ def ssh_config(c: Any, target: str, output: str = "", prefix: str = "fleetrun-")
     from launch.cli import access
 
     access.write_ssh_config(target, output=output, alias_prefix=prefix)
+
+
+@task(help={"inventory": "as for train: the machines whose queue to show"})
+@_friendly
+def queue(c: Any, inventory: str = "local") -> None:
+    """Show who holds and who waits for each machine (fab train --wait queues in arrival order).
+
+    Example: fab queue lab.yaml
+    """
+    from launch.cli import queue as queueing
+    from launch.fleets.select import load_inventory
+    from launch.paths import known_hosts_file
+
+    inv = load_inventory(inventory)
+    queueing.show_queue(inv, inv.write_known_hosts(known_hosts_file(inv.fingerprint())))

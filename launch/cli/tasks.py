@@ -14,7 +14,7 @@ from typing import Any
 from invoke import Collection
 from invoke.exceptions import Exit
 
-from launch.cli.daily_tasks import SET_HELP, forward, ssh, ssh_config, sweep
+from launch.cli.daily_tasks import SET_HELP, forward, queue, ssh, ssh_config, sweep
 from launch.cli.task_help import ROOT, task
 from launch.errors import FleetrunError
 from launch.settings import Settings, active, current
@@ -51,6 +51,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "set": SET_HELP,
         "hosts": "run on these hosts of the inventory (names, comma-separated, head first) instead of its first ones",
         "sweep-id": "record the run as a variant of this sweep (fab sweep sets it)",
+        "wait": "wait for the machines, in arrival order among runs waiting for them, instead of refusing busy ones",
     },
 )
 @_friendly
@@ -65,6 +66,7 @@ def train(
     set: list[str] | None = None,
     hosts: str = "",
     sweep_id: str = "",
+    wait: bool = False,
 ) -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded.
 
@@ -83,6 +85,7 @@ def train(
         overrides=set or (),
         hosts=[h.strip() for h in hosts.split(",") if h.strip()],
         sweep_id=sweep_id or None,
+        wait=wait,
     )
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
@@ -484,6 +487,7 @@ ns.add_task(pull)
 ns.add_task(exec_)
 ns.add_task(export)
 ns.add_task(sweep)
+ns.add_task(queue)
 ns.add_task(ssh)
 ns.add_task(forward)
 ns.add_task(ssh_config)
