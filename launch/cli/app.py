@@ -20,6 +20,7 @@ from launch.cli.runs import open_records
 from launch.errors import SpecError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.select import load_inventory, local_fleet
+from launch.fleets.teardown import tear_down
 from launch.job.builtin import resolve_playbook
 from launch.job.inventory import Inventory
 from launch.job.overrides import overrides_record, parse_overrides
@@ -30,6 +31,7 @@ from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
+from launch.run import warm as keep_warm
 from launch.run.hooks import run_on_end, save_on_end
 from launch.run.provenance import file_sha256, git_commit_of
 from launch.run.reporter import Reporter, RichReporter
@@ -123,6 +125,9 @@ def train(
         skip_doctor=skip_doctor,
     )
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
+    policy, warm = spec.teardown, keep_warm.applies(inv, spec.keep_warm_s)
+    if warm:  # the nodes are kept; their own timers power them off (launch.run.warm)
+        spec = spec.model_copy(update={"teardown": Teardown.NEVER})
     runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)
     try:
         result = runner.execute()
@@ -130,6 +135,11 @@ def train(
         records.close()
         if hold is not None:
             hold.release()
+    kept = warm and spec.keep_warm_s and keep_warm.wanted(policy, result.outcome, result.teardown.state.value)
+    if kept and keep_warm.arm(inv, known_hosts, spec.keep_warm_s or 0, reporter.say):
+        result.teardown = tear_down(inv, say=lambda m: reporter.say(f"  {m}"))  # no node left billing
+    elif kept:
+        result.teardown = keep_warm.kept_outcome(policy, spec.keep_warm_s or 0)
     report(result, console)
     end_hooks(result, console)
     return result

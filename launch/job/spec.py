@@ -156,6 +156,7 @@ class JobSpec(BaseModel):
     before_stop: HookCommands = Field(default_factory=list)
     hook_timeout_s: HookTimeout = DEFAULT_HOOK_TIMEOUT_S
     total_steps: int | None = Field(default=None, ge=1, le=10**12)
+    keep_warm_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)  # launch.run.warm
 
     @model_validator(mode="before")
     @classmethod
