@@ -277,9 +277,10 @@ def test_fab_forward_a_workers_port_and_ssh_config(
         probe.bind(("127.0.0.1", 0))
         local_port = probe.getsockname()[1]
     start = (
-        f"mkdir -p /tmp/fwd-{port} && echo forwarded-ok > /tmp/fwd-{port}/index.html && "
-        f"(setsid nohup python3 -m http.server {port} --bind 127.0.0.1 --directory /tmp/fwd-{port} "
-        f"> /dev/null 2>&1 < /dev/null & echo $! > /tmp/fwd-{port}/pid)"
+        # in the node user's home: the local fleet's nodes share this machine's /tmp
+        'mkdir -p "$HOME/fwd" && echo forwarded-ok > "$HOME/fwd/index.html" && '
+        f'(setsid nohup python3 -m http.server {port} --bind 127.0.0.1 --directory "$HOME/fwd" '
+        '> /dev/null 2>&1 < /dev/null & echo $! > "$HOME/fwd/pid")'
     )
     proc = fab("ssh", f"local:{PREFIX}", "--node", two, "--command", start, home=home)
     assert proc.returncode == 0, proc.stderr
@@ -308,7 +309,7 @@ def test_fab_forward_a_workers_port_and_ssh_config(
             "--node",
             two,
             "--command",
-            f"kill $(cat /tmp/fwd-{port}/pid)",
+            'kill $(cat "$HOME/fwd/pid"); rm -rf "$HOME/fwd"',
             home=home,
         )
     assert body.strip() == "forwarded-ok", (body, out, err)

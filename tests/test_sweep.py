@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -205,3 +206,59 @@ def test_a_failure_budget_stops_the_sweep(tmp_path: Path, monkeypatch: pytest.Mo
     assert calls == ["n0 hyperparameters.lr=0.2", "n0 hyperparameters.lr=0.1"], "one slot, in order"
     saved = json.loads((tmp_path / "home" / "sweeps" / result.sweep_id / "sweep.json").read_text())
     assert saved["state"] == "stopped" and [v["state"] for v in saved["variants"]] == states
+
+
+SLOW_TRAIN = """
+import signal, sys, time
+with open(sys.argv[0] + ".started", "a") as out:
+    out.write("x\\n")
+def interrupted(*_args):
+    time.sleep(1)  # wrapping up
+    with open(sys.argv[0] + ".wrapped", "a") as out:
+        out.write("x\\n")
+    sys.exit(1)
+signal.signal(signal.SIGINT, interrupted)
+time.sleep(120)
+"""
+
+DRIVER = """
+import sys
+from launch.cli import sweep
+sweep._fab = lambda: [sys.executable, sys.argv[1]]
+result = sweep.run_sweep(sys.argv[2], ["hyperparameters.lr=0.2,0.1,0.05,0.02"], inventory=sys.argv[3], parallel=2)
+print("STATES", ",".join(v.state for v in result.variants), result.state)
+"""
+
+
+def test_ctrl_c_waits_for_every_running_variant_to_wrap_up(tmp_path: Path) -> None:
+    """The orchestration alone: Ctrl-C while two stand-ins for ``fab train`` run; the sweep passes
+    it on and ends only after both wrapped up (a Ctrl-C landing in ``Thread.join`` once let it end
+    with a variant still running)."""
+    from tests.conftest import SAMPLE_HOST_KEYS
+
+    fake = tmp_path / "slow_train.py"
+    fake.write_text(SLOW_TRAIN)
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    playbook = write_playbook(tmp_path / "job.yaml", workdir, nodes=1)
+    hosts = [
+        {"name": f"n{i}", "address": f"203.0.113.{i + 1}", "user": "u", "host_key": SAMPLE_HOST_KEYS[i]}
+        for i in range(2)
+    ]
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(json.dumps({"hosts": hosts}))
+    env = {**os.environ, "FLEETRUN_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), str(fake), str(playbook), str(inventory)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    started = tmp_path / "slow_train.py.started"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (started.exists() and len(started.read_text().split()) == 2):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert "STATES failed,failed,not started,not started interrupted" in out, out
+    assert len((tmp_path / "slow_train.py.wrapped").read_text().split()) == 2, "both wrapped up first"

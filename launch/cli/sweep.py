@@ -208,7 +208,16 @@ def run_sweep(
                 return None
             return queue.pop(0)
 
+    finished: list[int] = []
+
     def worker(slot: int) -> None:
+        try:
+            run_slot(slot)
+        finally:
+            with guard:
+                finished.append(slot)
+
+    def run_slot(slot: int) -> None:
         while (variant := next_variant()) is not None:
             log = folder / f"variant-{variant.index}.log"
             argv = [*_fab(), "train", str(path), "--inventory", inventory, "--teardown", "never"]
@@ -253,19 +262,27 @@ def run_sweep(
     threads = [threading.Thread(target=worker, args=(i,), name=f"sweep-slot-{i}") for i in range(parallel)]
     for thread in threads:
         thread.start()
+
+    def all_done() -> bool:
+        with guard:
+            return len(finished) == len(threads)
+
+    # The workers say when they are done; the threads are joined only then. (A Ctrl-C that lands
+    # inside ``Thread.join`` can leave a live thread reading as dead, and the sweep would end
+    # before its running variants had wrapped up.)
     try:
-        while any(t.is_alive() for t in threads):
-            for thread in threads:
-                thread.join(timeout=0.5)
+        while not all_done():
+            time.sleep(0.5)
     except KeyboardInterrupt:
         say("interrupted: no new variant starts; the running ones stop and wrap up")
         stop_all("interrupted")
-        for thread in threads:
-            while thread.is_alive():
-                try:
-                    thread.join(timeout=0.5)
-                except KeyboardInterrupt:
-                    say("still wrapping up the running variants (their records and pulls); please wait")
+        while not all_done():
+            try:
+                time.sleep(0.5)
+            except KeyboardInterrupt:
+                say("still wrapping up the running variants (their records and pulls); please wait")
+    for thread in threads:
+        thread.join()
     with guard:
         for variant in sweep.variants:
             if variant.state == "pending":
