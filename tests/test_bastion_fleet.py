@@ -10,8 +10,11 @@ one shared jump connection, pulls back through it), ``fab exec``, and plain Open
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from launch.job.inventory import Host, Inventory
 from launch.transport.jump import JumpHosts
 from launch.transport.reachability import sshd_answers
 from launch.transport.ssh import Fleet, openssh_command
-from tests.conftest import fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
+from tests.conftest import REPO, fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("j")
@@ -229,6 +232,99 @@ def test_a_silent_node_behind_the_jump_does_not_cut_the_others(
         assert worker.run("hostname", timeout=30).stdout.strip() == inv.hosts[1].name, (
             "the session through the shared jump connection survived"
         )
+
+
+def test_fab_ssh_reaches_a_worker_through_the_jump_and_refuses_a_changed_key(
+    bastion: LocalFleet, fleetrun_home: Path, tmp_path: Path
+) -> None:
+    """``fab ssh`` to a worker only the head can reach: by inventory and by a recorded run; with
+    the worker's pinned key swapped for another node's, ssh refuses and nothing is learned."""
+    from launch.run.records import RunRecords
+
+    home = fleetrun_home  # the local fleet's state is there
+    one = bastion.node_name(1)
+    proc = fab("ssh", f"local:{PREFIX}", "--node", one, "--command", "hostname", home=home)
+    assert proc.returncode == 0 and proc.stdout.strip() == one, proc.stdout + proc.stderr
+    with RunRecords(home / "runs.db") as records:
+        records.start(run_id="r-ssh", inventory=bastion.inventory().to_yaml_data())
+    proc = fab("ssh", "r-ssh", "--command", "hostname", home=home)
+    assert proc.returncode == 0 and proc.stdout.strip() == bastion.node_name(0), "the head by default"
+    proc = fab("ssh", "r-ssh", "--node", "nope", "--command", "hostname", home=home)
+    assert proc.returncode == 2 and "--node 'nope': run r-ssh has no such node" in proc.stderr
+
+    data = bastion.inventory().to_yaml_data()
+    data["hosts"][1]["host_key"] = data["hosts"][2]["host_key"]
+    inventory = tmp_path / "changed.yaml"
+    inventory.write_text(
+        yaml.safe_dump({"hosts": [{k: v for k, v in h.items() if v is not None} for h in data["hosts"]]})
+    )
+    proc = fab("ssh", str(inventory), "--node", one, "--command", "echo RAN", home=home)
+    assert proc.returncode == 255 and "Host key verification failed" in proc.stderr, proc.stderr
+    assert "RAN" not in proc.stdout
+    pinned = (home / "known_hosts" / Inventory.from_static_yaml(inventory).fingerprint()).read_text()
+    assert bastion.inventory().hosts[1].host_key not in pinned, "the worker's real key was not learned"
+
+
+def test_fab_forward_a_workers_port_and_ssh_config(
+    bastion: LocalFleet, fleetrun_home: Path, tmp_path: Path
+) -> None:
+    """A web server on a worker's localhost answers on 127.0.0.1 here through ``fab forward``;
+    ``fab ssh-config`` writes entries plain OpenSSH uses through the jump host."""
+    home = fleetrun_home
+    two = bastion.node_name(2)
+    port = 18765  # on the node, in its own network namespace
+    with socket.socket() as probe:  # here: a port no other test run on this machine holds
+        probe.bind(("127.0.0.1", 0))
+        local_port = probe.getsockname()[1]
+    start = (
+        # in the node user's home: the local fleet's nodes share this machine's /tmp
+        'mkdir -p "$HOME/fwd" && echo forwarded-ok > "$HOME/fwd/index.html" && '
+        f'(setsid nohup python3 -m http.server {port} --bind 127.0.0.1 --directory "$HOME/fwd" '
+        '> /dev/null 2>&1 < /dev/null & echo $! > "$HOME/fwd/pid")'
+    )
+    proc = fab("ssh", f"local:{PREFIX}", "--node", two, "--command", start, home=home)
+    assert proc.returncode == 0, proc.stderr
+    env = {**os.environ, "FLEETRUN_HOME": str(home)}
+    forward = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "fab"), "forward", f"local:{PREFIX}", str(port), "--node", two,
+         "--local-port", str(local_port)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        body = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and forward.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{local_port}/", timeout=5) as answer:
+                    body = answer.read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+    finally:
+        forward.terminate()
+        out, err = forward.communicate(timeout=30)
+        fab(
+            "ssh",
+            f"local:{PREFIX}",
+            "--node",
+            two,
+            "--command",
+            'kill $(cat "$HOME/fwd/pid"); rm -rf "$HOME/fwd"',
+            home=home,
+        )
+    assert body.strip() == "forwarded-ok", (body, out, err)
+    assert f"forwarding http://127.0.0.1:{local_port} -> {two}:localhost:{port}" in out, out + err
+
+    config = tmp_path / "ssh.conf"
+    proc = fab("ssh-config", f"local:{PREFIX}", "--output", str(config), home=home)
+    assert proc.returncode == 0, proc.stderr
+    text = config.read_text()
+    assert text.count("StrictHostKeyChecking yes") == 3 and text.count("ProxyCommand ssh") == 2
+    ssh = subprocess.run(
+        ["ssh", "-F", str(config), "-o", "BatchMode=yes", f"fleetrun-{two}", "hostname"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert ssh.returncode == 0 and ssh.stdout.strip() == two, ssh.stderr
 
 
 def test_replacing_the_head_repins_it_as_the_workers_jump_host(

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
+from launch.cli.queue import wait_turn
 from launch.cli.runs import open_records
 from launch.errors import SpecError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.select import load_inventory, local_fleet
+from launch.fleets.teardown import tear_down
 from launch.job.builtin import resolve_playbook
 from launch.job.inventory import Inventory
+from launch.job.overrides import overrides_record, parse_overrides
 from launch.job.spec import JobSpec, load_job_spec
 from launch.job.validation import printable
 from launch.paths import known_hosts_file
@@ -30,6 +33,8 @@ from launch.reports.safe_text import clean
 from launch.rules.preflight import errors_by_node, pick_hosts
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
+from launch.run import warm as keep_warm
+from launch.run.hooks import run_on_end, save_on_end
 from launch.run.provenance import file_sha256, git_commit_of
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder, new_run_id
@@ -76,12 +81,21 @@ def train(
     ask_on_interrupt: bool = True,
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
+    overrides: Sequence[str] = (),
+    hosts: Sequence[str] = (),
+    sweep_id: str | None = None,
+    wait: bool = False,
 ) -> RunResult | LaunchPlan:
     """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``);
-    ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part)."""
+    ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part);
+    ``overrides``: ``--set key=value`` items (``launch.job.overrides``), recorded with the run;
+    ``hosts``: run on these hosts of the inventory (by name, head first) instead of its first ones;
+    ``sweep_id``: the ``fab sweep`` this run is a variant of (recorded); ``wait``: queue for the
+    machines in arrival order instead of starting at once (``launch.cli.queue``)."""
     console = console or Console()
     playbook = resolve_playbook(playbook)
-    spec = load_job_spec(playbook)
+    changes = parse_overrides(overrides)
+    spec = load_job_spec(playbook, changes)
     if teardown is not None:
         try:
             policy = Teardown(teardown)
@@ -89,7 +103,7 @@ def train(
             choices = ", ".join(t.value for t in Teardown)
             raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
         spec = spec.model_copy(update={"teardown": policy})
-    every_host = load_inventory(inventory, save_keys=not dry_run)
+    every_host = only_hosts(load_inventory(inventory, save_keys=not dry_run), hosts)
     inv, choice = every_host.first(spec.nodes), None
     if not dry_run and not skip_doctor and len(every_host.hosts) > spec.nodes:
         inv, choice = choose_from_spares(every_host, spec, console)
@@ -102,9 +116,12 @@ def train(
     for warning in launch_warnings(spec, inv):
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
+    # after its turn came, the run's queue entries are kept fresh until it ended (then removed)
+    hold = wait_turn(inv, known_hosts, plan.run_id, lambda line: console.print(Text(line))) if wait else None
     folder = RunFolder.create(plan.run_id)
     if choice is not None:  # which hosts the job got, which were skipped and why, the spares
         folder.write_json("hosts.json", choice.record())
+    save_on_end(folder.path, spec)
     records = open_records()
     records.start(
         run_id=plan.run_id,
@@ -116,6 +133,8 @@ def train(
         launcher=spec.launcher,
         run_dir=str(folder.path),
         hyperparameters=spec.hyperparameters,
+        overrides=overrides_record(changes),
+        sweep_id=sweep_id,
     )
     reporter = RichReporter(console)
     reporter.say(
@@ -131,15 +150,26 @@ def train(
         spares=choice.spares if choice is not None else (),
     )
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
+    policy, warm = spec.teardown, keep_warm.applies(inv, spec.keep_warm_s)
+    if warm:  # the nodes are kept; their own timers power them off (launch.run.warm)
+        spec = spec.model_copy(update={"teardown": Teardown.NEVER})
     runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)
     try:
         result = runner.execute()
     finally:
         records.close()
+        if hold is not None:
+            hold.release()
+    kept = warm and spec.keep_warm_s and keep_warm.wanted(policy, result.outcome, result.teardown.state.value)
+    if kept and keep_warm.arm(inv, known_hosts, spec.keep_warm_s or 0, reporter.say):
+        result.teardown = tear_down(inv, say=lambda m: reporter.say(f"  {m}"))  # no node left billing
+    elif kept:
+        result.teardown = keep_warm.kept_outcome(policy, spec.keep_warm_s or 0)
     report(result, console)
     line = missing_profile_ranks_line(spec, result.world)
     if line is not None:
         console.print(Text("  profile: ", style="yellow") + Text(line))
+    end_hooks(result, console)
     return result
 
 
@@ -175,6 +205,11 @@ def missing_profile_ranks_line(spec: JobSpec, world: object) -> str | None:
     )
 
 
+def end_hooks(result: RunResult, console: Console) -> None:
+    """The playbook's ``on_end`` commands, now that the run is recorded (``launch.run.hooks``)."""
+    run_on_end(result.folder, say=lambda line: console.print(Text(line, style="yellow")))
+
+
 def doctor(
     playbook: str | Path | None = None,
     inventory: str | None = None,
@@ -182,6 +217,7 @@ def doctor(
     port: int | None = None,
     verbose: bool = False,
     collective: bool = False,
+    overrides: Sequence[str] = (),
 ) -> bool:
     """``fab doctor``: every check on every node (the playbook's first ``nodes`` hosts when one is
     given: its port, and whether its setup installs torch). True when nothing would break a job.
@@ -196,12 +232,16 @@ def doctor(
     if port is not None and not 1 <= port <= 65535:
         # checked before anything is read or connected to: Python's socket would raise OverflowError
         raise SpecError(f"--port {port}: expected a TCP port, 1 to 65535")
+    if overrides and playbook is None:
+        raise SpecError(
+            "--set changes a playbook's field: name the playbook too (fab doctor --playbook FILE --set ...)"
+        )
     inv = load_inventory(inventory)
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
     nodes = None
     if playbook is not None:
-        spec = load_job_spec(playbook)
+        spec = load_job_spec(playbook, parse_overrides(overrides))
         nodes = spec.nodes
         inv = inv if len(inv.hosts) > spec.nodes else inv.first(spec.nodes)
         rdzv_port = spec.rdzv_port
@@ -305,6 +345,20 @@ def choose_from_spares(inventory: Inventory, spec: JobSpec, console: Console) ->
     if not choice.chosen:
         return inventory.first(spec.nodes), choice
     return inventory.model_copy(update={"hosts": list(choice.chosen)}), choice
+
+
+def only_hosts(inventory: Inventory, names: Sequence[str]) -> Inventory:
+    """The inventory cut to the named hosts, in the order named (``--hosts``; a sweep's slot)."""
+    if not names:
+        return inventory
+    by_name = {h.name: h for h in inventory.hosts}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise SpecError(
+            f"--hosts: {clean(unknown[0], 100)!r} is not a host of inventory {clean(inventory.source, 200)} "
+            f"(it has {', '.join(list(by_name)[:20])})"
+        )
+    return inventory.model_copy(update={"hosts": [by_name[n] for n in dict.fromkeys(names)]})
 
 
 def launch_warnings(spec: JobSpec, inventory: Inventory) -> list[str]:

@@ -23,6 +23,7 @@ from launch.reports.compare import (
     RunMetrics,
     compare_rows,
     compare_table,
+    lower_is_better,
     parse_since,
     run_json,
     select_runs,
@@ -40,7 +41,7 @@ MAX_WALK_ENTRIES = 50_000
 """Files and folders looked at per run when finding event files (a run folder may hold a data set)."""
 
 
-def filters(playbook: str, outcome: str, since: str) -> dict[str, Any]:
+def filters(playbook: str, outcome: str, since: str, sweep: str = "") -> dict[str, Any]:
     """The command line's filters, checked: an unknown outcome or a bad date is an error."""
     if outcome and outcome not in get_args(RunState):
         raise FleetrunError(
@@ -50,6 +51,7 @@ def filters(playbook: str, outcome: str, since: str) -> dict[str, Any]:
         "playbook": playbook or None,
         "outcome": outcome or None,
         "since": parse_since(since) if since else None,
+        "sweep": sweep or None,
     }
 
 
@@ -73,13 +75,14 @@ def list_runs(
     since: str = "",
     as_json: bool = False,
     tensorboard: str = "",
+    sweep: str = "",
 ) -> list[RunRecord]:
     """``fab runs``: a table (or JSON lines' worth of one JSON list), optionally linking the
     runs' TensorBoard files into one log folder."""
     if tensorboard:
         check_writable_folder("--tensorboard", tensorboard)
     with open_records() as records:
-        runs = chosen_runs(records, **filters(playbook, outcome, since))[:limit]
+        runs = chosen_runs(records, **filters(playbook, outcome, since, sweep))[:limit]
     if tensorboard:
         linked = link_tensorboard(runs, Path(tensorboard))
         console.print(
@@ -123,7 +126,10 @@ def compare(
     as_json: bool = False,
 ) -> list[ComparedRun]:
     """``fab compare``: the table (or ``--json``) and one loss plot with a line per run."""
-    if ids.strip() in ("", "all"):
+    sweep = ids.strip().removeprefix("sweep:") if ids.strip().startswith("sweep:") else ""
+    if sweep:  # every variant of one sweep (fab sweep), best first
+        ids = ""
+    elif ids.strip() in ("", "all"):
         if not (playbook or since or outcome):
             raise FleetrunError(
                 "name the runs to compare (fab compare RUN,RUN...) or filter them "
@@ -131,13 +137,15 @@ def compare(
             )
         ids = ""
     with open_records() as records:
-        runs = chosen_runs(records, ids, **filters(playbook, outcome, since))
+        runs = chosen_runs(records, ids, **filters(playbook, outcome, since, sweep))
     if not runs:
         raise FleetrunError("no run matches; see 'fab runs'")
     if plot:
         check_writable_file("--plot", plot)
     runs.sort(key=lambda r: r.started_at)
     compared = [ComparedRun(r, read_run_metrics(r)) for r in runs]
+    if sweep:
+        compared = best_first(compared)
     now = time.time()
     if as_json:
         print(json.dumps(compare_rows(compared, now), indent=2, sort_keys=True))
@@ -181,6 +189,18 @@ def check_writable_folder(flag: str, path: str) -> None:
         raise FleetrunError(
             f"{flag} {clean(path, 200)!r}: cannot write into it: {exc.strerror or exc}"
         ) from None
+
+
+def best_first(runs: list[ComparedRun], metric: str = "loss") -> list[ComparedRun]:
+    """A sweep's variants, the best final ``metric`` first (runs without it last, by start)."""
+
+    def key(run: ComparedRun) -> tuple[int, float]:
+        value = run.metrics.final.get(metric)
+        if value is None or value != value:  # missing or NaN
+            return (1, 0.0)
+        return (0, value if lower_is_better(metric) else -value)
+
+    return sorted(runs, key=key)
 
 
 def event_folders(run_folder: Path) -> list[Path]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 
 from launch.errors import FleetrunError, SpecError
+from launch.job.overrides import parse_overrides
 from launch.job.spec import load_job_spec
 from launch.reports.safe_text import clean
 
@@ -32,6 +34,7 @@ def export(
     gpus: int | None = None,
     namespace: str = "default",
     output: str | None = None,
+    overrides: Sequence[str] = (),
 ) -> Path | None:
     """Export ``playbook``; the manifest goes to ``output`` (or stdout), the notes to stderr."""
     if to not in TARGETS:
@@ -46,7 +49,7 @@ def export(
         raise FleetrunError(
             f"exporting a PyTorchJob needs the Training Operator SDK ({exc}): pip install 'fleetrun[kubeflow]'"
         ) from None
-    spec = load_job_spec(playbook)
+    spec = load_job_spec(playbook, parse_overrides(overrides))
     result = export_pytorchjob(spec, image, nodes=nodes, gpus_per_node=gpus, namespace=namespace)
     text = (
         f"# PyTorchJob exported by fleetrun from {clean(playbook, 300)} (kubectl apply -f this file)\n"

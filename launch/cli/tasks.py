@@ -14,6 +14,7 @@ from typing import Any
 from invoke import Collection
 from invoke.exceptions import Exit
 
+from launch.cli.daily_tasks import SET_HELP, forward, queue, ssh, ssh_config, sweep
 from launch.cli.task_help import ROOT, task
 from launch.errors import FleetrunError
 from launch.settings import Settings, active, current
@@ -39,6 +40,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @task(
+    iterable=["set"],
     help={
         "playbook": "job file, or a built-in playbook's name (`fab examples` copies them out)",
         "inventory": "'local' (default), 'local:<prefix>', 'stack:<name>', stack outputs .json, or inventory .yaml",
@@ -46,7 +48,11 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "teardown": "override the playbook: always, on_success or never",
         "allow-busy-gpus": "start even where other users' processes hold the GPUs this run would use",
         "skip-doctor": "launch without the pre-launch checks (rsync, Python, hostname, port in use)",
-    }
+        "set": SET_HELP,
+        "hosts": "run on these hosts of the inventory (names, comma-separated, head first) instead of its first ones",
+        "sweep-id": "record the run as a variant of this sweep (fab sweep sets it)",
+        "wait": "wait for the machines, in arrival order among runs waiting for them, instead of refusing busy ones",
+    },
 )
 @_friendly
 def train(
@@ -57,8 +63,15 @@ def train(
     teardown: str = "",
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
+    set: list[str] | None = None,
+    hosts: str = "",
+    sweep_id: str = "",
+    wait: bool = False,
 ) -> None:
-    """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded."""
+    """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded.
+
+    Example: fab train playbooks/digits-ddp.yaml --inventory local --set nodes=2 --set hyperparameters.lr=0.01
+    """
     from launch.cli import app
     from launch.run.summary import RunResult
 
@@ -69,6 +82,10 @@ def train(
         teardown=teardown or None,
         allow_busy_gpus=allow_busy_gpus,
         skip_doctor=skip_doctor,
+        overrides=set or (),
+        hosts=[h.strip() for h in hosts.split(",") if h.strip()],
+        sweep_id=sweep_id or None,
+        wait=wait,
     )
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
@@ -76,12 +93,14 @@ def train(
 
 @task(
     positional=["playbook"],  # `fab doctor PLAYBOOK --inventory INV`, as the README shows; optional
+    iterable=["set"],
     help={
         "playbook": "job file (optional): its nodes, rendezvous port and setup are checked for",
         "inventory": "as for train",
         "port": "rendezvous port to check (default: the playbook's, else 29500)",
         "verbose": "a line for every check of every node, not only warnings and errors",
         "collective": "also an all-reduce and matmul test through torchrun, naming a slow node or link",
+        "set": "with a playbook: " + SET_HELP,
     },
 )
 @_friendly
@@ -92,6 +111,7 @@ def doctor(
     port: int = -1,
     verbose: bool = False,
     collective: bool = False,
+    set: list[str] | None = None,
 ) -> None:
     """Check every node for what would break a multi-node job; exit 1 if anything would."""
     from launch.cli import app
@@ -102,17 +122,21 @@ def doctor(
         port=None if port == -1 else port,
         verbose=verbose,
         collective=collective,
+        overrides=set or (),
     ):
         raise Exit(code=1)
 
 
-@task(help={"playbook": "job file", "inventory": "as for train"})
+@task(iterable=["set"], help={"playbook": "job file", "inventory": "as for train", "set": SET_HELP})
 @_friendly
-def plan(c: Any, playbook: str, inventory: str = "local") -> None:
-    """Print the launch plan (same as train --dry-run)."""
+def plan(c: Any, playbook: str, inventory: str = "local", set: list[str] | None = None) -> None:
+    """Print the launch plan (same as train --dry-run).
+
+    Example: fab plan playbooks/digits-ddp.yaml --set nodes=2 --set env.NCCL_DEBUG=INFO
+    """
     from launch.cli import app
 
-    app.train(playbook, inventory=inventory, dry_run=True)
+    app.train(playbook, inventory=inventory, dry_run=True, overrides=set or ())
 
 
 @task(
@@ -253,6 +277,7 @@ RUN_FILTER_HELP = {
         "limit": "how many runs, newest first",
         **RUN_FILTER_HELP,
         "tensorboard": "link every listed run's TensorBoard files into this folder (tensorboard --logdir it)",
+        "sweep": "only the variants of this sweep (its id, as fab sweep printed it)",
     }
 )
 @_friendly
@@ -264,6 +289,7 @@ def runs(
     since: str = "",
     json: bool = False,
     tensorboard: str = "",
+    sweep: str = "",
 ) -> None:
     """List recorded runs: outcome, stop reason, elapsed time, cost (filters, --json, --tensorboard)."""
     from rich.console import Console
@@ -278,12 +304,14 @@ def runs(
         since=since,
         as_json=json,
         tensorboard=tensorboard,
+        sweep=sweep,
     )
 
 
 @task(
     help={
-        "runs": "ids, prefixes or 'last', separated by commas (r1,r2,r3); 'all': every run the filters keep",
+        "runs": "ids, prefixes or 'last', separated by commas (r1,r2,r3); 'all': every run the filters keep; "
+        "'sweep:ID': a sweep's variants, best loss first",
         **RUN_FILTER_HELP,
         "plot": "where to write the overlaid loss plot (PNG; '' for none)",
     },
@@ -348,6 +376,7 @@ def watch(c: Any, run: str) -> None:
 
     result = history.reattach(run, Console())
     app.report(result, Console())
+    app.end_hooks(result, Console())
     if not result.ok:
         raise Exit(code=1)
 
@@ -432,6 +461,7 @@ def exec_(
 
 
 @task(
+    iterable=["set"],
     help={
         "playbook": "job file, e.g. playbooks/digits-ddp.yaml",
         "to": "what to export to: pytorchjob (a Kubeflow Training Operator PyTorchJob)",
@@ -440,7 +470,8 @@ def exec_(
         "gpus": "GPUs per node (default: procs_per_node when a number, else 1; 0 for a CPU job)",
         "namespace": "Kubernetes namespace of the job (default: default)",
         "output": "write the manifest here instead of printing it",
-    }
+        "set": SET_HELP,
+    },
 )
 @_friendly
 def export(
@@ -452,8 +483,12 @@ def export(
     gpus: int = -1,
     namespace: str = "default",
     output: str = "",
+    set: list[str] | None = None,
 ) -> None:
-    """Write a playbook as a Kubeflow PyTorchJob manifest (master + workers, env, GPUs, elastic policy)."""
+    """Write a playbook as a Kubeflow PyTorchJob manifest (master + workers, env, GPUs, elastic policy).
+
+    Example: fab export playbooks/digits-ddp.yaml --image IMAGE --set hyperparameters.lr=0.01
+    """
     from launch.cli import export as exporting
 
     exporting.export(
@@ -464,6 +499,7 @@ def export(
         gpus=None if gpus < 0 else gpus,
         namespace=namespace,
         output=output or None,
+        overrides=set or (),
     )
 
 
@@ -489,5 +525,10 @@ ns.add_task(watch)
 ns.add_task(pull)
 ns.add_task(exec_)
 ns.add_task(export)
+ns.add_task(sweep)
+ns.add_task(queue)
+ns.add_task(ssh)
+ns.add_task(forward)
+ns.add_task(ssh_config)
 ns.add_collection(local)
 ROOT.append(ns)  # what `fab TASK --help` prints from (launch.cli.task_help)

@@ -13,6 +13,7 @@ import hashlib
 import math
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -29,6 +30,8 @@ from pydantic import (
 from launch.errors import SpecError
 from launch.job.builtin import resolve_playbook
 from launch.job.cloudml import JOB_DIR_ARGS, JobDir, TfConfigLayout
+from launch.job.hooks import DEFAULT_HOOK_TIMEOUT_S, HookCommands, HookTimeout
+from launch.job.overrides import Override, apply_overrides, describe_errors
 from launch.job.profiling import ProfileSpec
 from launch.job.sagemaker import (
     MAX_CHANNELS,
@@ -42,7 +45,7 @@ from launch.job.sagemaker import (
     hyperparameter_args,
 )
 from launch.job.shell_text import CONTROL_CHARS, control_operators
-from launch.job.validation import describe_validation_error, load_yaml_mapping, printable, read_text_bounded
+from launch.job.validation import load_yaml_mapping, printable, read_text_bounded
 from launch.rules.recovery import RecoveryPolicy
 from launch.rules.stoprules import StopRules, Teardown
 
@@ -126,6 +129,15 @@ class JobSpec(BaseModel):
         job_dir: a folder inside the node's run directory passed to the entrypoint as
             ``--job-dir`` (and ``FLEETRUN_JOB_DIR``), Cloud ML Engine's convention; its contents come
             back with the run.
+        on_end: commands run on this machine once the run is recorded, ``summary.json`` on stdin and
+            the outcome in ``FLEETRUN_OUTCOME`` (a webhook, a mail); a failing or hanging one never
+            changes the outcome (``launch.job.hooks``).
+        before_stop: commands each node's watchdog runs before it stops, uploads and powers off,
+            when it ends the run with the laptop gone; bounded like ``on_end``.
+        hook_timeout_s: the longest one hook command may run before its process group is killed.
+        total_steps: for progress and ETA (``FLEETRUN_TOTAL_STEPS``, read by the metrics helper).
+        keep_warm_s: on stack and local fleets, instead of tearing down keep the nodes this many
+            seconds for the next run, each node's watchdog powering it off when none claims it.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -156,6 +168,11 @@ class JobSpec(BaseModel):
     channels: dict[str, Channel] = Field(default_factory=dict, max_length=MAX_CHANNELS)
     tf_config: TfConfigLayout = "workers"
     job_dir: JobDir = None
+    on_end: HookCommands = Field(default_factory=list)
+    before_stop: HookCommands = Field(default_factory=list)
+    hook_timeout_s: HookTimeout = DEFAULT_HOOK_TIMEOUT_S
+    total_steps: int | None = Field(default=None, ge=1, le=10**12)
+    keep_warm_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)  # launch.run.warm
 
     @model_validator(mode="before")
     @classmethod
@@ -402,8 +419,9 @@ class JobSpec(BaseModel):
         return digest.hexdigest()[:16]
 
 
-def load_job_spec(path: str | Path) -> JobSpec:
+def load_job_spec(path: str | Path, overrides: Sequence[Override] = ()) -> JobSpec:
     """Read and validate a playbook; every problem names the file and the field.
+    ``overrides`` (``--set``, ``launch.job.overrides``) go into the data before validation.
 
     Validated strictly (``procs_per_node: yes`` is not 1, ``nodes: "3"`` is not 3), then the
     checks that need the file system: the workdir is a real directory that is not ``/`` or the
@@ -413,6 +431,7 @@ def load_job_spec(path: str | Path) -> JobSpec:
     path = resolve_playbook(path)
     shown = printable(path, 400)
     data = load_yaml_mapping(path, "playbook")
+    data = apply_overrides(data, overrides, str(path)) if overrides else data
     workdir = data.get("workdir")
     if isinstance(workdir, str):
         if not workdir.strip() or CONTROL_CHARS.search(workdir) or len(workdir) > MAX_PATH_CHARS:
@@ -427,7 +446,7 @@ def load_job_spec(path: str | Path) -> JobSpec:
     try:
         spec = JobSpec.model_validate(data, strict=True)
     except ValidationError as exc:
-        raise SpecError(describe_validation_error(str(path), exc)) from None
+        raise SpecError(describe_errors(str(path), exc, overrides)) from None
     where = printable(spec.workdir, 400)
     if not spec.workdir.is_dir():
         raise SpecError(f"{shown}: field 'workdir': directory {where} does not exist")

@@ -44,11 +44,18 @@ from typing import TYPE_CHECKING, Any
 if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
-    from launch.nodelib import fleetrun_bucket, fleetrun_checkpoint, fleetrun_node, fleetrun_preempt
+    from launch.nodelib import (
+        fleetrun_bucket,
+        fleetrun_checkpoint,
+        fleetrun_hooks,
+        fleetrun_node,
+        fleetrun_preempt,
+    )
     from launch.nodelib import fleetrun_protocol as protocol
 else:
     import fleetrun_bucket  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_checkpoint  # noqa: E402
+    import fleetrun_hooks  # noqa: E402
     import fleetrun_node  # noqa: E402
     import fleetrun_preempt  # noqa: E402
     import fleetrun_protocol as protocol  # noqa: E402
@@ -215,6 +222,9 @@ def shut_down(
     Each step is independent: a failed upload or a full disk does not keep the node running.
     """
     log(f"stopping: {rule}: {reason}")
+    hook = _step("the before_stop hook", lambda: fleetrun_hooks.run_before_stop(run_dir), None)
+    if hook is not None:  # bounded, and its failure changes nothing below: only logged and recorded
+        log(f"before_stop hook: exit {hook['rc']}{' (killed at its timeout)' if hook['timed_out'] else ''}")
     stopped = _step("stopping the run", lambda: fleetrun_node.stop_run(run_id, 10.0, spare=os.getpid()), None)
     uploaded = _step("the upload", lambda: fleetrun_node.upload(run_dir, upload_argv).upload, "upload failed")
     log(uploaded)

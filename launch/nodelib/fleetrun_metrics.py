@@ -4,6 +4,7 @@ Usage in a training script::
 
     from fleetrun_metrics import Metrics
     metrics = Metrics()                # writes only on global rank 0 (elsewhere: one marker file)
+    metrics = Metrics(total_steps=500) # ... and logs progress (step / total_steps) for the ETA
     metrics.log(step=10, loss=0.42, lr=0.01)
     metrics.event("world", world_size=4, ranks=[...])
     metrics.finish("succeeded")        # or "failed", with a message
@@ -11,7 +12,10 @@ Usage in a training script::
 Records are JSON lines appended to ``$FLEETRUN_RUN_DIR/metrics.jsonl`` (each flushed, so the
 watcher reads them while training runs); the final record goes to ``status.json``, written
 atomically. Outside fleetrun (no ``FLEETRUN_RUN_DIR``), files go to ``./fleetrun-metrics``.
-A metric record: ``{"step": 12, "time": <unix>, "elapsed": <s>, "loss": 0.52, ...}``.
+A metric record: ``{"step": 12, "time": <unix>, "elapsed": <s>, "loss": 0.52, ...}``. When the
+job's total steps are known (``total_steps=`` here, or the playbook's ``total_steps:``, exported as
+``FLEETRUN_TOTAL_STEPS``), each record also holds ``progress``: step / total, from 0 to 1, which
+the live table and ``fab runs`` turn into a percentage and an ETA.
 
 Every rank's ``log`` also keeps its pace (``pace/<rank>.json`` in the run dir, rewritten at most
 every ``PACE_WRITE_S``): its own steps/s, the time of a fixed tiny CPU probe (timed at most once a
@@ -127,6 +131,15 @@ class Pace:
         self.probes, self.window_start, self.last_write = [], (step, now), now
 
 
+def _total_steps_from_env() -> int | None:
+    """``FLEETRUN_TOTAL_STEPS`` (the playbook's ``total_steps:``) when it is a positive integer."""
+    try:
+        value = int(os.environ.get("FLEETRUN_TOTAL_STEPS", ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
 def _scalar(name: str, value: Any) -> float | int:
     if hasattr(value, "item"):
         value = value.item()
@@ -138,8 +151,11 @@ def _scalar(name: str, value: Any) -> float | int:
 class Metrics:
     """Append-only metrics log for one run; only global rank 0 writes."""
 
-    def __init__(self, run_dir: str | None = None, rank: int | None = None) -> None:
+    def __init__(
+        self, run_dir: str | None = None, rank: int | None = None, total_steps: int | None = None
+    ) -> None:
         self.rank = _rank() if rank is None else rank
+        self.total_steps = total_steps if total_steps is not None else _total_steps_from_env()
         self.enabled = self.rank == 0
         self.run_dir = run_dir or os.environ.get("FLEETRUN_RUN_DIR") or os.path.abspath("fleetrun-metrics")
         self.path = os.path.join(self.run_dir, "metrics.jsonl")
@@ -187,6 +203,8 @@ class Metrics:
         record: dict[str, Any] = {"step": int(step), "time": now, "elapsed": round(now - self.started, 4)}
         for name, value in scalars.items():
             record[name] = _scalar(name, value)
+        if self.total_steps:
+            record["progress"] = round(min(max(int(step), 0) / self.total_steps, 1.0), 6)
         self.last_step = int(step)
         self._write(record)
 

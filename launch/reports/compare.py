@@ -24,7 +24,7 @@ from rich.text import Text
 from launch.errors import FleetrunError
 from launch.reports.safe_text import clean, safe_text
 from launch.reports.tensorboard import MAX_TAGS, metric_scalars, record_step
-from launch.reports.views import fmt_cost, fmt_duration, fmt_number
+from launch.reports.views import PROGRESS_KEY, fmt_cost, fmt_duration, fmt_number, overrides_text
 from launch.run.records import RunRecord
 
 MAX_METRICS = 5
@@ -65,11 +65,14 @@ def select_runs(
     playbook: str | None = None,
     outcome: str | None = None,
     since: float | None = None,
+    sweep: str | None = None,
 ) -> list[RunRecord]:
     """The runs matching every filter given: playbook name (or the playbook file's name),
-    outcome (``succeeded``, ``failed``, ...), started at or after ``since``."""
+    outcome (``succeeded``, ``failed``, ...), started at or after ``since``, variant of ``sweep``."""
     chosen = []
     for run in runs:
+        if sweep is not None and run.sweep_id != sweep:
+            continue
         if playbook is not None and playbook not in (run.playbook_name, _file_stem(run.playbook_path)):
             continue
         if outcome is not None and run.state != outcome:
@@ -131,6 +134,8 @@ def metric_columns(runs: Sequence[ComparedRun], limit: int = MAX_METRICS) -> lis
     counts: dict[str, int] = {}
     for run in runs:
         for name in run.metrics.final:
+            if name == PROGRESS_KEY:  # how far the run got, not how well it did
+                continue
             counts[name] = counts.get(name, 0) + 1
     names = sorted(counts, key=lambda n: (n != "loss", -counts[n], n))
     return names[:limit]
@@ -162,6 +167,7 @@ def compare_rows(runs: Sequence[ComparedRun], now: float | None = None) -> list[
                 "cost_usd": rec.cost_usd,
                 "git_commit": rec.git_commit,
                 "hyperparameters": dict(rec.hyperparameters),
+                "overrides": dict(rec.overrides),
                 "final": dict(run.metrics.final),
                 "best": dict(run.metrics.best),
             }
@@ -205,6 +211,9 @@ def compare_table(runs: Sequence[ComparedRun], now: float | None = None) -> Tabl
     table.add_column("outcome")
     for name in differing:
         table.add_column(safe_text(clean(name, 40)), overflow="fold")
+    with_set = any(run.record.overrides for run in runs)
+    if with_set:
+        table.add_column("--set", overflow="fold")
     for name in metrics:
         arrow = "min" if lower_is_better(name) else "max"
         table.add_column(
@@ -216,6 +225,8 @@ def compare_table(runs: Sequence[ComparedRun], now: float | None = None) -> Tabl
         rec = run.record
         cells = [safe_text(rec.id), safe_text(rec.state)]
         cells += [safe_text(clean(fmt_number(rec.hyperparameters.get(n)), 40)) for n in differing]
+        if with_set:
+            cells.append(safe_text(clean(overrides_text(rec.overrides), 200) or "-"))
         for name in metrics:
             final = run.metrics.final.get(name)
             best = run.metrics.best.get(name)
@@ -242,6 +253,7 @@ def run_json(record: RunRecord, now: float | None = None) -> dict[str, Any]:
         "git_commit": record.git_commit,
         "launcher": record.launcher,
         "hyperparameters": dict(record.hyperparameters),
+        "overrides": dict(record.overrides),
         "last_metrics": dict(record.last_metrics),
         "exit_codes": dict(record.exit_codes),
         "run_dir": record.run_dir,

@@ -33,6 +33,33 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+PROGRESS_KEY = "progress"
+"""The metric the helper logs when the job states its total steps: step / total, 0 to 1."""
+
+
+def progress_of(metrics: Mapping[str, Any]) -> float | None:
+    """The run's progress (0..1) from its last metrics; None when the job stated no total."""
+    value = metrics.get(PROGRESS_KEY)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return min(max(float(value), 0.0), 1.0)
+
+
+def eta_s(progress: float | None, seconds_so_far: float | None) -> float | None:
+    """Seconds left if the rest goes at the pace so far: ``seconds_so_far`` took ``progress``."""
+    if progress is None or seconds_so_far is None or progress <= 0 or seconds_so_far <= 0:
+        return None
+    return seconds_so_far * (1.0 - progress) / progress
+
+
+def fmt_progress(progress: float | None, eta: float | None = None) -> str:
+    """``42% ETA 3:10`` (``-`` without a total; no ETA once done or unknown)."""
+    if progress is None:
+        return "-"
+    shown = f"{progress * 100:.0f}%"
+    return f"{shown} ETA {fmt_duration(eta)}" if eta is not None and progress < 1.0 else shown
+
+
 def fmt_cost(usd: float | None) -> str:
     return "n/a" if usd is None else f"${usd:,.2f}"
 
@@ -86,6 +113,15 @@ def render_text(renderable: RenderableType, *, width: int = 100) -> str:
 # ---------------------------------------------------------------- live view
 
 
+def live_progress(metrics: Mapping[str, Any], step: int | None, steps_per_s: float | None) -> str:
+    """Progress and ETA while watching: steps left (from step and progress) at the current pace."""
+    progress = progress_of(metrics)
+    eta = None
+    if progress is not None and progress > 0 and step and steps_per_s:
+        eta = (step / progress - step) / steps_per_s
+    return fmt_progress(progress, eta)
+
+
 def live_table(
     obs: Observation,
     *,
@@ -108,6 +144,7 @@ def live_table(
         ("step", "right"),
         ("loss", "right"),
         ("steps/s", "right"),
+        ("progress", "right"),
         ("GPU", "right"),
         ("elapsed", "right"),
         ("cost", "right"),
@@ -129,6 +166,7 @@ def live_table(
             step,
             loss,
             pace,
+            "",
             gpu,
             fmt_duration(elapsed),
             node_cost,
@@ -145,6 +183,7 @@ def live_table(
         fmt_number(m.last_step),
         fmt_number(m.last_loss),
         rate,
+        live_progress(m.last_metrics, m.last_step, m.steps_per_second),
         "",
         fmt_duration(elapsed),
         total,
@@ -252,9 +291,9 @@ def summary_panel(record: RunRecord) -> Panel:
     )
 
 
-RUN_COLUMNS = ("state", "id", "playbook", "rule", "started", "duration", "cost", "commit")
+RUN_COLUMNS = ("state", "id", "playbook", "rule", "started", "duration", "progress", "cost", "commit")
 """``fab runs``' columns, left to right: the outcome first."""
-RUN_COLUMNS_DROPPED_FIRST = ("commit", "cost", "duration", "started", "playbook")
+RUN_COLUMNS_DROPPED_FIRST = ("commit", "cost", "duration", "started", "progress", "playbook")
 """What a narrow terminal leaves out, in this order; the outcome, the id and the stop rule stay."""
 _PLAYBOOK_MAX = 24  # a longer playbook name is cut ('…') rather than squeezing the other columns
 
@@ -272,6 +311,13 @@ def _table_width(widths: Mapping[str, int]) -> int:
     return sum(widths.values()) + 3 * len(widths) + 1
 
 
+def _run_progress(record: RunRecord, now: float | None) -> str:
+    """Progress and, while running, an ETA from the run's whole duration (setup included)."""
+    progress = progress_of(record.last_metrics)
+    eta = eta_s(progress, record.duration_s(now)) if record.state == "running" else None
+    return fmt_progress(progress, eta)
+
+
 def runs_table(records: Sequence[RunRecord], *, now: float | None = None, width: int | None = None) -> Table:
     """``fab runs``: one line per run, newest first (as ``RunRecords.list`` returns them).
 
@@ -287,6 +333,7 @@ def runs_table(records: Sequence[RunRecord], *, now: float | None = None, width:
             "rule": r.stop_rule or "-",
             "started": fmt_time(r.started_at),
             "duration": fmt_duration(r.duration_s(now)),
+            "progress": _run_progress(r, now),
             "cost": fmt_cost(r.cost_usd),
             "commit": (r.git_commit or "-")[:12]
             + ("-dirty" if (r.git_commit or "").endswith("-dirty") else ""),
@@ -354,6 +401,11 @@ def profile_traces(artifacts: Sequence[str]) -> tuple[list[str], list[str]]:
     return traces, boards
 
 
+def overrides_text(overrides: Mapping[str, Any]) -> str:
+    """A run's ``--set`` as typed again: ``nodes=2 hyperparameters.lr=0.01`` (values from the record)."""
+    return " ".join(f"{k}={fmt_number(v)}" for k, v in list(overrides.items())[:64])
+
+
 def show_run(record: RunRecord, *, now: float | None = None) -> Group:
     """``fab show <id>``: every field of one run, then the end-of-run summary."""
     grid = Table.grid(padding=(0, 2))
@@ -390,6 +442,8 @@ def show_run(record: RunRecord, *, now: float | None = None) -> Group:
     if record.hyperparameters:
         hps = ", ".join(f"{k}={fmt_number(v)}" for k, v in sorted(record.hyperparameters.items()))
         _add_row(grid, "hyperparameters", clean(hps, 2000))
+    if record.overrides:
+        _add_row(grid, "--set", clean(overrides_text(record.overrides), 2000))
     if record.attempts:
         return Group(grid, attempts_table(record.attempts), summary_panel(record))
     return Group(grid, summary_panel(record))

@@ -73,10 +73,24 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # one run id, several attempts (``recovery:``): each attempt's nodes, end and steps recomputed
     "ALTER TABLE runs ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]'",
+    # ``--set key=value`` given for the run (``launch.job.overrides``): ``fab show``/``fab compare``;
+    # the sweep a run is a variant of (``fab sweep``; ``fab runs --sweep ID``)
+    """
+    ALTER TABLE runs ADD COLUMN overrides TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE runs ADD COLUMN sweep_id TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_JSON_COLUMNS = ("inventory", "exit_codes", "last_metrics", "artifacts", "hyperparameters", "attempts")
+_JSON_COLUMNS = (
+    "inventory",
+    "exit_codes",
+    "last_metrics",
+    "artifacts",
+    "hyperparameters",
+    "attempts",
+    "overrides",
+)
 _LIST_COLUMNS = ("artifacts", "attempts")
 _UPDATABLE = frozenset(
     {
@@ -124,6 +138,10 @@ class RunRecord:
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     attempts: list[dict[str, Any]] = field(default_factory=list)
     """With ``recovery:``: one entry per attempt (``launch.rules.recovery.AttemptEnd.to_json``)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """``--set key=value`` of the run: dotted key -> value (``launch.job.overrides``)."""
+    sweep_id: str | None = None
+    """The ``fab sweep`` this run is a variant of, if any."""
 
     def duration_s(self, now: float | None = None) -> float:
         """Seconds from start to end (or to ``now`` while not ended)."""
@@ -231,6 +249,8 @@ class RunRecords:
         watcher_pid: int | None = None,
         watcher_host: str | None = None,
         hyperparameters: Mapping[str, Any] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        sweep_id: str | None = None,
     ) -> RunRecord:
         """Insert a ``running`` record and return it. The watcher pid defaults to this process."""
         started = time.time() if started_at is None else started_at
@@ -239,8 +259,8 @@ class RunRecords:
             db.execute(
                 """INSERT INTO runs (id, playbook_path, playbook_name, playbook_hash, git_commit,
                    inventory, launcher, started_at, state, run_dir, watcher_pid, watcher_host, heartbeat_at,
-                   hyperparameters)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)""",
+                   hyperparameters, overrides, sweep_id)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)""",
                 (
                     rid,
                     playbook_path,
@@ -255,6 +275,8 @@ class RunRecords:
                     watcher_host or socket.gethostname(),
                     started,
                     _encode("hyperparameters", dict(hyperparameters or {})),
+                    _encode("overrides", dict(overrides or {})),
+                    sweep_id,
                 ),
             )
         return self._require(rid)

@@ -41,6 +41,7 @@ from launch.rules.stoprules import StopDecision
 from launch.run.attempts import Attempts, record_attempts
 from launch.run.channels import copy_channels
 from launch.run.doctor import gather
+from launch.run.hooks import before_stop_files
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder
@@ -366,6 +367,7 @@ class Runner:
         def start_node(conn: NodeConnection) -> None:
             node = self.nodes[conn.host.name]
             files = {"guard.json": target.guard_config(node.host.name).to_json()}
+            files.update(before_stop_files(self.spec))  # the watchdog runs it (launch.run.hooks)
             if node.launch_script is not None:
                 files["launch.sh"] = node.launch_script
                 files[ATTEMPT_FILE] = str(self.attempt)

@@ -251,6 +251,8 @@ class Launcher(ABC):
         }
         # What a Cloud ML Engine / Vertex trainer reads (TF_CONFIG, CLUSTER_SPEC, AIP_*), per node.
         env.update(cloudml.cloudml_env(spec, ips, rank, run_dir, env["FLEETRUN_CHECKPOINT_DIR"]))
+        if spec.total_steps is not None:  # the metrics helper reports progress against it
+            env["FLEETRUN_TOTAL_STEPS"] = str(spec.total_steps)
         if total is not None:
             env["WORLD_SIZE"] = str(total)
         if procs is not None:

@@ -1,0 +1,171 @@
+"""Fabric tasks of daily work on a fleet: ``fab sweep``, ``fab ssh``, ``fab forward``, ``fab ssh-config``.
+
+Kept apart from ``launch.cli.tasks`` (which registers them in its collection) so each file stays
+short; thin wrappers over ``launch.cli.sweep`` and ``launch.cli.access``, imported inside each task
+for the same reason as there (``fab`` loads this module for every command).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from invoke.exceptions import Exit
+
+from launch.cli.task_help import task
+from launch.errors import FleetrunError
+from launch.settings import Settings, active
+
+SET_HELP = (
+    "change a playbook field for this run, as written in the file; repeatable, dotted paths: "
+    "--set nodes=2 --set hyperparameters.lr=0.01 --set env.NCCL_DEBUG=INFO --set stop.max_wall_time_s=600"
+)
+"""``--set``'s help, shared by train, plan, doctor, export and sweep."""
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """As ``launch.cli.tasks._friendly``: settings from the environment for the command, and a
+    ``FleetrunError`` as one line on stderr with exit code 2."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with active(Settings.from_env()):
+                return fn(*args, **kwargs)
+        except FleetrunError as exc:
+            from launch.reports.safe_text import MAX_LINE_CHARS, clean
+
+            print(f"fleetrun: error: {clean(exc, MAX_LINE_CHARS, multiline=True)}", file=sys.stderr)
+            raise Exit(code=2) from None
+
+    return wrapper
+
+
+@task(
+    iterable=["grid", "set"],
+    help={
+        "playbook": "job file, or a built-in playbook's name",
+        "grid": "a field and its values, name=v1,v2 (repeatable; every combination runs), e.g. hyperparameters.lr=0.1,0.01",
+        "inventory": "as for train",
+        "random": "run this many of the combinations, drawn at random, instead of all",
+        "parallel": "variants at once, each on its own nodes of the inventory (default 1: one after another)",
+        "set": "a --set for every variant (as for train)",
+        "seed": "seed of --random's draw (default: a new draw each time)",
+        "max-failures": "stop the whole sweep (as Ctrl-C does) once this many variants failed (default: no limit)",
+    },
+)
+@_friendly
+def sweep(
+    c: Any,
+    playbook: str,
+    grid: list[str] | None = None,
+    inventory: str = "local",
+    random: int = 0,
+    parallel: int = 1,
+    set: list[str] | None = None,
+    seed: int = -1,
+    max_failures: int = 0,
+) -> None:
+    """Run variants of a playbook (a grid of --set values), K at a time on disjoint nodes; one sweep id.
+
+    Example: fab sweep playbooks/digits-ddp.yaml --grid hyperparameters.lr=0.1,0.01 --grid nodes=1,2
+             fab sweep job.yaml --grid hyperparameters.lr=0.1,0.05,0.01,0.005 --set nodes=1 --parallel 2
+    Then: fab runs --sweep ID; fab compare sweep:ID. Ctrl-C stops the whole sweep.
+    """
+    from launch.cli import sweep as sweeping
+
+    result = sweeping.run_sweep(
+        playbook,
+        grid or [],
+        inventory=inventory,
+        sample=random,
+        parallel=parallel,
+        sets=set or (),
+        seed=None if seed < 0 else seed,
+        max_failures=max_failures,
+    )
+    if any(v.state != "succeeded" for v in result.variants):
+        raise Exit(code=1)
+
+
+ACCESS_TARGET_HELP = (
+    "a run (id, prefix or 'last') or an inventory (local, local:<prefix>, stack:<name>, a file)"
+)
+
+
+@task(
+    help={
+        "target": ACCESS_TARGET_HELP,
+        "node": "which node (default: the head, where rank 0 runs)",
+        "command": "run this command instead of a shell, e.g. 'nvidia-smi'",
+    }
+)
+@_friendly
+def ssh(c: Any, target: str, node: str = "", command: str = "") -> None:
+    """A shell (or one command) on a run's node, with the pinned host keys and the jump host.
+
+    Example: fab ssh last --node fr-n1 --command 'tail -n 20 ~/.fleetrun/runs/*/node.log'
+    (fab keeps its own meaning for '-- CMD', so the command goes in --command)
+    """
+    from launch.cli import access
+
+    code = access.ssh(target, node=node or None, command=command)
+    if code:
+        raise Exit(code=code)
+
+
+@task(
+    help={
+        "target": ACCESS_TARGET_HELP,
+        "port": "the port on the node (its localhost), e.g. 6006 for TensorBoard",
+        "node": "which node (default: the head)",
+        "local-port": "the port on this machine's 127.0.0.1 (default: the same as PORT)",
+    }
+)
+@_friendly
+def forward(c: Any, target: str, port: str, node: str = "", local_port: int = 0) -> None:
+    """Forward a port of a run's node to this machine (live TensorBoard, a notebook) until Ctrl-C.
+
+    Example: fab forward last 6006   (then open http://127.0.0.1:6006)
+    """
+    from launch.cli import access
+
+    code = access.forward(target, port, node=node or None, local_port=local_port)
+    if code:
+        raise Exit(code=code)
+
+
+@task(
+    name="ssh-config",
+    help={
+        "target": ACCESS_TARGET_HELP,
+        "output": "write the block to this file (mode 600) instead of printing it; Include it from ~/.ssh/config",
+        "prefix": "alias of each node: <prefix><node name> (default fleetrun-)",
+    },
+)
+@_friendly
+def ssh_config(c: Any, target: str, output: str = "", prefix: str = "fleetrun-") -> None:
+    """Write an OpenSSH config block for a run's nodes (pinned keys, ProxyCommand for jumps).
+
+    Example: fab ssh-config last --output ~/.ssh/fleetrun.conf   (then: ssh fleetrun-NODE, or VS Code Remote)
+    """
+    from launch.cli import access
+
+    access.write_ssh_config(target, output=output, alias_prefix=prefix)
+
+
+@task(help={"inventory": "as for train: the machines whose queue to show"})
+@_friendly
+def queue(c: Any, inventory: str = "local") -> None:
+    """Show who holds and who waits for each machine (fab train --wait queues in arrival order).
+
+    Example: fab queue lab.yaml
+    """
+    from launch.cli import queue as queueing
+    from launch.fleets.select import load_inventory
+    from launch.paths import known_hosts_file
+
+    inv = load_inventory(inventory)
+    queueing.show_queue(inv, inv.write_known_hosts(known_hosts_file(inv.fingerprint())))

@@ -1,0 +1,305 @@
+"""``fab sweep``: variants of one playbook, one after another or K at a time on disjoint nodes.
+
+Researchers launch dozens of variants of one job (SkyPilot users asked for "100 runs ... cannot
+cancel together or monitor % progress"). A sweep is a grid of ``--set`` overrides (``--grid
+hyperparameters.lr=0.1,0.01 --grid nodes=1,2``: every combination; ``--random N``: N of them,
+drawn without repetition), run as ordinary ``fab train`` runs that share one sweep id in their
+records (``fab runs --sweep ID``, ``fab compare sweep:ID``).
+
+With ``--parallel K`` the inventory's hosts are cut into K slots of the playbook's ``nodes``
+hosts each (in inventory order), and each slot runs its share of the variants one after another:
+no two variants ever share a node, and each run keeps its own rendezvous port and run directory.
+Each variant is its own ``fab train`` process (its own watcher, on-node watchdog and record),
+with the fleet kept between variants (``--teardown never``); the playbook's teardown policy is
+applied once, when the sweep is over. Ctrl-C stops the whole sweep: no new variant starts, each
+running one stops and wraps up (pull, record) as ``fab train`` does without a terminal to ask,
+and the sweep's own file says which variants never started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launch.errors import SpecError
+from launch.job.builtin import resolve_playbook
+from launch.job.overrides import parse_override, parse_overrides
+from launch.job.spec import load_job_spec
+from launch.paths import fleetrun_home
+from launch.reports.safe_text import clean
+
+MAX_VARIANTS = 1000
+MAX_GRID_VALUES = 100
+
+
+@dataclass
+class Variant:
+    """One combination of the grid: its ``--set`` items, and what became of it."""
+
+    index: int
+    sets: list[str]
+    slot: int | None = None
+    state: str = "pending"  # pending, running, succeeded, failed, not started
+    exit_code: int | None = None
+    log: str = ""
+
+
+@dataclass
+class Sweep:
+    """What a sweep ran, written to ``$FLEETRUN_HOME/sweeps/<id>.json`` as it goes."""
+
+    sweep_id: str
+    playbook: str
+    variants: list[Variant]
+    slots: list[list[str]]
+    state: str = "running"
+    started_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sweep_id": self.sweep_id,
+            "playbook": self.playbook,
+            "state": self.state,
+            "started_at": self.started_at,
+            "slots": self.slots,
+            "variants": [v.__dict__ for v in self.variants],
+        }
+
+
+def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """``name=v1,v2`` items as (key, values); each value is checked as a ``--set`` would be."""
+    grid: list[tuple[str, list[str]]] = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        parts = [v.strip() for v in values.split(",")] if sep else []
+        if not sep or not key.strip() or not all(parts):
+            raise SpecError(
+                f"--grid {clean(item, 120)!r}: expected name=v1,v2,... e.g. --grid hyperparameters.lr=0.1,0.01"
+            )
+        if len(parts) > MAX_GRID_VALUES:
+            raise SpecError(f"--grid {clean(key, 100)}: at most {MAX_GRID_VALUES} values")
+        for value in parts:
+            parse_override(f"{key.strip()}={value}")
+        if any(key.strip() == k for k, _ in grid):
+            raise SpecError(f"--grid {clean(key, 100)}: given twice; list its values in one --grid")
+        grid.append((key.strip(), parts))
+    if not grid:
+        raise SpecError("fab sweep needs at least one --grid name=v1,v2")
+    return grid
+
+
+def variants_of(
+    grid: list[tuple[str, list[str]]], sample: int = 0, seed: int | None = None
+) -> list[list[str]]:
+    """Every combination of the grid (its first key varies slowest), or ``sample`` of them at random."""
+    total = 1
+    for _key, values in grid:
+        total *= len(values)
+    if sample < 0:
+        raise SpecError(f"--random {sample}: expected a number of variants >= 1")
+    count = min(sample, total) if sample else total
+    if count > MAX_VARIANTS:
+        raise SpecError(f"the grid makes {total} variants; at most {MAX_VARIANTS} (use --random N)")
+    combos = [list(c) for c in itertools.product(*[[f"{k}={v}" for v in values] for k, values in grid])]
+    if sample:
+        combos = random.Random(seed).sample(combos, count)
+    return combos
+
+
+def slots_of(host_names: Sequence[str], nodes: int, parallel: int) -> list[list[str]]:
+    """``parallel`` disjoint groups of ``nodes`` hosts, in inventory order."""
+    if parallel < 1:
+        raise SpecError(f"--parallel {parallel}: expected 1 or more")
+    if nodes * parallel > len(host_names):
+        raise SpecError(
+            f"--parallel {parallel}: {parallel} variants of {nodes} node(s) at once need {nodes * parallel} "
+            f"hosts; the inventory has {len(host_names)}"
+        )
+    return [list(host_names[i * nodes : (i + 1) * nodes]) for i in range(parallel)]
+
+
+def _fab() -> list[str]:
+    """How to run one variant: this program's ``train`` (``fab`` in a checkout, or ``fleetrun``)."""
+    here = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("fab")
+    if here.name in ("fab", "fleetrun") and here.exists():
+        return [str(here)]
+    return [sys.executable, "-m", "launch.cli.main"]
+
+
+def run_sweep(
+    playbook: str,
+    grid_items: Sequence[str],
+    *,
+    inventory: str = "local",
+    sample: int = 0,
+    parallel: int = 1,
+    sets: Sequence[str] = (),
+    seed: int | None = None,
+    max_failures: int = 0,
+    say: Any = print,
+) -> Sweep:
+    """Run the sweep; returns what became of each variant (also in the sweep's JSON file).
+
+    ``max_failures``: once that many variants failed, the sweep stops as on Ctrl-C (0: no limit)."""
+    from launch.fleets.select import load_inventory
+    from launch.fleets.teardown import tear_down
+    from launch.rules.stoprules import Teardown
+
+    path = resolve_playbook(playbook)
+    base = parse_overrides(sets)
+    grid = parse_grid(grid_items)
+    combos = variants_of(grid, sample, seed)
+    if any(k == "nodes" for k, _ in grid) and parallel > 1:
+        raise SpecError(
+            "--grid nodes=... with --parallel: slots are cut by the playbook's nodes; run it sequentially"
+        )
+    spec = load_job_spec(path, base)
+    for combo in combos:  # every variant valid before any starts
+        load_job_spec(path, (*base, *parse_overrides(combo)))
+    inv = load_inventory(inventory)
+    slots = slots_of([h.name for h in inv.hosts], spec.nodes, parallel)
+    sweep = Sweep(
+        sweep_id=time.strftime("sw-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2),
+        playbook=str(path),
+        variants=[Variant(i, [*sets, *combo]) for i, combo in enumerate(combos)],
+        slots=slots,
+    )
+    folder = fleetrun_home() / "sweeps" / sweep.sweep_id
+    folder.mkdir(parents=True, exist_ok=True)
+    record = folder / "sweep.json"
+    guard = threading.Lock()
+    stopping = threading.Event()
+    children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def save() -> None:
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sweep.to_json(), indent=2))
+        tmp.replace(record)
+
+    queue = list(sweep.variants)
+
+    ended_as: list[str] = []
+
+    def stop_all(state: str) -> None:
+        """No new variant starts; each running one gets the Ctrl-C ``fab train`` wraps up on."""
+        if not stopping.is_set():
+            ended_as.append(state)
+        stopping.set()
+        with guard:
+            for child in children.values():
+                with contextlib.suppress(OSError):
+                    child.send_signal(signal.SIGINT)
+
+    def next_variant() -> Variant | None:
+        with guard:
+            if stopping.is_set() or not queue:
+                return None
+            return queue.pop(0)
+
+    finished: list[int] = []
+
+    def worker(slot: int) -> None:
+        try:
+            run_slot(slot)
+        finally:
+            with guard:
+                finished.append(slot)
+
+    def run_slot(slot: int) -> None:
+        while (variant := next_variant()) is not None:
+            log = folder / f"variant-{variant.index}.log"
+            argv = [*_fab(), "train", str(path), "--inventory", inventory, "--teardown", "never"]
+            argv += ["--hosts", ",".join(slots[slot]), "--sweep-id", sweep.sweep_id]
+            for item in variant.sets:
+                argv += ["--set", item]
+            with guard:
+                variant.slot, variant.state, variant.log = slot, "running", str(log)
+                save()
+            say(f"  variant {variant.index} on {','.join(slots[slot])}: {' '.join(variant.sets)}")
+            with open(log, "wb") as out:
+                # its own process group: a Ctrl-C here reaches it once, from run_sweep, not twice
+                child = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                with guard:
+                    children[variant.index] = child
+                if stopping.is_set():
+                    child.send_signal(signal.SIGINT)
+                code = child.wait()
+            with guard:
+                children.pop(variant.index, None)
+                variant.exit_code = code
+                variant.state = "succeeded" if code == 0 else "failed"
+                save()
+                failed = sum(v.state == "failed" for v in sweep.variants)
+                over_budget = max_failures > 0 and failed >= max_failures and not stopping.is_set()
+            say(f"  variant {variant.index}: {variant.state} (log {log})")
+            if over_budget:
+                say(f"{failed} variant(s) failed (--max-failures {max_failures}): stopping the sweep")
+                stop_all("stopped")
+
+    say(
+        f"sweep {sweep.sweep_id}: {len(combos)} variant(s) of {clean(spec.name, 100)}, {parallel} at a time "
+        f"on {len(slots)} slot(s) of {spec.nodes} node(s); fab runs --sweep {sweep.sweep_id}"
+    )
+    save()
+    threads = [threading.Thread(target=worker, args=(i,), name=f"sweep-slot-{i}") for i in range(parallel)]
+    for thread in threads:
+        thread.start()
+
+    def all_done() -> bool:
+        with guard:
+            return len(finished) == len(threads)
+
+    # The workers say when they are done; the threads are joined only then. (A Ctrl-C that lands
+    # inside ``Thread.join`` can leave a live thread reading as dead, and the sweep would end
+    # before its running variants had wrapped up.)
+    try:
+        while not all_done():
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        say("interrupted: no new variant starts; the running ones stop and wrap up")
+        stop_all("interrupted")
+        while not all_done():
+            try:
+                time.sleep(0.5)
+            except KeyboardInterrupt:
+                say("still wrapping up the running variants (their records and pulls); please wait")
+    for thread in threads:
+        thread.join()
+    with guard:
+        for variant in sweep.variants:
+            if variant.state == "pending":
+                variant.state = "not started"
+        sweep.state = ended_as[0] if ended_as else "finished"
+        save()
+    ok = all(v.state == "succeeded" for v in sweep.variants)
+    if spec.teardown is Teardown.ALWAYS or (spec.teardown is Teardown.ON_SUCCESS and ok):
+        say(f"sweep over: teardown ({spec.teardown.value}): {tear_down(inv, say=lambda m: say(f'  {m}'))}")
+    else:
+        say(f"sweep over: fleet kept (teardown: {spec.teardown.value})")
+    counts: dict[str, int] = {}
+    for variant in sweep.variants:
+        counts[variant.state] = counts.get(variant.state, 0) + 1
+    say(
+        f"sweep {sweep.sweep_id} {sweep.state}: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + f"; compare: fab compare sweep:{sweep.sweep_id}"
+    )
+    return sweep

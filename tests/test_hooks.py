@@ -1,0 +1,192 @@
+"""The playbook's hooks: ``on_end`` on the laptop, ``before_stop`` in the node's watchdog.
+
+A hook that exits 1 and one that hangs: the outcome, the stop, the upload, the power-off and the
+teardown are what they would have been without them, and the hook's failure is recorded. The
+watchdog runs as a plain local process (as in test_node_agent.py); ``on_end`` runs on its own and
+once at the end of a real run on the session's local fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launch.errors import SpecError
+from launch.job.spec import load_job_spec
+from launch.run.hooks import before_stop_files, run_on_end, save_on_end
+from tests.conftest import TEST_PREFIX, fab, needs_root, write_playbook
+
+NODELIB = Path(__file__).resolve().parent.parent / "launch" / "nodelib"
+AGENT = str(NODELIB / "fleetrun_node.py")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()
+    return stat[0] != "Z"
+
+
+def _spec(tmp_path: Path, **fields: object):  # type: ignore[no-untyped-def]
+    workdir = tmp_path / "work"
+    workdir.mkdir(exist_ok=True)
+    return load_job_spec(write_playbook(tmp_path / "job.yaml", workdir, **fields))
+
+
+# ------------------------------------------------------------------ the playbook's fields
+
+
+def test_hook_fields_one_command_or_a_list_and_bounds(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, on_end="curl -fsS -d @- https://hooks.example/x", before_stop=["sync", "true"])
+    assert spec.on_end == ["curl -fsS -d @- https://hooks.example/x"] and spec.before_stop == ["sync", "true"]
+    assert spec.hook_timeout_s == 60.0
+    files = before_stop_files(spec.model_copy(update={"hook_timeout_s": 2.5}))
+    assert files == {"before-stop.sh": "sync\ntrue\n", "before-stop-timeout": "2.5"}
+    assert before_stop_files(_spec(tmp_path)) == {}
+    for bad, field in (({"on_end": [""]}, "on_end"), ({"hook_timeout_s": 0}, "hook_timeout_s")):
+        with pytest.raises(SpecError, match=f"field '{field}"):
+            _spec(tmp_path, **bad)
+    with pytest.raises(SpecError, match="field 'hook_timeout_s'"):
+        _spec(tmp_path, hook_timeout_s=7200)
+
+
+# ------------------------------------------------------------------ before_stop in the watchdog
+
+
+@pytest.mark.parametrize("hook", ["exit1", "hangs"])
+def test_a_failing_or_hanging_before_stop_changes_nothing_of_the_shutdown(tmp_path: Path, hook: str) -> None:
+    """The watchdog takes over (stalled run), runs the hook, then stops, uploads, records the
+    same outcome and powers off; the hung hook is killed at its timeout with what it started."""
+    home = tmp_path / "home"
+    (home / ".fleetrun").mkdir(parents=True)
+    (home / ".fleetrun" / "poweroff").write_text('touch "$HOME/powered-off"\n')
+    bucket = tmp_path / "bucket"
+    run_dir = tmp_path / "r-hook"
+    run_dir.mkdir()
+    (run_dir / "launch.sh").write_text(
+        'export FLEETRUN_RUN_ID=r-hook\necho \'{"step": 1, "loss": 1.0}\' > metrics.jsonl; sleep 300\n'
+    )
+    body = (
+        "echo ran; exit 1" if hook == "exit1" else "echo $$ > hook.pid; sleep 300 & echo $! > child.pid; wait"
+    )
+    (run_dir / "before-stop.sh").write_text(body + "\n")
+    (run_dir / "before-stop-timeout").write_text("1.5")
+    (run_dir / "guard.json").write_text(
+        json.dumps(
+            {
+                "run_id": "r-hook",
+                "node": "n0",
+                "started_at": time.time(),
+                "watcher_lost_after_s": 1,
+                "stall_timeout_s": 2,
+                "peers": [],
+                "upload_argv": ["cp", "-r", "{src}", str(bucket)],
+            }
+        )
+    )
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    started = subprocess.run(
+        [sys.executable, AGENT, "start", str(run_dir)], env=env, check=True, capture_output=True
+    )
+    assert json.loads(started.stdout)["guard"] is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (home / "powered-off").exists():
+        time.sleep(0.2)
+    assert (home / "powered-off").exists(), "the power-off hook still ran"
+    outcome = json.loads((run_dir / "guard-outcome.json").read_text())
+    assert outcome["rule"] == "stalled", "the hook does not change the outcome"
+    assert outcome["stopped"]["remaining"] == 0 and outcome["upload"] == f"uploaded to {bucket}"
+    result = json.loads((run_dir / "before-stop-result.json").read_text())
+    assert result["ok"] is False
+    if hook == "exit1":
+        assert result["rc"] == 1 and result["timed_out"] is False
+        assert (run_dir / "before-stop.log").read_text() == "ran\n"
+    else:
+        assert result["rc"] is None and result["timed_out"] is True and result["timeout_s"] == 1.5
+        for name in ("hook.pid", "child.pid"):
+            assert not _pid_alive(int((run_dir / name).read_text())), f"{name}: killed with its group"
+    assert json.loads((bucket / "before-stop-result.json").read_text())["ok"] is False, (
+        "the result is uploaded with the run directory"
+    )
+    log = (run_dir / "guard.log").read_text()
+    assert ("before_stop hook: exit 1" if hook == "exit1" else "killed at its timeout") in log
+
+
+# ------------------------------------------------------------------ on_end on the laptop
+
+
+def test_on_end_gets_the_summary_and_outcome_and_failures_are_recorded(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    summary = {"run_id": "r1", "outcome": "failed", "rule": "nan_loss", "reason": "loss is NaN\x1b[2J"}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    spec = _spec(
+        tmp_path,
+        on_end=[
+            'cat > got.json; echo "$FLEETRUN_OUTCOME $FLEETRUN_RULE $FLEETRUN_RUN_ID" > env.txt',
+            "exit 1",
+            "sleep 300 & echo $! > child.pid; wait",
+            "echo after > after.txt",
+        ],
+        hook_timeout_s=1.5,
+    )
+    save_on_end(folder, spec)
+    said: list[str] = []
+    results = run_on_end(folder, say=said.append)
+    assert json.loads((folder / "got.json").read_text()) == summary, "summary.json on stdin"
+    assert (folder / "env.txt").read_text() == "failed nan_loss r1\n"
+    assert [r["ok"] for r in results] == [True, False, False, True], (
+        "each hook runs, whatever the one before did"
+    )
+    assert results[1]["rc"] == 1 and results[2]["timed_out"] is True
+    assert not _pid_alive(int((folder / "child.pid").read_text()))
+    assert json.loads((folder / "hooks.json").read_text()) == results
+    assert len(said) == 2 and "exit 1" in said[0] and "killed after 1.5 s" in said[1]
+    assert (folder / "after.txt").exists()
+
+
+def test_no_hooks_no_files(tmp_path: Path) -> None:
+    save_on_end(tmp_path, _spec(tmp_path))
+    assert run_on_end(tmp_path) == [] and not (tmp_path / "hooks.json").exists()
+
+
+@needs_root()
+def test_a_run_whose_on_end_hooks_fail_and_hang_still_succeeds(
+    fleet: object, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+) -> None:
+    """On the session's fleet: the run's outcome, exit code and teardown line are the usual ones;
+    ``hooks.json`` records the failing and the killed hook; ``before_stop`` reached the nodes."""
+    playbook = write_playbook(
+        tmp_path / "job.yaml",
+        digits_workdir,
+        name="t-hooks",
+        nodes=2,
+        entrypoint="python -m trainer.task --epochs 1",
+        on_end=["exit 1", "sleep 600", 'cat > "$FLEETRUN_RUN_DIR/seen.json"'],
+        before_stop=["echo bye"],
+        hook_timeout_s=3,
+    )
+    runs = tmp_path / "runs"
+    proc = fab("train", str(playbook), "--inventory", f"local:{TEST_PREFIX}", home=fleetrun_home, runs=runs)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "succeeded (completed)" in proc.stdout
+    assert (
+        "on_end hook 0 failed (exit 1)" in proc.stdout
+        and "on_end hook 1 failed (killed after 3 s)" in proc.stdout
+    )
+    (run,) = list(runs.iterdir())
+    results = json.loads((run / "hooks.json").read_text())
+    assert [(r["rc"], r["timed_out"]) for r in results] == [(1, False), (None, True), (0, False)]
+    assert json.loads((run / "seen.json").read_text())["outcome"] == "succeeded"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["outcome"] == "succeeded" and summary["teardown"]["state"] == "skipped", "teardown: never"
+    for node in (run / "nodes").iterdir():
+        assert (node / "before-stop.sh").read_text() == "echo bye\n", "shipped for the watchdog"
