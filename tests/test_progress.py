@@ -78,7 +78,11 @@ def test_fab_runs_shows_progress_and_an_eta_for_a_running_run(tmp_path: Path) ->
         records = db.list()
     console = Console(width=250, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
     console.print(runs_table(records, now=now))
-    rows = {line.split()[1]: line for line in console.export_text().splitlines() if line.startswith("│ ")}
+    text = console.export_text().splitlines()
+    lines = [line for line in text if line.startswith("│ ")]
+    header = next(line for line in text if line.startswith("┃"))
+    id_column = [c.strip() for c in header.split("┃")].index("id")
+    rows = {[c.strip() for c in line.split("│")][id_column]: line for line in lines}
     assert "25% ETA 5:00" in rows["running"], rows
     assert "100%" in rows["done"] and "ETA" not in rows["done"]
     assert "%" not in rows["plain"]
