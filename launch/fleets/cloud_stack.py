@@ -245,6 +245,11 @@ def cluster_location(stack: Stack, stack_name: str) -> ClusterLocation:
         region=region,
         project=config.get("fleet:project") or config.get("gcp:project"),
         profile=config.get("aws:profile"),
+        provider_config=tuple(
+            sorted(
+                (key[len(cloud) + 1 :], value) for key, value in config.items() if key.startswith(f"{cloud}:")
+            )
+        ),
     )
 
 

@@ -245,6 +245,21 @@ def test_down_destroys_then_confirms_with_the_cloud(monkeypatch: pytest.MonkeyPa
     assert snap.outputs["bucket"] in said[-1]
 
 
+def test_down_audits_with_the_stacks_provider_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, item 1: the audit gets the stack's aws:* config (its assumeRoles), so it lists the
+    account the cluster was built in."""
+    roles = '[{"roleArn": "arn:aws:iam::222:role/deploy"}]'
+    stack = FakeStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "aws:assumeRoles": roles, "aws:profile": "lab"},
+        {},
+    )
+    _fake(monkeypatch, stack)
+    asked: list[ClusterLocation] = []
+    stack_down("test", REPO, on_output=lambda _m: None, leftovers=lambda loc: asked.append(loc) or [])
+    assert dict(asked[0].provider_config) == {"assumeRoles": roles, "profile": "lab"}
+    assert "fleet:cloud" not in dict(asked[0].provider_config)
+
+
 def test_stack_inventory_saves_the_generated_key_and_names_the_stack(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -48,6 +48,10 @@ class ClusterLocation:
     """GCP project id."""
     profile: str | None = None
     """AWS named profile (aws:profile in the stack config), if any."""
+    provider_config: tuple[tuple[str, str], ...] = ()
+    """The stack's own ``<cloud>:*`` config (namespace stripped, sorted): how the program's
+    provider authenticates (AWS: ``assumeRoles``, keys), so that the audit asks the account the
+    cluster was built in, not the caller's own."""
 
 
 class CloudOps(Protocol):
