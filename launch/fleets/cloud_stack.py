@@ -29,9 +29,11 @@ nothing and works without any of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,7 +59,15 @@ PULUMI_INSTALL_URL = "https://www.pulumi.com/docs/install/"
 PARTIAL_FLEET_LIMIT_S = 120.0
 """A failed attempt's nodes must be gone (destroy issued) within this long of the first one
 coming up. ``pulumi up`` starts no new resource after the first failure, and the failover
-destroys the rest the moment ``up`` returns; a longer life is reported as a warning."""
+destroys the rest the moment ``up`` returns. An ``up`` that has failed but does not return (a
+create stalled in the provider) is cancelled ``CANCEL_MARGIN_S`` before that limit, so that the
+destroy still starts in time; a longer life is reported as a warning."""
+CANCEL_MARGIN_S = 30.0
+"""Time kept, before the partial fleet's limit, for the cancel to stop ``up`` and the destroy to start."""
+CANCEL_WAIT_S = 60.0
+"""How long a cancelled ``up`` may take to stop before fleetrun gives up on it and says so."""
+POLL_S = 0.5
+"""How often a running ``up`` is checked against the partial fleet's deadline."""
 
 OnOutput = Callable[[str], Any]
 Leftovers = Callable[[ClusterLocation], list[str]]
@@ -365,7 +375,7 @@ def up_with_failover(
             on_output(f"fab up: trying zone {zone}")
         watch = NodeWatch(nodes_type, clock)
         try:
-            return stack.up(on_output=on_output, on_event=watch, show_secrets=False, suppress_outputs=True)
+            return _bounded_up(stack, watch, zone or "the configured zone", on_output, clock)
         except auto.errors.ConcurrentUpdateError:
             raise FleetrunError("pulumi up: another update of this stack is running; wait for it") from None
         except auto.errors.CommandError as exc:
@@ -395,6 +405,55 @@ def up_with_failover(
         + "); each partial fleet was destroyed. Add zones, lower fleet:node_count, use a reservation, "
         "or try again later."
     )
+
+
+def _bounded_up(stack: Stack, watch: NodeWatch, where: str, on_output: OnOutput, clock: Clock) -> Any:
+    """``stack.up``, cancelled when it has failed and would keep its partial fleet too long.
+
+    ``up`` runs in a worker thread; this thread watches its engine events (``watch``). Once a
+    resource failed (an error diagnostic) and nodes exist, the attempt is lost whatever the rest
+    does, so when ``up`` has not returned ``CANCEL_MARGIN_S`` before the partial fleet's limit it
+    is cancelled (``Stack.cancel``); the cancelled ``up`` then raises its ``CommandError``, and
+    the caller destroys what exists. An ``up`` that does not stop within ``CANCEL_WAIT_S`` of the
+    cancel is given up on with an error that says the partial fleet may still bill."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = stack.up(
+                on_output=on_output, on_event=watch, show_secrets=False, suppress_outputs=True
+            )
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="pulumi-up", daemon=True)
+    worker.start()
+    cancelled_at: float | None = None
+    while True:
+        worker.join(POLL_S)
+        if not worker.is_alive():
+            break
+        first = watch.first_node_at
+        if cancelled_at is None and watch.failures and first is not None:
+            age = clock() - first
+            if age >= PARTIAL_FLEET_LIMIT_S - CANCEL_MARGIN_S:
+                on_output(
+                    f"fab up: the attempt in {where} failed and `pulumi up` is still running {age:.0f} s "
+                    f"after its first node came up; cancelling it to destroy the partial fleet within "
+                    f"{PARTIAL_FLEET_LIMIT_S:.0f} s"
+                )
+                with contextlib.suppress(Exception):  # the update may have ended meanwhile
+                    stack.cancel()
+                cancelled_at = clock()
+        elif cancelled_at is not None and clock() - cancelled_at > CANCEL_WAIT_S:
+            raise FleetrunError(
+                f"pulumi up in {where} failed and did not stop {CANCEL_WAIT_S:.0f} s after its cancel; its "
+                "partial fleet may still be billing. Run `fab down` (it destroys and audits the cloud). "
+                + _tail_text("\n".join(watch.failures))
+            )
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
 
 
 def _destroy_partial(

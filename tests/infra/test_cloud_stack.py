@@ -14,6 +14,7 @@ import json
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -381,6 +382,62 @@ def test_a_long_lived_partial_fleet_is_reported(monkeypatch: pytest.MonkeyPatch)
     _outputs, said = _up(monkeypatch, stack)
     assert max(stack.partial_lifetimes) > cloud_stack.PARTIAL_FLEET_LIMIT_S
     assert any("WARNING: that partial fleet lived" in m for m in said)
+
+
+class StalledStack(FakeStack):
+    """A zone whose ``up`` reports a failed node, then hangs (a create stalled in the provider)
+    until the update is cancelled; the fake clock runs while it hangs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.calls.append(("cancel",))
+        self.cancelled.set()
+
+    def up(self, on_event: Any = None, **kwargs: Any) -> Any:
+        zone = self.config.get("fleet:zone")
+        if zone not in self.fail:
+            return super().up(on_event=on_event, **kwargs)
+        self.calls.append(("up", zone))
+        for rank in range(2):
+            self.clock.now += 20
+            urn = self.node_urn(rank)
+            self.resources += [urn]
+            self._first_node_at = self._first_node_at or self.clock.now
+            on_event(
+                SimpleNamespace(
+                    res_outputs_event=SimpleNamespace(metadata=SimpleNamespace(op=OpType.CREATE, urn=urn))
+                )
+            )
+        on_event(SimpleNamespace(diagnostic_event=SimpleNamespace(severity="error", message=self.fail[zone])))
+        for _ in range(2000):  # without a cancel: hangs 2000 fake seconds, then fails anyway
+            if self.cancelled.wait(0.002):
+                break
+            self.clock.now += 1
+        raise CommandError(CommandResult(stdout=f"error: {self.fail[zone]}", stderr="", code=255))
+
+
+def test_a_stalled_failed_up_is_cancelled_and_its_partial_fleet_destroyed_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24, item 2: past the deadline `up` is cancelled and the partial fleet destroyed,
+    rather than destroyed only when a stalled `up` returns."""
+    monkeypatch.setattr(cloud_stack, "POLL_S", 0.001)
+    stack = StalledStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:zones": "us-east-1a, us-east-1b"},
+        evaluate("aws").outputs,
+        fail={"us-east-1a": CAPACITY_AWS},
+    )
+    outputs, said = _up(monkeypatch, stack)
+    assert ("cancel",) in stack.calls
+    names = [c[0] for c in stack.calls]
+    assert names.index("cancel") < names.index("destroy") < names.index("up", names.index("destroy"))
+    assert stack.partial_lifetimes and max(stack.partial_lifetimes) <= cloud_stack.PARTIAL_FLEET_LIMIT_S
+    assert any("cancelling it to destroy the partial fleet" in m for m in said)
+    assert not any("WARNING" in m for m in said)
+    assert stack.config["fleet:zone"] == "us-east-1b" and outputs["cluster_id"]
 
 
 def test_quota_skips_the_rest_of_its_region(monkeypatch: pytest.MonkeyPatch) -> None:
