@@ -348,7 +348,8 @@ def up_with_failover(
     its zone, never moved (that would destroy running nodes). After a failed attempt its partial
     fleet (every resource under the nodes component) is destroyed before anything else happens,
     so nodes of a failed zone never wait for the next zone's attempt. CAPACITY tries the next
-    zone; QUOTA the next zone in another region (the limit is regional); anything else stops.
+    zone; QUOTA the next zone in another region (the limit is regional); anything else, a
+    GLOBAL_QUOTA (a limit over all regions) included, stops.
     ``fab up`` records the zone in use in the stack config (``fleet:zone``).
     """
     from pulumi import automation as auto
@@ -394,8 +395,10 @@ def up_with_failover(
         if kind is ErrorKind.QUOTA and fail_over and zone:
             exhausted_regions.add(ops.region_of(zone))
             continue
+        quota = quota_named(message) if kind is ErrorKind.GLOBAL_QUOTA else None
         raise FleetrunError(
             f"pulumi up failed in {where}: a {kind.value} error"
+            + (f" (quota {quota}, counted over all regions)" if quota else "")
             + (", which another zone would not fix" if fail_over else "")
             + f"; the partial fleet was destroyed. {_advice(kind)}\n{_tail_text(message)}"
         )
@@ -486,10 +489,22 @@ def _advice(kind: ErrorKind) -> str:
     return {
         ErrorKind.CAPACITY: "Add zones to fleet:zones, lower fleet:node_count, or use a reservation.",
         ErrorKind.QUOTA: "Request more quota (docs/cloud.md, step 2), or add zones in another region (GCP).",
+        ErrorKind.GLOBAL_QUOTA: "Request more of that quota (docs/cloud.md, step 2); no other zone or region helps.",
         ErrorKind.BAD_CONFIG: "Fix the stack config (see the provider's message below).",
         ErrorKind.PERMISSION: "Grant the deploying identity the roles listed in docs/cloud.md, step 2.",
         ErrorKind.OTHER: "",
     }[kind]
+
+
+def quota_named(message: str) -> str | None:
+    """The quota a provider message names (``Quota 'GPUS_ALL_REGIONS' exceeded``, or the metric
+    ``compute.googleapis.com/gpus_all_regions``), cleaned for the terminal, or None."""
+    import re
+
+    found = re.search(r"Quota '([A-Za-z0-9_]{1,64})'", message) or re.search(
+        r"\b([A-Za-z0-9_]{1,64}_(?:ALL_REGIONS|all_regions))\b", message
+    )
+    return found.group(1).upper() if found else None
 
 
 def _tail_text(text: str, lines: int = 15) -> str:

@@ -456,6 +456,26 @@ def test_quota_skips_the_rest_of_its_region(monkeypatch: pytest.MonkeyPatch) -> 
     assert stack.config["fleet:zone"] == "us-east4-b"
 
 
+def test_a_global_quota_stops_the_failover_naming_the_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, item 3: GPUS_ALL_REGIONS counts every region; no other zone is tried (each try
+    would create and destroy another partial fleet)."""
+    stack = FakeStack(
+        {
+            "fleet:cloud": "gcp",
+            "fleet:project": "p-123456",
+            "fleet:zones": '["us-central1-a", "us-east4-b", "europe-west4-a"]',
+        },
+        evaluate("gcp").outputs,
+        fail={"us-central1-a": "Error: Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 16.0 globally."},
+    )
+    with pytest.raises(
+        FleetrunError, match=r"us-central1-a: a global-quota error \(quota GPUS_ALL_REGIONS, counted"
+    ):
+        _up(monkeypatch, stack)
+    assert [c[1] for c in stack.calls if c[0] == "up"] == ["us-central1-a"]
+    assert not [r for r in stack.resources if "GpuNodes" in r]
+
+
 def test_a_bad_config_stops_without_trying_other_zones(monkeypatch: pytest.MonkeyPatch) -> None:
     stack = FakeStack(
         {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:zones": "us-east-1a, us-east-1b"},

@@ -34,8 +34,21 @@ def test_real_provider_errors_are_classified(cloud: str, entry: dict[str, str]) 
 def test_the_corpus_covers_every_kind_on_both_clouds() -> None:
     for cloud, entries in CORPUS.items():
         kinds = {e["kind"] for e in entries}
-        assert kinds == {"capacity", "quota", "bad-config", "permission"}, cloud
+        assert kinds - {"global-quota"} == {"capacity", "quota", "bad-config", "permission"}, cloud
         assert all(e["source"].startswith("https://github.com/") for e in entries)
+
+
+def test_gcp_quotas_over_all_regions_are_global() -> None:
+    """Issue 24, item 3: GPUS_ALL_REGIONS is a project-wide limit; a regional quota is not."""
+    assert "global-quota" in {e["kind"] for e in CORPUS["gcp"]}
+    assert (
+        CLOUDS["gcp"].classify_error(
+            "Error 403: QUOTA_EXCEEDED, metric name = compute.googleapis.com/gpus_all_regions"
+        )
+        is ErrorKind.GLOBAL_QUOTA
+    )
+    regional = "Quota 'NVIDIA_A100_GPUS' exceeded.  Limit: 8.0 in region us-central1."
+    assert CLOUDS["gcp"].classify_error(regional) is ErrorKind.QUOTA
 
 
 def test_pulumi_wraps_the_message_and_the_kind_holds() -> None:
