@@ -219,7 +219,8 @@ def outputs_to_contract(outputs: Mapping[str, Any], source: str = "stack outputs
 
 
 def write_outputs_json(outputs: Mapping[str, Any], path: Path) -> Path:
-    """Write outputs as JSON, readable by the owner only (they may hold a private key)."""
+    """Write outputs as JSON, readable by the owner only (they may hold a private key), and record
+    that fleetrun wrote them (``--inventory FILE`` trusts only such a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -228,6 +229,9 @@ def write_outputs_json(outputs: Mapping[str, Any], path: Path) -> Path:
         handle.write("\n")
     os.chmod(tmp, 0o600)
     tmp.replace(path)
+    from launch.fleets.kinds.stack import record_written_outputs
+
+    record_written_outputs(path)
     return path
 
 

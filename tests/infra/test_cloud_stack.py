@@ -92,7 +92,10 @@ def test_outputs_that_are_not_a_fleetrun_stack_are_refused() -> None:
         outputs_to_contract({"url": OutputValue("http://example.com", False)})
 
 
-def test_outputs_json_is_private_and_loads_into_the_inventory(tmp_path: Path) -> None:
+def test_outputs_json_is_private_and_loads_into_the_inventory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
     snap = evaluate("aws")
     path = write_outputs_json(snap.outputs, tmp_path / "stack" / "outputs.json")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # holds the operator's private key
