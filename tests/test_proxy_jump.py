@@ -238,8 +238,11 @@ def test_a_host_without_a_jump_gets_no_proxy_command(tmp_path: Path) -> None:
     assert proxy_command(jump, tmp_path / "kh").endswith("-W '[%h]:%p' -- fd00::5"), "IPv6 bracketed by ssh"
 
 
-def test_openssh_commands_through_one_jump_host_are_bounded() -> None:
+def test_openssh_commands_through_one_jump_host_are_bounded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """At most JUMP_SLOTS at once through one login node; other jumps and direct hosts are free."""
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))  # where the shared slots' lock files are
     jump = JumpHost(address="login.lab.example", user="alice", host_key=KEY_J)
     behind = Host(name="gpu2", address="10.1.0.11", user="bob", host_key=KEY_B, proxy_jump=jump)
     other = behind.model_copy(
