@@ -59,12 +59,13 @@ def train(
     ask_on_interrupt: bool = True,
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
+    allow_paths: tuple[Path, ...] = (),
 ) -> RunResult | LaunchPlan:
     """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``);
     ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part)."""
     console = console or Console()
     playbook = resolve_playbook(playbook)
-    spec = load_job_spec(playbook)
+    spec = load_job_spec(playbook, allowed=allow_paths)
     if teardown is not None:
         try:
             policy = Teardown(teardown)

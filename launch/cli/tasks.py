@@ -46,6 +46,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "teardown": "override the playbook: always, on_success or never",
         "allow-busy-gpus": "start even where other users' processes hold the GPUs this run would use",
         "skip-doctor": "launch without the pre-launch checks (rsync, Python, hostname, port in use)",
+        "allow-path": "a directory outside the playbook's tree that its workdir or channels may send",
     }
 )
 @_friendly
@@ -57,8 +58,11 @@ def train(
     teardown: str = "",
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
+    allow_path: str = "",
 ) -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded."""
+    from pathlib import Path
+
     from launch.cli import app
     from launch.run.summary import RunResult
 
@@ -69,6 +73,7 @@ def train(
         teardown=teardown or None,
         allow_busy_gpus=allow_busy_gpus,
         skip_doctor=skip_doctor,
+        allow_paths=(Path(allow_path),) if allow_path else (),
     )
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
