@@ -159,7 +159,8 @@ def _private_file(path: Path) -> None:
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     info = parent.stat()
-    if info.st_uid == os.getuid() and info.st_mode & 0o077:
+    shared = info.st_mode & 0o1002 or parent.resolve() in (Path("/"), Path.home().resolve())
+    if info.st_uid == os.getuid() and info.st_mode & 0o077 and not shared:  # never /tmp, / or ~
         os.chmod(parent, 0o700)
     os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
     for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
