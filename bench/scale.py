@@ -51,7 +51,7 @@ from launch.job.spec import JobSpec, StopRules  # noqa: E402
 from launch.paths import known_hosts_file, runs_dir  # noqa: E402
 from launch.run.watch import Watcher, WatchTarget  # noqa: E402
 from launch.transport.ssh import Fleet, openssh_command  # noqa: E402
-from launch.transport.sync import LIB_VERSION, SyncResult, lib_is_current  # noqa: E402
+from launch.transport.sync import LIB_DIR, SyncResult, lib_is_current  # noqa: E402
 from launch.transport.sync_relay import sync_fleet  # noqa: E402
 
 # Fleet names and subnets; overridable so that two checkouts on one machine do not share a fleet.
@@ -229,8 +229,13 @@ def relay_threshold() -> int:
 
 
 def fleetrun_sync(fleet: Fleet, tree: Path, known_hosts: Path) -> dict[str, Any]:
-    """`fab train`'s sync step: its connect step (untimed here) has read each node's library version."""
-    versions = fleet.run(f'cat "$HOME/{LIB_VERSION}" 2>/dev/null; true', timeout=60)
+    """`fab train`'s sync step: its connect step (untimed here) has hashed each node's library
+    (``fleetrun_probe.library_digest``, as the preflight's probe does)."""
+    digest = (
+        f'python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import fleetrun_probe; '
+        f'print(fleetrun_probe.library_digest(sys.argv[1]))" "$HOME/{LIB_DIR}" 2>/dev/null; true'
+    )
+    versions = fleet.run(digest, timeout=60)
     current = {
         n for n, r in versions.items() if not isinstance(r, BaseException) and lib_is_current(r.stdout)
     }

@@ -174,7 +174,7 @@ class SettingsParser:
             self.problem(key, message)
         efa = self.efa(machine)
         placement = self.placement(machine, reservation, placement_group)
-        network_cidr = self.network_cidr(node_count)
+        network_cidr = self.network_cidr(node_count, addresses_per_node(machine, efa))
         if machine and image and node_count:
             combination = Provisioning(
                 machine=machine,
@@ -416,7 +416,9 @@ class SettingsParser:
             return False
         return wanted and machine.compact_placement
 
-    def network_cidr(self, node_count: int | None) -> str | None:
+    def network_cidr(self, node_count: int | None, per_node: int = 1) -> str | None:
+        """The cluster's private range, checked to hold every node's addresses (``per_node``:
+        see ``addresses_per_node``); the cloud keeps 5 of each subnet for itself."""
         text = self.text("network_cidr", DEFAULT_NETWORK_CIDR) or DEFAULT_NETWORK_CIDR
         try:
             net = ipaddress.ip_network(text, strict=True)
@@ -426,10 +428,22 @@ class SettingsParser:
         if net.version != 4 or not net.is_private or not 16 <= net.prefixlen <= 24:
             self.problem("network_cidr", f"{text} must be a private IPv4 range between /16 and /24")
             return None
-        if node_count and net.num_addresses - 5 < node_count:
+        if node_count and net.num_addresses - 5 < node_count * per_node:
+            each = f" ({per_node} each: one per EFA interface)" if per_node > 1 else ""
             self.problem(
                 "network_cidr",
-                f"{text} holds {net.num_addresses - 5} addresses; {node_count} nodes need more",
+                f"{text} holds {net.num_addresses - 5} addresses; {node_count} nodes need "
+                f"{node_count * per_node}{each}; use a larger range (e.g. a /16)",
             )
             return None
         return str(net)
+
+
+def addresses_per_node(machine: MachineSpec | None, efa: bool) -> int:
+    """Addresses a node takes in the cluster subnet: one per network interface there. With EFA,
+    the program gives a node one EFA interface per network card (p4d: 4, p5: 32), each with its
+    own private address in the subnet; otherwise one. (GCP's extra A3 NICs are on their own data
+    subnets, not in this range.)"""
+    if machine is None or not efa:
+        return 1
+    return max(1, machine.efa_interfaces)

@@ -150,7 +150,8 @@ def test_a_tampered_note_cannot_remove_the_operators_key(tmp_path: Path) -> None
 
 
 # -- the relay key's forced command ---------------------------------------------------------------
-WORK, LIB = relay_dests("job-1")
+(WORK,) = relay_dests("job-1")
+LIB = ".fleetrun/lib/"  # the node library: never the relay key's to write (issue 24, item 8)
 FLAGS = "-logDtpre.iLsfxCIvu"  # what rsync 3.5 sends for -a (see rsync_gate)
 
 
@@ -158,7 +159,7 @@ FLAGS = "-logDtpre.iLsfxCIvu"  # what rsync 3.5 sends for -a (see rsync_gate)
     ("command", "allowed"),
     [
         (f"rsync --server {FLAGS} --delete --stats --mkpath . {WORK}", True),
-        (f"rsync --server {FLAGS} --delete --stats --mkpath . {LIB}", True),
+        (f"rsync --server {FLAGS} --delete --stats --mkpath . {LIB}", False),
         ("rsync --server -logDtpre.iLsfx . " + WORK, True),
         ("id", False),
         ("", False),
@@ -179,7 +180,7 @@ def test_relay_gate_lets_only_the_rsync_receiver_in(tmp_path: Path, command: str
     fake.mkdir()
     (fake / "rsync").write_text('#!/bin/sh\necho "RECEIVER $*"\n')
     (fake / "rsync").chmod(0o755)
-    gate = rsync_gate([WORK, LIB])
+    gate = rsync_gate(relay_dests("job-1"))
     result = sh(tmp_path, gate, env={"SSH_ORIGINAL_COMMAND": command, "PATH": f"{fake}:/usr/bin:/bin"})
     if allowed:
         assert result.returncode == 0 and result.stdout.startswith("RECEIVER --server"), result.stderr

@@ -9,6 +9,7 @@ import paramiko
 import pytest
 
 from launch.errors import SpecError
+from launch.fleets.cloud_stack import write_outputs_json
 from launch.fleets.kinds.refs import StackFleetRef
 from launch.fleets.kinds.stack import inventory_from_stack_outputs, load_outputs_file
 from launch.job.inventory import Inventory
@@ -162,9 +163,9 @@ def stack_outputs() -> dict:
     }
 
 
-def test_stack_outputs_inventory_orders_by_rank(tmp_path: Path) -> None:
-    path = tmp_path / "outputs.json"
-    path.write_text(json.dumps(stack_outputs()))
+def test_stack_outputs_inventory_orders_by_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    path = write_outputs_json(stack_outputs(), tmp_path / "outputs.json")  # fleetrun's own: trusted
     inv = load_outputs_file(path, save_key=False, key_path=tmp_path / "key")
     assert [h.name for h in inv.hosts] == ["n0", "n1"]
     assert inv.head.address == "203.0.113.1" and inv.head.private_address == "10.0.1.10"

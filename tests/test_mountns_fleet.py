@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from launch.fleets.kinds.local import POWEROFF_HOOK
 from launch.fleets.local import LocalFleet
 from launch.fleets.local.mountns import mount_dir, mounted, node_tmp, ns_file
 from launch.paths import known_hosts_file
@@ -40,10 +41,12 @@ def vm(fleetrun_home: Path) -> Iterator[LocalFleet]:
     assert subprocess.run(["id", fleet.vm_user], capture_output=True).returncode != 0, "user removed"
 
 
-def _run_all(fleet: LocalFleet, command: str) -> dict[str, CommandResult]:
+def _run_all(fleet: LocalFleet, command: str, only: int | None = None) -> dict[str, CommandResult]:
+    """``command`` on every node (or on node ``only``), through SSH, as the node's user."""
     inventory = fleet.inventory()
     kh = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
-    with Fleet(inventory.hosts, kh) as conns:
+    hosts = [h for h in inventory.hosts if only is None or h.name == fleet.node_name(only)]
+    with Fleet(hosts, kh) as conns:
         answers = conns.map(lambda c: c.run(command, timeout=30), deadline=60)
     out: dict[str, CommandResult] = {}
     for name, answer in answers.items():
@@ -112,9 +115,12 @@ def test_power_off_stops_only_that_node_although_the_uid_is_shared(vm: LocalFlee
     inside = _run_all(vm, "echo $(pgrep -x sleep | wc -l) $(cat /proc/1/comm)")
     for name, answer in inside.items():
         assert answer.stdout.split() == ["1", "sshd"], (name, answer.stdout, "a PID namespace per node")
-    request = vm.home(1) / ".fleetrun" / "poweroff-request"
-    request.parent.mkdir(exist_ok=True)
-    request.touch()
+    # the request as a node makes it: its watchdog runs the fleet's power-off hook as the node's
+    # user, from ~/.fleetrun (which the sync made, owned by that user). A request file written here
+    # as root under a root-owned ~/.fleetrun is one the daemon rightly ignores (it follows only
+    # what the node's user owns), so the test made it that way only when an earlier test's sync
+    # had already created the directory.
+    _run_all(vm, f'mkdir -p "$HOME/.fleetrun" && {POWEROFF_HOOK}', only=1)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (not vm.powered_off(1) or _sleeps(vm, 1)):
         time.sleep(0.2)

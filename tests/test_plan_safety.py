@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from launch.cli.app import make_plan
 from launch.errors import SpecError
+from launch.fleets.cloud_stack import write_outputs_json
 from launch.fleets.select import load_inventory
 from launch.job.inventory import Host, Inventory
 from launch.job.shell_text import control_operators
@@ -250,21 +251,41 @@ def test_stack_outputs_json_uses_and_saves_the_generated_key(
 ) -> None:
     monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
     out = tmp_path / "out.json"
-    out.write_text(
-        json.dumps(
-            stack_outputs("-----BEGIN OPENSSH PRIVATE KEY-----\nxyz\n-----END OPENSSH PRIVATE KEY-----")
-        )
+    # written by fleetrun (`fab up --outputs`): the only outputs file it trusts (issue 24, item 7)
+    write_outputs_json(
+        stack_outputs("-----BEGIN OPENSSH PRIVATE KEY-----\nxyz\n-----END OPENSSH PRIVATE KEY-----"), out
     )
     dry = load_inventory(str(out), save_keys=False)
-    assert not (tmp_path / "home").exists(), "--dry-run writes no private key"
+    assert not (tmp_path / "home" / "keys").exists(), "--dry-run writes no private key"
     assert dry.head.key is None
     inv = load_inventory(str(out))
     key_file = tmp_path / "home" / "keys" / "fr-abc123"
     assert all(h.key == key_file for h in inv.hosts), "the stack's key is the one used"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert "xyz" in key_file.read_text()
-    out.write_text(json.dumps(stack_outputs(None)))
+    write_outputs_json(stack_outputs(None), out)
     assert load_inventory(str(out)).head.key is None
+
+
+def test_stack_outputs_json_not_written_by_fleetrun_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24, item 7: a .json from anywhere would decide the sudo power-off hook on the hosts it
+    lists and the bucket run data goes to; only a file fleetrun wrote (recorded by its hash) is
+    trusted, byte for byte."""
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    foreign = tmp_path / "colleague.json"
+    foreign.write_text(json.dumps(stack_outputs("-----BEGIN OPENSSH PRIVATE KEY-----\nxyz\n-----END")))
+    with pytest.raises(SpecError, match=r"colleague.json: stack outputs that fleetrun did not write"):
+        load_inventory(str(foreign))
+    assert not (tmp_path / "home" / "keys").exists(), "a refused file's key is not written"
+    ours = write_outputs_json(stack_outputs(None), tmp_path / "ours.json")
+    assert load_inventory(str(ours)).fleet.kind == "stack"
+    edited = json.loads(ours.read_text())
+    edited["bucket"] = "someone-elses-bucket"
+    ours.write_text(json.dumps(edited))
+    with pytest.raises(SpecError, match="did not write"):
+        load_inventory(str(ours))
 
 
 # -- what validation accepts ---------------------------------------------------------------------------

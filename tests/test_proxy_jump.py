@@ -239,8 +239,11 @@ def test_a_host_without_a_jump_gets_no_proxy_command(tmp_path: Path) -> None:
     assert proxy_command(jump, tmp_path / "kh").endswith("-W '[%h]:%p' -- fd00::5"), "IPv6 bracketed by ssh"
 
 
-def test_openssh_commands_through_one_jump_host_are_bounded() -> None:
+def test_openssh_commands_through_one_jump_host_are_bounded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """At most JUMP_SLOTS at once through one login node; other jumps and direct hosts are free."""
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))  # where the shared slots' lock files are
     jump = JumpHost(address="login.lab.example", user="alice", host_key=KEY_J)
     behind = Host(name="gpu2", address="10.1.0.11", user="bob", host_key=KEY_B, proxy_jump=jump)
     other = behind.model_copy(
@@ -265,3 +268,45 @@ def test_a_jump_host_spelt_in_capitals_is_the_same_machine(tmp_path: Path) -> No
     hosts[1]["proxy_jump"] = {**JUMP, "address": "LOGIN.LAB.example", "host_key": KEY_A}
     with pytest.raises(SpecError, match=r"field 'hosts\[1\].proxy_jump' \(gpu2\): jump host alice@LOGIN"):
         lab(tmp_path, {"defaults": {"user": "bob"}, "hosts": hosts})
+
+
+def test_jump_slots_are_shared_with_other_fleetrun_processes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 24, item 11: two fab commands through one login node share its JUMP_SLOTS (sshd's
+    MaxStartups counts them together); a slot comes free when its holder ends, even killed."""
+    import sys
+
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    jump = JumpHost(address="login.lab.example", user="alice", host_key=KEY_J)
+    behind = Host(name="gpu2", address="10.1.0.11", user="bob", host_key=KEY_B, proxy_jump=jump)
+    probe = (
+        "import sys; from launch.transport.jump import take_jump_slot; "
+        "print('free' if take_jump_slot(('login.lab.example', 22), blocking=False) is not None else 'taken')"
+    )
+
+    def other_process() -> str:
+        env = {**os.environ, "FLEETRUN_HOME": str(tmp_path / "home")}
+        return subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
+        ).stdout.strip()
+
+    from launch.settings import Settings, active
+
+    with active(Settings.from_env()), contextlib.ExitStack() as stack:
+        for _ in range(openssh.JUMP_SLOTS):
+            stack.enter_context(openssh.jump_slot(behind))
+        assert other_process() == "taken", "another process waits while this one holds every slot"
+    assert other_process() == "free"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; from launch.transport.jump import take_jump_slot as t; "
+         "[t(('login.lab.example', 22)) for _ in range(8)]; print('held', flush=True); time.sleep(60)"],
+        env={**os.environ, "FLEETRUN_HOME": str(tmp_path / "home")}, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert other_process() == "taken"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert other_process() == "free", "a killed holder's slots are free again"

@@ -225,3 +225,29 @@ def test_sigkill_mid_run_leaves_a_readable_db_marked_interrupted(tmp_path: Path)
         assert marked == [rid]
         after = db.get(rid)
         assert after is not None and after.state == "interrupted"
+
+
+def test_records_and_their_home_are_private(tmp_path: Path) -> None:
+    """Issue 24, item 10: other local users must not read run history and hyperparameters."""
+    import stat
+
+    old = os.umask(0o022)  # the usual umask: files 0644, directories 0755
+    new_home = tmp_path / "new-home"
+    try:
+        with RunRecords(new_home / "runs.db") as db:
+            start(db)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(new_home.stat().st_mode) == 0o700
+    for name in ("runs.db", "runs.db-wal", "runs.db-shm"):
+        if (new_home / name).exists():
+            assert stat.S_IMODE((new_home / name).stat().st_mode) == 0o600, name
+    # a home and database made before (0755 / 0644) are tightened when opened
+    old_home = tmp_path / "old-home"
+    old_home.mkdir(mode=0o755)
+    (old_home / "runs.db").touch(mode=0o644)
+    os.chmod(old_home, 0o755)
+    os.chmod(old_home / "runs.db", 0o644)
+    RunRecords(old_home / "runs.db").close()
+    assert stat.S_IMODE(old_home.stat().st_mode) == 0o700
+    assert stat.S_IMODE((old_home / "runs.db").stat().st_mode) == 0o600

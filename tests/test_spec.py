@@ -156,3 +156,71 @@ def test_elastic_nodes_errors_name_the_field_the_user_wrote(
     message = str(info.value)
     assert message == f"{path}: {expected}", message
     assert message.count(", got ") <= 1 and "(top level)" not in message
+
+
+# -- issue 24, item 9: a playbook sends only its own tree's files -----------------------------------
+
+
+def _outside_playbook(tmp_path: Path, **fields: str | dict[str, object]) -> Path:
+    (tmp_path / "laptop-secrets").mkdir()
+    (tmp_path / "proj" / "code").mkdir(parents=True)
+    import yaml
+
+    data: dict[str, object] = {"name": "demo", "workdir": "code", "entrypoint": "python t.py", "nodes": 2}
+    data.update(fields)
+    path = tmp_path / "proj" / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"workdir": "../laptop-secrets"}, "workdir"),
+        ({"channels": {"test": {"local": "../laptop-secrets"}}}, "channels.test.local"),
+    ],
+)
+def test_a_playbook_may_not_send_files_outside_its_tree(
+    tmp_path: Path, fields: dict[str, object], field: str
+) -> None:
+    path = _outside_playbook(tmp_path, **fields)  # type: ignore[arg-type]
+    outside = tmp_path / "laptop-secrets"
+    with pytest.raises(
+        SpecError, match=rf"field '{field}': {outside} is outside the playbook's tree"
+    ) as info:
+        load_job_spec(path)
+    assert f"--allow-path {outside}" in str(info.value)
+    # named on the command line, it is the user's choice
+    spec = load_job_spec(path, allowed=(outside,))
+    assert spec.workdir == outside or spec.channels["test"].local == str(outside)
+
+
+def test_the_playbooks_tree_is_its_git_checkout(tmp_path: Path) -> None:
+    """playbooks/job.yaml with workdir: ../src in one repository is its own tree (as the built-ins)."""
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    (tmp_path / "repo" / "src").mkdir()
+    (tmp_path / "repo" / "playbooks").mkdir()
+    path = tmp_path / "repo" / "playbooks" / "job.yaml"
+    path.write_text("name: demo\nworkdir: ../src\nentrypoint: python t.py\nnodes: 2\n")
+    assert load_job_spec(path).workdir == tmp_path / "repo" / "src"
+    (tmp_path / "other").mkdir()
+    path.write_text("name: demo\nworkdir: ../../other\nentrypoint: python t.py\nnodes: 2\n")
+    with pytest.raises(SpecError, match="outside the playbook's tree"):
+        load_job_spec(path)
+
+
+def test_the_dry_run_names_the_workdir_it_would_send(tmp_path: Path) -> None:
+    from launch.cli.app import make_plan
+    from launch.job.inventory import Host, Inventory
+    from tests.conftest import SAMPLE_HOST_KEYS
+
+    spec = load_job_spec(write(tmp_path, GOOD))
+    hosts = [
+        Host(name=f"n{i}", address=f"10.0.0.{i + 1}", user="u", host_key=SAMPLE_HOST_KEYS[i])
+        for i in range(2)
+    ]
+    text = make_plan(spec, Inventory(hosts=hosts), run_id="r", dry_run=True).render()
+    assert (
+        f"# sends: workdir {tmp_path / 'code'} on this machine, to ~/.fleetrun/work/demo on every node"
+        in text
+    )

@@ -81,6 +81,26 @@ def test_plan_leaves_to_rsync_what_it_cannot_prove(tmp_path: Path, extra: list[o
         plan_patch(LocalTree.read(code), node)
 
 
+@pytest.mark.parametrize("behind", ["present", "absent", "present/deeper"])
+def test_a_node_learns_nothing_of_the_files_behind_a_workdir_link(tmp_path: Path, behind: str) -> None:
+    """Issue 24, item 12: a node lists ``cfg/<name>`` where ``cfg`` is a link out of the workdir
+    here; whether this machine has that file must not change the answer."""
+    outside = tmp_path / "laptop-secrets"
+    (outside / "present").mkdir(parents=True)
+    (outside / "present" / "deeper").write_text("secret\n")
+    code = _tree(tmp_path / "code")
+    (code / "cfg").symlink_to(outside)
+    (code / ".gitignore").write_text("*.log\ncfg\n")  # the link itself is not sent
+    local = LocalTree.read(code)
+    node = _node_view(local)
+    node[f"cfg/{behind}"] = ["f", f"cfg/{behind}", 0o644, 1, 1]
+    with pytest.raises(NotQuick, match="under a link"):
+        plan_patch(local, node)
+    node = _node_view(local)
+    node["cfg"] = ["l", "cfg", 0o777, 0, 0]  # the link's own name is the workdir's: kept, as rsync keeps it
+    assert plan_patch(local, node).ignore == ["cfg"]
+
+
 @pytest.mark.parametrize(
     "rel", ["../escape.py", "/etc/passwd", "a/../../x", "__pycache__/x.pyc", "link/x.py"]
 )

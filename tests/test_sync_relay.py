@@ -196,13 +196,15 @@ def test_relay_key_and_config_shapes() -> None:
             ]
         )
     ]
-    config = relay_config(
-        hosts, "job", ["--exclude=.git"], ".fleetrun/relay/x", lib_current={"n0"}, parallel=4
-    )
+    config = relay_config(hosts, "job", ["--exclude=.git"], ".fleetrun/relay/x", parallel=4)
     targets = config["targets"]
     assert isinstance(targets, list)
     assert [t["address"] for t in targets] == ["10.0.0.1", "10.0.0.2"], "the head dials private addresses"
-    assert [t["ship_lib"] for t in targets] == [False, True]
+    # issue 24, item 8: the relay writes the workdir only; never the node library
+    assert relay_dests("job") == (".fleetrun/work/job/",)
+    transfers = config["transfers"]
+    assert isinstance(transfers, list) and [t["dest"] for t in transfers] == [".fleetrun/work/job"]
+    assert [t["ship_lib"] for t in targets] == [False, False]
 
 
 FAKE_SSH = """#!/bin/sh

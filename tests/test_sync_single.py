@@ -104,3 +104,25 @@ def test_one_rsync_per_node_delivers_workdir_and_library(
     assert len(calls) == len(inventory.hosts)
     assert all(isinstance(r, SyncResult) and r.files_sent == 0 for r in again.values()), again
     assert not any(a.endswith("/./lib/") for argv in calls for a in argv), "a current library is not sent"
+
+
+def test_a_nodes_library_is_current_by_its_content_not_its_version_file(tmp_path: Path) -> None:
+    """Issue 24, item 8: the probe hashes the node's library as the laptop hashes the one it
+    ships; a changed file with the laptop's VERSION beside it is not current (the sync replaces it)."""
+    from launch.nodelib.fleetrun_probe import library_digest
+    from launch.transport.sync import lib_is_current
+
+    staging, version = nodelib_source()
+    node_lib = tmp_path / "lib"
+    shutil.copytree(staging, node_lib)
+    assert library_digest(str(node_lib)) == version and lib_is_current(library_digest(str(node_lib)))
+    (node_lib / "__pycache__").mkdir()  # Python's cache on the node is not part of it
+    assert lib_is_current(library_digest(str(node_lib)))
+    guard = node_lib / "fleetrun_guard.py"
+    guard.write_text(guard.read_text() + "\nimport os  # tampered\n")
+    assert (node_lib / "VERSION").read_text().strip() == version, "the node's own claim is unchanged"
+    assert not lib_is_current(library_digest(str(node_lib)))
+    guard.unlink()
+    guard.symlink_to(staging / "fleetrun_guard.py")  # same bytes, through a link: not a plain library
+    assert library_digest(str(node_lib)) == "" and not lib_is_current("")
+    assert library_digest(str(tmp_path / "missing")) == ""

@@ -29,6 +29,7 @@ never depend on the node count.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,9 +49,25 @@ SELF_DELETE_PERMISSIONS = ["compute.instances.delete"]
 """The watchdog's power-off on GCP: the node deletes its own instance (boot disk auto-deleted)."""
 
 
-def data_subnet_cidr(index: int) -> str:
-    """The range of GPU data network ``index`` (A3: 4 or 8 of them), apart from fleet:network_cidr."""
-    return f"172.{16 + index}.0.0/16"
+DATA_SUBNET_POOL = tuple(f"172.{second}.0.0/16" for second in range(16, 32))
+"""Where the GPU data networks' ranges come from: the /16s of 172.16.0.0/12, in order."""
+
+
+def data_subnet_cidrs(network_cidr: str, count: int) -> list[str]:
+    """The ranges of the ``count`` GPU data networks (A3: 4 or 8), in order, none overlapping
+    ``fleet:network_cidr``.
+
+    Each data network is its own VPC, but all of them and the primary subnet are NICs of the same
+    VM: two NICs on one range give the guest two routes to the same addresses, and NCCL traffic
+    leaves by the wrong one. ``fleet:network_cidr`` is at most a /16, so it overlaps at most one
+    /16 of the pool; that one is skipped. With the default 10.0.0.0/16 the ranges are 172.16,
+    172.17, ... as before (a deployed cluster's data subnets are not replaced).
+    """
+    primary = ipaddress.ip_network(network_cidr)
+    free = [c for c in DATA_SUBNET_POOL if not ipaddress.ip_network(c).overlaps(primary)]
+    if count > len(free):
+        raise ValueError(f"{count} GPU data networks wanted; the pool has {len(free)} ranges")
+    return free[:count]
 
 
 # The guest agent regenerates SSH host keys on a new instance unless told not to; that would
@@ -161,7 +178,7 @@ class GcpNetwork(pulumi.ComponentResource):
         # A3: GPUDirect-TCPX(O) needs one more gVNIC per GPU pair, each on its own VPC network,
         # open only between the cluster's VMs. Without them NCCL shares the single host NIC.
         self.data_subnet_ids: list[pulumi.Output[str]] = []
-        for index in range(args.data_nics):
+        for index, data_cidr in enumerate(data_subnet_cidrs(args.cidr, args.data_nics)):
             data_network = gcp.compute.Network(
                 f"{name}-data{index}",
                 auto_create_subnetworks=False,
@@ -173,7 +190,7 @@ class GcpNetwork(pulumi.ComponentResource):
                 f"{name}-data{index}-subnet",
                 network=data_network.id,
                 region=args.region,
-                ip_cidr_range=data_subnet_cidr(index),
+                ip_cidr_range=data_cidr,
                 opts=replace_first,
             )
             _cluster_only_firewall(

@@ -85,6 +85,7 @@ def train(
     hosts: Sequence[str] = (),
     sweep_id: str | None = None,
     wait: bool = False,
+    allow_paths: tuple[Path, ...] = (),
 ) -> RunResult | LaunchPlan:
     """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``);
     ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part);
@@ -95,7 +96,7 @@ def train(
     console = console or Console()
     playbook = resolve_playbook(playbook)
     changes = parse_overrides(overrides)
-    spec = load_job_spec(playbook, changes)
+    spec = load_job_spec(playbook, changes, allowed=allow_paths)
     if teardown is not None:
         try:
             policy = Teardown(teardown)

@@ -52,6 +52,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "hosts": "run on these hosts of the inventory (names, comma-separated, head first) instead of its first ones",
         "sweep-id": "record the run as a variant of this sweep (fab sweep sets it)",
         "wait": "wait for the machines, in arrival order among runs waiting for them, instead of refusing busy ones",
+        "allow-path": "a directory outside the playbook's tree that its workdir or channels may send",
     },
 )
 @_friendly
@@ -67,11 +68,14 @@ def train(
     hosts: str = "",
     sweep_id: str = "",
     wait: bool = False,
+    allow_path: str = "",
 ) -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded.
 
     Example: fab train playbooks/digits-ddp.yaml --inventory local --set nodes=2 --set hyperparameters.lr=0.01
     """
+    from pathlib import Path
+
     from launch.cli import app
     from launch.run.summary import RunResult
 
@@ -86,6 +90,7 @@ def train(
         hosts=[h.strip() for h in hosts.split(",") if h.strip()],
         sweep_id=sweep_id or None,
         wait=wait,
+        allow_paths=(Path(allow_path),) if allow_path else (),
     )
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)

@@ -29,9 +29,11 @@ nothing and works without any of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,7 +59,15 @@ PULUMI_INSTALL_URL = "https://www.pulumi.com/docs/install/"
 PARTIAL_FLEET_LIMIT_S = 120.0
 """A failed attempt's nodes must be gone (destroy issued) within this long of the first one
 coming up. ``pulumi up`` starts no new resource after the first failure, and the failover
-destroys the rest the moment ``up`` returns; a longer life is reported as a warning."""
+destroys the rest the moment ``up`` returns. An ``up`` that has failed but does not return (a
+create stalled in the provider) is cancelled ``CANCEL_MARGIN_S`` before that limit, so that the
+destroy still starts in time; a longer life is reported as a warning."""
+CANCEL_MARGIN_S = 30.0
+"""Time kept, before the partial fleet's limit, for the cancel to stop ``up`` and the destroy to start."""
+CANCEL_WAIT_S = 60.0
+"""How long a cancelled ``up`` may take to stop before fleetrun gives up on it and says so."""
+POLL_S = 0.5
+"""How often a running ``up`` is checked against the partial fleet's deadline."""
 
 OnOutput = Callable[[str], Any]
 Leftovers = Callable[[ClusterLocation], list[str]]
@@ -209,7 +219,8 @@ def outputs_to_contract(outputs: Mapping[str, Any], source: str = "stack outputs
 
 
 def write_outputs_json(outputs: Mapping[str, Any], path: Path) -> Path:
-    """Write outputs as JSON, readable by the owner only (they may hold a private key)."""
+    """Write outputs as JSON, readable by the owner only (they may hold a private key), and record
+    that fleetrun wrote them (``--inventory FILE`` trusts only such a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -218,6 +229,9 @@ def write_outputs_json(outputs: Mapping[str, Any], path: Path) -> Path:
         handle.write("\n")
     os.chmod(tmp, 0o600)
     tmp.replace(path)
+    from launch.fleets.kinds.stack import record_written_outputs
+
+    record_written_outputs(path)
     return path
 
 
@@ -245,6 +259,11 @@ def cluster_location(stack: Stack, stack_name: str) -> ClusterLocation:
         region=region,
         project=config.get("fleet:project") or config.get("gcp:project"),
         profile=config.get("aws:profile"),
+        provider_config=tuple(
+            sorted(
+                (key[len(cloud) + 1 :], value) for key, value in config.items() if key.startswith(f"{cloud}:")
+            )
+        ),
     )
 
 
@@ -333,7 +352,8 @@ def up_with_failover(
     its zone, never moved (that would destroy running nodes). After a failed attempt its partial
     fleet (every resource under the nodes component) is destroyed before anything else happens,
     so nodes of a failed zone never wait for the next zone's attempt. CAPACITY tries the next
-    zone; QUOTA the next zone in another region (the limit is regional); anything else stops.
+    zone; QUOTA the next zone in another region (the limit is regional); anything else, a
+    GLOBAL_QUOTA (a limit over all regions) included, stops.
     ``fab up`` records the zone in use in the stack config (``fleet:zone``).
     """
     from pulumi import automation as auto
@@ -360,7 +380,7 @@ def up_with_failover(
             on_output(f"fab up: trying zone {zone}")
         watch = NodeWatch(nodes_type, clock)
         try:
-            return stack.up(on_output=on_output, on_event=watch, show_secrets=False, suppress_outputs=True)
+            return _bounded_up(stack, watch, zone or "the configured zone", on_output, clock)
         except auto.errors.ConcurrentUpdateError:
             raise FleetrunError("pulumi up: another update of this stack is running; wait for it") from None
         except auto.errors.CommandError as exc:
@@ -379,8 +399,10 @@ def up_with_failover(
         if kind is ErrorKind.QUOTA and fail_over and zone:
             exhausted_regions.add(ops.region_of(zone))
             continue
+        quota = quota_named(message) if kind is ErrorKind.GLOBAL_QUOTA else None
         raise FleetrunError(
             f"pulumi up failed in {where}: a {kind.value} error"
+            + (f" (quota {quota}, counted over all regions)" if quota else "")
             + (", which another zone would not fix" if fail_over else "")
             + f"; the partial fleet was destroyed. {_advice(kind)}\n{_tail_text(message)}"
         )
@@ -390,6 +412,55 @@ def up_with_failover(
         + "); each partial fleet was destroyed. Add zones, lower fleet:node_count, use a reservation, "
         "or try again later."
     )
+
+
+def _bounded_up(stack: Stack, watch: NodeWatch, where: str, on_output: OnOutput, clock: Clock) -> Any:
+    """``stack.up``, cancelled when it has failed and would keep its partial fleet too long.
+
+    ``up`` runs in a worker thread; this thread watches its engine events (``watch``). Once a
+    resource failed (an error diagnostic) and nodes exist, the attempt is lost whatever the rest
+    does, so when ``up`` has not returned ``CANCEL_MARGIN_S`` before the partial fleet's limit it
+    is cancelled (``Stack.cancel``); the cancelled ``up`` then raises its ``CommandError``, and
+    the caller destroys what exists. An ``up`` that does not stop within ``CANCEL_WAIT_S`` of the
+    cancel is given up on with an error that says the partial fleet may still bill."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["result"] = stack.up(
+                on_output=on_output, on_event=watch, show_secrets=False, suppress_outputs=True
+            )
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="pulumi-up", daemon=True)
+    worker.start()
+    cancelled_at: float | None = None
+    while True:
+        worker.join(POLL_S)
+        if not worker.is_alive():
+            break
+        first = watch.first_node_at
+        if cancelled_at is None and watch.failures and first is not None:
+            age = clock() - first
+            if age >= PARTIAL_FLEET_LIMIT_S - CANCEL_MARGIN_S:
+                on_output(
+                    f"fab up: the attempt in {where} failed and `pulumi up` is still running {age:.0f} s "
+                    f"after its first node came up; cancelling it to destroy the partial fleet within "
+                    f"{PARTIAL_FLEET_LIMIT_S:.0f} s"
+                )
+                with contextlib.suppress(Exception):  # the update may have ended meanwhile
+                    stack.cancel()
+                cancelled_at = clock()
+        elif cancelled_at is not None and clock() - cancelled_at > CANCEL_WAIT_S:
+            raise FleetrunError(
+                f"pulumi up in {where} failed and did not stop {CANCEL_WAIT_S:.0f} s after its cancel; its "
+                "partial fleet may still be billing. Run `fab down` (it destroys and audits the cloud). "
+                + _tail_text("\n".join(watch.failures))
+            )
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
 
 
 def _destroy_partial(
@@ -422,10 +493,22 @@ def _advice(kind: ErrorKind) -> str:
     return {
         ErrorKind.CAPACITY: "Add zones to fleet:zones, lower fleet:node_count, or use a reservation.",
         ErrorKind.QUOTA: "Request more quota (docs/cloud.md, step 2), or add zones in another region (GCP).",
+        ErrorKind.GLOBAL_QUOTA: "Request more of that quota (docs/cloud.md, step 2); no other zone or region helps.",
         ErrorKind.BAD_CONFIG: "Fix the stack config (see the provider's message below).",
         ErrorKind.PERMISSION: "Grant the deploying identity the roles listed in docs/cloud.md, step 2.",
         ErrorKind.OTHER: "",
     }[kind]
+
+
+def quota_named(message: str) -> str | None:
+    """The quota a provider message names (``Quota 'GPUS_ALL_REGIONS' exceeded``, or the metric
+    ``compute.googleapis.com/gpus_all_regions``), cleaned for the terminal, or None."""
+    import re
+
+    found = re.search(r"Quota '([A-Za-z0-9_]{1,64})'", message) or re.search(
+        r"\b([A-Za-z0-9_]{1,64}_(?:ALL_REGIONS|all_regions))\b", message
+    )
+    return found.group(1).upper() if found else None
 
 
 def _tail_text(text: str, lines: int = 15) -> str:

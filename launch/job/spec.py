@@ -419,14 +419,18 @@ class JobSpec(BaseModel):
         return digest.hexdigest()[:16]
 
 
-def load_job_spec(path: str | Path, overrides: Sequence[Override] = ()) -> JobSpec:
+def load_job_spec(
+    path: str | Path, overrides: Sequence[Override] = (), allowed: tuple[Path, ...] = ()
+) -> JobSpec:
     """Read and validate a playbook; every problem names the file and the field.
     ``overrides`` (``--set``, ``launch.job.overrides``) go into the data before validation.
 
     Validated strictly (``procs_per_node: yes`` is not 1, ``nodes: "3"`` is not 3), then the
     checks that need the file system: the workdir is a real directory that is not ``/`` or the
     home directory (the whole of it would be synced to every node), the requirements file is
-    inside it, and the launcher's own limits (``launcher.check_spec``).
+    inside it, and the launcher's own limits (``launcher.check_spec``). ``workdir`` and
+    ``channels.*.local`` must lie in the playbook's own tree (``check_shipped_paths``) or under one
+    of ``allowed`` (paths the user named on the command line).
     """
     path = resolve_playbook(path)
     shown = printable(path, 400)
@@ -466,6 +470,7 @@ def load_job_spec(path: str | Path, overrides: Sequence[Override] = ()) -> JobSp
             raise SpecError(
                 f"{shown}: field 'channels.{name}.local': directory {printable(channel.local, 400)} does not exist"
             )
+    check_shipped_paths(spec, path, shown, allowed)
     from launch.planning.launchers import launcher_class  # the launchers import this module
 
     for field, problem in launcher_class(spec.launcher).check_spec(spec):
@@ -516,3 +521,51 @@ def _resolve_local_channels(data: dict[str, object], path: Path, shown: str) -> 
                 f"{where}: {printable(resolved, 400)} is the root or home directory; it would be copied whole"
             )
         channels[name] = {**channel, "local": str(resolved)}
+
+
+def playbook_tree(playbook: Path) -> Path:
+    """The tree a playbook may ship files from: the built-in playbooks' folder for a built-in,
+    else the git checkout holding the playbook (not when that is ``/`` or the home directory, as
+    with a dotfiles repository), else the playbook's own directory."""
+    from launch.job.builtin import builtin_root
+
+    where = playbook.resolve().parent
+    root = builtin_root()
+    if root is not None and where.is_relative_to(root.resolve() / "playbooks"):
+        return root.resolve()
+    for folder in (where, *where.parents):
+        if (folder / ".git").exists():
+            if folder not in (Path("/"), Path.home().resolve()):
+                return folder
+            break
+    return where
+
+
+def check_shipped_paths(spec: JobSpec, playbook: Path, shown: str, allowed: tuple[Path, ...] = ()) -> None:
+    """Refuse a ``workdir`` or ``channels.*.local`` outside the playbook's own tree.
+
+    Whatever those name is copied from this machine to every node. A playbook is often someone
+    else's file (a colleague's, a repository's): ``workdir: /etc/ssh`` or ``~/.config`` would ship
+    this machine's secrets to machines the playbook's author may read. Only the user can widen
+    that, by naming the path on the command line (``--allow-path``). fleetrun's own example and
+    test code (``examples/``, and ``tests/`` in a checkout, beside the built-in playbooks) holds
+    nothing of the user's and may always be sent."""
+    from launch.job.builtin import EXAMPLES_DIR, builtin_root
+
+    tree = playbook_tree(playbook)
+    roots = [tree, *(Path(a).expanduser().resolve() for a in allowed)]
+    shipped = builtin_root()
+    if shipped is not None:
+        roots += [shipped.resolve() / EXAMPLES_DIR, shipped.resolve() / "tests"]
+    fields = [("workdir", spec.workdir)]
+    fields += [
+        (f"channels.{name}.local", Path(c.local)) for name, c in spec.channels.items() if c.local is not None
+    ]
+    for field, value in fields:
+        target = Path(value).resolve()
+        if not any(target.is_relative_to(root) for root in roots):
+            raise SpecError(
+                f"{shown}: field '{printable(field, 120)}': {printable(target, 400)} is outside the playbook's "
+                f"tree {printable(tree, 400)}; a playbook may only send its own files to the nodes. If you mean "
+                f"to send it, name it on the command line: --allow-path {printable(target, 400)}"
+            )

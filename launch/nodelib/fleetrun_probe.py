@@ -1,6 +1,6 @@
 """``fab doctor``'s probe: one run per node, facts about the node as one line of JSON.
 
-Sent on stdin to the host's Python (``python - MODE PRIVATE_ADDRESS PORT HEAD LIB_FILE``), so
+Sent on stdin to the host's Python (``python - MODE PRIVATE_ADDRESS PORT HEAD LIB_DIR``), so
 nothing needs to be installed and the interpreter probed is the one the job will use. Standard
 library only (Python 3.8+), plus ``ip``, ``ss`` and ``nvidia-smi`` when the node has them: a
 missing tool is a fact to report (``null``), never a crash. Every external command has a short
@@ -16,12 +16,14 @@ answer, which is parsed as untrusted input there (``launch.rules.probe_facts``).
 last thing taken, just before the answer is written, so the laptop can bound the skew.
 """
 
+import hashlib
 import json
 import os
 import platform
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -34,6 +36,42 @@ except ImportError:
 
 TOOL_TIMEOUT_S = 8
 MAX_ITEMS = 64
+LIB_UNHASHED = ("VERSION", "__pycache__")
+"""Not part of the library's digest: the laptop's note of its version, and Python's byte-code cache."""
+MAX_LIB_FILES = 256
+MAX_LIB_BYTES = 32 << 20
+
+
+def library_digest(directory):
+    """The node library's version, from its content: sha256 over the name and bytes of each file,
+    in name order (the first 16 hex digits); ``""`` when the directory is missing, holds anything
+    but regular files (a link, a directory), too much, or cannot be read.
+
+    The laptop computes the same over the library it ships (``launch.transport.sync``), so a node
+    is "current" only when its files are those bytes: a library changed on the node (by a relay,
+    a job, a colleague) is replaced by the next sync, whatever a ``VERSION`` file there says."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n not in LIB_UNHASHED)
+    except OSError:
+        return ""
+    if len(names) > MAX_LIB_FILES:
+        return ""
+    digest = hashlib.sha256()
+    total = 0
+    for name in names:
+        try:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return ""
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return ""
+            data = handle.read(MAX_LIB_BYTES - total + 1)
+        total += len(data)
+        if total > MAX_LIB_BYTES:
+            return ""
+        digest.update(name.encode("utf-8", "surrogateescape") + b"\0" + data + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def tool(argv, timeout=TOOL_TIMEOUT_S):
@@ -194,7 +232,7 @@ def gpu_health(full):
 
 
 def main(argv):
-    mode, private, port, head, lib_file = argv[1], argv[2], int(argv[3]), argv[4] == "1", argv[5]
+    mode, private, port, head, lib_dir = argv[1], argv[2], int(argv[3]), argv[4] == "1", argv[5]
     answer = {"v": 1, "mode": mode, "python": platform.python_version()}
     answer["hostname"] = socket.gethostname()[:255]
     answer["hostname_addrs"] = hostname_addresses(answer["hostname"])
@@ -204,11 +242,7 @@ def main(argv):
         answer["home_free"] = shutil.disk_usage(home).free
     except OSError:
         answer["home_free"] = None
-    try:
-        with open(os.path.join(home, lib_file)) as handle:
-            answer["lib"] = handle.read(200).strip()
-    except (OSError, UnicodeError):
-        answer["lib"] = ""
+    answer["lib"] = library_digest(os.path.join(home, lib_dir))
     if head and port > 0:  # 0: the run takes a free port at launch (rdzv_port: auto)
         answer["port"] = port_facts(port)
     answer["gpu_health"] = gpu_health(mode == "full")

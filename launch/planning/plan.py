@@ -96,6 +96,8 @@ class LaunchPlan:
     """What a lost node, a preemption or a failed rank does to the run (the playbook's ``recovery:``)."""
     min_nodes: int | None = None
     """Elastic jobs (``nodes: MIN:MAX``): the fewest nodes a later attempt may run on."""
+    workdir: str = ""
+    """The folder of this machine sent to every node (the dry run names it, with the data channels)."""
 
     @property
     def head(self) -> NodePlan:
@@ -119,6 +121,10 @@ class LaunchPlan:
             )
             out.append(f"# rendezvous port: {port}")
         out.append(f"# recovery: {describe_policy(self.recovery, self.min_nodes, len(self.nodes))}")
+        if self.workdir:
+            out.append(
+                f"# sends: workdir {self.workdir} on this machine, to ~/.fleetrun/work/{self.job} on every node"
+            )
         out += [f"# note: {n}" for n in self.notes]
         for node in self.nodes:
             out.append("")

@@ -37,7 +37,7 @@ from launch.rules.gpu_health import expected_fabric_devices, expected_gpus
 from launch.rules.preflight import Findings, Job, Observation, errors_by_node, judge, pick_hosts
 from launch.rules.probe_facts import ProbeFacts, parse_probe_answer
 from launch.transport.ssh import DEFAULT_CONNECT_TIMEOUT, Fleet, NodeConnection
-from launch.transport.sync import LIB_VERSION
+from launch.transport.sync import LIB_DIR
 
 PROBE_TIMEOUT_S = 30.0
 LISTEN_WINDOW_S = 30
@@ -107,7 +107,7 @@ class ProbeResult:
 
 def probe_command(host: Host, mode: str, head: Host, port: int) -> str:
     args = [mode, host.private_address or host.address, str(port), "1" if host.name == head.name else "0"]
-    return " ".join([shlex.quote(host.python), "-", *map(shlex.quote, args), shlex.quote(LIB_VERSION)])
+    return " ".join([shlex.quote(host.python), "-", *map(shlex.quote, args), shlex.quote(LIB_DIR)])
 
 
 def run_probe(conn: NodeConnection, mode: str, head: Host, port: int, source: bytes) -> ProbeResult:

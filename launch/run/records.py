@@ -170,6 +170,25 @@ def new_run_id(started_at: float) -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(started_at)) + "-" + secrets.token_hex(2)
 
 
+def _private_file(path: Path) -> None:
+    """``path``'s directory 0700 (made so, or tightened when it is ours and open to others: it is
+    ``FLEETRUN_HOME``, with keys and run history) and the database file 0600 before SQLite opens
+    it (SQLite gives its ``-wal`` and ``-shm`` files the database's mode)."""
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = parent.stat()
+    shared = info.st_mode & 0o1002 or parent.resolve() in (Path("/"), Path.home().resolve())
+    if info.st_uid == os.getuid() and info.st_mode & 0o077 and not shared:  # never /tmp, / or ~
+        os.chmod(parent, 0o700)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if name.stat().st_uid == os.getuid() and name.stat().st_mode & 0o077:
+                os.chmod(name, 0o600)
+        except FileNotFoundError:
+            continue
+
+
 class RunRecords:
     """The run-records database at ``path`` (created with its parents if missing).
 
@@ -180,7 +199,7 @@ class RunRecords:
 
     def __init__(self, path: str | Path, *, timeout_s: float = 10.0) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private_file(self.path)  # run history and hyperparameters: the owner's only
         self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")

@@ -7,13 +7,19 @@ unauthenticated handshakes, sshd's ``MaxStartups``) a user may have at once, whi
 carries many channels (sshd's ``MaxSessions`` counts shells and commands, not forwarded channels).
 The jump hop is checked against the same known_hosts with the same ``RejectPolicy`` as every
 other connection, and the node's own host key is still checked end to end through the channel.
+Every connection to a jump host (this one, and each OpenSSH command of ``openssh.jump_slot``)
+holds one of ``JUMP_SLOTS`` lock-file slots shared by all fleetrun processes of the user.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import hashlib
+import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +30,60 @@ from launch.job.inventory import Host, JumpHost, bracketed
 
 DEFAULT_CONNECT_TIMEOUT = 10
 KEEPALIVE_S = 5
+JUMP_SLOTS = 8
+"""SSH connections (handshakes) fleetrun opens through one jump host at once, across every fleetrun
+process of this user: sshd's default ``MaxStartups 10:30:100`` starts dropping concurrent
+unauthenticated connections past 10, and two ``fab`` commands through one login node (a train
+and a pull) would each think they had the whole budget."""
+SLOT_POLL_S = 0.05
+
+
+def _slot_files(endpoint: tuple[str, int], directory: Path | None) -> list[Path]:
+    from launch.paths import fleetrun_home
+
+    where = directory if directory is not None else fleetrun_home() / "locks"
+    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    name = hashlib.sha256(f"{endpoint[0]}:{endpoint[1]}".encode()).hexdigest()[:16]
+    return [where / f"jump-{name}-{i}" for i in range(JUMP_SLOTS)]
+
+
+def take_jump_slot(
+    endpoint: tuple[str, int], blocking: bool = True, directory: Path | None = None
+) -> int | None:
+    """One of the ``JUMP_SLOTS`` shared by all fleetrun processes for the jump host ``endpoint``:
+    an open descriptor holding an ``flock`` on one of its slot files (``$FLEETRUN_HOME/locks``),
+    released by ``give_jump_slot`` or when the process dies (the kernel drops the lock, so a
+    killed ``fab`` never leaves a slot taken). None when ``blocking`` is False and all are taken."""
+    files = _slot_files(endpoint, directory)
+    while True:
+        for path in files:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return fd
+        if not blocking:
+            return None
+        time.sleep(SLOT_POLL_S)
+
+
+def give_jump_slot(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def shared_jump_slot(endpoint: tuple[str, int], directory: Path | None = None) -> Iterator[None]:
+    """Hold one cross-process slot of the jump host ``endpoint`` for the ``with`` block."""
+    fd = take_jump_slot(endpoint, directory=directory)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            give_jump_slot(fd)
 
 
 def key_file_problem(path: Path) -> str | None:
@@ -146,7 +206,10 @@ class JumpHosts:
             client.load_host_keys(str(self.known_hosts))
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
             try:
-                with connect_errors(for_host, jump.label, jump.key, jump.host_key, client, "proxy_jump"):
+                with (
+                    shared_jump_slot(jump.endpoint),  # its handshake counts against MaxStartups too
+                    connect_errors(for_host, jump.label, jump.key, jump.host_key, client, "proxy_jump"),
+                ):
                     client.connect(
                         hostname=jump.address,
                         port=jump.port,

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launch.job.inventory import Host, JumpHost
-from launch.transport.jump import DEFAULT_CONNECT_TIMEOUT
+from launch.transport.jump import DEFAULT_CONNECT_TIMEOUT, JUMP_SLOTS, shared_jump_slot
 
 
 def ssh_token_safe(value: str) -> str:
@@ -74,7 +74,6 @@ def openssh_command(
     return cmd
 
 
-JUMP_SLOTS = 8
 _slots_guard = threading.Lock()
 _slots: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 
@@ -88,5 +87,5 @@ def jump_slot(host: Host) -> Iterator[None]:
         return
     with _slots_guard:
         slot = _slots.setdefault(host.proxy_jump.endpoint, threading.BoundedSemaphore(JUMP_SLOTS))
-    with slot:
+    with slot, shared_jump_slot(host.proxy_jump.endpoint):  # and across fleetrun processes
         yield

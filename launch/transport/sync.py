@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import hashlib
 import shlex
 import shutil
 import subprocess
@@ -20,13 +19,15 @@ from pathlib import Path
 
 from launch.errors import HostError
 from launch.job.inventory import Host
+from launch.nodelib.fleetrun_probe import library_digest
 from launch.planning import remote_layout as layout
 from launch.settings import DEFAULT_FANOUT
 from launch.transport.openssh import jump_slot
 from launch.transport.ssh import ensure_open_files, openssh_command, parallel_map
 
 NODELIB = Path(__file__).resolve().parent.parent / "nodelib"
-LIB_VERSION = f"{layout.LIB}/VERSION"
+LIB_DIR = layout.LIB
+"""The node library on a node, home-relative; the probe reports the digest of its content."""
 ALWAYS_EXCLUDED = [".git", "__pycache__", "*.pyc", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"]
 
 
@@ -42,25 +43,24 @@ class SyncResult:
 def nodelib_source() -> tuple[Path, str]:
     """A copy of the node library with a ``VERSION`` file (a hash of its files), and that hash.
 
-    The version lets a sync skip the library on nodes that already have it (the preflight reads
-    ``~/.fleetrun/lib/VERSION``): one rsync per node instead of two on an unchanged re-sync.
+    The version lets a sync skip the library on nodes that already have it: the preflight's
+    probe hashes the node's ``~/.fleetrun/lib`` the same way (``fleetrun_probe.library_digest``),
+    so a node counts as current by its files' content, never by what its ``VERSION`` file says
+    (that file is only a note for people). One rsync per node instead of two on an unchanged re-sync.
     """
     files = sorted(p for p in NODELIB.glob("*.py") if p.name != "__init__.py")
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    version = digest.hexdigest()[:16]
     staging = Path(tempfile.mkdtemp(prefix="fleetrun-nodelib-"))
     for path in files:
         shutil.copy2(path, staging / path.name)
+    version = library_digest(str(staging))
     (staging / "VERSION").write_text(version + "\n")
     atexit.register(shutil.rmtree, staging, True)
     return staging, version
 
 
 def lib_is_current(reported: str) -> bool:
-    """Whether a node's ``VERSION`` (as read by the preflight) matches this fleetrun's library."""
-    return reported.strip() == nodelib_source()[1]
+    """Whether a node's library digest (the probe's, from the files' content) is this fleetrun's."""
+    return bool(reported.strip()) and reported.strip() == nodelib_source()[1]
 
 
 def rsync_filters(workdir: Path) -> list[str]:

@@ -21,6 +21,7 @@ caller syncs it with rsync (directly or through the head), so this can only make
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 from collections.abc import Callable, Collection
@@ -132,12 +133,39 @@ def plan_patch(local: LocalTree, node: dict[str, list[object]]) -> Patch:
     for rel in node:
         if rel in local.entries:
             continue
-        if not (local.root / rel).is_symlink() and not (local.root / rel).exists():
-            raise NotQuick(f"{rel} is on the node only (rsync --delete decides)")
+        if not _in_own_tree(local.root, rel):
+            raise NotQuick(f"{rel} is on the node only, or under a link here (rsync decides)")
         ignore.append(rel)  # excluded here, so rsync leaves it on the node too
     if len(files) > MAX_CHANGED_FILES:
         raise NotQuick(f"{len(files)} changed files")
     return Patch(sorted(dirs), files, sorted(ignore))
+
+
+def _in_own_tree(root: Path, rel: str) -> bool:
+    """Whether the workdir itself holds ``rel`` (a file, directory or link), following no link.
+
+    ``rel`` comes from a node. Looked up through a link in the workdir (``cfg -> ~/.ssh``), the
+    answer would tell the node whether a file of this machine exists outside the workdir (the
+    quick path or rsync is the node's to observe). So every component before the last must be a
+    real directory of the workdir, and the last is checked with ``lstat``; anything else is
+    False (rsync decides), whatever lies behind the link."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        parts = rel.split("/")
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                return False
+            os.close(fd)
+            fd = child
+        try:
+            os.lstat(parts[-1], dir_fd=fd)
+        except OSError:
+            return False
+        return True
+    finally:
+        os.close(fd)
 
 
 def patch_payload(local: LocalTree, patch: Patch) -> bytes:

@@ -9,7 +9,8 @@ The head needs a way into the workers. fleetrun never puts the operator's key on
 launcher and SkyPilot copy it to the head). Instead, per sync: an ephemeral ed25519 key is made
 in memory, the workers accept it only from the head's private address and only without
 forwarding or a terminal (``restrict,from=...``), only until it expires (``expiry-time``), and only
-to run rsync's receiver into the two synced directories (a forced ``command``: ``rsync_gate``).
+to run rsync's receiver into the job's workdir (a forced ``command``: ``rsync_gate``); never into
+the node library, which a worker gets from the laptop (checked by content, ``sync.nodelib_source``).
 The head gets it with the workers' pinned host keys (strict checking, as everywhere), and
 afterwards the key's exact line is removed from every worker (``launch.transport.authorized_keys``:
 the operator's lines stay byte for byte) and the key deleted from the head, whatever happened,
@@ -99,36 +100,27 @@ class RelayKey:
         )
 
 
-def relay_dests(job: str) -> tuple[str, str]:
-    """Where the relay writes on a worker (as ``fleetrun_relay.py`` names them): the workdir and the library."""
-    return (f"{layout.workdir(job)}/", f"{layout.LIB}/")
+def relay_dests(job: str) -> tuple[str]:
+    """Where the relay key may write on a worker: the job's workdir, nothing else.
+
+    Not the node library: that is the code every later run executes on the worker (watchdog,
+    guard, checkpoint helper), and the head is only one node of the fleet. A worker whose library
+    is not current gets it from this machine directly (``relay_sync``)."""
+    return (f"{layout.workdir(job)}/",)
 
 
 def relay_config(
-    workers: list[Host],
-    job: str,
-    filters: list[str],
-    relay_dir: str,
-    lib_current: Collection[str],
-    parallel: int,
+    workers: list[Host], job: str, filters: list[str], relay_dir: str, parallel: int
 ) -> dict[str, object]:
+    """What the head's relay does: the workdir only (``relay_dests``), to each worker."""
     return {
         "key": f"{relay_dir}/key",
         "known_hosts": f"{relay_dir}/known_hosts",
         "parallel": parallel,
         "timeout": 1800,
-        "transfers": [
-            {"source": layout.workdir(job), "dest": layout.workdir(job), "filters": filters},
-            {"source": layout.LIB, "dest": layout.LIB, "filters": [], "lib": True},
-        ],
+        "transfers": [{"source": layout.workdir(job), "dest": layout.workdir(job), "filters": filters}],
         "targets": [
-            {
-                "name": h.name,
-                "user": h.user,
-                "address": h.private_address,
-                "port": h.port,
-                "ship_lib": h.name not in lib_current,
-            }
+            {"name": h.name, "user": h.user, "address": h.private_address, "port": h.port, "ship_lib": False}
             for h in workers
         ],
     }
@@ -184,19 +176,32 @@ def relay_sync(
         head_result = exc
     finish(head.name, head_result)
     relayed: dict[str, SyncResult | BaseException] = {}
+    # A worker without the current library gets it from here after the relay (the relay key may
+    # write only the workdir); it is reported once, when both are done.
+    needs_lib = {h.name for h in workers if h.name not in lib_current}
+
+    def relayed_done(name: str, value: SyncResult | BaseException) -> None:
+        if name not in needs_lib:
+            finish(name, value)
+
     if not isinstance(head_result, BaseException) and workers:
-        relayed = _through_head(
-            fleet, head, workers, job, rsync_filters(workdir), lib_current, parallel, finish
-        )
-    missed = [h for h in workers if not isinstance(relayed.get(h.name), SyncResult)]
-    if missed:
-        direct = parallel_map(
-            missed,
-            lambda h: sync_host(h, workdir, job, known_hosts, ship_lib=h.name not in lib_current),
-            max_parallel=parallel,
-            on_done=finish,
-        )
-        results.update(direct)
+        relayed = _through_head(fleet, head, workers, job, rsync_filters(workdir), parallel, relayed_done)
+
+    def direct(host: Host) -> SyncResult:
+        result = sync_host(host, workdir, job, known_hosts, ship_lib=host.name in needs_lib)
+        through_head = relayed.get(host.name)
+        if isinstance(through_head, SyncResult):  # the workdir came through the head, the library from here
+            return SyncResult(
+                host.name,
+                through_head.files_sent + result.files_sent,
+                through_head.bytes_sent + result.bytes_sent,
+                via=through_head.via,
+            )
+        return result
+
+    rest = [h for h in workers if not isinstance(relayed.get(h.name), SyncResult) or h.name in needs_lib]
+    if rest:
+        results.update(parallel_map(rest, direct, max_parallel=parallel, on_done=finish))
     return {h.name: results[h.name] for h in hosts}
 
 
@@ -206,7 +211,6 @@ def _through_head(
     workers: list[Host],
     job: str,
     filters: list[str],
-    lib_current: Collection[str],
     parallel: int,
     finish: OnDone,
 ) -> dict[str, SyncResult | BaseException]:
@@ -221,7 +225,7 @@ def _through_head(
         if not authorized:
             return relayed
         head_conn = fleet.connections[head.name]
-        config = relay_config(authorized, job, filters, relay_dir, lib_current, parallel)
+        config = relay_config(authorized, job, filters, relay_dir, parallel)
         head_conn.put_file(f"{relay_dir}/key", key.private_openssh, 0o600)
         head_conn.put_file(f"{relay_dir}/known_hosts", known_hosts_text(authorized), 0o600)
         head_conn.put_file(f"{relay_dir}/config.json", json.dumps(config), 0o600)

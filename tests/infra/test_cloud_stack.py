@@ -14,6 +14,7 @@ import json
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -91,7 +92,10 @@ def test_outputs_that_are_not_a_fleetrun_stack_are_refused() -> None:
         outputs_to_contract({"url": OutputValue("http://example.com", False)})
 
 
-def test_outputs_json_is_private_and_loads_into_the_inventory(tmp_path: Path) -> None:
+def test_outputs_json_is_private_and_loads_into_the_inventory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
     snap = evaluate("aws")
     path = write_outputs_json(snap.outputs, tmp_path / "stack" / "outputs.json")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # holds the operator's private key
@@ -245,6 +249,21 @@ def test_down_destroys_then_confirms_with_the_cloud(monkeypatch: pytest.MonkeyPa
     assert snap.outputs["bucket"] in said[-1]
 
 
+def test_down_audits_with_the_stacks_provider_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, item 1: the audit gets the stack's aws:* config (its assumeRoles), so it lists the
+    account the cluster was built in."""
+    roles = '[{"roleArn": "arn:aws:iam::222:role/deploy"}]'
+    stack = FakeStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "aws:assumeRoles": roles, "aws:profile": "lab"},
+        {},
+    )
+    _fake(monkeypatch, stack)
+    asked: list[ClusterLocation] = []
+    stack_down("test", REPO, on_output=lambda _m: None, leftovers=lambda loc: asked.append(loc) or [])
+    assert dict(asked[0].provider_config) == {"assumeRoles": roles, "profile": "lab"}
+    assert "fleet:cloud" not in dict(asked[0].provider_config)
+
+
 def test_stack_inventory_saves_the_generated_key_and_names_the_stack(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -368,6 +387,62 @@ def test_a_long_lived_partial_fleet_is_reported(monkeypatch: pytest.MonkeyPatch)
     assert any("WARNING: that partial fleet lived" in m for m in said)
 
 
+class StalledStack(FakeStack):
+    """A zone whose ``up`` reports a failed node, then hangs (a create stalled in the provider)
+    until the update is cancelled; the fake clock runs while it hangs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.calls.append(("cancel",))
+        self.cancelled.set()
+
+    def up(self, on_event: Any = None, **kwargs: Any) -> Any:
+        zone = self.config.get("fleet:zone")
+        if zone not in self.fail:
+            return super().up(on_event=on_event, **kwargs)
+        self.calls.append(("up", zone))
+        for rank in range(2):
+            self.clock.now += 20
+            urn = self.node_urn(rank)
+            self.resources += [urn]
+            self._first_node_at = self._first_node_at or self.clock.now
+            on_event(
+                SimpleNamespace(
+                    res_outputs_event=SimpleNamespace(metadata=SimpleNamespace(op=OpType.CREATE, urn=urn))
+                )
+            )
+        on_event(SimpleNamespace(diagnostic_event=SimpleNamespace(severity="error", message=self.fail[zone])))
+        for _ in range(2000):  # without a cancel: hangs 2000 fake seconds, then fails anyway
+            if self.cancelled.wait(0.002):
+                break
+            self.clock.now += 1
+        raise CommandError(CommandResult(stdout=f"error: {self.fail[zone]}", stderr="", code=255))
+
+
+def test_a_stalled_failed_up_is_cancelled_and_its_partial_fleet_destroyed_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 24, item 2: past the deadline `up` is cancelled and the partial fleet destroyed,
+    rather than destroyed only when a stalled `up` returns."""
+    monkeypatch.setattr(cloud_stack, "POLL_S", 0.001)
+    stack = StalledStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:zones": "us-east-1a, us-east-1b"},
+        evaluate("aws").outputs,
+        fail={"us-east-1a": CAPACITY_AWS},
+    )
+    outputs, said = _up(monkeypatch, stack)
+    assert ("cancel",) in stack.calls
+    names = [c[0] for c in stack.calls]
+    assert names.index("cancel") < names.index("destroy") < names.index("up", names.index("destroy"))
+    assert stack.partial_lifetimes and max(stack.partial_lifetimes) <= cloud_stack.PARTIAL_FLEET_LIMIT_S
+    assert any("cancelling it to destroy the partial fleet" in m for m in said)
+    assert not any("WARNING" in m for m in said)
+    assert stack.config["fleet:zone"] == "us-east-1b" and outputs["cluster_id"]
+
+
 def test_quota_skips_the_rest_of_its_region(monkeypatch: pytest.MonkeyPatch) -> None:
     stack = FakeStack(
         {
@@ -382,6 +457,26 @@ def test_quota_skips_the_rest_of_its_region(monkeypatch: pytest.MonkeyPatch) -> 
     ups = [c[1] for c in stack.calls if c[0] == "up"]
     assert ups == ["us-central1-a", "us-east4-b"]  # a regional quota: us-central1-b would refuse too
     assert stack.config["fleet:zone"] == "us-east4-b"
+
+
+def test_a_global_quota_stops_the_failover_naming_the_quota(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, item 3: GPUS_ALL_REGIONS counts every region; no other zone is tried (each try
+    would create and destroy another partial fleet)."""
+    stack = FakeStack(
+        {
+            "fleet:cloud": "gcp",
+            "fleet:project": "p-123456",
+            "fleet:zones": '["us-central1-a", "us-east4-b", "europe-west4-a"]',
+        },
+        evaluate("gcp").outputs,
+        fail={"us-central1-a": "Error: Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 16.0 globally."},
+    )
+    with pytest.raises(
+        FleetrunError, match=r"us-central1-a: a global-quota error \(quota GPUS_ALL_REGIONS, counted"
+    ):
+        _up(monkeypatch, stack)
+    assert [c[1] for c in stack.calls if c[0] == "up"] == ["us-central1-a"]
+    assert not [r for r in stack.resources if "GpuNodes" in r]
 
 
 def test_a_bad_config_stops_without_trying_other_zones(monkeypatch: pytest.MonkeyPatch) -> None:

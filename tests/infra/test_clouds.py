@@ -34,8 +34,21 @@ def test_real_provider_errors_are_classified(cloud: str, entry: dict[str, str]) 
 def test_the_corpus_covers_every_kind_on_both_clouds() -> None:
     for cloud, entries in CORPUS.items():
         kinds = {e["kind"] for e in entries}
-        assert kinds == {"capacity", "quota", "bad-config", "permission"}, cloud
+        assert kinds - {"global-quota"} == {"capacity", "quota", "bad-config", "permission"}, cloud
         assert all(e["source"].startswith("https://github.com/") for e in entries)
+
+
+def test_gcp_quotas_over_all_regions_are_global() -> None:
+    """Issue 24, item 3: GPUS_ALL_REGIONS is a project-wide limit; a regional quota is not."""
+    assert "global-quota" in {e["kind"] for e in CORPUS["gcp"]}
+    assert (
+        CLOUDS["gcp"].classify_error(
+            "Error 403: QUOTA_EXCEEDED, metric name = compute.googleapis.com/gpus_all_regions"
+        )
+        is ErrorKind.GLOBAL_QUOTA
+    )
+    regional = "Quota 'NVIDIA_A100_GPUS' exceeded.  Limit: 8.0 in region us-central1."
+    assert CLOUDS["gcp"].classify_error(regional) is ErrorKind.QUOTA
 
 
 def test_pulumi_wraps_the_message_and_the_kind_holds() -> None:
@@ -197,6 +210,79 @@ def test_aws_audit_lists_instances_in_any_live_state_volumes_addresses_and_inter
     assert all(tag in call["Filters"] for call in ec2.filters) and len(ec2.filters) == 4
     states = [f for f in ec2.filters[0]["Filters"] if f["Name"] == "instance-state-name"][0]["Values"]
     assert "stopped" in states and "terminated" not in states
+
+
+def test_aws_audit_asks_the_account_of_the_stacks_assumed_roles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, item 1: a cluster built through aws:assumeRoles lives in the role's account; the
+    audit must list that account, not the caller's (where it would find nothing)."""
+    accounts: dict[str, _Ec2] = {"caller": _Ec2(), "222": _Ec2()}
+    accounts["caller"].pages = {k: [{}] for k in accounts["caller"].pages}  # nothing in the caller's account
+    sessions: list[dict[str, Any]] = []
+    assumed: list[tuple[str, dict[str, Any]]] = []
+
+    def session(**kwargs: Any) -> Any:
+        sessions.append(kwargs)
+        who = kwargs.get("aws_access_key_id") or "caller"
+
+        def client(name: str, region_name: str | None = None) -> Any:
+            if name == "sts":
+
+                def assume_role(**call: Any) -> dict[str, Any]:
+                    assumed.append((who, call))
+                    account = call["RoleArn"].split(":")[4]
+                    return {
+                        "Credentials": {"AccessKeyId": account, "SecretAccessKey": "s", "SessionToken": "t"}
+                    }
+
+                return SimpleNamespace(assume_role=assume_role)
+            return accounts[who] if who in accounts else _Ec2()
+
+        return SimpleNamespace(client=client)
+
+    boto3 = ModuleType("boto3")
+    boto3.Session = session  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "boto3", boto3)
+    roles = '[{"roleArn": "arn:aws:iam::111:role/hop"}, {"roleArn": "arn:aws:iam::222:role/deploy", "externalId": "x1"}]'
+    location = ClusterLocation(
+        "aws",
+        "fr-dev-1a2b3c",
+        "us-east-1",
+        profile="lab",
+        provider_config=(("assumeRoles", roles), ("profile", "lab")),
+    )
+    found = CLOUDS["aws"].leftovers(location)
+    assert "instance i-0aaa (running, p4d.24xlarge, us-east-1a)" in found, "the role's account was listed"
+    # the chain in order: the caller assumes the first role, that role the second
+    assert [(who, call["RoleArn"]) for who, call in assumed] == [
+        ("caller", "arn:aws:iam::111:role/hop"),
+        ("111", "arn:aws:iam::222:role/deploy"),
+    ]
+    assert assumed[1][1]["ExternalId"] == "x1"
+    assert sessions[0] == {"profile_name": "lab", "region_name": "us-east-1"}
+    assert sessions[-1]["aws_access_key_id"] == "222" and sessions[-1]["region_name"] == "us-east-1"
+
+
+def test_aws_audit_fails_when_the_role_cannot_be_assumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never a fallback to the caller's account: that would confirm an empty account."""
+
+    def refuse(**_: Any) -> Any:
+        raise RuntimeError("AccessDenied: not authorized to perform sts:AssumeRole")
+
+    boto3 = ModuleType("boto3")
+    boto3.Session = lambda **_: SimpleNamespace(  # type: ignore[attr-defined]
+        client=lambda name, region_name=None: SimpleNamespace(assume_role=refuse) if name == "sts" else _Ec2()
+    )
+    monkeypatch.setitem(sys.modules, "boto3", boto3)
+    location = ClusterLocation(
+        "aws",
+        "fr-x-1",
+        "us-east-1",
+        provider_config=(("assumeRole", '{"roleArn": "arn:aws:iam::222:role/d"}'),),
+    )
+    with pytest.raises(
+        FleetrunError, match=r"assuming the stack's role arn:aws:iam::222:role/d failed.*AccessDenied"
+    ):
+        CLOUDS["aws"].leftovers(location)
 
 
 def test_gcp_audit_lists_instances_in_any_status_disks_and_addresses(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -205,6 +205,24 @@ def test_a3_gets_a_gvnic_per_gpu_data_network(machine_type: str, data_nics: int)
     assert not [n for n in evaluate("gcp").of_type("gcp:compute/network:Network") if "-data" in n.name]
 
 
+@pytest.mark.parametrize("network_cidr", ["10.0.0.0/16", "172.17.0.0/16", "172.16.4.0/24", "172.23.0.0/16"])
+def test_a3_data_subnets_never_overlap_the_primary_range(network_cidr: str) -> None:
+    """Every NIC of a VM on its own range: a network_cidr inside 172.16.0.0/12 (valid) must not
+    give a data NIC the primary subnet's range."""
+    import ipaddress
+
+    snap = evaluate("gcp", machine_type="a3-megagpu-8g", node_count="2", network_cidr=network_cidr)
+    ranges = [
+        ipaddress.ip_network(s.inputs["ipCidrRange"])
+        for s in snap.of_type("gcp:compute/subnetwork:Subnetwork")
+    ]
+    assert len(ranges) == 1 + 8
+    assert ipaddress.ip_network(network_cidr) in ranges
+    for i, a in enumerate(ranges):
+        for b in ranges[i + 1 :]:
+            assert not a.overlaps(b), (str(a), str(b))
+
+
 def test_a_disk_smaller_than_the_image_fails_naming_the_key() -> None:
     import pulumi
 

@@ -119,6 +119,12 @@ BAD_CONFIGS = {
         "needs fleet:bucket",
     ),
     "public network CIDR": (aws_config(network_cidr="8.8.0.0/16"), "network_cidr", "private"),
+    # issue 24, item 4: each p5 node takes 32 addresses (one per EFA interface): 8 need 256 > 251
+    "8 x p5 in a /24": (
+        aws_config(machine_type="p5.48xlarge", node_count="8", network_cidr="10.0.0.0/24"),
+        "network_cidr",
+        "8 nodes need 256 (32 each: one per EFA interface)",
+    ),
     "root login": (gcp_config(ssh_user="root"), "ssh_user", "not a valid login"),
     # -- issue 13, item 7: combinations the provider refuses (or mishandles) minutes into `up`
     "N1 with more vCPUs than one V100 allows": (
@@ -252,6 +258,12 @@ def test_aws_defaults_and_derived_settings() -> None:
     single = parse(aws_config(node_count="1"))
     assert single.efa and single.placement  # at any size, so growing replaces nothing
     assert not parse(aws_config(machine_type="t3.xlarge", node_count="2")).placement  # T types: no cluster PG
+    # 7 x p5 fit a /24 (224 of 251 addresses); without EFA a p5 node takes one address
+    assert parse(aws_config(machine_type="p5.48xlarge", node_count="7", network_cidr="10.0.0.0/24")).efa
+    p5_no_efa = aws_config(
+        machine_type="p5.48xlarge", node_count="200", network_cidr="10.0.0.0/24", efa="false"
+    )
+    assert not parse(p5_no_efa).efa
 
 
 def test_gcp_attached_and_built_in_gpus() -> None:

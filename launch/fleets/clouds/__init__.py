@@ -30,6 +30,8 @@ class ErrorKind(str, Enum):
     """The zone has no capacity for the type now, or does not offer it: another zone may work."""
     QUOTA = "quota"
     """An account or project limit: the same region will refuse again; another region may not."""
+    GLOBAL_QUOTA = "global-quota"
+    """A limit over all regions (GCP's ``GPUS_ALL_REGIONS``): no zone or region will take it."""
     BAD_CONFIG = "bad-config"
     """The request itself is wrong: no zone will take it; fix the stack config."""
     PERMISSION = "permission"
@@ -48,6 +50,10 @@ class ClusterLocation:
     """GCP project id."""
     profile: str | None = None
     """AWS named profile (aws:profile in the stack config), if any."""
+    provider_config: tuple[tuple[str, str], ...] = ()
+    """The stack's own ``<cloud>:*`` config (namespace stripped, sorted): how the program's
+    provider authenticates (AWS: ``assumeRoles``, keys), so that the audit asks the account the
+    cluster was built in, not the caller's own."""
 
 
 class CloudOps(Protocol):

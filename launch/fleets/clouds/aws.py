@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from typing import Any
 
@@ -81,8 +83,7 @@ class AwsOps:
             import boto3  # type: ignore[import-not-found, unused-ignore]
         except ImportError:
             raise FleetrunError(missing_sdk("boto3", "aws")) from None
-        session = boto3.Session(profile_name=location.profile, region_name=location.region)
-        ec2 = session.client("ec2")
+        ec2 = audit_session(boto3, location).client("ec2")
         tagged = {"Name": f"tag:{CLUSTER_TAG}", "Values": [location.cluster_id]}
         lines: list[str] = []
         live = {"Name": "instance-state-name", "Values": LIVE_STATES}
@@ -107,6 +108,117 @@ class AwsOps:
                     f"network interface {n['NetworkInterfaceId']} ({n.get('Status', '?')}, {n.get('InterfaceType', '?')})"
                 )
         return lines
+
+
+AUDIT_SESSION_NAME = "fleetrun-leak-audit"
+
+
+def audit_session(boto3: Any, location: ClusterLocation) -> Any:
+    """A boto3 session in the account the cluster was built in: the stack's provider credentials
+    (``aws:profile``, ``aws:accessKey``...), then its web identity and every role of
+    ``aws:assumeRole(s)`` in order, as the program's provider assumes them
+    (``infra.clouds.aws.provider_arguments``). Without this, a cluster built with a role in
+    another account is audited in the caller's own account, where nothing of it is found: a
+    "confirmed: nothing remains" while it keeps billing. A role that cannot be assumed fails
+    the audit (never a fallback to the caller's account)."""
+    config = dict(location.provider_config)
+    base: dict[str, Any] = {
+        "profile_name": config.get("profile") or location.profile,
+        "region_name": location.region,
+    }
+    for key, name in (
+        ("accessKey", "aws_access_key_id"),
+        ("secretKey", "aws_secret_access_key"),
+        ("token", "aws_session_token"),
+    ):
+        if config.get(key):
+            base[name] = config[key]
+    session = boto3.Session(**base)
+    sts_region = config.get("stsRegion") or location.region
+    web = _role_list(config, "assumeRoleWithWebIdentity")
+    for hop in web[:1]:
+        token = str(hop.get("webIdentityToken") or "")
+        if not token and hop.get("webIdentityTokenFile"):
+            token = _read_token(str(hop["webIdentityTokenFile"]))
+        answer = _sts(session, sts_region, "web identity", hop).assume_role_with_web_identity(
+            RoleArn=str(hop.get("roleArn", "")),
+            RoleSessionName=str(hop.get("sessionName") or AUDIT_SESSION_NAME),
+            WebIdentityToken=token,
+        )
+        session = _assumed(boto3, answer, location.region)
+    for hop in _role_list(config, "assumeRole") + _role_list(config, "assumeRoles"):
+        call: dict[str, Any] = {
+            "RoleArn": str(hop.get("roleArn", "")),
+            "RoleSessionName": str(hop.get("sessionName") or AUDIT_SESSION_NAME),
+        }
+        if hop.get("externalId"):
+            call["ExternalId"] = str(hop["externalId"])
+        if hop.get("sourceIdentity"):
+            call["SourceIdentity"] = str(hop["sourceIdentity"])
+        session = _assumed(boto3, _sts(session, sts_region, "role", hop).assume_role(**call), location.region)
+    return session
+
+
+def _role_list(config: dict[str, str], key: str) -> list[dict[str, Any]]:
+    """``aws:<key>`` as the provider reads it: one JSON object or a JSON list of them."""
+    raw = (config.get(key) or "").strip()
+    if not raw:
+        return []
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        raise FleetrunError(
+            f"stack config aws:{key} is not JSON; cannot audit in the role's account"
+        ) from None
+    items = parsed if isinstance(parsed, list) else [parsed]
+    if not all(isinstance(item, dict) and item.get("roleArn") for item in items):
+        raise FleetrunError(
+            f"stack config aws:{key}: every entry needs a roleArn; cannot audit in the role's account"
+        )
+    return items
+
+
+def _sts(session: Any, region: str, what: str, hop: dict[str, Any]) -> Any:
+    return _AssumeErrors(session.client("sts", region_name=region), f"{what} {str(hop.get('roleArn'))[:200]}")
+
+
+class _AssumeErrors:
+    """An STS client whose refusals become a FleetrunError naming the role (not a traceback)."""
+
+    def __init__(self, client: Any, what: str) -> None:
+        self.client, self.what = client, what
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.client, name)
+
+        def call(**kwargs: Any) -> Any:
+            try:
+                return method(**kwargs)
+            except Exception as exc:  # noqa: BLE001 - botocore's errors, without importing botocore
+                raise FleetrunError(
+                    f"cannot audit the cloud for leftovers: assuming the stack's {self.what} failed "
+                    f"({type(exc).__name__}: {str(exc)[:300]}). Nothing was confirmed; check in the role's account."
+                ) from None
+
+        return call
+
+
+def _assumed(boto3: Any, answer: dict[str, Any], region: str) -> Any:
+    creds = answer["Credentials"]
+    return boto3.Session(
+        aws_access_key_id=creds["AccessKeyId"],
+        aws_secret_access_key=creds["SecretAccessKey"],
+        aws_session_token=creds["SessionToken"],
+        region_name=region,
+    )
+
+
+def _read_token(path: str) -> str:
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as handle:
+            return handle.read(65536).strip()
+    except OSError as exc:
+        raise FleetrunError(f"cannot read aws:assumeRoleWithWebIdentity's token file: {exc}") from None
 
 
 def _pages(client: Any, operation: str, **kwargs: Any) -> Any:

@@ -51,6 +51,12 @@ ERROR_RULES: Rules = [
     ),
     # Not offered in this zone (machine type or GPU): the next zone may have it.
     (ErrorKind.CAPACITY, re.compile(r"does not exist in zone|/acceleratorTypes/\S+' was not found")),
+    # A project-wide limit over every region (GPUS_ALL_REGIONS, CPUS_ALL_REGIONS, or any quota the
+    # message says is counted "globally"): failing over to another region only repeats the refusal.
+    (
+        ErrorKind.GLOBAL_QUOTA,
+        re.compile(r"[A-Z0-9_]+_ALL_REGIONS|[a-z0-9_]+_all_regions|Limit: [\d.]+ globally"),
+    ),
     (
         ErrorKind.QUOTA,
         re.compile(r"QUOTA_EXCEEDED|Quota '[A-Z0-9_]+' exceeded|quotaExceeded|Insufficient \w+ quota"),

@@ -2,7 +2,11 @@
 for a run (``launch.fleets.cloud_stack`` creates and destroys stacks).
 
 Its inventory is fleetrun's own state: the stack's outputs (``--inventory stack:<name>``, read
-through the Pulumi Automation API, or a ``.json`` of those outputs). Nodes power off with
+through the Pulumi Automation API, or a ``.json`` of those outputs that fleetrun itself wrote:
+``fab up --outputs FILE`` records the file's SHA-256 under ``$FLEETRUN_HOME/trusted-outputs``).
+A ``.json`` from anywhere else is refused: what it says becomes the power-off hook run with sudo
+on the hosts it lists and the bucket that run data is sent to, which only fleetrun's own state
+may decide (a lab YAML, for other people's machines, can decide neither). Nodes power off with
 ``shutdown`` (instances are created with instance-initiated shutdown = terminate, so that ends
 billing); run directories go to the stack's bucket with the node's own role; the teardown is
 ``pulumi destroy`` followed by asking the cloud that no instance of the cluster remains.
@@ -147,21 +151,74 @@ def inventory_from_stack_outputs(
     )
 
 
-def load_outputs_file(path: str | Path, save_key: bool = True, key_path: Path | None = None) -> Inventory:
-    """``--inventory outputs.json``: a stack's outputs saved by ``fab up --outputs`` (or
-    ``pulumi stack output --json --show-secrets``), read with the bounded JSON reader.
+TRUSTED_OUTPUTS_DIR = "trusted-outputs"
 
-    The outputs are validated first; then the stack's generated operator key
+
+def _trust_dir() -> Path:
+    from launch.paths import fleetrun_home
+
+    return fleetrun_home() / TRUSTED_OUTPUTS_DIR
+
+
+def _digest(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def record_written_outputs(path: Path) -> None:
+    """Note that fleetrun wrote the outputs file ``path`` (``fab up --outputs``): its SHA-256, as a
+    file name under ``$FLEETRUN_HOME/trusted-outputs`` (0700), holding the path for people. Only
+    those exact bytes are trusted later: an edited copy is another file."""
+    import os
+
+    where = _trust_dir()
+    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    note = where / _digest(path.read_bytes())
+    fd = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"{path.resolve()}\n")
+
+
+def _written_by_fleetrun(data: bytes) -> bool:
+    return (_trust_dir() / _digest(data)).is_file()
+
+
+def _file_bytes(path: Path) -> bytes:
+    from launch.job.validation import MAX_FILE_BYTES
+
+    try:
+        with path.open("rb") as handle:
+            return handle.read(MAX_FILE_BYTES + 1)
+    except OSError:
+        return b""  # load_json_mapping names the problem
+
+
+def load_outputs_file(path: str | Path, save_key: bool = True, key_path: Path | None = None) -> Inventory:
+    """``--inventory outputs.json``: a stack's outputs saved by ``fab up --outputs`` on this
+    machine (recorded by ``record_written_outputs``; any other file is refused), read with the
+    bounded JSON reader.
+
+    The outputs are validated first, then their origin; then the stack's generated operator key
     (``ssh_private_key``), if any, is saved 0600 as ``fab up`` saves it and used for the hosts.
     ``save_key=False`` (``--dry-run``) writes nothing. ``key_path`` names the operator key
     instead (a key the operator keeps elsewhere).
     """
     path = Path(path)
+    before = _file_bytes(path)
     data = load_json_mapping(path, "stack outputs")
-    try:
+    try:  # validated first (safe on any input): a broken file is told what is wrong with it
         inventory = inventory_from_stack_outputs(data, key_path)
     except SpecError as exc:
         raise SpecError(f"{printable(path, 400)}: {exc}") from None
+    if not (_written_by_fleetrun(before) and _file_bytes(path) == before):
+        raise SpecError(
+            f"{printable(path, 400)}: stack outputs that fleetrun did not write on this machine (no record of "
+            f"this file under $FLEETRUN_HOME/{TRUSTED_OUTPUTS_DIR}); refused, since they decide the power-off "
+            "command run with sudo on the hosts they list and the bucket run data goes to. Use "
+            "--inventory stack:<name> (read from the stack itself), a file written by `fab up --outputs`, or "
+            "a lab inventory YAML for the hosts"
+        )
     if not save_key or key_path is not None:
         return inventory
     from launch.fleets.cloud_stack import save_operator_key

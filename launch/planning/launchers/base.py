@@ -212,6 +212,7 @@ class Launcher(ABC):
             rdzv_port=spec.rdzv_port if self.uses_rdzv_port else None,
             recovery=spec.recovery,
             min_nodes=spec.min_nodes,
+            workdir=str(spec.workdir),
         )
 
     def node_env(
