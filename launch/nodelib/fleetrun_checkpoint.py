@@ -32,14 +32,16 @@ Environment (set per attempt by the laptop): ``FLEETRUN_ATTEMPT``, ``FLEETRUN_CH
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from launch.nodelib.fleetrun_checkpoint_files import (
         MANIFEST,
         fetch_step,
+        manifest_digest,
         replace_dir,
         scratch_name,
         seal,
@@ -64,6 +67,7 @@ else:
     from fleetrun_checkpoint_files import (  # noqa: E402
         MANIFEST,
         fetch_step,
+        manifest_digest,
         replace_dir,
         scratch_name,
         seal,
@@ -179,15 +183,36 @@ class Checkpointer:
     def latest(self, hashes: bool = True, at_most: int | None = None) -> Checkpoint | None:
         """The newest complete checkpoint: ``FLEETRUN_RESUME_FROM``, this node, the bucket, or None.
         ``at_most``: only steps up to it (``agreed_latest`` narrows down with it)."""
+        return next(self.candidates(hashes, at_most), None)
 
-        def fits(step: int) -> bool:
-            return at_most is None or step <= at_most
-
+    def candidates(self, hashes: bool = True, at_most: int | None = None) -> Iterator[Checkpoint]:
+        """Every complete checkpoint in the order a resume tries them: ``FLEETRUN_RESUME_FROM``
+        (the laptop's choice), then this node's disk newest first (its own saves and the peer
+        copies the laptop placed here), then the bucket. Each is verified (manifest, sizes,
+        sha256) before it is offered; a caller that refuses one (it does not load as data) asks
+        for the next. With a ``resume_from``, nothing newer than it is ever offered: a step the
+        laptop did not choose (one a node claims and the run never recorded) is not believed."""
+        seen: set[str] = set()
         if self.resume_from:
             found = self._resume_from(hashes)
-            if found is not None and fits(found.step):
-                return found
-        return self.on_node(hashes, at_most) or self._from_bucket(fits)
+            if found is not None and (at_most is None or found.step <= at_most):
+                seen.add(os.path.realpath(found.path))
+                yield found
+            match = _STEP_RE.fullmatch(self.resume_from.rstrip("/").rsplit("/", 1)[-1])
+            if match is not None:
+                bound = int(match.group(1))
+                at_most = bound if at_most is None else min(at_most, bound)
+        for step in self.steps():
+            if at_most is not None and step > at_most:
+                continue
+            path = self._own(self.step_dir(step))
+            if os.path.realpath(path) in seen:
+                continue
+            manifest = verify(path, hashes)
+            if manifest is not None and manifest.step == step:
+                seen.add(os.path.realpath(path))
+                yield Checkpoint(path, step, "node", manifest)
+        yield from self._bucket_candidates(at_most)
 
     def on_node(self, hashes: bool = True, at_most: int | None = None) -> Checkpoint | None:
         """The newest complete checkpoint on this node's disk (up to ``at_most``), or None: never
@@ -244,14 +269,21 @@ class Checkpointer:
         return None if manifest is None else Checkpoint(path, manifest.step, "resume_from", manifest)
 
     def _from_bucket(self, fits: Callable[[int], bool] = lambda _step: True) -> Checkpoint | None:
+        for found in self._bucket_candidates(None):
+            if fits(found.step):
+                return found
+        return None
+
+    def _bucket_candidates(self, at_most: int | None) -> Iterator[Checkpoint]:
         if self.bucket is None:
-            return None
+            return
         pointer = self.bucket.pointer(self.pointer_name)
-        for step in filter(fits, pointer.steps if pointer else ()):
+        for step in pointer.steps if pointer else ():
+            if at_most is not None and step > at_most:
+                continue
             got = self._download(step, self._own(self.bucket.checkpoints_url(f"step-{step}")))
             if got is not None:
-                return got
-        return None
+                yield got
 
     def _download(self, step: int, url: str) -> Checkpoint | None:
         """Copy one step (this rank's part) from the bucket, verify it, move it into place."""
@@ -286,9 +318,28 @@ class Checkpointer:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self._rotate()
+        if self.rank == 0:
+            record_event(self.run_dir, "checkpoint_saved", step=step, manifest=manifest_digest(final))
         if self.bucket is not None:
             self._enqueue(step)
         return Checkpoint(final, step, "node", manifest)
+
+    def refuse(self, found: Checkpoint, file: str, why: str) -> str:
+        """Say (stderr, and the run's metrics as ``checkpoint_refused``) that ``found`` was not
+        resumed from: a file that does not load as data, or the wrong shape. Returns the line."""
+        where = "the bucket" if found.source == "bucket" else f"node {socket.gethostname()}"
+        line = f"refused checkpoint step {found.step} ({os.path.join(found.path, file)} on {where}): {why}"
+        _log(line)
+        if self.rank == 0:
+            record_event(
+                self.run_dir,
+                "checkpoint_refused",
+                step=found.step,
+                file=os.path.join(found.path, file),
+                where=where,
+                why=why[:300],
+            )
+        return line
 
     def _rotate(self) -> None:
         """Keep the newest ``keep`` steps this helper wrote (never one still waiting for its upload)."""
@@ -422,6 +473,21 @@ def _mark_signal(run_dir: str, rank: int, name: str = "", how: str = "sigterm") 
         os.makedirs(os.path.join(run_dir, "signals"), exist_ok=True)
         with open(os.path.join(run_dir, "signals", name or f"rank-{rank}"), "w", encoding="utf-8") as fh:
             fh.write(f"{time.time()!r} {how}")
+
+
+def record_event(run_dir: str, name: str, **fields: Any) -> None:
+    """One event line in the run's ``metrics.jsonl`` (appended in one write, beside the metrics
+    helper's lines): the laptop's watcher reads rank 0's, so it learns which steps were saved
+    (``checkpoint_saved``: step and the manifest's sha256) and which checkpoints were refused."""
+    if not run_dir:
+        return
+    line = json.dumps({"event": name, "time": time.time(), **fields}) + "\n"
+    with contextlib.suppress(OSError, ValueError):
+        fd = os.open(os.path.join(run_dir, "metrics.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        finally:
+            os.close(fd)
 
 
 def _log(message: str) -> None:

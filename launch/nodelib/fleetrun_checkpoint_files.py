@@ -80,6 +80,17 @@ def read_manifest(path: str) -> protocol.Manifest | None:
         return None
 
 
+def manifest_digest(path: str) -> str | None:
+    """sha256 of ``path``'s ``MANIFEST.json`` bytes, or None: what rank 0 records when it saves
+    (``checkpoint_saved``), so the laptop can tell the step it saw saved from one a node claims."""
+    try:
+        with open(os.path.join(path, MANIFEST), "rb") as fh:
+            data = fh.read(protocol.MAX_MANIFEST_BYTES + 1)
+    except OSError:
+        return None
+    return hashlib.sha256(data).hexdigest() if len(data) <= protocol.MAX_MANIFEST_BYTES else None
+
+
 def verify(path: str, hashes: bool = True) -> protocol.Manifest | None:
     """The manifest when every file it lists is there with its size (and sha256), else None."""
     manifest = read_manifest(path)
