@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING:
-    from launch.nodelib.fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default
+    from launch.nodelib.fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default, record_event
     from launch.nodelib.fleetrun_ranks import horovod
 else:
-    from fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default  # noqa: E402
+    from fleetrun_checkpoint import Checkpoint, Checkpointer, attempt, default, record_event  # noqa: E402
     from fleetrun_ranks import horovod  # noqa: E402
 
 
@@ -48,10 +48,10 @@ def _rng_state() -> dict[str, Any]:
     with contextlib.suppress(ImportError):
         import numpy
 
-        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+        kind, keys, pos, has_gauss, cached = numpy.random.get_state(legacy=True)  # type: ignore[misc]
         state["numpy"] = [
             str(kind),
-            torch.from_numpy(keys.astype("int64")),
+            torch.from_numpy(numpy.asarray(keys, dtype="int64")),
             int(pos),
             int(has_gauss),
             float(cached),
@@ -176,7 +176,16 @@ def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> 
 
 def _first_loadable(cp: Checkpointer, candidates: Iterator[Checkpoint]) -> tuple[bytes, str, str] | None:
     """The bytes of the first candidate that loads as a training state, with its source and
-    path; each one refused on the way is named (``Checkpointer.refuse``)."""
+    path; each one refused on the way is named (``Checkpointer.refuse``). What was chosen goes
+    into the run's metrics (``checkpoint_resumed``; step None: none), for the run record."""
+    got = _first_of(cp, candidates)
+    if cp.rank == 0:
+        step = None if got is None else got[3]
+        record_event(cp.run_dir, "checkpoint_resumed", step=step, source="none" if got is None else got[1])
+    return None if got is None else got[:3]
+
+
+def _first_of(cp: Checkpointer, candidates: Iterator[Checkpoint]) -> tuple[bytes, str, str, int] | None:
     for found in candidates:
         try:
             with open(found.file(STATE_FILE), "rb") as fh:
@@ -188,7 +197,7 @@ def _first_loadable(cp: Checkpointer, candidates: Iterator[Checkpoint]) -> tuple
         except Refused as exc:
             cp.refuse(found, STATE_FILE, str(exc))
             continue
-        return data, found.source, found.path
+        return data, found.source, found.path, found.step
     return None
 
 

@@ -276,6 +276,9 @@ class AttemptEnd:
     recovery_s: tuple[tuple[str, float], ...] = ()
     """For attempts after the first: seconds each step of the recovery that started it took
     (re-checks, stopping the survivors, replacement, sync and setup, checkpoint copy, start)."""
+    resumed_from: str | None = None
+    """For attempts after the first: where it resumed from and why (a node's save, a peer copy,
+    the bucket, or the beginning with its cause)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -293,6 +296,7 @@ class AttemptEnd:
             "replaced": list(self.replaced),
             "dropped": list(self.dropped),
             "recovery_s": {name: round(seconds, 2) for name, seconds in self.recovery_s},
+            "resumed_from": self.resumed_from,
         }
 
 
