@@ -536,6 +536,8 @@ def should_save(everywhere: bool = False) -> bool:
 if TYPE_CHECKING:
     from launch.nodelib.fleetrun_checkpoint_torch import (
         STATE_FILE,
+        Refused,
+        load_state_bytes,
         load_training_state,
         resume_training_state,
         save_training_state,
@@ -543,6 +545,8 @@ if TYPE_CHECKING:
 else:
     from fleetrun_checkpoint_torch import (
         STATE_FILE,
+        Refused,
+        load_state_bytes,
         load_training_state,
         resume_training_state,
         save_training_state,
@@ -551,6 +555,8 @@ else:
 __all__ = [
     "STATE_FILE",
     "Checkpoint",
+    "Refused",
+    "load_state_bytes",
     "Checkpointer",
     "attempt",
     "configure",
