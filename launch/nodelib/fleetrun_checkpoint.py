@@ -537,6 +537,7 @@ if TYPE_CHECKING:
     from launch.nodelib.fleetrun_checkpoint_torch import (
         STATE_FILE,
         Refused,
+        exact_allreduce,
         load_state_bytes,
         load_training_state,
         resume_training_state,
@@ -546,6 +547,7 @@ else:
     from fleetrun_checkpoint_torch import (
         STATE_FILE,
         Refused,
+        exact_allreduce,
         load_state_bytes,
         load_training_state,
         resume_training_state,
@@ -561,6 +563,7 @@ __all__ = [
     "attempt",
     "configure",
     "default",
+    "exact_allreduce",
     "latest",
     "load_training_state",
     "resume_training_state",
