@@ -156,6 +156,9 @@ class Checkpointer:
         self._swept = False
         self.uploaded_step: int | None = None
         self.upload_error = ""
+        self.save_error = ""
+        """Why the last background save (``save(background=True)``) did not complete, if so."""
+        self._sealing: threading.Thread | None = None
         if handle_sigterm:
             self.install_sigterm_handler()
 
@@ -192,6 +195,7 @@ class Checkpointer:
         sha256) before it is offered; a caller that refuses one (it does not load as data) asks
         for the next. With a ``resume_from``, nothing newer than it is ever offered: a step the
         laptop did not choose (one a node claims and the run never recorded) is not believed."""
+        self.flush()  # this process's own save still being sealed counts
         seen: set[str] = set()
         if self.resume_from:
             found = self._resume_from(hashes)
@@ -292,14 +296,21 @@ class Checkpointer:
         return None if manifest is None else Checkpoint(final, step, "bucket", manifest)
 
     # -- saving ----------------------------------------------------------------------------------
-    def save(self, step: int, writer: Callable[[str], object]) -> Checkpoint | None:
+    def save(self, step: int, writer: Callable[[str], object], background: bool = False) -> Checkpoint | None:
         """Write step ``step`` with ``writer(directory)``; returns after the local write.
 
         Ranks that do not write (not rank 0, unsharded) return None without calling ``writer``.
         The bucket copy follows in the background (``wait_uploaded`` blocks for it).
+        ``background``: return as soon as ``writer`` is done; the fsync, the hashes of the
+        manifest and the rename into place follow in a thread (the step is not complete, and not
+        offered by ``latest``, until then; ``flush`` waits for it, and so do ``latest``, the next
+        ``save`` and ``wait_uploaded``). The training step then waits for the writer only: the
+        hashing costs about as much again as ``torch.save`` itself. The answer's manifest lists
+        no files until the seal is done.
         """
         if not self.writes:
             return None
+        self.flush()  # one save in flight at most: the disk never holds a queue of them
         step = int(step)
         os.makedirs(self.directory, exist_ok=True)
         if not self._swept:  # what a writer killed mid-save (an earlier attempt) left behind
@@ -307,12 +318,37 @@ class Checkpointer:
         tmp = os.path.join(self.directory, scratch_name(f".tmp-step-{step}-rank-{self.rank}"))
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
+        final = self._own(self.step_dir(step))
         try:
             writer(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if not background:
+            return Checkpoint(final, step, "node", self._publish(tmp, step, final))
+        thread = threading.Thread(
+            target=self._publish_quietly, args=(tmp, step, final), name="fleetrun-checkpoint-seal"
+        )
+        self._sealing = thread  # not a daemon: a process that ends normally finishes the seal
+        thread.start()
+        return Checkpoint(final, step, "node", protocol.Manifest(step=step, files={}, created=time.time()))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for a background save to be complete (sealed and in place); False on timeout."""
+        thread = self._sealing
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                return False
+            self._sealing = None
+        return True
+
+    def _publish(self, tmp: str, step: int, final: str) -> protocol.Manifest:
+        """fsync and hash what the writer left, move it into place, keep the newest, record it."""
+        try:
             manifest = seal(
                 tmp, step, self.rank if self.sharded else None, self.world if self.sharded else None
             )
-            final = self._own(self.step_dir(step))
             os.makedirs(os.path.dirname(final), exist_ok=True)
             replace_dir(tmp, final)
         finally:
@@ -322,7 +358,14 @@ class Checkpointer:
             record_event(self.run_dir, "checkpoint_saved", step=step, manifest=manifest_digest(final))
         if self.bucket is not None:
             self._enqueue(step)
-        return Checkpoint(final, step, "node", manifest)
+        return manifest
+
+    def _publish_quietly(self, tmp: str, step: int, final: str) -> None:
+        try:
+            self._publish(tmp, step, final)
+        except Exception as exc:  # noqa: BLE001 - a failed seal is reported; training goes on
+            self.save_error = f"{type(exc).__name__}: {exc}"
+            _log(f"checkpoint step {step}: not saved: {self.save_error}")
 
     def refuse(self, found: Checkpoint, file: str, why: str) -> str:
         """Say (stderr, and the run's metrics as ``checkpoint_refused``) that ``found`` was not
@@ -413,9 +456,13 @@ class Checkpointer:
 
         True without a bucket. Whether the last upload worked: ``upload_error`` is empty.
         """
+        started = time.monotonic()
+        if not self.flush(timeout):
+            return False
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         with self._cond:
-            done = self._cond.wait_for(lambda: self._queued is None and self._busy is None, timeout)
-        return bool(done) and not self.upload_error
+            done = self._cond.wait_for(lambda: self._queued is None and self._busy is None, left)
+        return bool(done) and not self.upload_error and not self.save_error
 
     # -- stopping ----------------------------------------------------------------------------------
     def install_sigterm_handler(self) -> None:

@@ -134,8 +134,13 @@ def save_training_state(
     sampler_state: Any = None,
     extra: Any = None,
     checkpointer: Checkpointer | None = None,
+    background: bool = True,
 ) -> Checkpoint | None:
-    """Save model, optimizer, epoch/step, sampler state, ``extra`` and every RNG (rank 0)."""
+    """Save model, optimizer, epoch/step, sampler state, ``extra`` and every RNG (rank 0).
+
+    Returns once ``torch.save`` wrote the state; the fsync, the manifest's hashes and the rename
+    follow in the background (``Checkpointer.save``'s ``background``), so a step waits for about
+    what a plain ``torch.save`` costs. ``background=False``: return with the step complete."""
     import torch
 
     cp = checkpointer or default()
@@ -153,7 +158,9 @@ def save_training_state(
         "rng": _rng_state(),
         "attempt": attempt(),
     }
-    return cp.save(step, lambda path: torch.save(state, os.path.join(path, STATE_FILE)))
+    return cp.save(
+        step, lambda path: torch.save(state, os.path.join(path, STATE_FILE)), background=background
+    )
 
 
 def _apply(state: dict[str, Any], model: Any, optimizer: Any) -> dict[str, Any]:

@@ -368,7 +368,7 @@ def spread_latest(
             return Spread(
                 None,
                 f"{why}: the nodes resume from the bucket's newest complete step, if any{refused}",
-                f"the bucket's newest step, if any ({why})",
+                f"the bucket's newest step, if any ({why}){refused}",
                 choice.refused,
             )
         why = (
@@ -379,7 +379,7 @@ def spread_latest(
         return Spread(
             None,
             f"{why}: the next attempt starts from the beginning{refused}",
-            f"the beginning: {why}{'; ' + '; '.join(choice.refused[:5]) if choice.refused else ''}",
+            f"the beginning: {why}{refused}",
             choice.refused,
         )
     step = choice.step
@@ -387,7 +387,7 @@ def spread_latest(
     by_name = {h.name: h for h in hosts}
     holder = choice.holders[0]
     kind = "a peer copy" if (peers or {}).get(step) == holder else "its own save"
-    origin = f"step {step} from {holder} ({kind})"
+    origin = f"step {step} from {holder} ({kind}){refused}"
     lacking = [h for h in hosts if h.name not in choice.holders]
     if not lacking:
         return Spread(remote, f"every node holds checkpoint step {step}{refused}", origin, choice.refused)
