@@ -174,3 +174,53 @@ def test_a_code_executing_pickle_is_refused_and_the_resume_falls_back(tmp_path: 
     assert [e["step"] for e in refused] == [20] and refused[0]["file"].endswith("step-20/training_state.pt")
     resumed = [e for e in events if e["event"] == "checkpoint_resumed"]
     assert [(e["step"], e["source"]) for e in resumed] == [(10, "node")]
+
+
+def test_peer_copies_follow_the_recorded_saves_newest_first(tmp_path: Path) -> None:
+    """The laptop copies the newest recorded save to a peer, once; none with a bucket or one node;
+    the saves it saw are kept for the choice before a later attempt, across attempts."""
+    import threading
+
+    from launch.run.peer_copies import PeerCopies
+    from tests.fakefleet import fake_hosts
+
+    hosts = fake_hosts(3)
+    copies = PeerCopies("r1", tmp_path, lambda _line: None)
+    done: list[int] = []
+    release, started = threading.Event(), threading.Event()
+
+    def fake_copy(step: int, digest: str, hosts_now: list, known_hosts: Path) -> None:
+        started.set()
+        release.wait(10)
+        done.append(step)
+        copies.copied[step] = hosts_now[1].name
+
+    copies._copy = fake_copy  # type: ignore[method-assign]
+
+    class Watcher:
+        on_poll = None
+
+    class Obs:
+        def __init__(self, saved: dict[int, str]) -> None:
+            self.metrics = type("M", (), {"saved_checkpoints": saved})()
+
+    watcher = Watcher()
+    copies.follow(watcher, hosts, tmp_path / "known_hosts", bucket=False)
+    assert watcher.on_poll is not None
+    watcher.on_poll(Obs({5: A}))  # copying 5 (held back)
+    assert started.wait(10)
+    watcher.on_poll(Obs({5: A, 10: B}))  # queued
+    watcher.on_poll(Obs({5: A, 10: B, 15: A}))  # replaces 10 in the queue
+    watcher.on_poll(Obs({5: A, 10: B, 15: A}))  # already queued: nothing new
+    release.set()
+    for _ in range(100):
+        if len(done) == 2:
+            break
+        threading.Event().wait(0.1)
+    copies.stop(10)
+    assert done == [5, 15], (done, copies.errors)
+    assert copies.recorded == {5: A, 10: B, 15: A}
+    copies.follow(watcher, hosts, tmp_path / "known_hosts", bucket=True)
+    watcher.on_poll(Obs({20: A}))
+    copies.stop(10)
+    assert done == [5, 15] and copies.recorded[20] == A, "with a bucket: recorded, not copied"

@@ -36,7 +36,7 @@ from launch.transport.ssh import Fleet, NodeConnection, openssh_command
 
 MAX_STEPS = 1000
 LIST_SCRIPT = r"""
-import hashlib, json, os, sys
+import hashlib, json, os, stat, sys
 root = os.path.expanduser(sys.argv[1])
 found = []
 try:
@@ -48,7 +48,7 @@ for name in names:
         continue
     path = os.path.join(root, name)
     try:
-        if os.path.islink(path):
+        if os.path.islink(path) or not stat.S_ISREG(os.lstat(os.path.join(path, "MANIFEST.json")).st_mode):
             continue
         with open(os.path.join(path, "MANIFEST.json"), "rb") as fh:
             raw = fh.read(1 << 20)

@@ -66,6 +66,7 @@ class PeerCopies:
         self._cond = threading.Condition()
         self._queued: int | None = None
         self._busy = False
+        self._current: int | None = None
         self._thread: threading.Thread | None = None
 
     # -- fed by the watcher ------------------------------------------------------------------------
@@ -91,7 +92,7 @@ class PeerCopies:
             if not self.enabled or not saved:
                 return
             step = max(saved)
-            if step in self.copied or (self._queued is not None and self._queued >= step):
+            if step in self.copied or step == self._current or (self._queued or -1) >= step:
                 return
             self._queued = step
             if self._thread is None or not self._thread.is_alive():
@@ -114,6 +115,7 @@ class PeerCopies:
                     self._thread = None
                     return
                 step, self._queued, self._busy = self._queued, None, True
+                self._current = step
                 hosts, known_hosts, digest = list(self.hosts), self.known_hosts, self.recorded.get(step)
             try:
                 if known_hosts is not None and digest is not None:
@@ -124,7 +126,7 @@ class PeerCopies:
                 self.say(f"  {line}")
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._busy, self._current = False, None
                     self._cond.notify_all()
 
     def _holders(self, step: int, digest: str, hosts: list[Host], known_hosts: Path) -> list[str]:
