@@ -224,3 +224,66 @@ def test_peer_copies_follow_the_recorded_saves_newest_first(tmp_path: Path) -> N
     watcher.on_poll(Obs({20: A}))
     copies.stop(10)
     assert done == [5, 15] and copies.recorded[20] == A, "with a bucket: recorded, not copied"
+
+
+BUCKET_POISON_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import fleetrun_checkpoint as ckpt
+import fleetrun_protocol as protocol
+commands = protocol.BucketCommands.from_dict(json.loads(sys.argv[2]))
+tmp, marker = sys.argv[3], sys.argv[4]
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch " + marker,))
+
+def node(name):
+    return ckpt.Checkpointer(directory=os.path.join(tmp, name), bucket=commands, run_dir="", resume_from="", rank=0)
+
+writer = node("a")
+model = torch.nn.Linear(3, 2)
+assert ckpt.save_training_state(10, model, checkpointer=writer, background=False)
+assert writer.wait_uploaded(120), writer.upload_error
+# a node (or anyone with write access to the bucket) uploads a newer step that runs code
+writer.save(20, lambda path: torch.save({"model": {}, "x": Evil()}, os.path.join(path, ckpt.STATE_FILE)))
+assert writer.wait_uploaded(120), writer.upload_error
+fresh = torch.nn.Linear(3, 2)
+state = ckpt.resume_training_state(fresh, checkpointer=node("b"))  # a replacement node: empty disk
+assert state is not None and (state["step"], state["source"]) == (10, "bucket"), state
+assert torch.equal(fresh.weight, model.weight)
+print("resumed from", state["step"], state["source"], os.path.exists(marker))
+"""
+
+
+def test_a_code_executing_pickle_in_the_bucket_is_refused(tmp_path: Path) -> None:
+    from tests.s3server import aws_cli, serve_bucket
+
+    python = torch_python()
+    if python is None:
+        pytest.skip("no Python with torch here (make setup builds the local fleet image)")
+    for s3 in serve_bucket("ckpt-poison"):
+        commands = s3.commands("ckpt-poison", "runs/r-poison", cli=aws_cli())
+        marker = tmp_path / "pwned"
+        out = subprocess.run(
+            [
+                python,
+                "-c",
+                BUCKET_POISON_SCRIPT,
+                str(NODELIB),
+                json.dumps(commands.to_dict()),
+                str(tmp_path),
+                str(marker),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        assert "resumed from 10 bucket False" in out.stdout
+        assert not marker.exists()
+        assert (
+            "refused checkpoint step 20 (" in out.stderr and "training_state.pt on the bucket)" in out.stderr
+        )
