@@ -189,7 +189,7 @@ def test_peer_copies_follow_the_recorded_saves_newest_first(tmp_path: Path) -> N
     done: list[int] = []
     release, started = threading.Event(), threading.Event()
 
-    def fake_copy(step: int, digest: str, hosts_now: list, known_hosts: Path) -> None:
+    def fake_copy(step: int, digest: str, hosts_now: list, known_hosts: Path, holder: object = None) -> None:
         started.set()
         release.wait(10)
         done.append(step)

@@ -179,7 +179,7 @@ def test_head_powered_off_without_a_bucket_resumes_from_its_peer_copy(
         wait_for(caught_up, 120, "a peer copy of rank 0's newest checkpoint")
         fleet3.stop_node(0)  # the head (rank 0 is there unless the rendezvous put it elsewhere)
 
-    book = playbook(tmp_path, "--step-sleep 0.5")
+    book = playbook(tmp_path, "--steps 30 --step-sleep 0.8")
     result = run_with_fault(book, fleet3, power_off_head)
     assert result.outcome == "succeeded", result.reason
     attempts = attempts_of(result)

@@ -16,6 +16,7 @@ Sharded checkpoints (``rank-<R>/`` parts) are left to the bucket.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import shutil
@@ -229,12 +230,23 @@ fleet's connection (``fleet_run``), or the OpenSSH client (``ssh_run``)."""
 MAX_OUTPUT = 262144
 
 
-def ssh_run(known_hosts: Path) -> RunOn:
+def ssh_argv(host: Host, known_hosts: Path, multiplex: Path | None = None) -> list[str]:
+    """The hardened OpenSSH client for ``host`` (``openssh_command``); with ``multiplex`` (a short
+    directory of this machine's, 0700), one master connection per node is kept there for 60 s
+    and reused by the next commands and rsyncs: a copy of a checkpoint then costs one SSH
+    handshake per node, not one per step of it."""
+    argv = openssh_command(host, known_hosts)
+    if multiplex is not None:
+        argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={multiplex}/%C", "-o", "ControlPersist=60"]
+    return argv
+
+
+def ssh_run(known_hosts: Path, multiplex: Path | None = None) -> RunOn:
     """A ``RunOn`` through the OpenSSH client (pinned host keys, as rsync uses): for a thread
     that must not share the watcher's connections."""
 
     def run(host: Host, command: str, timeout: float) -> tuple[bool, str]:
-        argv = [*openssh_command(host, known_hosts), host.rsync_target("").rstrip(":"), command]
+        argv = [*ssh_argv(host, known_hosts, multiplex), host.rsync_target("").rstrip(":"), command]
         try:
             with jump_slot(host):
                 proc = subprocess.run(
@@ -278,21 +290,35 @@ def copy_step(
     run_on: RunOn,
     bounds: Bounds = Bounds(),  # noqa: B008 - frozen
     timeout: float = 3600.0,
+    manifest: str = "",
+    multiplex: Path | None = None,
 ) -> dict[str, HostError]:
     """Copy ``step-<step>/`` from ``holder`` to each of ``targets``: pulled here with the pull's
     hardening (no links followed, no devices, ``--max-size``) plus ``--sparse``, so a sparse file
     stays sparse here and there, then sent to a temporary name and renamed into place. The pull
-    raises ``HostError`` (the holder); a target that fails is returned by name."""
+    raises ``HostError`` (the holder), and so does a pulled ``MANIFEST.json`` whose sha256 is not
+    ``manifest`` (when given: the one rank 0 recorded); a target that fails is returned by name.
+    ``multiplex``: reuse one SSH connection per node (``ssh_argv``)."""
     remote = f"{checkpoint_dir(run_id)}/step-{step}"
     local = staging / f"step-{step}"
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)
     failed: dict[str, HostError] = {}
     try:
-        rsh = shlex.join(openssh_command(holder, known_hosts))
+        rsh = shlex.join(ssh_argv(holder, known_hosts, multiplex))
         argv = pull_argv(holder.rsync_target(f"{remote}/"), local, rsh, bounds.file_bytes)
         argv.insert(1, "--sparse")
         _rsync(argv, holder, f"could not copy checkpoint step {step}", timeout)
+        if manifest:
+            try:
+                got = hashlib.sha256((local / "MANIFEST.json").read_bytes()[: 1 << 20]).hexdigest()
+            except OSError:
+                got = ""
+            if got != manifest:
+                raise HostError(
+                    holder.name,
+                    f"~/{remote}/MANIFEST.json differs from the manifest rank 0 recorded for step {step}",
+                )
         for host in targets:
             incoming = f"{checkpoint_dir(run_id)}/.incoming-step-{step}"
             ok, err = run_on(
@@ -310,7 +336,7 @@ def copy_step(
                 "--chmod=Du=rwx,go=,Fu=rw,go=",
                 f"--max-size={bounds.file_bytes}",
                 "-e",
-                shlex.join(openssh_command(host, known_hosts)),
+                shlex.join(ssh_argv(host, known_hosts, multiplex)),
                 f"{local}/",
                 host.rsync_target(f"{incoming}/"),
             ]

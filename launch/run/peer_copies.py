@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -40,6 +42,15 @@ from launch.run.target import run_prefix
 KEEP = 2
 """Peer copies kept per node (the newest one and the one before, in case the newest is cut)."""
 STOP_WAIT_S = 20.0
+
+
+def saver(watcher: Any) -> str | None:
+    """The node whose metrics stream reported checkpoint saves (rank 0's), or None."""
+    for name, node in getattr(watcher, "nodes", {}).items():
+        stream = getattr(node, "stream", None)
+        if stream is not None and getattr(stream, "saved_checkpoints", None):
+            return str(name)
+    return None
 
 
 def run_has_bucket(inventory: Inventory, run_id: str) -> bool:
@@ -67,6 +78,8 @@ class PeerCopies:
         self._queued: int | None = None
         self._busy = False
         self._current: int | None = None
+        self._holder: str | None = None
+        self._multiplex: Path | None = None
         self._thread: threading.Thread | None = None
 
     # -- fed by the watcher ------------------------------------------------------------------------
@@ -81,14 +94,16 @@ class PeerCopies:
         def on_poll(obs: Any) -> None:
             if previous is not None:
                 previous(obs)
-            self.offer(obs.metrics.saved_checkpoints)
+            self.offer(obs.metrics.saved_checkpoints, saver(watcher))
 
         watcher.on_poll = on_poll
 
-    def offer(self, saved: Mapping[int, str]) -> None:
-        """Note the saves seen; queue the newest not yet copied (never raises: a poll callback)."""
+    def offer(self, saved: Mapping[int, str], holder: str | None = None) -> None:
+        """Note the saves seen; queue the newest not yet copied (never raises: a poll callback).
+        ``holder``: the node whose metrics reported the saves (rank 0's), when known."""
         with self._cond:
             self.recorded.update(saved)
+            self._holder = holder
             if not self.enabled or not saved:
                 return
             step = max(saved)
@@ -101,11 +116,22 @@ class PeerCopies:
             self._cond.notify_all()
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
-        """No more copies (an attempt ended): the one in flight gets ``wait_s`` to finish."""
+        """No more copies (an attempt ended): the one in flight gets ``wait_s`` to finish; the
+        shared SSH connections end with their sockets' directory."""
         with self._cond:
             self.enabled = False
             self._queued = None
-            self._cond.wait_for(lambda: not self._busy, wait_s)
+            done = self._cond.wait_for(lambda: not self._busy, wait_s)
+            multiplex, self._multiplex = (self._multiplex, None) if done else (None, self._multiplex)
+        if multiplex is not None:
+            for socket_path in multiplex.glob("*"):
+                subprocess.run(
+                    ["ssh", "-o", f"ControlPath={socket_path}", "-O", "exit", "fleetrun-peer"],
+                    capture_output=True,
+                    timeout=10,
+                    check=False,
+                )
+            shutil.rmtree(multiplex, ignore_errors=True)
 
     # -- the copying thread ------------------------------------------------------------------------
     def _work(self) -> None:
@@ -117,9 +143,10 @@ class PeerCopies:
                 step, self._queued, self._busy = self._queued, None, True
                 self._current = step
                 hosts, known_hosts, digest = list(self.hosts), self.known_hosts, self.recorded.get(step)
+                holder = self._holder
             try:
                 if known_hosts is not None and digest is not None:
-                    self._copy(step, digest, hosts, known_hosts)
+                    self._copy(step, digest, hosts, known_hosts, holder)
             except Exception as exc:  # noqa: BLE001 - a failed copy is reported, training goes on
                 line = f"peer copy of checkpoint step {step} failed: {clean(f'{type(exc).__name__}: {exc}', 300)}"
                 self.errors.append(line)
@@ -143,11 +170,20 @@ class PeerCopies:
                     break
         return found
 
-    def _copy(self, step: int, digest: str, hosts: list[Host], known_hosts: Path) -> None:
-        holders = self._holders(step, digest, hosts, known_hosts)
+    def _copy(
+        self, step: int, digest: str, hosts: list[Host], known_hosts: Path, holder_name: str | None = None
+    ) -> None:
+        """Pull ``step`` from rank 0's node (asked around when unknown), check its manifest is the
+        recorded one, send it to the next node; then drop this run's older peer copies there."""
+        if self._multiplex is None:
+            self._multiplex = Path(tempfile.mkdtemp(prefix="frpc-"))  # short: a socket path
+        names = [h.name for h in hosts]
+        if holder_name in names:
+            holders = [str(holder_name)]  # its manifest is checked against the record after the pull
+        else:
+            holders = self._holders(step, digest, hosts, known_hosts)
         if not holders:
             return  # rotated away already, or rank 0's node is gone: nothing to copy from
-        names = [h.name for h in hosts]
         start = names.index(holders[0])
         ordered = hosts[start + 1 :] + hosts[:start]
         target = next((h for h in ordered if h.name not in holders), None)
@@ -159,7 +195,15 @@ class PeerCopies:
         staging = self.staging / f"peer-{step}"
         try:
             failed = copy_step(
-                holder, [target], self.run_id, step, known_hosts, staging, ssh_run(known_hosts)
+                holder,
+                [target],
+                self.run_id,
+                step,
+                known_hosts,
+                staging,
+                ssh_run(known_hosts, self._multiplex),
+                manifest=digest,
+                multiplex=self._multiplex,
             )
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -173,6 +217,6 @@ class PeerCopies:
         for gone in old:
             if any(gone == s for s in self.placed.get(target.name, [])):
                 continue
-            ssh_run(known_hosts)(
+            ssh_run(known_hosts, self._multiplex)(
                 target, f'rm -rf -- "$HOME/{checkpoint_dir(self.run_id)}/step-{int(gone)}"', 60
             )
