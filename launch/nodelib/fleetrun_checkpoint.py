@@ -32,11 +32,9 @@ Environment (set per attempt by the laptop): ``FLEETRUN_ATTEMPT``, ``FLEETRUN_CH
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
-import signal
 import socket
 import sys
 import threading
@@ -60,7 +58,9 @@ if TYPE_CHECKING:
         verify,
         written_here,
     )
-    from launch.nodelib.fleetrun_ranks import any_rank, smallest_across_ranks
+    from launch.nodelib.fleetrun_checkpoint_signals import StopSignals, _log, record_event
+    from launch.nodelib.fleetrun_checkpoint_upload import BucketUploads
+    from launch.nodelib.fleetrun_ranks import smallest_across_ranks
 else:
     import fleetrun_bucket  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402
@@ -75,9 +75,10 @@ else:
         verify,
         written_here,
     )
-    from fleetrun_ranks import any_rank, smallest_across_ranks  # noqa: E402
+    from fleetrun_checkpoint_signals import StopSignals, _log, record_event  # noqa: E402
+    from fleetrun_checkpoint_upload import BucketUploads  # noqa: E402
+    from fleetrun_ranks import smallest_across_ranks  # noqa: E402
 
-FLAG_FILE = "preempt.json"
 KEEP = 3
 _STEP_RE = re.compile(r"step-(\d{1,18})")
 
@@ -110,7 +111,7 @@ class Checkpoint:
         return os.path.join(self.path, name)
 
 
-class Checkpointer:
+class Checkpointer(StopSignals, BucketUploads):
     """Checkpoints of one run on this node, and its bucket copy. See the module docstring."""
 
     def __init__(
@@ -398,59 +399,7 @@ class Checkpointer:
                 with contextlib.suppress(OSError):
                     os.rmdir(self.step_dir(step))  # the last shard out removes the step
 
-    # -- the bucket copy ---------------------------------------------------------------------------
-    def _enqueue(self, step: int) -> None:
-        with self._cond:
-            self._queued = step  # a newer step replaces one not yet started: only the newest matters
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._uploader, name="fleetrun-checkpoint-upload", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify_all()
-
-    def _uploader(self) -> None:
-        while True:
-            with self._cond:
-                while self._queued is None:
-                    if not self._cond.wait(timeout=600):
-                        self._thread = None
-                        return
-                step, self._queued, self._busy = self._queued, None, self._queued
-            try:
-                self._upload(step)
-            except Exception as exc:  # noqa: BLE001 - an upload failure must not end training
-                self.upload_error = f"{type(exc).__name__}: {exc}"
-                _log(f"checkpoint step {step}: upload failed: {self.upload_error}")
-            with self._cond:
-                self._busy = None
-                self._cond.notify_all()
-
-    def _upload(self, step: int) -> None:
-        assert self.bucket is not None
-        local = self._own(self.step_dir(step))
-        ok, message = self.bucket.sync(local, self._own(self.bucket.checkpoints_url(f"step-{step}")))
-        if not ok:
-            self.upload_error = message
-            _log(f"checkpoint step {step}: upload failed: {message}")
-            return
-        old = self.bucket.pointer(self.pointer_name)
-        steps = sorted({step, *(old.steps if old else ())}, reverse=True)
-        kept, dropped = steps[: self.keep], steps[self.keep :]
-        manifest = verify(local, hashes=False) if step == kept[0] else None
-        created = None if manifest is None else manifest.created
-        ok, message = self.bucket.put_pointer(
-            protocol.BucketPointer(tuple(kept), time.time(), created), self.pointer_name
-        )
-        if not ok:
-            self.upload_error = message
-            _log(f"checkpoint step {step}: uploaded, but the pointer was not: {message}")
-            return
-        self.uploaded_step, self.upload_error = step, ""
-        for gone in dropped:
-            if self.bucket.commands.remove:
-                self.bucket.remove(self._own(self.bucket.checkpoints_url(f"step-{gone}")) + "/")
-
+    # -- the bucket copy (its thread: ``BucketUploads``) --------------------------------------------
     def wait_uploaded(self, timeout: float | None = None) -> bool:
         """Block until every saved step reached the bucket (or failed); False on timeout.
 
@@ -463,83 +412,6 @@ class Checkpointer:
         with self._cond:
             done = self._cond.wait_for(lambda: self._queued is None and self._busy is None, left)
         return bool(done) and not self.upload_error and not self.save_error
-
-    # -- stopping ----------------------------------------------------------------------------------
-    def install_sigterm_handler(self) -> None:
-        """SIGTERM sets the flag instead of killing the rank, every time.
-
-        A rank checkpointing after a notice may get SIGTERM again (its node's notice and the
-        laptop's stop, torchrun's shutdown): it must not die mid-save. A script that never asks
-        ``should_save()`` is still stopped: fleetrun and torchrun follow SIGTERM with SIGKILL.
-        Only from the main thread (Python's rule); elsewhere the flag file still works.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def on_sigterm(signum: int, frame: Any) -> None:
-            first = not self._signalled
-            self._signalled = True
-            self._stop.set()
-            if first:
-                _mark_signal(self.run_dir, self.rank)
-
-        with contextlib.suppress(ValueError, OSError):
-            signal.signal(signal.SIGTERM, on_sigterm)
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def should_save(self, everywhere: bool = False) -> bool:
-        """True once a SIGTERM or the preemption flag file arrived: checkpoint at this step.
-
-        ``everywhere``: agree across ranks (one all-reduce with torch.distributed), so every rank
-        saves at the same step even though only one node got the notice; call it on every rank.
-        """
-        how = "sigterm" if self._stop.is_set() else ""
-        if not how and self.run_dir and os.path.exists(os.path.join(self.run_dir, FLAG_FILE)):
-            how = "flag"
-            self._stop.set()
-        flag = self._stop.is_set()
-        if everywhere:
-            flag = any_rank(flag)
-            if flag and not self._stop.is_set():
-                how = "peer"
-                self._stop.set()
-        if flag and not self._told:
-            self._told = True
-            _mark_signal(self.run_dir, self.rank, f"told-rank-{self.rank}", how)
-        return flag
-
-
-def _mark_signal(run_dir: str, rank: int, name: str = "", how: str = "sigterm") -> None:
-    """Note when this rank got SIGTERM (``signals/rank-<R>``) or first heard of a stop, and how
-    (``signals/told-rank-<R>``): the notice-to-signal benchmark reads them."""
-    if not run_dir:
-        return
-    with contextlib.suppress(OSError):
-        os.makedirs(os.path.join(run_dir, "signals"), exist_ok=True)
-        with open(os.path.join(run_dir, "signals", name or f"rank-{rank}"), "w", encoding="utf-8") as fh:
-            fh.write(f"{time.time()!r} {how}")
-
-
-def record_event(run_dir: str, name: str, **fields: Any) -> None:
-    """One event line in the run's ``metrics.jsonl`` (appended in one write, beside the metrics
-    helper's lines): the laptop's watcher reads rank 0's, so it learns which steps were saved
-    (``checkpoint_saved``: step and the manifest's sha256) and which checkpoints were refused."""
-    if not run_dir:
-        return
-    line = json.dumps({"event": name, "time": time.time(), **fields}) + "\n"
-    with contextlib.suppress(OSError, ValueError):
-        fd = os.open(os.path.join(run_dir, "metrics.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode("utf-8"))
-        finally:
-            os.close(fd)
-
-
-def _log(message: str) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        print(f"fleetrun_checkpoint: {message}", file=sys.stderr, flush=True)
 
 
 # -- the module-level helper ------------------------------------------------------------------------
