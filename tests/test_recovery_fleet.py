@@ -187,6 +187,7 @@ def test_head_powered_off_without_a_bucket_resumes_from_its_peer_copy(
     assert attempts[0]["loss"] == "node_lost" and attempts[0]["replaced"] == [node0], attempts[0]
     assert attempts[1]["first_step"] > 2 * EVERY, "resumed from a checkpoint, not from the beginning"
     assert 0 <= attempts[1]["steps_recomputed"] <= EVERY, attempts
+    print(f"rank 0 on node {rank0}; attempt 2 resumed from {attempts[1]['resumed_from']}")
     if rank0 == [0]:  # the head held rank 0's saves: only the peer copy survived it
         assert f"from {node1} (a peer copy)" in attempts[1]["resumed_from"], attempts[1]
     sums = final_status(result)["param_checksums"]
