@@ -205,7 +205,7 @@ def test_peer_copies_follow_the_recorded_saves_newest_first(tmp_path: Path) -> N
             self.metrics = type("M", (), {"saved_checkpoints": saved})()
 
     watcher = Watcher()
-    copies.follow(watcher, hosts, tmp_path / "known_hosts", bucket=False)
+    copies.follow(watcher, hosts, tmp_path / "known_hosts", copy=True)
     assert watcher.on_poll is not None
     watcher.on_poll(Obs({5: A}))  # copying 5 (held back)
     assert started.wait(10)
@@ -220,10 +220,12 @@ def test_peer_copies_follow_the_recorded_saves_newest_first(tmp_path: Path) -> N
     copies.stop(10)
     assert done == [5, 15], (done, copies.errors)
     assert copies.recorded == {5: A, 10: B, 15: A}
-    copies.follow(watcher, hosts, tmp_path / "known_hosts", bucket=True)
+    copies.follow(watcher, hosts, tmp_path / "known_hosts", copy=False)
     watcher.on_poll(Obs({20: A}))
     copies.stop(10)
-    assert done == [5, 15] and copies.recorded[20] == A, "with a bucket: recorded, not copied"
+    assert done == [5, 15] and copies.recorded[20] == A, (
+        "with a bucket or without recovery: recorded, not copied"
+    )
 
 
 BUCKET_POISON_SCRIPT = """

@@ -178,8 +178,8 @@ class Attempts:
     def follow(self, watcher: Watcher) -> None:
         """Record the saves ``watcher`` sees and copy each to a peer node (``PeerCopies``)."""
         runner = self.runner
-        bucket = run_has_bucket(runner.inventory, runner.plan.run_id)
-        self.peers.follow(watcher, runner.hosts, runner.known_hosts, bucket)
+        copy = self.policy.enabled and not run_has_bucket(runner.inventory, runner.plan.run_id)
+        self.peers.follow(watcher, runner.hosts, runner.known_hosts, copy)
 
     @property
     def policy(self) -> RecoveryPolicy:

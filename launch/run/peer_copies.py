@@ -19,7 +19,8 @@ the laptop copies each newly saved checkpoint to one other node, in the backgrou
   and the laptop's choice before a later attempt see it like any other. Older peer copies this
   run placed on that node beyond ``KEEP`` are removed; the node's own saves are never touched.
 * Training never waits: the copy runs on the laptop, rank 0 only serves reads.
-* With a bucket the helper's upload is the second copy and nothing is copied here.
+* With a bucket the helper's upload is the second copy and nothing is copied here; nor without
+  ``recovery:`` (no later attempt would use the copy, and the final pull would bring it home).
 """
 
 from __future__ import annotations
@@ -83,12 +84,12 @@ class PeerCopies:
         self._thread: threading.Thread | None = None
 
     # -- fed by the watcher ------------------------------------------------------------------------
-    def follow(self, watcher: Any, hosts: list[Host], known_hosts: Path, bucket: bool) -> None:
-        """Copy what ``watcher`` sees saved (its ``on_poll`` is chained): one call per attempt,
-        with that attempt's hosts and pinned keys."""
+    def follow(self, watcher: Any, hosts: list[Host], known_hosts: Path, copy: bool) -> None:
+        """Record what ``watcher`` sees saved (its ``on_poll`` is chained) and, with ``copy``,
+        copy it to a peer: one call per attempt, with that attempt's hosts and pinned keys."""
         with self._cond:
             self.hosts, self.known_hosts = list(hosts), known_hosts
-            self.enabled = not bucket and len(hosts) > 1
+            self.enabled = copy and len(hosts) > 1
         previous = watcher.on_poll
 
         def on_poll(obs: Any) -> None:
