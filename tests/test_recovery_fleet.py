@@ -10,6 +10,8 @@ replacement, on the two survivors.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,6 +94,95 @@ def test_node_lost_is_replaced_and_the_run_resumes(fleet3: LocalFleet, tmp_path:
     assert_nothing_running(fleet3)
 
 
+# -- checkpoints a run can trust (issue 19) -------------------------------------------------------
+
+
+def checkpoint_steps(fleet: LocalFleet, i: int, old: set[Path]) -> list[int]:
+    """Complete-looking checkpoint steps (a manifest) node i holds in the new run, newest first."""
+    home = Path(f"/home/{fleet.node_name(i)}/.fleetrun/runs")
+    found = [
+        int(p.parent.name[5:])
+        for run_dir in set(home.glob("*")) - old
+        for p in run_dir.glob("checkpoints/step-*/MANIFEST.json")
+    ]
+    return sorted(found, reverse=True)
+
+
+def test_a_poisoned_checkpoint_on_a_worker_never_runs(fleet3: LocalFleet, tmp_path: Path) -> None:
+    """Rank 1 plants on its node a step 999999 (a code-executing pickle beside a sparse 64 GiB
+    file) and a forged copy of step 10, then fails: the laptop believes neither (never recorded;
+    not rank 0's manifest), names the planted step, and every rank resumes from rank 0's step 10;
+    nothing the pickles would run ever runs (the marker is never created)."""
+    shared = Path(tempfile.mkdtemp(prefix="fleetrun-ck-poison-"))
+    shared.chmod(0o1777)  # the node users could create the marker here, had a pickle run
+    marker = shared / "ran"
+    book = playbook(tmp_path, f"--plant-at 12 --marker {marker}", recovery={"on": ["rank_failed"]})
+    result = run_with_fault(book, fleet3, None)
+    assert not marker.exists(), "a planted pickle ran"
+    assert result.outcome == "succeeded", result.reason
+    attempts = attempts_of(result)
+    assert [a["loss"] for a in attempts[:1]] == ["rank_failed"], attempts
+    story = attempts[1]["resumed_from"]
+    assert ": ~/.fleetrun/runs/" in story, story
+    assert "step-999999/MANIFEST.json: step 999999 was never recorded as saved by rank 0" in story, story
+    # the forged step 10 is refused ("differs from the manifest rank 0 recorded") unless the peer
+    # copy of rank 0's step 10 replaced it first (it may land on the same node): both are fine,
+    # and test_checkpoint_trust checks the manifest rule itself
+    assert "rank 0 resumed from step 10 (resume_from)" in story, story
+    assert attempts[1]["first_step"] == 11, attempts
+    sums = final_status(result)["param_checksums"]
+    assert len(set(sums)) == 1, sums
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_head_powered_off_without_a_bucket_resumes_from_its_peer_copy(
+    fleet3: LocalFleet, tmp_path: Path
+) -> None:
+    """No bucket: rank 0 saves on the head only, and the laptop copies each save to the next
+    node. The head goes (powered off, then replaced with an empty disk) right after its newest
+    save reached node 1: the run resumes from that step, at most one interval recomputed."""
+    old = {p for i in range(3) for p in Path(f"/home/{fleet3.node_name(i)}/.fleetrun/runs").glob("*")}
+    rank0: list[int] = []
+
+    def rank0_node() -> int | None:
+        for i in range(3):
+            home = Path(f"/home/{fleet3.node_name(i)}/.fleetrun/runs")
+            if any(p.stat().st_size for r in set(home.glob("*")) - old for p in r.glob("metrics.jsonl")):
+                return i
+        return None
+
+    def power_off_head() -> None:
+        def caught_up() -> bool:
+            holder = rank0_node()
+            if holder is None:
+                return False
+            own = checkpoint_steps(fleet3, holder, old)
+            copies = [checkpoint_steps(fleet3, i, old) for i in range(3) if i != holder]
+            if own and own[0] >= 2 * EVERY and any(c and c[0] == own[0] for c in copies):
+                rank0.append(holder)
+                return True
+            return False
+
+        wait_for(caught_up, 120, "a peer copy of rank 0's newest checkpoint")
+        fleet3.stop_node(0)  # the head (rank 0 is there unless the rendezvous put it elsewhere)
+
+    book = playbook(tmp_path, "--steps 30 --step-sleep 0.8")
+    result = run_with_fault(book, fleet3, power_off_head)
+    assert result.outcome == "succeeded", result.reason
+    attempts = attempts_of(result)
+    node0, node1 = fleet3.node_name(0), fleet3.node_name(1)
+    assert attempts[0]["loss"] == "node_lost" and attempts[0]["replaced"] == [node0], attempts[0]
+    assert attempts[1]["first_step"] > 2 * EVERY, "resumed from a checkpoint, not from the beginning"
+    assert 0 <= attempts[1]["steps_recomputed"] <= EVERY, attempts
+    print(f"rank 0 on node {rank0}; attempt 2 resumed from {attempts[1]['resumed_from']}")
+    if rank0 == [0]:  # the head held rank 0's saves: only the peer copy survived it
+        assert f"from {node1} (a peer copy)" in attempts[1]["resumed_from"], attempts[1]
+    sums = final_status(result)["param_checksums"]
+    assert len(sums) == 3 and len(set(sums)) == 1, sums
+    assert_nothing_running(fleet3)
+
+
+# the elastic test leaves node 2 powered off: it stays last
 def test_elastic_survivors_go_on(fleet3: LocalFleet, tmp_path: Path) -> None:
     book = playbook(tmp_path, nodes="2:3", recovery={"replace_lost_nodes": False})
     started, old = time.time(), run_dirs(fleet3)

@@ -35,11 +35,11 @@ import contextlib
 import os
 import re
 import shutil
-import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,7 @@ if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, 
     from launch.nodelib.fleetrun_checkpoint_files import (
         MANIFEST,
         fetch_step,
+        manifest_digest,
         replace_dir,
         scratch_name,
         seal,
@@ -58,13 +59,16 @@ if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, 
         verify,
         written_here,
     )
-    from launch.nodelib.fleetrun_ranks import any_rank, smallest_across_ranks
+    from launch.nodelib.fleetrun_checkpoint_signals import StopSignals, _log, record_event
+    from launch.nodelib.fleetrun_checkpoint_upload import BucketUploads
+    from launch.nodelib.fleetrun_ranks import smallest_across_ranks
 else:
     import fleetrun_bucket  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402
     from fleetrun_checkpoint_files import (  # noqa: E402
         MANIFEST,
         fetch_step,
+        manifest_digest,
         replace_dir,
         scratch_name,
         seal,
@@ -72,9 +76,10 @@ else:
         verify,
         written_here,
     )
-    from fleetrun_ranks import any_rank, smallest_across_ranks  # noqa: E402
+    from fleetrun_checkpoint_signals import StopSignals, _log, record_event  # noqa: E402
+    from fleetrun_checkpoint_upload import BucketUploads  # noqa: E402
+    from fleetrun_ranks import smallest_across_ranks  # noqa: E402
 
-FLAG_FILE = "preempt.json"
 KEEP = 3
 _STEP_RE = re.compile(r"step-(\d{1,18})")
 
@@ -107,7 +112,7 @@ class Checkpoint:
         return os.path.join(self.path, name)
 
 
-class Checkpointer:
+class Checkpointer(StopSignals, BucketUploads):
     """Checkpoints of one run on this node, and its bucket copy. See the module docstring."""
 
     def __init__(
@@ -153,6 +158,9 @@ class Checkpointer:
         self._swept = False
         self.uploaded_step: int | None = None
         self.upload_error = ""
+        self.save_error = ""
+        """Why the last background save (``save(background=True)``) did not complete, if so."""
+        self._sealing: threading.Thread | None = None
         if handle_sigterm:
             self.install_sigterm_handler()
 
@@ -180,15 +188,37 @@ class Checkpointer:
     def latest(self, hashes: bool = True, at_most: int | None = None) -> Checkpoint | None:
         """The newest complete checkpoint: ``FLEETRUN_RESUME_FROM``, this node, the bucket, or None.
         ``at_most``: only steps up to it (``agreed_latest`` narrows down with it)."""
+        return next(self.candidates(hashes, at_most), None)
 
-        def fits(step: int) -> bool:
-            return at_most is None or step <= at_most
-
+    def candidates(self, hashes: bool = True, at_most: int | None = None) -> Iterator[Checkpoint]:
+        """Every complete checkpoint in the order a resume tries them: ``FLEETRUN_RESUME_FROM``
+        (the laptop's choice), then this node's disk newest first (its own saves and the peer
+        copies the laptop placed here), then the bucket. Each is verified (manifest, sizes,
+        sha256) before it is offered; a caller that refuses one (it does not load as data) asks
+        for the next. With a ``resume_from``, nothing newer than it is ever offered: a step the
+        laptop did not choose (one a node claims and the run never recorded) is not believed."""
+        self.flush()  # this process's own save still being sealed counts
+        seen: set[str] = set()
         if self.resume_from:
             found = self._resume_from(hashes)
-            if found is not None and fits(found.step):
-                return found
-        return self.on_node(hashes, at_most) or self._from_bucket(fits)
+            if found is not None and (at_most is None or found.step <= at_most):
+                seen.add(os.path.realpath(found.path))
+                yield found
+            match = _STEP_RE.fullmatch(self.resume_from.rstrip("/").rsplit("/", 1)[-1])
+            if match is not None:
+                bound = int(match.group(1))
+                at_most = bound if at_most is None else min(at_most, bound)
+        for step in self.steps():
+            if at_most is not None and step > at_most:
+                continue
+            path = self._own(self.step_dir(step))
+            if os.path.realpath(path) in seen:
+                continue
+            manifest = verify(path, hashes)
+            if manifest is not None and manifest.step == step:
+                seen.add(os.path.realpath(path))
+                yield Checkpoint(path, step, "node", manifest)
+        yield from self._bucket_candidates(at_most)
 
     def on_node(self, hashes: bool = True, at_most: int | None = None) -> Checkpoint | None:
         """The newest complete checkpoint on this node's disk (up to ``at_most``), or None: never
@@ -245,14 +275,21 @@ class Checkpointer:
         return None if manifest is None else Checkpoint(path, manifest.step, "resume_from", manifest)
 
     def _from_bucket(self, fits: Callable[[int], bool] = lambda _step: True) -> Checkpoint | None:
+        for found in self._bucket_candidates(None):
+            if fits(found.step):
+                return found
+        return None
+
+    def _bucket_candidates(self, at_most: int | None) -> Iterator[Checkpoint]:
         if self.bucket is None:
-            return None
+            return
         pointer = self.bucket.pointer(self.pointer_name)
-        for step in filter(fits, pointer.steps if pointer else ()):
+        for step in pointer.steps if pointer else ():
+            if at_most is not None and step > at_most:
+                continue
             got = self._download(step, self._own(self.bucket.checkpoints_url(f"step-{step}")))
             if got is not None:
-                return got
-        return None
+                yield got
 
     def _download(self, step: int, url: str) -> Checkpoint | None:
         """Copy one step (this rank's part) from the bucket, verify it, move it into place."""
@@ -261,14 +298,21 @@ class Checkpointer:
         return None if manifest is None else Checkpoint(final, step, "bucket", manifest)
 
     # -- saving ----------------------------------------------------------------------------------
-    def save(self, step: int, writer: Callable[[str], object]) -> Checkpoint | None:
+    def save(self, step: int, writer: Callable[[str], object], background: bool = False) -> Checkpoint | None:
         """Write step ``step`` with ``writer(directory)``; returns after the local write.
 
         Ranks that do not write (not rank 0, unsharded) return None without calling ``writer``.
         The bucket copy follows in the background (``wait_uploaded`` blocks for it).
+        ``background``: return as soon as ``writer`` is done; the fsync, the hashes of the
+        manifest and the rename into place follow in a thread (the step is not complete, and not
+        offered by ``latest``, until then; ``flush`` waits for it, and so do ``latest``, the next
+        ``save`` and ``wait_uploaded``). The training step then waits for the writer only: the
+        hashing costs about as much again as ``torch.save`` itself. The answer's manifest lists
+        no files until the seal is done.
         """
         if not self.writes:
             return None
+        self.flush()  # one save in flight at most: the disk never holds a queue of them
         step = int(step)
         os.makedirs(self.directory, exist_ok=True)
         if not self._swept:  # what a writer killed mid-save (an earlier attempt) left behind
@@ -276,20 +320,71 @@ class Checkpointer:
         tmp = os.path.join(self.directory, scratch_name(f".tmp-step-{step}-rank-{self.rank}"))
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
+        final = self._own(self.step_dir(step))
         try:
             writer(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if not background:
+            return Checkpoint(final, step, "node", self._publish(tmp, step, final))
+        thread = threading.Thread(
+            target=self._publish_quietly, args=(tmp, step, final), name="fleetrun-checkpoint-seal"
+        )
+        self._sealing = thread  # not a daemon: a process that ends normally finishes the seal
+        thread.start()
+        return Checkpoint(final, step, "node", protocol.Manifest(step=step, files={}, created=time.time()))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for a background save to be complete (sealed and in place); False on timeout."""
+        thread = self._sealing
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                return False
+            self._sealing = None
+        return True
+
+    def _publish(self, tmp: str, step: int, final: str) -> protocol.Manifest:
+        """fsync and hash what the writer left, move it into place, keep the newest, record it."""
+        try:
             manifest = seal(
                 tmp, step, self.rank if self.sharded else None, self.world if self.sharded else None
             )
-            final = self._own(self.step_dir(step))
             os.makedirs(os.path.dirname(final), exist_ok=True)
             replace_dir(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self._rotate()
+        if self.rank == 0:
+            record_event(self.run_dir, "checkpoint_saved", step=step, manifest=manifest_digest(final))
         if self.bucket is not None:
             self._enqueue(step)
-        return Checkpoint(final, step, "node", manifest)
+        return manifest
+
+    def _publish_quietly(self, tmp: str, step: int, final: str) -> None:
+        try:
+            self._publish(tmp, step, final)
+        except Exception as exc:  # noqa: BLE001 - a failed seal is reported; training goes on
+            self.save_error = f"{type(exc).__name__}: {exc}"
+            _log(f"checkpoint step {step}: not saved: {self.save_error}")
+
+    def refuse(self, found: Checkpoint, file: str, why: str) -> str:
+        """Say (stderr, and the run's metrics as ``checkpoint_refused``) that ``found`` was not
+        resumed from: a file that does not load as data, or the wrong shape. Returns the line."""
+        where = "the bucket" if found.source == "bucket" else f"node {socket.gethostname()}"
+        line = f"refused checkpoint step {found.step} ({os.path.join(found.path, file)} on {where}): {why}"
+        _log(line)
+        if self.rank == 0:
+            record_event(
+                self.run_dir,
+                "checkpoint_refused",
+                step=found.step,
+                file=os.path.join(found.path, file),
+                where=where,
+                why=why[:300],
+            )
+        return line
 
     def _rotate(self) -> None:
         """Keep the newest ``keep`` steps this helper wrote (never one still waiting for its upload)."""
@@ -305,129 +400,19 @@ class Checkpointer:
                 with contextlib.suppress(OSError):
                     os.rmdir(self.step_dir(step))  # the last shard out removes the step
 
-    # -- the bucket copy ---------------------------------------------------------------------------
-    def _enqueue(self, step: int) -> None:
-        with self._cond:
-            self._queued = step  # a newer step replaces one not yet started: only the newest matters
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._uploader, name="fleetrun-checkpoint-upload", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify_all()
-
-    def _uploader(self) -> None:
-        while True:
-            with self._cond:
-                while self._queued is None:
-                    if not self._cond.wait(timeout=600):
-                        self._thread = None
-                        return
-                step, self._queued, self._busy = self._queued, None, self._queued
-            try:
-                self._upload(step)
-            except Exception as exc:  # noqa: BLE001 - an upload failure must not end training
-                self.upload_error = f"{type(exc).__name__}: {exc}"
-                _log(f"checkpoint step {step}: upload failed: {self.upload_error}")
-            with self._cond:
-                self._busy = None
-                self._cond.notify_all()
-
-    def _upload(self, step: int) -> None:
-        assert self.bucket is not None
-        local = self._own(self.step_dir(step))
-        ok, message = self.bucket.sync(local, self._own(self.bucket.checkpoints_url(f"step-{step}")))
-        if not ok:
-            self.upload_error = message
-            _log(f"checkpoint step {step}: upload failed: {message}")
-            return
-        old = self.bucket.pointer(self.pointer_name)
-        steps = sorted({step, *(old.steps if old else ())}, reverse=True)
-        kept, dropped = steps[: self.keep], steps[self.keep :]
-        manifest = verify(local, hashes=False) if step == kept[0] else None
-        created = None if manifest is None else manifest.created
-        ok, message = self.bucket.put_pointer(
-            protocol.BucketPointer(tuple(kept), time.time(), created), self.pointer_name
-        )
-        if not ok:
-            self.upload_error = message
-            _log(f"checkpoint step {step}: uploaded, but the pointer was not: {message}")
-            return
-        self.uploaded_step, self.upload_error = step, ""
-        for gone in dropped:
-            if self.bucket.commands.remove:
-                self.bucket.remove(self._own(self.bucket.checkpoints_url(f"step-{gone}")) + "/")
-
+    # -- the bucket copy (its thread: ``BucketUploads``) --------------------------------------------
     def wait_uploaded(self, timeout: float | None = None) -> bool:
         """Block until every saved step reached the bucket (or failed); False on timeout.
 
         True without a bucket. Whether the last upload worked: ``upload_error`` is empty.
         """
+        started = time.monotonic()
+        if not self.flush(timeout):
+            return False
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         with self._cond:
-            done = self._cond.wait_for(lambda: self._queued is None and self._busy is None, timeout)
-        return bool(done) and not self.upload_error
-
-    # -- stopping ----------------------------------------------------------------------------------
-    def install_sigterm_handler(self) -> None:
-        """SIGTERM sets the flag instead of killing the rank, every time.
-
-        A rank checkpointing after a notice may get SIGTERM again (its node's notice and the
-        laptop's stop, torchrun's shutdown): it must not die mid-save. A script that never asks
-        ``should_save()`` is still stopped: fleetrun and torchrun follow SIGTERM with SIGKILL.
-        Only from the main thread (Python's rule); elsewhere the flag file still works.
-        """
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def on_sigterm(signum: int, frame: Any) -> None:
-            first = not self._signalled
-            self._signalled = True
-            self._stop.set()
-            if first:
-                _mark_signal(self.run_dir, self.rank)
-
-        with contextlib.suppress(ValueError, OSError):
-            signal.signal(signal.SIGTERM, on_sigterm)
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def should_save(self, everywhere: bool = False) -> bool:
-        """True once a SIGTERM or the preemption flag file arrived: checkpoint at this step.
-
-        ``everywhere``: agree across ranks (one all-reduce with torch.distributed), so every rank
-        saves at the same step even though only one node got the notice; call it on every rank.
-        """
-        how = "sigterm" if self._stop.is_set() else ""
-        if not how and self.run_dir and os.path.exists(os.path.join(self.run_dir, FLAG_FILE)):
-            how = "flag"
-            self._stop.set()
-        flag = self._stop.is_set()
-        if everywhere:
-            flag = any_rank(flag)
-            if flag and not self._stop.is_set():
-                how = "peer"
-                self._stop.set()
-        if flag and not self._told:
-            self._told = True
-            _mark_signal(self.run_dir, self.rank, f"told-rank-{self.rank}", how)
-        return flag
-
-
-def _mark_signal(run_dir: str, rank: int, name: str = "", how: str = "sigterm") -> None:
-    """Note when this rank got SIGTERM (``signals/rank-<R>``) or first heard of a stop, and how
-    (``signals/told-rank-<R>``): the notice-to-signal benchmark reads them."""
-    if not run_dir:
-        return
-    with contextlib.suppress(OSError):
-        os.makedirs(os.path.join(run_dir, "signals"), exist_ok=True)
-        with open(os.path.join(run_dir, "signals", name or f"rank-{rank}"), "w", encoding="utf-8") as fh:
-            fh.write(f"{time.time()!r} {how}")
-
-
-def _log(message: str) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        print(f"fleetrun_checkpoint: {message}", file=sys.stderr, flush=True)
+            done = self._cond.wait_for(lambda: self._queued is None and self._busy is None, left)
+        return bool(done) and not self.upload_error and not self.save_error
 
 
 # -- the module-level helper ------------------------------------------------------------------------
@@ -471,6 +456,9 @@ def should_save(everywhere: bool = False) -> bool:
 if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
     from launch.nodelib.fleetrun_checkpoint_torch import (
         STATE_FILE,
+        Refused,
+        exact_allreduce,
+        load_state_bytes,
         load_training_state,
         resume_training_state,
         save_training_state,
@@ -478,6 +466,9 @@ if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, 
 else:
     from fleetrun_checkpoint_torch import (
         STATE_FILE,
+        Refused,
+        exact_allreduce,
+        load_state_bytes,
         load_training_state,
         resume_training_state,
         save_training_state,
@@ -486,10 +477,13 @@ else:
 __all__ = [
     "STATE_FILE",
     "Checkpoint",
+    "Refused",
+    "load_state_bytes",
     "Checkpointer",
     "attempt",
     "configure",
     "default",
+    "exact_allreduce",
     "latest",
     "load_training_state",
     "resume_training_state",

@@ -29,6 +29,7 @@ else:
 
 MANIFEST = "MANIFEST.json"
 _HASH_CHUNK = 1024 * 1024
+MAX_CHECKPOINT_BYTES = 32 * 1024**3
 _HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"  # no '-': see the RE
 _SCRATCH_RE = re.compile(
     r"(?:\.tmp-step-\d+-rank-\d+|\.incoming-\d+|(?:step|rank)-\d+\.old)-(?P<host>[A-Za-z0-9._]{1,64})-(?P<pid>\d{1,9})(?:-\d+)?"
@@ -81,10 +82,34 @@ def read_manifest(path: str) -> protocol.Manifest | None:
         return None
 
 
+def manifest_digest(path: str) -> str | None:
+    """sha256 of ``path``'s ``MANIFEST.json`` bytes, or None: what rank 0 records when it saves
+    (``checkpoint_saved``), so the laptop can tell the step it saw saved from one a node claims."""
+    try:
+        with open(os.path.join(path, MANIFEST), "rb") as fh:
+            data = fh.read(protocol.MAX_MANIFEST_BYTES + 1)
+    except OSError:
+        return None
+    return hashlib.sha256(data).hexdigest() if len(data) <= protocol.MAX_MANIFEST_BYTES else None
+
+
+def max_checkpoint_bytes() -> int:
+    """The most one checkpoint may list (``FLEETRUN_CHECKPOINT_MAX_BYTES``, default 32 GiB, the
+    laptop's pull cap): a planted manifest naming a sparse terabyte is refused before any byte
+    of it is hashed or copied."""
+    try:
+        return max(1, int(os.environ.get("FLEETRUN_CHECKPOINT_MAX_BYTES", "")))
+    except ValueError:
+        return MAX_CHECKPOINT_BYTES
+
+
 def verify(path: str, hashes: bool = True) -> protocol.Manifest | None:
-    """The manifest when every file it lists is there with its size (and sha256), else None."""
+    """The manifest when every file it lists is there with its size (and sha256), else None.
+    One that lists more than ``max_checkpoint_bytes`` in all is never complete."""
     manifest = read_manifest(path)
     if manifest is None:
+        return None
+    if sum(size for size, _ in manifest.files.values()) > max_checkpoint_bytes():
         return None
     for name, (size, sha) in manifest.files.items():
         full = os.path.join(path, name)

@@ -475,7 +475,8 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
             clean(entry.get("attempt", "-"), 10),
             clean(", ".join(str(n) for n in nodes) if isinstance(nodes, list) else "-", 400),
             Text(clean(entry.get("outcome", "-"), 20), style=_STATE_STYLE.get(str(entry.get("outcome")), "")),
-            clean(f"{entry.get('loss') or entry.get('rule') or '-'}: {entry.get('reason') or ''}", 300),
+            clean(f"{entry.get('loss') or entry.get('rule') or '-'}: {entry.get('reason') or ''}", 300)
+            + (f"; resumed from {clean(entry['resumed_from'], 300)}" if entry.get("resumed_from") else ""),
             clean(f"{first if first is not None else '-'}..{last if last is not None else '-'}", 40),
             clean(entry.get("steps_recomputed") if entry.get("steps_recomputed") is not None else "-", 20),
             clean(" ".join(changed) or "-", 200),

@@ -116,6 +116,13 @@ class MetricsSummary:
     steps_per_second: float | None = None
     world: Mapping[str, Any] | None = None
     """The last ``world`` event (world size, rank -> host map), if any."""
+    saved_checkpoints: Mapping[int, str] = field(default_factory=dict)
+    """Steps the checkpoint helper reported saving (``checkpoint_saved``) -> the sha256 of their
+    manifest: the only steps a node's claim is believed for (``launch.run.checkpoints``)."""
+    refused_checkpoints: tuple[str, ...] = ()
+    """Checkpoints the helper refused to resume from (``checkpoint_refused``), as lines."""
+    resumed_checkpoint: tuple[int | None, str] | None = None
+    """(step, source) rank 0 resumed from (``checkpoint_resumed``; step None: from the beginning)."""
 
 
 class FinalStatus(BaseModel):
@@ -171,6 +178,29 @@ def _step(value: Any) -> int | None:
     return None
 
 
+MAX_SAVED_CHECKPOINTS = 64
+MAX_REFUSED_CHECKPOINTS = 20
+
+
+def note_checkpoint_event(record: Mapping[str, Any], saved: dict[int, str], refused: list[str]) -> None:
+    """Fold a checkpoint helper event in: ``checkpoint_saved`` (a step and its manifest's sha256,
+    the newest 64 kept) or ``checkpoint_refused`` (a line naming step, file and place, 20 kept).
+    Anything malformed is ignored: these come from the job."""
+    step = _step(record.get("step"))
+    if step is None or step < 0:
+        return
+    if record.get("event") == "checkpoint_saved":
+        digest = record.get("manifest")
+        if isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+            saved[step] = digest
+            for old in sorted(saved)[:-MAX_SAVED_CHECKPOINTS]:
+                del saved[old]
+        return
+    if len(refused) < MAX_REFUSED_CHECKPOINTS:
+        parts = [str(record.get(k, ""))[:300] for k in ("file", "where", "why")]
+        refused.append(f"step {step}: {parts[0]} on {parts[1]}: {parts[2]}")
+
+
 class MetricsStream:
     """Feed it raw bytes of ``metrics.jsonl`` in order; it yields parsed records.
 
@@ -194,6 +224,9 @@ class MetricsStream:
         self.last_metrics: dict[str, float] = {}
         self.first_nonfinite: LossPoint | None = None
         self.world: dict[str, Any] | None = None
+        self.saved_checkpoints: dict[int, str] = {}
+        self.refused_checkpoints: list[str] = []
+        self.resumed_checkpoint: tuple[int | None, str] | None = None
         self._buffer = b""
         self._discarding = False  # inside an over-long line: drop bytes until its newline
         self._steps: array[int] = array("q")
@@ -259,6 +292,11 @@ class MetricsStream:
         self.events += 1
         if record.get("event") == "world":
             self.world = record
+        elif record.get("event") == "checkpoint_resumed":
+            step, source = _step(record.get("step")), record.get("source")
+            self.resumed_checkpoint = (step, source[:40] if isinstance(source, str) else "?")
+        elif record.get("event") in ("checkpoint_saved", "checkpoint_refused"):
+            note_checkpoint_event(record, self.saved_checkpoints, self.refused_checkpoints)
 
     def _on_metric(self, step: int, record: dict[str, Any]) -> None:
         self.records += 1
@@ -314,4 +352,7 @@ class MetricsStream:
             first_nonfinite=self.first_nonfinite,
             steps_per_second=self.steps_per_second,
             world=None if self.world is None else dict(self.world),
+            saved_checkpoints=dict(self.saved_checkpoints),
+            refused_checkpoints=tuple(self.refused_checkpoints),
+            resumed_checkpoint=self.resumed_checkpoint,
         )

@@ -407,6 +407,9 @@ class AttemptEnd:
     (re-checks, stopping the survivors, replacement, sync and setup, checkpoint copy, start)."""
     drained: tuple[Drained, ...] = ()
     """For a preempted attempt: each noticed node's drain before it was replaced."""
+    resumed_from: str | None = None
+    """For attempts after the first: where it resumed from and why (a node's save, a peer copy,
+    the bucket, or the beginning with its cause)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -425,6 +428,7 @@ class AttemptEnd:
             "dropped": list(self.dropped),
             "recovery_s": {name: round(seconds, 2) for name, seconds in self.recovery_s},
             "drained": [d.to_json() for d in self.drained],
+            "resumed_from": self.resumed_from,
         }
 
 

@@ -51,9 +51,10 @@ from launch.rules.recovery import (
     without,
 )
 from launch.rules.stoprules import StopDecision
-from launch.run.checkpoints import spread_latest
+from launch.run.checkpoints import resume_story, spread_latest
 from launch.run.doctor import read_exclusions, record_exclusion
 from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
+from launch.run.peer_copies import PeerCopies, run_has_bucket
 from launch.run.recheck import recheck
 from launch.run.records import RunRecords
 from launch.run.run_folder import RunFolder
@@ -178,6 +179,15 @@ class Attempts:
         """The replacement ``Host`` of each node replaced for the coming attempt."""
         self.drained: tuple[Drained, ...] = ()
         """Each preempted node's drain before its replacement (``launch.run.drain``)."""
+        self.peers = PeerCopies(runner.plan.run_id, runner.folder.path / ".peer-copies", self.say)
+        self.resumed_from: str | None = None
+        """Where the coming attempt resumes from and why (the record's ``resumed_from``)."""
+
+    def follow(self, watcher: Watcher) -> None:
+        """Record the saves ``watcher`` sees and copy each to a peer node (``PeerCopies``)."""
+        runner = self.runner
+        copy = self.policy.enabled and not run_has_bucket(runner.inventory, runner.plan.run_id)
+        self.peers.follow(watcher, runner.hosts, runner.known_hosts, copy)
 
     @property
     def policy(self) -> RecoveryPolicy:
@@ -241,6 +251,7 @@ class Attempts:
                 dropped=plan.drop,
                 recovery_s=tuple(self.started_by.items()),
                 drained=self.drained,
+                resumed_from=resume_story(self.resumed_from, summary) if self.ended else None,
             )
         )
         self.drained = ()
@@ -269,7 +280,7 @@ class Attempts:
             if plan.stop is not None:
                 if loss is not None and self.policy.enabled:
                     decision = dataclasses.replace(
-                        decision, reason=f"{decision.reason} Not recovered: {plan.stop}."
+                        decision, reason=f"{decision.reason} Not recovered: {plan.stop.rstrip('.')}."
                     )
                 return decision, target, watcher
             self.say(
@@ -286,6 +297,7 @@ class Attempts:
                 poll_interval=self.runner.options.poll_interval,
                 completion_grace_s=self.runner.options.completion_grace_s,
             )
+            self.follow(watcher)
             decision = watch_safely(watcher, self.runner.folder.path)
 
     def replace(self, loss: Loss, plan: RecoveryPlan) -> RecoveryPlan:
@@ -424,13 +436,23 @@ class Attempts:
         """The newest complete checkpoint onto every node that lacks it (no bucket needed)."""
         runner = self.runner
         staging = runner.folder.path / ".recovery"
+        self.peers.stop()
         try:
-            runner.resume_from, said = spread_latest(
-                runner.fleet, runner.hosts, runner.plan.run_id, runner.known_hosts, staging
+            spread = spread_latest(
+                runner.fleet,
+                runner.hosts,
+                runner.plan.run_id,
+                runner.known_hosts,
+                staging,
+                recorded=self.peers.recorded,
+                bucket=run_has_bucket(runner.inventory, runner.plan.run_id),
+                peers=self.peers.copied,
             )
-            self.say(f"  {said}")
+            runner.resume_from, self.resumed_from = spread.resume_from, spread.record
+            self.say(f"  {spread.said}")
         except HostError as exc:
             runner.resume_from = None
+            self.resumed_from = f"what each node holds: the copy failed ({clean(exc, 200)})"
             self.say(
                 f"  could not spread the latest checkpoint ({clean(exc, 300)}); each node resumes from what it holds"
             )

@@ -1,21 +1,28 @@
-"""Before a later attempt starts: make the newest complete checkpoint reachable from every node.
+"""Before a later attempt starts: make the newest trusted checkpoint reachable from every node.
 
 With a bucket, the checkpoint helper on the nodes downloads it (``fleetrun_checkpoint.latest``).
-Without one (the local fleet, lab machines), the only copies are on the nodes that wrote them,
-and rank 0 of the next attempt may land on a fresh replacement node or on a survivor that never
-held one (rank 0 writes; its node may be the one lost). So the laptop asks every node of the next
-attempt which complete checkpoints it holds (a manifest whose file sizes match), takes the newest
-one anywhere, copies it (rsync through this machine, hardened like the pull) to the nodes that
-lack it, under a temporary name renamed into place, and tells every node to resume from it
-(``FLEETRUN_RESUME_FROM``). Sharded checkpoints (``rank-<R>/`` parts) are left to the bucket.
+Without one (the local fleet, lab machines), the only copies are on the nodes that wrote them and
+the peer copies made during the run (``launch.run.peer_copies``), and rank 0 of the next attempt
+may land on a fresh replacement node or on a survivor that never held one. So the laptop asks
+every node of the next attempt which complete checkpoints it holds, believes a node's claim only
+for a step rank 0 recorded as saved with that very manifest (``checkpoint_saved`` in the metrics:
+the sha256 of its ``MANIFEST.json``) and only within the pull's size bounds, takes the newest one
+anywhere, copies it (rsync through this machine, hardened like the pull, sparse files kept
+sparse) to the nodes that lack it, under a temporary name renamed into place, and tells every
+node to resume from it (``FLEETRUN_RESUME_FROM``). Every claim it does not believe is named.
+Nothing here ever loads a checkpoint: the laptop moves bytes, the nodes load them as data.
+Sharded checkpoints (``rank-<R>/`` parts) are left to the bucket.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launch.errors import HostError
@@ -23,13 +30,14 @@ from launch.job.inventory import Host
 from launch.planning import remote_layout as layout
 from launch.planning.launchers.base import CHECKPOINTS
 from launch.reports.safe_text import clean
-from launch.run.artifacts import rsync_error, rsync_pull
+from launch.rules.metrics_stream import MetricsSummary
+from launch.run.artifacts import PULL_MAX_FILE_BYTES, PULL_MAX_TOTAL_BYTES, pull_argv, rsync_error
 from launch.transport.openssh import jump_slot
 from launch.transport.ssh import Fleet, NodeConnection, openssh_command
 
 MAX_STEPS = 1000
 LIST_SCRIPT = r"""
-import json, os, sys
+import hashlib, json, os, stat, sys
 root = os.path.expanduser(sys.argv[1])
 found = []
 try:
@@ -41,19 +49,33 @@ for name in names:
         continue
     path = os.path.join(root, name)
     try:
+        if os.path.islink(path) or not stat.S_ISREG(os.lstat(os.path.join(path, "MANIFEST.json")).st_mode):
+            continue
         with open(os.path.join(path, "MANIFEST.json"), "rb") as fh:
-            manifest = json.loads(fh.read(1 << 20))
+            raw = fh.read(1 << 20)
+        manifest = json.loads(raw)
         files = manifest["files"]
-        ok = bool(files) and all(
-            "/" not in f and f not in (".", "..")
-            and os.path.getsize(os.path.join(path, f)) == int(info["size"])
-            for f, info in files.items()
-        )
+        size = disk = largest = 0
+        ok = bool(files)
+        for f, info in files.items():
+            full = os.path.join(path, f)
+            if "/" in f or f in (".", "..") or os.path.islink(full):
+                ok = False
+                break
+            st = os.stat(full)
+            if st.st_size != int(info["size"]):
+                ok = False
+                break
+            size += st.st_size
+            disk += st.st_blocks * 512
+            largest = max(largest, st.st_size)
         if ok and int(manifest["step"]) == int(name[5:]):
-            found.append(int(name[5:]))
+            found.append({"step": int(name[5:]), "manifest": hashlib.sha256(raw).hexdigest(),
+                          "size": size, "disk": disk, "largest": largest})
     except Exception:
         pass
-print(json.dumps(sorted(found, reverse=True)[:1000]))
+found.sort(key=lambda c: -c["step"])
+print(json.dumps(found[:1000]))
 """
 
 
@@ -62,8 +84,29 @@ def checkpoint_dir(run_id: str) -> str:
     return f"{layout.rundir(run_id)}/{CHECKPOINTS}"
 
 
-def parse_steps(text: str) -> list[int]:
-    """A node's answer (untrusted): a JSON list of step numbers, newest first; anything else: []."""
+@dataclass(frozen=True)
+class Claim:
+    """One complete checkpoint a node says it holds: untrusted until ``choose`` believes it."""
+
+    step: int
+    manifest: str
+    """sha256 of its ``MANIFEST.json`` bytes (compared with what rank 0 recorded)."""
+    size: int = 0
+    """Bytes the manifest lists (apparent size: a sparse file counts whole)."""
+    disk: int = 0
+    """Bytes it takes on the node's disk (``du``)."""
+    largest: int = 0
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 10**18:
+        return None
+    return value
+
+
+def parse_claims(text: str) -> list[Claim]:
+    """A node's listing (untrusted): JSON objects with step, manifest sha256 and sizes; anything
+    malformed is dropped, and a bare list of steps (an older agent) gives claims without a digest."""
     lines = text.strip().splitlines()
     try:
         data = json.loads(lines[-1]) if lines else []
@@ -71,20 +114,43 @@ def parse_steps(text: str) -> list[int]:
         return []
     if not isinstance(data, list):
         return []
-    return [s for s in data[:MAX_STEPS] if isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 10**18]
+    claims = []
+    for item in data[:MAX_STEPS]:
+        if isinstance(item, dict):
+            step, digest = _count(item.get("step")), item.get("manifest")
+            sizes = [_count(item.get(k)) for k in ("size", "disk", "largest")]
+            if step is None or not isinstance(digest, str) or len(digest) != 64 or None in sizes:
+                continue
+            if any(c not in "0123456789abcdef" for c in digest):
+                continue
+            size, disk, largest = (s or 0 for s in sizes)
+            claims.append(Claim(step, digest, size, disk, largest))
+        elif (step := _count(item)) is not None:
+            claims.append(Claim(step, ""))
+    return claims
 
 
-def complete_steps(fleet: Fleet, hosts: list[Host], run_id: str) -> dict[str, list[int]]:
-    """Complete checkpoint steps per node (a node that does not answer holds none)."""
+def parse_steps(text: str) -> list[int]:
+    """A node's answer (untrusted): its step numbers, newest first; anything else: []."""
+    return [c.step for c in parse_claims(text)]
+
+
+def complete_claims(fleet: Fleet, hosts: list[Host], run_id: str) -> dict[str, list[Claim]]:
+    """Complete checkpoints per node as each claims them (a node that does not answer holds none)."""
     script = f"-c {shlex.quote(LIST_SCRIPT)} {shlex.quote('~/' + checkpoint_dir(run_id))}"
 
-    def ask(conn: NodeConnection) -> list[int]:
+    def ask(conn: NodeConnection) -> list[Claim]:
         # the inventory's interpreter, as the doctor and the claim use (the node agent still runs python3)
         result = conn.run(f"{shlex.quote(conn.host.python)} {script}", timeout=60)
-        return parse_steps(result.stdout[-65536:]) if result.ok else []
+        return parse_claims(result.stdout[-262144:]) if result.ok else []
 
     answers = fleet.map(ask, hosts=hosts, deadline=90)
     return {name: r if isinstance(r, list) else [] for name, r in answers.items()}
+
+
+def complete_steps(fleet: Fleet, hosts: list[Host], run_id: str) -> dict[str, list[int]]:
+    """Complete checkpoint steps per node, newest first (a node that does not answer holds none)."""
+    return {n: [c.step for c in claims] for n, claims in complete_claims(fleet, hosts, run_id).items()}
 
 
 def newest(steps: dict[str, list[int]]) -> tuple[int, str] | None:
@@ -96,71 +162,284 @@ def newest(steps: dict[str, list[int]]) -> tuple[int, str] | None:
     return best
 
 
-def spread_latest(
-    fleet: Fleet, hosts: list[Host], run_id: str, known_hosts: Path, staging: Path
-) -> tuple[str | None, str]:
-    """Copy the newest complete checkpoint to every node of ``hosts`` that lacks it.
+@dataclass(frozen=True)
+class Bounds:
+    """What one checkpoint may weigh to be copied: the pull's caps (``launch.run.artifacts``)."""
 
-    Returns (its path relative to the home, for ``FLEETRUN_RESUME_FROM``, or None when there is
-    none) and a sentence for the operator. A node the copy fails on raises ``HostError``."""
-    steps = complete_steps(fleet, hosts, run_id)
-    found = newest(steps)
-    if found is None:
-        return None, "no complete checkpoint on any node: the next attempt starts from the beginning"
-    step, holder = found
+    total_bytes: int = PULL_MAX_TOTAL_BYTES
+    file_bytes: int = PULL_MAX_FILE_BYTES
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The newest believed checkpoint (``step`` None: none), who holds it, and every claim refused."""
+
+    step: int | None = None
+    holders: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()
+
+
+def refusal(node: str, run_id: str, claim: Claim, recorded: Mapping[int, str], bounds: Bounds) -> str:
+    """Why ``node``'s claim is not believed ('' when it is): naming the node and the file."""
+    where = f"{node}: ~/{checkpoint_dir(run_id)}/step-{claim.step}/MANIFEST.json"
+    if claim.step not in recorded:
+        return f"{where}: step {claim.step} was never recorded as saved by rank 0"
+    if claim.manifest != recorded[claim.step]:
+        return f"{where}: differs from the manifest rank 0 recorded for step {claim.step}"
+    if claim.size > bounds.total_bytes or claim.disk > bounds.total_bytes:
+        big = max(claim.size, claim.disk)
+        return (
+            f"{where}: {big / 1024**3:.1f} GiB, over the copy cap of {bounds.total_bytes / 1024**3:.0f} GiB"
+        )
+    if claim.largest > bounds.file_bytes:
+        return (
+            f"{where}: a file of {claim.largest / 1024**3:.1f} GiB, over the per-file cap of "
+            f"{bounds.file_bytes / 1024**3:.0f} GiB"
+        )
+    return ""
+
+
+def choose(
+    claims: Mapping[str, Sequence[Claim]],
+    recorded: Mapping[int, str],
+    run_id: str,
+    bounds: Bounds = Bounds(),  # noqa: B008 - frozen
+) -> Choice:
+    """Pure: the newest step some node holds that rank 0 recorded as saved, with the manifest it
+    recorded and within the size caps; the nodes holding it; and a line for each claim refused."""
+    believed: dict[int, list[str]] = {}
+    refused: list[str] = []
+    for node, found in sorted(claims.items()):
+        for claim in found:
+            why = refusal(node, run_id, claim, recorded, bounds)
+            if why:
+                refused.append(why)
+            else:
+                believed.setdefault(claim.step, []).append(node)
+    if not believed:
+        return Choice(refused=tuple(refused))
+    step = max(believed)
+    return Choice(step, tuple(believed[step]), tuple(refused))
+
+
+# -- copying one checkpoint between nodes, through this machine ------------------------------------
+
+RunOn = Callable[[Host, str, float], tuple[bool, str]]
+"""Runs a shell command on a node: (ok, its stdout, bounded) or (False, the stderr tail). The
+fleet's connection (``fleet_run``), or the OpenSSH client (``ssh_run``)."""
+MAX_OUTPUT = 262144
+
+
+def ssh_argv(host: Host, known_hosts: Path, multiplex: Path | None = None) -> list[str]:
+    """The hardened OpenSSH client for ``host`` (``openssh_command``); with ``multiplex`` (a short
+    directory of this machine's, 0700), one master connection per node is kept there for 60 s
+    and reused by the next commands and rsyncs: a copy of a checkpoint then costs one SSH
+    handshake per node, not one per step of it."""
+    argv = openssh_command(host, known_hosts)
+    if multiplex is not None:
+        argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={multiplex}/%C", "-o", "ControlPersist=60"]
+    return argv
+
+
+def ssh_run(known_hosts: Path, multiplex: Path | None = None) -> RunOn:
+    """A ``RunOn`` through the OpenSSH client (pinned host keys, as rsync uses): for a thread
+    that must not share the watcher's connections."""
+
+    def run(host: Host, command: str, timeout: float) -> tuple[bool, str]:
+        argv = [*ssh_argv(host, known_hosts, multiplex), host.rsync_target("").rstrip(":"), command]
+        try:
+            with jump_slot(host):
+                proc = subprocess.run(
+                    argv, capture_output=True, text=True, errors="replace", timeout=timeout, check=False
+                )
+        except subprocess.TimeoutExpired:
+            return False, f"timed out after {timeout:.0f} s"
+        ok = proc.returncode == 0
+        return ok, proc.stdout[-MAX_OUTPUT:] if ok else proc.stderr[-300:]
+
+    return run
+
+
+def fleet_run(fleet: Fleet) -> RunOn:
+    def run(host: Host, command: str, timeout: float) -> tuple[bool, str]:
+        result = fleet.connections[host.name].run(command, timeout=timeout)
+        return result.ok, result.stdout[-MAX_OUTPUT:] if result.ok else result.stderr[-300:]
+
+    return run
+
+
+def _rsync(argv: list[str], host: Host, what: str, timeout: float) -> None:
+    try:
+        with jump_slot(host):
+            done = subprocess.run(
+                argv, capture_output=True, text=True, errors="replace", timeout=timeout, check=False
+            )
+    except subprocess.TimeoutExpired:
+        raise HostError(host.name, f"{what}: timed out") from None
+    if done.returncode != 0:
+        raise HostError(host.name, f"{what}: {clean(rsync_error(done.stderr, done.returncode), 300)}")
+
+
+def copy_step(
+    holder: Host,
+    targets: Sequence[Host],
+    run_id: str,
+    step: int,
+    known_hosts: Path,
+    staging: Path,
+    run_on: RunOn,
+    bounds: Bounds = Bounds(),  # noqa: B008 - frozen
+    timeout: float = 3600.0,
+    manifest: str = "",
+    multiplex: Path | None = None,
+) -> dict[str, HostError]:
+    """Copy ``step-<step>/`` from ``holder`` to each of ``targets``: pulled here with the pull's
+    hardening (no links followed, no devices, ``--max-size``) plus ``--sparse``, so a sparse file
+    stays sparse here and there, then sent to a temporary name and renamed into place. The pull
+    raises ``HostError`` (the holder), and so does a pulled ``MANIFEST.json`` whose sha256 is not
+    ``manifest`` (when given: the one rank 0 recorded); a target that fails is returned by name.
+    ``multiplex``: reuse one SSH connection per node (``ssh_argv``)."""
     remote = f"{checkpoint_dir(run_id)}/step-{step}"
-    lacking = [h for h in hosts if step not in steps.get(h.name, [])]
-    if not lacking:
-        return remote, f"every node holds checkpoint step {step}"
-    by_name = {h.name: h for h in hosts}
     local = staging / f"step-{step}"
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)
-    rsync_pull(by_name[holder], remote, local, known_hosts, what=f"could not copy checkpoint step {step}")
-
-    def push(conn: NodeConnection) -> None:
-        host = conn.host
-        incoming = f"{checkpoint_dir(run_id)}/.incoming-step-{step}"
-        prepared = conn.run(
-            f'mkdir -p "$HOME/{incoming}" && chmod 700 "$HOME/{layout.rundir(run_id)}"', timeout=60
-        )
-        if not prepared.ok:
-            raise HostError(host.name, f"cannot prepare {incoming}: {clean(prepared.stderr[-200:])}")
-        argv = [
-            "rsync",
-            "-a",
-            "--no-devices",
-            "--no-specials",
-            "--chmod=Du=rwx,go=,Fu=rw,go=",
-            "-e",
-            shlex.join(openssh_command(host, known_hosts)),
-            f"{local}/",
-            host.rsync_target(f"{incoming}/"),
-        ]
-        try:
-            with jump_slot(host):
-                sent = subprocess.run(
-                    argv, capture_output=True, text=True, errors="replace", timeout=3600, check=False
-                )
-        except subprocess.TimeoutExpired:
-            raise HostError(host.name, f"sending checkpoint step {step} timed out") from None
-        if sent.returncode != 0:
-            raise HostError(
-                host.name,
-                f"could not send checkpoint step {step}: {clean(rsync_error(sent.stderr, sent.returncode), 300)}",
-            )
-        moved = conn.run(f'rm -rf "$HOME/{remote}" && mv "$HOME/{incoming}" "$HOME/{remote}"', timeout=60)
-        if not moved.ok:
-            raise HostError(
-                host.name, f"cannot move checkpoint step {step} into place: {clean(moved.stderr[-200:])}"
-            )
-
+    failed: dict[str, HostError] = {}
     try:
-        results = fleet.map(push, hosts=lacking, deadline=3700)
+        rsh = shlex.join(ssh_argv(holder, known_hosts, multiplex))
+        argv = pull_argv(holder.rsync_target(f"{remote}/"), local, rsh, bounds.file_bytes)
+        argv.insert(1, "--sparse")
+        _rsync(argv, holder, f"could not copy checkpoint step {step}", timeout)
+        if manifest:
+            try:
+                got = hashlib.sha256((local / "MANIFEST.json").read_bytes()[: 1 << 20]).hexdigest()
+            except OSError:
+                got = ""
+            if got != manifest:
+                raise HostError(
+                    holder.name,
+                    f"~/{remote}/MANIFEST.json differs from the manifest rank 0 recorded for step {step}",
+                )
+        for host in targets:
+            incoming = f"{checkpoint_dir(run_id)}/.incoming-step-{step}"
+            ok, err = run_on(
+                host, f'mkdir -p "$HOME/{incoming}" && chmod 700 "$HOME/{layout.rundir(run_id)}"', 60
+            )
+            if not ok:
+                failed[host.name] = HostError(host.name, f"cannot prepare {incoming}: {clean(err[-200:])}")
+                continue
+            push = [
+                "rsync",
+                "-a",
+                "--sparse",
+                "--no-devices",
+                "--no-specials",
+                "--chmod=Du=rwx,go=,Fu=rw,go=",
+                f"--max-size={bounds.file_bytes}",
+                "-e",
+                shlex.join(ssh_argv(host, known_hosts, multiplex)),
+                f"{local}/",
+                host.rsync_target(f"{incoming}/"),
+            ]
+            try:
+                _rsync(push, host, f"could not send checkpoint step {step}", timeout)
+            except HostError as exc:
+                failed[host.name] = exc
+                continue
+            ok, err = run_on(host, f'rm -rf "$HOME/{remote}" && mv "$HOME/{incoming}" "$HOME/{remote}"', 60)
+            if not ok:
+                failed[host.name] = HostError(
+                    host.name, f"cannot move checkpoint step {step} into place: {clean(err[-200:])}"
+                )
     finally:
         shutil.rmtree(local, ignore_errors=True)
-    for res in results.values():
-        if isinstance(res, BaseException):
-            raise res
+    return failed
+
+
+# -- before a later attempt --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spread:
+    """What ``spread_latest`` did: the path every node resumes from (None: none chosen), a
+    sentence for the operator, and the same for the run record (``resumed_from``)."""
+
+    resume_from: str | None
+    said: str
+    record: str
+    refused: tuple[str, ...] = field(default_factory=tuple)
+
+
+def spread_latest(
+    fleet: Fleet,
+    hosts: list[Host],
+    run_id: str,
+    known_hosts: Path,
+    staging: Path,
+    recorded: Mapping[int, str] | None = None,
+    bucket: bool = False,
+    peers: Mapping[int, str] | None = None,
+) -> Spread:
+    """Copy the newest trusted checkpoint (``choose``) to every node of ``hosts`` that lacks it.
+
+    ``recorded``: step -> manifest sha256 of every save rank 0 reported (the watcher's metrics);
+    ``bucket``: the run has one (the nodes look there themselves when no node holds a step);
+    ``peers``: step -> node of the peer copies made during the run (to say where a step came
+    from). A node the copy fails on raises ``HostError``."""
+    claims = complete_claims(fleet, hosts, run_id)
+    choice = choose(claims, recorded or {}, run_id)
+    refused = "".join(f"; refused {r}" for r in choice.refused[:5])
+    if choice.step is None:
+        if bucket:
+            why = "no node holds a checkpoint rank 0 recorded as saved"
+            return Spread(
+                None,
+                f"{why}: the nodes resume from the bucket's newest complete step, if any{refused}",
+                f"the bucket's newest step, if any ({why}){refused}",
+                choice.refused,
+            )
+        why = (
+            "no node holds a checkpoint rank 0 recorded as saved"
+            if recorded
+            else "rank 0 recorded no checkpoint saved"
+        )
+        return Spread(
+            None,
+            f"{why}: the next attempt starts from the beginning{refused}",
+            f"the beginning: {why}{refused}",
+            choice.refused,
+        )
+    step = choice.step
+    remote = f"{checkpoint_dir(run_id)}/step-{step}"
+    by_name = {h.name: h for h in hosts}
+    holder = choice.holders[0]
+    kind = "a peer copy" if (peers or {}).get(step) == holder else "its own save"
+    origin = f"step {step} from {holder} ({kind}){refused}"
+    lacking = [h for h in hosts if h.name not in choice.holders]
+    if not lacking:
+        return Spread(remote, f"every node holds checkpoint step {step}{refused}", origin, choice.refused)
+    failed = copy_step(by_name[holder], lacking, run_id, step, known_hosts, staging, fleet_run(fleet))
+    if failed:
+        raise next(iter(failed.values()))
     names = ", ".join(h.name for h in lacking)
-    return remote, f"checkpoint step {step} copied from {holder} to {names} (no bucket holds it)"
+    return Spread(
+        remote,
+        f"checkpoint step {step} copied from {holder} ({kind}) to {names}{refused}",
+        origin,
+        choice.refused,
+    )
+
+
+def resume_story(chosen: str | None, summary: MetricsSummary | None) -> str | None:
+    """The record's ``resumed_from`` for an attempt: what the laptop chose before it started
+    (``Spread.record``), what rank 0 says it resumed from (``checkpoint_resumed``), and every
+    checkpoint the helper refused on the way, so ``fab show`` names a restart from scratch and
+    its cause."""
+    parts = [chosen] if chosen else []
+    if summary is not None:
+        resumed = summary.resumed_checkpoint
+        if resumed is not None and resumed[0] is not None:
+            parts.append(f"rank 0 resumed from step {resumed[0]} ({resumed[1]})")
+        elif resumed is not None:
+            parts.append("rank 0 found no checkpoint that loads: it started from the beginning")
+        parts += [f"refused {line}" for line in summary.refused_checkpoints[:5]]
+    return clean("; ".join(parts), 1500) if parts else None

@@ -437,6 +437,7 @@ class Runner:
                 poll_interval=self.options.poll_interval,
                 completion_grace_s=self.options.completion_grace_s,
             )
+            self.attempts.follow(watcher)
             decision = watch_safely(watcher, self.folder.path)
             decision, target, watcher = self.attempts.run(target, watcher, decision)
         except StepFailed as exc:
@@ -450,6 +451,7 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - still stop, pull, record and tear down by policy
             step = "starting the run" if started_job else "preparing the fleet"
             decision = crash_decision(self.folder.path, exc, step)
+        self.attempts.peers.stop()
         if self.attempts.target is not None:  # an error between attempts: wrap the latest one up
             target, watcher = self.attempts.target, self.attempts.watcher or watcher
         summary = wrap_up(

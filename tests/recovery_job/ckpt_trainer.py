@@ -6,7 +6,10 @@ step after a SIGTERM (``fleetrun_checkpoint.should_save``); on start every rank 
 checkpoint rank 0 finds (``FLEETRUN_RESUME_FROM``, its disk, the bucket), broadcast to the others.
 Data is a function of (step, rank), so an attempt that resumes at step N trains on what the first
 attempt would have. ``--fail-rank R --fail-step S``: global rank R exits 3 at step S, in every
-attempt (a deterministic bug).
+attempt (a deterministic bug). ``--plant-at S --marker PATH`` (hostile, attempt 1 only): rank 1
+plants checkpoints on its own node whose state file runs ``touch PATH`` when unpickled (a new
+step 999999, with a sparse 64 GiB file beside it, and a forged copy of the last step saved),
+then exits 1: a later attempt must refuse them and never create ``PATH``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.2)
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-step", type=int, default=-1)
+    p.add_argument("--plant-at", type=int, default=-1)
+    p.add_argument("--marker", default="")
     return p.parse_args()
 
 
@@ -41,6 +46,37 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.randn(32, 8, generator=gen)
     y = x @ torch.arange(1.0, 9.0).unsqueeze(1) + 0.01 * torch.randn(32, 1, generator=gen)
     return x, y
+
+
+class Poison:
+    """Unpickled, runs ``touch <marker>``: what a load with ``weights_only=False`` would do."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def plant(directory: str, step: int, marker: str, sparse_bytes: int = 0) -> None:
+    """A checkpoint directory the helper's way (files, then a manifest that matches them), whose
+    state file is a code-executing pickle; ``sparse_bytes``: a sparse file of that apparent size."""
+    import json
+
+    path = os.path.join(directory, f"step-{step}")
+    os.makedirs(path, exist_ok=True)
+    state = os.path.join(path, ckpt.STATE_FILE)
+    torch.save({"model": {}, "step": step, "x": Poison(marker)}, state)
+    files = {}
+    with open(state, "rb") as fh:
+        data = fh.read()
+    files[ckpt.STATE_FILE] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if sparse_bytes:
+        with open(os.path.join(path, "big.bin"), "wb") as fh:
+            fh.truncate(sparse_bytes)
+        files["big.bin"] = {"size": sparse_bytes, "sha256": "0" * 64}
+    with open(os.path.join(path, "MANIFEST.json"), "w") as fh:
+        json.dump({"step": step, "files": files, "created": time.time()}, fh)
 
 
 def checksum(model: nn.Module) -> str:
@@ -77,6 +113,12 @@ def main() -> int:
         loss = loss_fn(ddp(x), y)
         loss.backward()
         optimizer.step()
+        if rank == 1 and step == args.plant_at and ckpt.attempt() == 1:
+            last = step - step % args.ckpt_every
+            plant(checkpoints.directory, 999999, args.marker, sparse_bytes=64 * 1024**3)
+            plant(checkpoints.directory, last, args.marker)
+            print(f"rank {rank}: planted poisoned checkpoints 999999 and {last}; failing", flush=True)
+            os._exit(1)
         if rank == args.fail_rank and step == args.fail_step:
             print(f"rank {rank}: failing on purpose at step {step}", flush=True)
             os._exit(3)

@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     test_loader = DataLoader(test_set, batch_size=256)
     model = build_model(args.hidden).to(device)
-    ddp = DistributedDataParallel(model) if distributed else model
+    # exact_allreduce: a resumed run ends bit-identical to an uninterrupted one on any number of ranks
+    ddp = ckpt.exact_allreduce(DistributedDataParallel(model)) if distributed else model
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
