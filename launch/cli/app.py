@@ -28,10 +28,10 @@ from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
-from launch.run.provenance import file_sha256, git_commit_of
+from launch.run import lifecycle
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder, new_run_id
-from launch.run.runner import AskKeepRunning, Runner, RunOptions
+from launch.run.state import AskKeepRunning, RunOptions
 from launch.run.summary import RunResult
 from launch.settings import current
 
@@ -79,26 +79,8 @@ def train(
         return plan
     for warning in launch_warnings(spec, inv):
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
-    known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
-    folder = RunFolder.create(plan.run_id)
     records = open_records()
-    records.start(
-        run_id=plan.run_id,
-        playbook_path=str(Path(playbook).resolve()),
-        playbook_name=spec.name,
-        playbook_hash=file_sha256(playbook),
-        git_commit=git_commit_of(spec.workdir),
-        inventory=inv.to_yaml_data(),
-        launcher=spec.launcher,
-        run_dir=str(folder.path),
-        hyperparameters=spec.hyperparameters,
-    )
     reporter = RichReporter(console)
-    reporter.say(
-        ("fleetrun", "bold"),
-        f" run {plan.run_id}: job {spec.name} on {len(plan.nodes)} node(s) "
-        f"of {inv.source} with {spec.launcher}; run folder {folder.path}",
-    )
     options = RunOptions(
         poll_interval=poll_interval,
         max_parallel=current().fanout,
@@ -106,9 +88,8 @@ def train(
         skip_doctor=skip_doctor,
     )
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
-    runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)
     try:
-        result = runner.execute()
+        result = lifecycle.start_run(spec, plan, inv, Path(playbook), records, reporter, options, ask)
     finally:
         records.close()
     report(result, console)

@@ -14,15 +14,18 @@ from pathlib import Path
 from rich.console import Console
 
 from launch.run.artifacts import pull
+from launch.run.checkpoints import spread_latest
 from launch.run.run_folder import RunFolder
 from launch.transport.channel_sync import ChannelSyncFn, fetch_channels, sync_channels
-from launch.transport.ssh import Fleet
+from launch.transport.port import FleetPort
 from launch.transport.sync import SyncResult
 from launch.transport.sync_relay import sync_fleet
 
 SyncFn = Callable[..., dict[str, SyncResult | BaseException]]
 """``sync_fleet(fleet, workdir, job, known_hosts, relay_above=, on_done=, lib_current=)``."""
-PullFn = Callable[[Fleet, str, RunFolder, Path, Console], dict[str, str]]
+SpreadFn = Callable[..., tuple[str | None, str]]
+"""``spread_latest(port, hosts, run_id, known_hosts, staging)`` -> (resume path or None, sentence)."""
+PullFn = Callable[[FleetPort, str, RunFolder, Path, Console], dict[str, str]]
 """``pull(fleet, run_id, folder, known_hosts, console)`` -> errors per host."""
 
 
@@ -34,3 +37,5 @@ class Transfers:
     """The playbook's ``local`` data channels to every node (``launch.transport.channel_sync``)."""
     fetch_channels: Callable[..., dict[str, str | BaseException]] = fetch_channels
     """Every node copies the ``bucket`` channels from the fleet's bucket."""
+    spread_checkpoint: SpreadFn = spread_latest
+    """Before a later attempt: the newest complete checkpoint onto every node that lacks it."""
