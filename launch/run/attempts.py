@@ -332,8 +332,6 @@ def adopt(ctx: RunContext, state: RunState, recovery: Recovery) -> tuple[RunCont
             starters=tuple(n.host.name for n in new_plan.nodes if n.starts_processes),
             attempt=state.attempt + 1,
         ),
-        started_by=state.recovery_timings,
-        recovery_timings={},
         rdzv_port=None,
     )
     return ctx.with_port(port), state
@@ -384,8 +382,9 @@ def start_next(ctx: RunContext, state: RunState) -> RunState:
     state = replace(state, target=replace(state.target, started_at=ctx.clock.time()))
     state.target.save()
     say(ctx, f"  attempt {state.attempt}: starting on {', '.join(h.name for h in state.hosts)}")
-    state = stages.start(ctx, state)
-    return state.timed("claim_start", ctx.clock.monotonic() - started)
+    state = stages.start(ctx, state).timed("claim_start", ctx.clock.monotonic() - started)
+    # the recovery's timings go with the attempt it started (``AttemptEnd.recovery_s``)
+    return replace(state, started_by=state.recovery_timings, recovery_timings={})
 
 
 def attempt_end_from_json(data: object) -> AttemptEnd | None:
