@@ -10,13 +10,18 @@ replacement, on the two survivors.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from launch.cli import runs as history
 from launch.fleets.local import LocalFleet
+from launch.run.records import RunRecords
 from launch.run.summary import RunResult
 from tests.conftest import (
     REPO,
@@ -27,7 +32,7 @@ from tests.conftest import (
     needs_root,
     write_playbook,
 )
-from tests.faultkit import run_with_fault, wait_for
+from tests.faultkit import quiet, run_with_fault, wait_for
 from tests.recovery_helpers import attempts_of, run_dirs, step_reached
 
 pytestmark = needs_root()
@@ -103,3 +108,44 @@ def test_elastic_survivors_go_on(fleet3: LocalFleet, tmp_path: Path) -> None:
     assert len(attempts[1]["nodes"]) == 2 and attempts[1]["started_at"] > started
     assert final_status(result)["world_size"] == 2
     assert 0 <= attempts[1]["steps_recomputed"] <= EVERY, attempts
+
+
+def test_reattached_watcher_follows_a_node_loss_into_the_next_attempt(
+    fleet3: LocalFleet, fleetrun_home: Path, tmp_path: Path
+) -> None:
+    """``fab train`` SIGKILLed during attempt 1; ``fab watch RUN`` re-attaches, and when node 2
+    is powered off it recovers as ``fab train`` would: one run, two attempts, succeeded."""
+    book, old = playbook(tmp_path), run_dirs(fleet3)
+    fab = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "fab"), "train", str(book), "--inventory", f"local:{fleet3.prefix}"],
+        cwd=REPO,
+        env={**os.environ, "FLEETRUN_HOME": str(fleetrun_home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: step_reached(fleet3, 2, old), 180, "step 2")
+    fab.kill()
+    fab.wait()
+    with RunRecords(fleetrun_home / "runs.db") as records:
+        records.mark_stale_as_interrupted(time.time())
+        record = records.list(limit=1)[0]  # the run the killed `fab train` started
+    assert record.playbook_name == "t-recover" and record.state == "interrupted"
+    box: dict[str, object] = {}
+    watcher = threading.Thread(
+        target=lambda: box.update(result=history.reattach(record.id, quiet(), poll_interval=0.5))
+    )
+    watcher.start()
+    power_off_node2(fleet3, old)
+    watcher.join(600)
+    assert not watcher.is_alive(), "fab watch did not finish"
+    result = box["result"]
+    assert isinstance(result, RunResult) and result.run_id == record.id
+    assert result.outcome == "succeeded", result.reason
+    attempts = attempts_of(result)
+    assert [a["attempt"] for a in attempts] == [1, 2], attempts
+    assert attempts[0]["loss"] == "node_lost" and attempts[0]["replaced"] == [fleet3.node_name(2)]
+    assert attempts[1]["first_step"] > EVERY, "the second attempt resumed from a checkpoint"
+    with RunRecords(fleetrun_home / "runs.db") as records:
+        runs = [r for r in records.list(limit=50) if r.started_at >= record.started_at]
+    assert [(r.id, r.state) for r in runs] == [(record.id, "succeeded")], "one run, recorded once"
+    assert_nothing_running(fleet3)

@@ -153,7 +153,7 @@ def stack_inventory(stack_name: str, project_dir: Path | None = None, save_key: 
 
     outputs = stack_outputs(stack_name, project_dir)
     key_path = save_operator_key(outputs) if save_key else None
-    from launch.fleets.kinds.stack import inventory_from_stack_outputs
+    from launch.fleets.stack_outputs import inventory_from_stack_outputs
 
     return inventory_from_stack_outputs(outputs, key_path, stack=stack_name)
 

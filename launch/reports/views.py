@@ -17,10 +17,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from launch.reports.run_record import RunRecord
 from launch.reports.safe_text import clean, safe_text
 from launch.rules.pricing import cost_so_far
 from launch.rules.stoprules import NodeObservation, Observation, StopDecision
-from launch.run.records import RunRecord
 
 
 def fmt_duration(seconds: float | None) -> str:

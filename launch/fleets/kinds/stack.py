@@ -14,16 +14,14 @@ The per-cloud operations (power-off hook, upload command, tag key) come from
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import ValidationError
-
-from fleetrun_contract.stack_outputs import StackOutputs
 from launch.errors import SpecError
 from launch.fleets.clouds import CLOUDS
 from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import StackFleetRef
-from launch.job.validation import describe_validation_error, load_json_mapping, printable
+from launch.fleets.stack_outputs import inventory_from_stack_outputs  # noqa: F401 - re-exported
+from launch.job.validation import load_json_mapping, printable
 
 if TYPE_CHECKING:
     from launch.job.inventory import Host, Inventory
@@ -103,48 +101,6 @@ class StackKind:
             return new
         say(f"{host.name}: the new instance's sshd did not answer within replace_timeout_s")
         return None
-
-
-def inventory_from_stack_outputs(
-    data: dict[str, Any], key_path: Path | None = None, stack: str | None = None
-) -> Inventory:
-    """Hosts from ``pulumi stack output --json --show-secrets`` (see ``fleetrun_contract.stack_outputs``).
-
-    ``key_path`` is the operator's private key; when the stack generated the key pair it is in
-    the outputs (a secret) and the caller writes it to a 0600 file first.
-    """
-    from launch.job.inventory import Host, Inventory
-
-    try:
-        outputs = StackOutputs.model_validate(data)
-        fleet = StackFleetRef(
-            stack=stack, cluster_id=outputs.cluster_id, cloud=outputs.cloud, bucket=outputs.bucket or None
-        )
-    except ValidationError as exc:
-        raise SpecError(describe_validation_error("stack outputs", exc)) from None
-    nodes = sorted(outputs.nodes, key=lambda n: n.rank)
-    hosts = []
-    for n in nodes:
-        try:  # each node is checked as a Host (user, addresses, host key), naming the node
-            hosts.append(
-                Host(
-                    name=n.name,
-                    address=n.public_ip or n.private_ip,
-                    private_address=n.private_ip,
-                    user=n.user or outputs.ssh_user,
-                    port=n.port,
-                    key=key_path,
-                    host_key=n.host_key,
-                    gpus=n.gpus,
-                    instance_type=n.instance_type,
-                )
-            )
-        except ValidationError as exc:
-            where = f"stack outputs, node {printable(n.name, 80)!r}"
-            raise SpecError(describe_validation_error(where, exc)) from None
-    return Inventory(
-        hosts=hosts, source=f"stack {outputs.cluster_id} ({outputs.cloud} {outputs.region})", fleet=fleet
-    )
 
 
 def load_outputs_file(path: str | Path, save_key: bool = True, key_path: Path | None = None) -> Inventory:
