@@ -115,15 +115,24 @@ def test_reattached_watcher_follows_a_node_loss_into_the_next_attempt(
 ) -> None:
     """``fab train`` SIGKILLed during attempt 1; ``fab watch RUN`` re-attaches, and when node 2
     is powered off it recovers as ``fab train`` would: one run, two attempts, succeeded."""
+    if fleet3.powered_off(2):  # left off by the elastic test: a fresh machine in its place
+        from launch.fleets.local.power import replace_node
+
+        replace_node(fleet3, fleet3.inventory().hosts[2])
     book, old = playbook(tmp_path), run_dirs(fleet3)
+    log = (tmp_path / "fab-train.log").open("wb")
     fab = subprocess.Popen(
         [str(REPO / ".venv" / "bin" / "fab"), "train", str(book), "--inventory", f"local:{fleet3.prefix}"],
         cwd=REPO,
         env={**os.environ, "FLEETRUN_HOME": str(fleetrun_home)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
-    wait_for(lambda: step_reached(fleet3, 2, old), 180, "step 2")
+    try:
+        wait_for(lambda: step_reached(fleet3, 2, old) or fab.poll() is not None, 180, "step 2")
+    finally:
+        log.close()
+    assert fab.poll() is None, (tmp_path / "fab-train.log").read_text()[-3000:]
     fab.kill()
     fab.wait()
     with RunRecords(fleetrun_home / "runs.db") as records:

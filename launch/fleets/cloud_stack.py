@@ -280,7 +280,7 @@ def failover_zones(config: Mapping[str, str]) -> list[str]:
 
 
 @dataclass
-class NodeWatch:
+class UpEvents:
     """Engine events of one ``up``: when the attempt's first node resource came into being."""
 
     nodes_type: str
@@ -358,7 +358,7 @@ def up_with_failover(
             current_zone = zone
         if fail_over:
             on_output(f"fab up: trying zone {zone}")
-        watch = NodeWatch(nodes_type, clock)
+        watch = UpEvents(nodes_type, clock)
         try:
             return stack.up(on_output=on_output, on_event=watch, show_secrets=False, suppress_outputs=True)
         except auto.errors.ConcurrentUpdateError:
@@ -393,7 +393,7 @@ def up_with_failover(
 
 
 def _destroy_partial(
-    stack: Stack, nodes_type: str, watch: NodeWatch, where: str, on_output: OnOutput, clock: Clock
+    stack: Stack, nodes_type: str, watch: UpEvents, where: str, on_output: OnOutput, clock: Clock
 ) -> None:
     partial = node_urns(stack, nodes_type)
     if not partial:

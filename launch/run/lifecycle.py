@@ -290,8 +290,15 @@ def reattach(
     known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
     port = port or SshPool(target.inventory.hosts, known_hosts)
     reporter.say(("fleetrun", "bold"), f" re-attached to run {record.id}")
+    state: RunState | None = None
     spec = recorded_spec(record, reporter)
-    if spec is None:  # the current attempt only, as before there was recovery
+    if spec is not None:
+        try:
+            state = rebuilt_state(record, spec, target, known_hosts)
+        except Exception as exc:  # noqa: BLE001 - the run is still followed, without recovery
+            say = f"  cannot plan a next attempt ({type(exc).__name__}: {clean(exc, 300)}): following it without recovery"
+            reporter.say((say, "yellow"))
+    if spec is None or state is None:  # the current attempt only, as before there was recovery
         watcher = build_watcher(target, port, reporter.console, records, poll_interval=poll_interval)
         decision = watch_safely(watcher, target.folder)
         return wrap_up(target, port, decision, records, known_hosts, reporter, watcher=watcher)
@@ -301,7 +308,7 @@ def reattach(
         ctx = replace(ctx, transfers=transfers)
     if clock is not None:
         ctx = replace(ctx, clock=clock)
-    run = Progress(ctx, rebuilt_state(record, spec, target, known_hosts))
+    run = Progress(ctx, state)
     if run.state.attempt > 1:
         reporter.say(f"  attempt {run.state.attempt} ({len(run.state.ended)} ended before it)")
     try:
