@@ -280,3 +280,13 @@ def test_reattach_with_a_changed_playbook_follows_without_recovery(
         str(x) for x in reporter.lines
     )
     assert fleets[0].nodes["n0"].attempts == ["1"]
+
+
+def test_summary_says_where_the_start_and_the_stop_spent_their_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stage's seconds go into the state's timings, and from there into ``summary.json``."""
+    run = run_on_fake_fleet(tmp_path, monkeypatch, JobScript(steps=3))
+    timings = json.loads((run.folder / "summary.json").read_text())["timings"]
+    assert {"connect", "sync", "setup", "claim", "start"} <= set(timings), timings
+    assert {"wrapup stopping the run", "wrapup pulling artifacts", "wrapup close"} <= set(timings), timings
