@@ -1,5 +1,6 @@
-"""One run id, several attempts: what the runner does after an attempt ended with a loss that the
-playbook's ``recovery:`` section covers.
+"""One run id, several attempts: what the life cycle (``launch.run.lifecycle.follow``) does after
+an attempt ended with a loss that the playbook's ``recovery:`` section covers. Each step is a
+function of the run context and state that returns the new state; nothing here holds a runner.
 
 The decisions are pure (``launch.rules.recovery``); this module gathers the evidence and acts:
 

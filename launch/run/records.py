@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from launch.processes import pid_alive  # noqa: F401 - re-exported for the run commands
-from launch.reports.run_record import RunRecord, RunState  # noqa: E402 - the record itself lives with its views
+from launch.reports.run_record import RunRecord, RunState  # the record itself lives with its views
 
 FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped"})
 

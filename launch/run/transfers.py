@@ -1,6 +1,6 @@
 """The two steps of a run that move files with rsync, as replaceable functions.
 
-The runner syncs code to the nodes and the wrap-up pulls run directories back; both go through a
+The life cycle syncs code to the nodes and the wrap-up pulls run directories back; both go through a
 ``Transfers`` so that unit tests can run the whole life cycle on an in-memory fleet
 (``tests/fakefleet.py``) without rsync, SSH or root.
 """
