@@ -290,3 +290,30 @@ def test_summary_says_where_the_start_and_the_stop_spent_their_time(
     timings = json.loads((run.folder / "summary.json").read_text())["timings"]
     assert {"connect", "sync", "setup", "claim", "start"} <= set(timings), timings
     assert {"wrapup stopping the run", "wrapup pulling artifacts", "wrapup close"} <= set(timings), timings
+
+
+# -- the fleet port ----------------------------------------------------------------------------------
+def test_node_results_sort_themselves_into_ok_and_failed() -> None:
+    from launch.errors import HostError
+    from launch.transport.port import NodeResults
+
+    results = NodeResults[int]({"n0": 1, "n1": HostError("n1", "gone"), "n2": 3})
+    assert list(results) == ["n0", "n1", "n2"] and isinstance(results, dict)
+    assert results.ok == {"n0": 1, "n2": 3}
+    assert list(results.failed) == ["n1"] and results.errors() == {"n1": "n1: gone"}
+
+
+def test_ssh_pool_subset_shares_the_open_connections(tmp_path: Path) -> None:
+    """A step on fewer nodes narrows the pool; it never opens, swaps or closes connections."""
+    from launch.transport.ssh import SshPool
+    from tests.fakefleet import fake_hosts
+
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    pool = SshPool(fake_hosts(3), known_hosts)
+    part = pool.subset(["n2", "n0"])
+    assert [h.name for h in part.hosts] == ["n0", "n2"] and [h.name for h in pool.hosts] == ["n0", "n1", "n2"]
+    assert part.connections["n1"] is pool.connections["n1"]
+    seen = part.map(lambda conn: conn.host.name)
+    assert seen.ok == {"n0": "n0", "n2": "n2"} and not seen.failed
+    pool.close()
