@@ -299,9 +299,13 @@ def reattach(
             say = f"  cannot plan a next attempt ({type(exc).__name__}: {clean(exc, 300)}): following it without recovery"
             reporter.say((say, "yellow"))
     if spec is None or state is None:  # the current attempt only, as before there was recovery
-        watcher = build_watcher(target, port, reporter.console, records, poll_interval=poll_interval)
+        watcher = build_watcher(
+            target, port, reporter.console, records, poll_interval=poll_interval, clock=clock or time
+        )
         decision = watch_safely(watcher, target.folder)
-        return wrap_up(target, port, decision, records, known_hosts, reporter, watcher=watcher)
+        return wrap_up(
+            target, port, decision, records, known_hosts, reporter, watcher=watcher, clock=clock or time
+        )
     options = RunOptions(poll_interval=poll_interval)
     ctx = RunContext(spec=spec, port=port, folder=folder, records=records, reporter=reporter, options=options)
     if transfers is not None:
