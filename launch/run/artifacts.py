@@ -21,7 +21,7 @@ from launch.reports.safe_text import clean, markup_safe
 from launch.run.run_folder import RunFolder
 from launch.run.watch import AGENT
 from launch.transport.openssh import jump_slot
-from launch.transport.port import FleetPort, NodeLink
+from launch.transport.port import FleetPort, NodeLink, NodeResults
 from launch.transport.ssh import openssh_command
 
 
@@ -77,7 +77,7 @@ def stop_all(fleet: FleetPort, run_id: str, console: Console, grace: float = 10.
             raise HostError(conn.host.name, f"{answer['remaining']} process(es) survived SIGKILL")
         return answer
 
-    results = fleet.map(stop, deadline=grace + 100)
+    results = NodeResults(fleet.map(stop, deadline=grace + 100))  # a test's stand-in may give a dict
     for name, exc in results.failed.items():
         console.print(f"  [red]{markup_safe(name)}: could not confirm the run stopped: {markup_safe(exc)}[/]")
     for name, res in results.ok.items():
@@ -197,7 +197,7 @@ def pull(
         out = rsync_pull(host, run_dir, target, known_hosts, max_file_bytes)
         return [line for line in out.splitlines() if line.endswith(" is over max-size")]
 
-    results = fleet.map(pull_one, deadline=3700)
+    results = NodeResults(fleet.map(pull_one, deadline=3700))
     for name, exc in results.failed.items():
         console.print(f"  [red]pulling artifacts from {markup_safe(name)} failed: {markup_safe(exc)}[/]")
     for name, res in results.ok.items():
@@ -227,7 +227,9 @@ def revoke_cluster_keys(fleet: FleetPort) -> dict[str, str]:
     wrap-up calls it on every exit path and must go on.
     """
     connected = [h for h in fleet.hosts if _is_connected(fleet.connections.get(h.name))]
-    results = fleet.map(lambda c: c.run(revoke_command(), timeout=30), hosts=connected, deadline=60)
+    results = NodeResults(
+        fleet.map(lambda c: c.run(revoke_command(), timeout=30), hosts=connected, deadline=60)
+    )
     errors = results.errors()
     for name, result in results.ok.items():
         if not result.ok:
