@@ -1,8 +1,9 @@
-"""A fake fleet FOR TESTS: in-memory nodes that answer the runner, the watcher and the wrap-up.
+"""A fake fleet FOR TESTS: in-memory nodes that answer the life cycle, the watcher and the wrap-up.
 
-It implements what those use of ``launch.transport.ssh`` (``Fleet.map``/``close``/``hosts``/
-``connections``; ``NodeConnection.run``/``put_file``/``ask``/``close_sessions``/``close``) and the
-two rsync steps (``Transfers``), over a scripted job instead of SSH:
+``FakeFleet`` implements the fleet port (``launch.transport.port.FleetPort``: ``hosts``, ``map``
+returning ``NodeResults``, ``subset``, ``reconnect``, ``close``), checked by the type checker;
+``FakeConnection`` implements ``NodeLink``. The rsync steps (``Transfers``: sync, pull, the
+checkpoint copy before a later attempt) are in memory too. A scripted job runs instead of SSH:
 
 * the job logs one metric record per poll round (on the head), then exits 0 on every node and
   writes ``status.json``, unless the script says otherwise: a node exits non-zero at a step, the
@@ -11,21 +12,27 @@ two rsync steps (``Transfers``), over a scripted job instead of SSH:
   with no timeout fails the test, because on a real fleet it would block forever), or answer
   garbage; the preflight, sync, setup, start, stop and pull can fail per node.
 
-Time is a ``FakeClock`` patched into the runner, the watcher and the wrap-up, so stall and
+* attempts: a fault can hold in one attempt only (``NodeScript.in_attempt``); a node's start
+  bundle of a later attempt starts it again, resumed from ``FLEETRUN_RESUME_FROM``'s step; the job
+  writes a complete checkpoint every ``JobScript.checkpoint_every`` steps on every running node.
+
+Time is a ``FakeClock`` passed in through the run context (``RunContext.clock``), so stall and
 unreachable timeouts of minutes take milliseconds and no assertion depends on real time.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import math
 import shlex
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from time import struct_time
+from typing import Any, TypeVar
 
 import pytest
 from rich.console import Console
@@ -33,10 +40,15 @@ from rich.console import Console
 from launch.errors import HostError
 from launch.job.inventory import Host, Inventory
 from launch.nodelib.fleetrun_protocol import FileBundle, StartAnswer, StopAnswer
+from launch.planning.launchers.base import ATTEMPT_FILE, RESUME_FILE
+from launch.run.checkpoints import Spread
 from launch.run.run_folder import RunFolder
 from launch.run.transfers import Transfers
-from launch.transport.ssh import CommandResult
+from launch.transport.jump import JumpHosts
+from launch.transport.port import CommandResult, FleetPort, NodeResults
 from launch.transport.sync import SyncResult
+
+T = TypeVar("T")
 
 
 class FakeClock:
@@ -61,15 +73,16 @@ class FakeClock:
     def strftime(self, fmt: str, t: Any = None) -> str:
         return time.strftime(fmt, time.gmtime(self.now))
 
-    def gmtime(self, t: float | None = None) -> time.struct_time:
+    def gmtime(self, t: float | None = None) -> struct_time:
         return time.gmtime(self.now if t is None else t)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-        import launch.run.runner
+        """Also the ``time`` of the modules that read the clock outside the run context (the
+        watcher's and the wrap-up's defaults, for callers that build them by hand)."""
         import launch.run.watch
         import launch.run.wrapup
 
-        for module in (launch.run.runner, launch.run.watch, launch.run.wrapup):
+        for module in (launch.run.watch, launch.run.wrapup):
             monkeypatch.setattr(module, "time", self)
         return self
 
@@ -90,6 +103,10 @@ class NodeScript:
     fail_pull: bool = False
     busy_gpu_user: str | None = None
     """Another user whose process the node's nvidia-smi shows on GPU 0 (None: idle GPUs)."""
+    in_attempt: int | None = None
+    """The attempt the faults above hold in (None: every attempt)."""
+    comes_back: bool = False
+    """A lost lab host whose sshd answers again when recovery waits for it (``FleetPort.answers``)."""
 
 
 @dataclass
@@ -105,6 +122,8 @@ class JobScript:
     """Every node's exit code at the end; default 0 after success, 1 after a failure."""
     world: object = None
     """A ``world`` event logged before the first step (None: no event)."""
+    checkpoint_every: int | None = None
+    """Every running node holds a complete checkpoint of every ``checkpoint_every``-th step."""
     nodes: dict[str, NodeScript] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeScript:
@@ -125,10 +144,17 @@ class FakeNode:
         self.metrics = bytearray()
         self.exited_rc: int | None = None
         self.exited_at: float | None = None
+        self.checkpoints: list[int] = []
+        self.attempts: list[str] = []
+        """The ``attempt`` of each start bundle this node got."""
 
     @property
     def script(self) -> NodeScript:
-        return self.fleet.job.node(self.host.name)
+        """The node's faults, or none outside the attempt they hold in."""
+        s = self.fleet.job.node(self.host.name)
+        if s.in_attempt is not None and s.in_attempt != self.fleet.attempt:
+            return NodeScript()
+        return s
 
     @property
     def is_head(self) -> bool:
@@ -173,6 +199,21 @@ class FakeNode:
         self.fleet.offsets[self.host.name] = len(self.metrics)
         return json.dumps(answer)
 
+    def start_attempt(self, attempt: str, resume_from: str | None) -> None:
+        """A start bundle: a later attempt starts the node's processes again (the head resumes
+        the job from the checkpoint's step)."""
+        self.attempts.append(attempt)
+        if attempt == "1" or not self.is_head:
+            self.exited_rc = self.exited_at = None
+            return
+        fleet = self.fleet
+        fleet.status = None
+        fleet.step = int(resume_from.rsplit("step-", 1)[1]) if resume_from else 0
+        fleet.offsets = {}
+        for node in fleet.nodes.values():  # the attempt's files moved to attempt-<n>/
+            node.exited_rc = node.exited_at = None
+            node.metrics = bytearray()
+
     def exit(self, rc: int) -> None:
         if self.exited_rc is None:
             self.exited_rc = rc
@@ -194,6 +235,8 @@ class FakeConnection:
         name = self.host.name
         if command == "true":  # the wrap-up's probe of a node the watcher lost
             return CommandResult(name, 0, "", "")
+        if "MANIFEST.json" in command:  # the complete checkpoints this node holds
+            return CommandResult(name, 0, json.dumps(sorted(node.checkpoints, reverse=True)) + "\n", "")
         if "command -v rsync" in command:
             if node.script.fail_preflight:
                 return CommandResult(name, 1, "", "rsync: not found")
@@ -244,6 +287,8 @@ class FakeConnection:
         if "guard.json" in files:
             node.guard = json.loads(files["guard.json"])
             launches = " start " in command
+            if launches and ATTEMPT_FILE in files:
+                node.start_attempt(files[ATTEMPT_FILE], files.get(RESUME_FILE))
             node.launched = node.launched or launches
             answer = StartAnswer(pid=4242 if launches else None, guard=4343)
             return CommandResult(name, 0, answer.to_json() + "\n", "")
@@ -287,14 +332,19 @@ class FakeConnection:
 
 
 class FakeFleet:
-    """Stands in for ``launch.transport.ssh.Fleet``: sequential, deterministic fan-out."""
+    """The fleet port (``FleetPort``) of the unit tests: sequential, deterministic fan-out."""
 
     def __init__(self, hosts: Iterable[Host], job: JobScript, clock: FakeClock) -> None:
         self.hosts = list(hosts)
         self.job = job
         self.clock = clock
         self.max_parallel = 32
-        self.jumps = None  # no fake host sits behind a jump host
+        self.known_hosts = Path("/nonexistent/known_hosts")
+        self.jumps: JumpHosts | None = None  # no fake host sits behind a jump host
+        self.attempt = 1
+        """Counted up when a recovery reconnects for its next attempt."""
+        self.replaced: list[Host] = []
+        """The new machines recovery connected to (a ``Host`` that differs from the lost one)."""
         self.nodes = {h.name: FakeNode(self, h) for h in self.hosts}
         self.connections = {h.name: FakeConnection(self.nodes[h.name]) for h in self.hosts}
         self.step = 0
@@ -302,6 +352,8 @@ class FakeFleet:
         self.offsets: dict[str, int] = {}
         self.uploads: list[tuple[str, list[str]]] = []
         self.pulled: list[str] = []
+        self.synced: list[list[str]] = []
+        """The nodes of each sync, in order."""
         self.closed = 0
 
     @property
@@ -326,6 +378,10 @@ class FakeFleet:
             )
             record = {"step": self.step, "time": self.clock.now, "loss": loss}
             head.metrics += (json.dumps(record, allow_nan=True) + "\n").encode()
+            if job.checkpoint_every and self.step % job.checkpoint_every == 0:
+                for node in self.nodes.values():
+                    if node.launched and node.exited_rc is None and node.script.unreachable_from_step is None:
+                        node.checkpoints.append(self.step)
         for node in self.nodes.values():
             s = node.script
             if s.exit_at_step is not None and self.step >= s.exit_at_step:
@@ -343,15 +399,15 @@ class FakeFleet:
 
     def map(
         self,
-        fn: Callable[[Any], Any],
+        fn: Callable[[FakeConnection], T],
         hosts: Iterable[Host] | None = None,
-        on_done: Callable[[str, Any], None] | None = None,
+        on_done: Callable[[str, T | BaseException], None] | None = None,
         deadline: float | None = None,
-    ) -> dict[str, Any]:
-        results: dict[str, Any] = {}
+    ) -> NodeResults[T]:
+        results = NodeResults[T]()
         for host in list(hosts) if hosts is not None else self.hosts:
             try:
-                value: Any = fn(self.connections[host.name])
+                value: T | BaseException = fn(self.connections[host.name])
             except Exception as exc:  # noqa: BLE001 - per host, as parallel_map does
                 value = exc
             results[host.name] = value
@@ -359,21 +415,43 @@ class FakeFleet:
                 on_done(host.name, value)
         return results
 
+    def subset(self, names: Collection[str]) -> FakeFleet:
+        """The same nodes and connections, narrowed to ``names`` (``FleetPort.subset``)."""
+        view = copy.copy(self)
+        view.hosts = [h for h in self.hosts if h.name in names]
+        return view
+
+    def reconnect(self, hosts: list[Host], known_hosts: Path) -> FakeFleet:
+        """A later attempt's nodes (``FleetPort.reconnect``): a ``Host`` that changed (a new
+        machine) is a fresh node with nothing on its disk; the attempt counter moves on."""
+        self.attempt += 1
+        self.known_hosts = known_hosts
+        for host in hosts:
+            node = self.nodes.get(host.name)
+            if node is None or node.host != host:
+                self.replaced.append(host)
+                self.nodes[host.name] = FakeNode(self, host)
+                self.connections[host.name] = FakeConnection(self.nodes[host.name])
+        self.hosts = list(hosts)
+        return self
+
     def answers(self, host: Host, timeout: float) -> bool:
-        """``Fleet.answers``: no fake node listens on a port, so a lost lab host never answers again."""
-        return False
+        """``FleetPort.answers``: no fake node listens on a port; a lost lab host answers again
+        only when its script says it ``comes_back``."""
+        return self.job.node(host.name).comes_back
 
     def close(self) -> None:
         self.closed += 1
 
     # -- the rsync steps ---------------------------------------------------------------------
     def transfers(self) -> Transfers:
-        return Transfers(sync=self._sync, pull=self._pull)
+        return Transfers(sync=self._sync, pull=self._pull, spread_checkpoint=self._spread)
 
     def _sync(self, fleet: Any, workdir: Path, job: str, known_hosts: Path, **kwargs: Any) -> dict[str, Any]:
         on_done = kwargs.get("on_done")
         out: dict[str, Any] = {}
-        for host in self.hosts:
+        self.synced.append([h.name for h in fleet.hosts])
+        for host in fleet.hosts:  # the port passed in: a later attempt syncs its new nodes only
             res: Any = (
                 HostError(host.name, "rsync exited 12: connection unexpectedly closed [/tmp]")
                 if self.job.node(host.name).fail_sync
@@ -383,6 +461,31 @@ class FakeFleet:
             if on_done is not None:
                 on_done(host.name, res)
         return out
+
+    def _spread(
+        self, fleet: Any, hosts: list[Host], run_id: str, known_hosts: Path, staging: Path, **_: Any
+    ) -> Spread:
+        """``spread_latest`` in memory: the newest checkpoint any node holds, copied to the rest."""
+        from launch.run.checkpoints import checkpoint_dir, complete_steps, newest
+
+        found = newest(complete_steps(fleet, hosts, run_id))
+        if found is None:
+            said = "no complete checkpoint on any node: the next attempt starts from the beginning"
+            return Spread(None, said, "the beginning (no complete checkpoint on any node)")
+        step, holder = found
+        lacking = [h.name for h in hosts if step not in self.nodes[h.name].checkpoints]
+        for name in lacking:
+            self.nodes[name].checkpoints.append(step)
+        remote = f"{checkpoint_dir(run_id)}/step-{step}"
+        if not lacking:
+            return Spread(
+                remote, f"every node holds checkpoint step {step}", f"step {step}, held by every node"
+            )
+        return Spread(
+            remote,
+            f"checkpoint step {step} copied from {holder} to {', '.join(lacking)} (no bucket holds it)",
+            f"step {step}, copied from {holder}",
+        )
 
     def _pull(
         self, fleet: Any, run_id: str, folder: RunFolder, known_hosts: Path, console: Console
@@ -438,13 +541,40 @@ def fake_inventory(n: int = 2, instance_type: str | None = None, **fields: Any) 
 
 @dataclass
 class FakeRun:
-    """One run of the real ``Runner`` on a fake fleet; what it returned and what the nodes saw."""
+    """One run of the real life cycle on a fake fleet; what it returned and what the nodes saw."""
 
     summary: Any
     fleet: FakeFleet
     records: Any
     reporter: Any
     folder: Path
+    clock: FakeClock | None = None
+    playbook: Path | None = None
+
+
+def _fake_port(fleet: FakeFleet) -> FleetPort:
+    return fleet  # the type checker proves the fake fleet implements the port
+
+
+def fake_spec(tmp_path: Path, nodes: int, **fields: Any) -> Any:
+    """The 2-node torchrun job of these tests, as a playbook file (``playbook.yaml``) and its spec."""
+    import yaml
+
+    from launch.job.spec import load_job_spec
+
+    workdir = tmp_path / "work"
+    workdir.mkdir(exist_ok=True)
+    data = {
+        "name": "fake-job",
+        "workdir": str(workdir),
+        "entrypoint": "python train.py",
+        "nodes": f"{fields.pop('min_nodes')}:{nodes}" if fields.get("min_nodes") else nodes,
+        "procs_per_node": 1,
+        **{k: v for k, v in fields.items() if v and k != "min_nodes"},
+    }
+    playbook = tmp_path / "playbook.yaml"
+    playbook.write_text(yaml.safe_dump(data))
+    return playbook, load_job_spec(playbook)
 
 
 def run_on_fake_fleet(
@@ -464,35 +594,36 @@ def run_on_fake_fleet(
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
     recovery: dict[str, Any] | None = None,
+    min_nodes: int | None = None,
 ) -> FakeRun:
-    """Plan a 2-node torchrun job for ``inventory`` and execute it with the real ``Runner``."""
+    """Plan a 2-node torchrun job for ``inventory`` and run it through the real life cycle
+    (``launch.run.lifecycle.execute``), the fake fleet and the fake clock in its context."""
     from launch.cli.app import make_plan
-    from launch.job.spec import JobSpec
+    from launch.run.lifecycle import execute, state_for
+    from launch.run.provenance import file_sha256
     from launch.run.records import RunRecords
     from launch.run.reporter import RecordingReporter
     from launch.run.run_folder import RunFolder
-    from launch.run.runner import Runner, RunOptions
+    from launch.run.state import RunContext, RunOptions
 
     job = job or JobScript()
     clock = (clock or FakeClock()).install(monkeypatch)
     inventory = inventory or fake_inventory(2)
-    workdir = tmp_path / "work"
-    workdir.mkdir(exist_ok=True)
-    spec = JobSpec(
-        name="fake-job",
-        workdir=workdir,
-        entrypoint="python train.py",
-        nodes=len(inventory.hosts),
-        procs_per_node=1,
-        teardown=teardown,  # type: ignore[arg-type]
-        stop=stop or {},  # type: ignore[arg-type]
-        recovery=recovery or {},  # type: ignore[arg-type]
+    playbook, spec = fake_spec(
+        tmp_path,
+        len(inventory.hosts),
+        teardown=teardown,
+        stop=stop or {},
+        recovery=recovery or {},
+        min_nodes=min_nodes,
     )
     plan = make_plan(spec, inventory, run_id="fake-run-1")
     folder = RunFolder.create(plan.run_id, base=tmp_path / "runs")
     records = records or RunRecords(tmp_path / "runs.db")
     records.start(
         run_id=plan.run_id,
+        playbook_path=str(playbook),
+        playbook_hash=file_sha256(playbook),
         playbook_name=spec.name,
         inventory=inventory.to_yaml_data(),
         launcher=spec.launcher,
@@ -501,23 +632,22 @@ def run_on_fake_fleet(
     )
     fleet = FakeFleet(inventory.hosts, job, clock)
     reporter = reporter or RecordingReporter()
-    runner = Runner(
-        spec,
-        plan,
-        inventory,
-        tmp_path / "known_hosts",
-        folder,
-        records,
-        reporter,
-        RunOptions(
+    ctx = RunContext(
+        spec=spec,
+        port=_fake_port(fleet),
+        folder=folder,
+        records=records,
+        reporter=reporter,
+        transfers=transfers or fleet.transfers(),
+        options=RunOptions(
             poll_interval=poll_interval,
             completion_grace_s=10.0,
             allow_busy_gpus=allow_busy_gpus,
             skip_doctor=skip_doctor,
         ),
-        fleet=fleet,  # type: ignore[arg-type]
-        transfers=transfers or fleet.transfers(),
+        clock=clock,
         ask_keep_running=ask_keep_running,
     )
-    summary = runner.execute()
-    return FakeRun(summary, fleet, records, reporter, folder.path)
+    state = state_for(spec, plan, inventory, tmp_path / "known_hosts", folder.path, now=clock.now)
+    summary = execute(ctx, state)
+    return FakeRun(summary, fleet, records, reporter, folder.path, clock, playbook)

@@ -10,15 +10,20 @@ replacement, on the two survivors.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from launch.cli import runs as history
 from launch.fleets.local import LocalFleet
+from launch.run.records import RunRecords
 from launch.run.summary import RunResult
 from tests.conftest import (
     REPO,
@@ -29,7 +34,7 @@ from tests.conftest import (
     needs_root,
     write_playbook,
 )
-from tests.faultkit import run_with_fault, wait_for
+from tests.faultkit import quiet, run_with_fault, wait_for
 from tests.recovery_helpers import attempts_of, run_dirs, step_reached
 
 pytestmark = needs_root()
@@ -330,4 +335,52 @@ def test_a_cpu_throttled_node_is_named_by_the_straggler_rule(fleet3: LocalFleet,
     assert (result.outcome, result.rule) == ("stopped", "straggler"), result.reason
     assert result.failed_nodes == (slow,) or slow in result.reason, result.reason
     assert f"{slow} " in result.reason and "x the median node's probe time" in result.reason
+
+
+def test_reattached_watcher_follows_a_node_loss_into_the_next_attempt(
+    fleet3: LocalFleet, fleetrun_home: Path, tmp_path: Path
+) -> None:
+    """``fab train`` SIGKILLed during attempt 1; ``fab watch RUN`` re-attaches, and when node 2
+    is powered off it recovers as ``fab train`` would: one run, two attempts, succeeded."""
+    from launch.fleets.local.power import replace_node
+
+    replace_node(fleet3, fleet3.inventory().hosts[2])  # the elastic test left node 2 powered off
+    book, old = playbook(tmp_path), run_dirs(fleet3)
+    log = (tmp_path / "fab-train.log").open("wb")
+    fab = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "fab"), "train", str(book), "--inventory", f"local:{fleet3.prefix}"],
+        cwd=REPO,
+        env={**os.environ, "FLEETRUN_HOME": str(fleetrun_home)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: step_reached(fleet3, 2, old) or fab.poll() is not None, 180, "step 2")
+    finally:
+        log.close()
+    assert fab.poll() is None, (tmp_path / "fab-train.log").read_text()[-3000:]
+    fab.kill()
+    fab.wait()
+    with RunRecords(fleetrun_home / "runs.db") as records:
+        records.mark_stale_as_interrupted(time.time())
+        record = records.list(limit=1)[0]  # the run the killed `fab train` started
+    assert record.playbook_name == "t-recover" and record.state == "interrupted"
+    box: dict[str, object] = {}
+    watcher = threading.Thread(
+        target=lambda: box.update(result=history.reattach(record.id, quiet(), poll_interval=0.5))
+    )
+    watcher.start()
+    power_off_node2(fleet3, old)
+    watcher.join(600)
+    assert not watcher.is_alive(), "fab watch did not finish"
+    result = box["result"]
+    assert isinstance(result, RunResult) and result.run_id == record.id
+    assert result.outcome == "succeeded", result.reason
+    attempts = attempts_of(result)
+    assert [a["attempt"] for a in attempts] == [1, 2], attempts
+    assert attempts[0]["loss"] == "node_lost" and attempts[0]["replaced"] == [fleet3.node_name(2)]
+    assert attempts[1]["first_step"] > EVERY, "the second attempt resumed from a checkpoint"
+    with RunRecords(fleetrun_home / "runs.db") as records:
+        runs = [r for r in records.list(limit=50) if r.started_at >= record.started_at]
+    assert [(r.id, r.state) for r in runs] == [(record.id, "succeeded")], "one run, recorded once"
     assert_nothing_running(fleet3)

@@ -33,12 +33,12 @@ from launch.reports.safe_text import clean
 from launch.rules.preflight import errors_by_node, pick_hosts
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
+from launch.run import lifecycle
 from launch.run import warm as keep_warm
 from launch.run.hooks import run_on_end, save_on_end
-from launch.run.provenance import file_sha256, git_commit_of
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder, new_run_id
-from launch.run.runner import AskKeepRunning, Runner, RunOptions
+from launch.run.state import AskKeepRunning, RunOptions
 from launch.run.summary import RunResult
 from launch.settings import current
 
@@ -124,25 +124,7 @@ def train(
         folder.write_json("hosts.json", choice.record())
     save_on_end(folder.path, spec)
     records = open_records()
-    records.start(
-        run_id=plan.run_id,
-        playbook_path=str(Path(playbook).resolve()),
-        playbook_name=spec.name,
-        playbook_hash=file_sha256(playbook),
-        git_commit=git_commit_of(spec.workdir),
-        inventory=inv.to_yaml_data(),
-        launcher=spec.launcher,
-        run_dir=str(folder.path),
-        hyperparameters=spec.hyperparameters,
-        overrides=overrides_record(changes),
-        sweep_id=sweep_id,
-    )
     reporter = RichReporter(console)
-    reporter.say(
-        ("fleetrun", "bold"),
-        f" run {plan.run_id}: job {spec.name} on {len(plan.nodes)} node(s) "
-        f"of {inv.source} with {spec.launcher}; run folder {folder.path}",
-    )
     options = RunOptions(
         poll_interval=poll_interval,
         max_parallel=current().fanout,
@@ -154,9 +136,20 @@ def train(
     policy, warm = spec.teardown, keep_warm.applies(inv, spec.keep_warm_s)
     if warm:  # the nodes are kept; their own timers power them off (launch.run.warm)
         spec = spec.model_copy(update={"teardown": Teardown.NEVER})
-    runner = Runner(spec, plan, inv, known_hosts, folder, records, reporter, options, ask_keep_running=ask)
     try:
-        result = runner.execute()
+        result = lifecycle.start_run(
+            spec,
+            plan,
+            inv,
+            Path(playbook),
+            records,
+            reporter,
+            options,
+            ask,
+            folder=folder,
+            overrides=overrides_record(changes),
+            sweep_id=sweep_id,
+        )
     finally:
         records.close()
         if hold is not None:

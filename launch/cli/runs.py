@@ -9,8 +9,6 @@ died (laptop closed, process killed) leaves a ``running`` record with a dead pid
 from __future__ import annotations
 
 import contextlib
-import json
-import shlex
 import signal
 import threading
 import time
@@ -20,20 +18,18 @@ from pathlib import Path
 from rich.console import Console
 
 from launch.errors import FleetrunError
-from launch.fleets.teardown import TeardownOutcome, tear_down
+from launch.fleets.teardown import TeardownOutcome
 from launch.paths import fleetrun_home, known_hosts_file
 from launch.planning import remote_layout as layout
 from launch.reports import log_follow
 from launch.reports.safe_text import MAX_LINE_CHARS, clean, safe_text
 from launch.reports.views import runs_table, show_run
-from launch.run.artifacts import pull
-from launch.run.records import FINAL_STATES, RunRecord, RunRecords, pid_alive
+from launch.run import lifecycle
+from launch.run.records import RunRecord, RunRecords
 from launch.run.reporter import RichReporter
-from launch.run.run_folder import RunFolder, read_log_text
-from launch.run.summary import RunSummary, TeardownAction, decide_teardown
+from launch.run.run_folder import read_log_text
+from launch.run.summary import RunSummary
 from launch.run.target import WatchTarget
-from launch.run.watching import build_watcher, watch_safely
-from launch.run.wrapup import wrap_up, write_reports
 from launch.transport.ssh import Fleet
 
 
@@ -195,51 +191,16 @@ def _interrupt_between_batches() -> Iterator[list[int]]:
 
 
 def reattach(run: str, console: Console, poll_interval: float = 1.0) -> RunSummary:
-    """Watch an interrupted run again, and wrap it up (stop, pull, teardown) when a rule fires."""
+    """Follow an interrupted run again, every attempt and recovery included, and wrap it up
+    (stop, pull, teardown) when it ends (``launch.run.lifecycle.reattach``)."""
     with open_records() as records:
         records.mark_stale_as_interrupted(time.time())
         record = find_run(records, run)
-        if record.state == "running" and record.watcher_pid and pid_alive(record.watcher_pid):
-            raise FleetrunError(f"run {record.id} is already watched by pid {record.watcher_pid}")
-        if record.state not in ("running", "interrupted"):
-            raise FleetrunError(
-                f"run {record.id} already ended ({record.state}): see 'fab show {shlex.quote(record.id)}'"
-            )
-        target = WatchTarget.load(Path(record.run_dir or ""))
-        records.reattach(record.id, now=time.time())
-        known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
-        fleet = Fleet(target.inventory.hosts, known_hosts)
-        reporter = RichReporter(console)
-        reporter.say(("fleetrun", "bold"), f" re-attached to run {record.id}")
-        watcher = build_watcher(target, fleet, console, records, poll_interval=poll_interval)
-        decision = watch_safely(watcher, target.folder)
-        return wrap_up(target, fleet, decision, records, known_hosts, reporter, watcher=watcher)
+        return lifecycle.reattach(records, record, RichReporter(console), poll_interval)
 
 
 def pull_again(run: str, console: Console) -> TeardownOutcome:
     """Pull a finished run's artifacts again (after a failed pull blocked its teardown), then apply
     the playbook's teardown if every node's run directory is now safe. Returns the teardown outcome."""
-    reporter = RichReporter(console)
     with open_records() as records:
-        record = find_run(records, run)
-        if record.state not in FINAL_STATES:
-            raise FleetrunError(f"run {record.id} is {record.state}: use 'fab watch {record.id}' first")
-        folder = RunFolder(Path(record.run_dir or ""))
-        target = WatchTarget.load(folder.path)
-        known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
-        with Fleet(target.inventory.hosts, known_hosts) as fleet:
-            errors = pull(fleet, target.run_id, folder, known_hosts, console)
-        folder.collect_rank0_files()
-        write_reports(folder, reporter, record.hyperparameters)
-        decided = decide_teardown(target.teardown, record.state, errors, {})
-        if decided.action is TeardownAction.TEAR_DOWN:
-            teardown = tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}"))
-        else:
-            teardown = decided.outcome()
-        summary_path = folder.path / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-        summary.update({"pull_errors": errors, "teardown": teardown.to_json()})
-        folder.write_json("summary.json", summary)
-        records.update(record.id, artifacts=folder.artifacts())
-    reporter.say(f"  teardown: {teardown}")
-    return teardown
+        return lifecycle.pull_again(records, find_run(records, run), RichReporter(console))

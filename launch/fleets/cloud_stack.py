@@ -163,7 +163,7 @@ def stack_inventory(stack_name: str, project_dir: Path | None = None, save_key: 
 
     outputs = stack_outputs(stack_name, project_dir)
     key_path = save_operator_key(outputs) if save_key else None
-    from launch.fleets.kinds.stack import inventory_from_stack_outputs
+    from launch.fleets.stack_outputs import inventory_from_stack_outputs
 
     return inventory_from_stack_outputs(outputs, key_path, stack=stack_name)
 
@@ -229,7 +229,7 @@ def write_outputs_json(outputs: Mapping[str, Any], path: Path) -> Path:
         handle.write("\n")
     os.chmod(tmp, 0o600)
     tmp.replace(path)
-    from launch.fleets.kinds.stack import record_written_outputs
+    from launch.fleets.stack_outputs import record_written_outputs
 
     record_written_outputs(path)
     return path
@@ -299,7 +299,7 @@ def failover_zones(config: Mapping[str, str]) -> list[str]:
 
 
 @dataclass
-class NodeWatch:
+class UpEvents:
     """Engine events of one ``up``: when the attempt's first node resource came into being."""
 
     nodes_type: str
@@ -378,7 +378,7 @@ def up_with_failover(
             current_zone = zone
         if fail_over:
             on_output(f"fab up: trying zone {zone}")
-        watch = NodeWatch(nodes_type, clock)
+        watch = UpEvents(nodes_type, clock)
         try:
             return _bounded_up(stack, watch, zone or "the configured zone", on_output, clock)
         except auto.errors.ConcurrentUpdateError:
@@ -414,7 +414,7 @@ def up_with_failover(
     )
 
 
-def _bounded_up(stack: Stack, watch: NodeWatch, where: str, on_output: OnOutput, clock: Clock) -> Any:
+def _bounded_up(stack: Stack, watch: UpEvents, where: str, on_output: OnOutput, clock: Clock) -> Any:
     """``stack.up``, cancelled when it has failed and would keep its partial fleet too long.
 
     ``up`` runs in a worker thread; this thread watches its engine events (``watch``). Once a
@@ -464,7 +464,7 @@ def _bounded_up(stack: Stack, watch: NodeWatch, where: str, on_output: OnOutput,
 
 
 def _destroy_partial(
-    stack: Stack, nodes_type: str, watch: NodeWatch, where: str, on_output: OnOutput, clock: Clock
+    stack: Stack, nodes_type: str, watch: UpEvents, where: str, on_output: OnOutput, clock: Clock
 ) -> None:
     partial = node_urns(stack, nodes_type)
     if not partial:

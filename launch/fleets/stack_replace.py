@@ -53,7 +53,7 @@ def replace_node(
     run must not go on against machines it did not plan for. None as well when refresh and up
     together take longer than ``timeout_s`` (the update is cancelled).
     """
-    from launch.fleets.kinds.stack import inventory_from_stack_outputs
+    from launch.fleets.stack_outputs import inventory_from_stack_outputs
 
     opened: Any = stack if stack is not None else _open_stack(stack_name, project_dir, create=False)
     before = inventory_from_stack_outputs(

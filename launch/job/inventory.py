@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 
 from fleetrun_contract.keys import PUBLIC_KEY_RE
 from launch.errors import SpecError
-from launch.fleets.kinds.refs import FleetRef, LabFleet
-from launch.job.validation import describe_validation_error
+from launch.job.fleet_refs import FleetRef, LabFleet
+from launch.job.validation import describe_validation_error, load_yaml_mapping
 
 HOST_KEY_RE = PUBLIC_KEY_RE
 HOSTNAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
@@ -403,9 +403,7 @@ class Inventory(BaseModel):
 
     @classmethod
     def from_static_yaml(cls, path: str | Path) -> Inventory:
-        """A lab's hosts.yaml (untrusted): ``launch.fleets.kinds.lab.load_lab_inventory``."""
-        from launch.fleets.kinds.lab import load_lab_inventory
-
+        """A lab's hosts.yaml (untrusted): ``load_lab_inventory``."""
         return load_lab_inventory(path)
 
     @classmethod
@@ -422,3 +420,64 @@ class Inventory(BaseModel):
 
     def to_yaml_data(self) -> dict[str, Any]:
         return json.loads(self.model_dump_json())
+
+
+# -- the lab fleet kind's loader (``launch.fleets.kinds.lab`` re-exports it) ---------------------
+# Pure parsing and validation of a file into an ``Inventory``: it lives with the inventory, so
+# nothing here imports the fleet kinds above it.
+ALLOWED_KEYS = ("defaults", "hosts")
+REFUSED_KEYS = ("teardown", "stack", "cluster_id", "bucket", "cloud", "fleet")
+"""Keys that only fleetrun's own state may set: they decide what is destroyed or powered off."""
+
+
+def _resolve_key(entry: dict[str, object], path: Path) -> None:
+    """``key: ~/...`` or relative to the inventory file, as an absolute path."""
+    if isinstance(entry.get("key"), str):
+        key_path = Path(str(entry["key"])).expanduser()
+        entry["key"] = key_path if key_path.is_absolute() else (path.parent / key_path).resolve()
+
+
+def load_lab_inventory(path: str | Path) -> Inventory:
+    """A lab's existing machines (untrusted)::
+
+    defaults: {user: alice, key: ~/.ssh/id_ed25519, port: 22,
+               proxy_jump: {address: login.lab.example, user: alice, key: ~/.ssh/id_ed25519,
+                            host_key: "ssh-ed25519 AAAA..."}}
+    hosts:
+      - {name: gpu1, address: 192.0.2.10, private_address: 10.1.0.10, gpus: 8,
+         host_key: "ssh-ed25519 AAAA..."}
+
+    ``proxy_jump`` (per host or in ``defaults``; ``proxy_jump: null`` on a host reaches it
+    directly) is a pinned host of its own: see ``launch.job.inventory.JumpHost``.
+    """
+    path = Path(path)
+    data = load_yaml_mapping(path, "inventory")
+    for key in sorted(data, key=lambda k: k not in REFUSED_KEYS):  # the dangerous ones named first
+        if key in REFUSED_KEYS:
+            raise SpecError(
+                f"{path}: field {key!r}: not allowed in a lab inventory (only fleetrun's own state says "
+                "how machines go away; lab machines are never powered off or destroyed). Remove it; "
+                "for the local fleet use --inventory local:<prefix>, for a stack stack:<name>"
+            )
+        if key not in ALLOWED_KEYS:
+            raise SpecError(
+                f"{path}: field {key!r}: unknown; a lab inventory has only 'defaults' and 'hosts'"
+            )
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SpecError(f"{path}: field 'defaults': expected a mapping")
+    hosts = data.get("hosts")
+    if isinstance(hosts, list):
+        hosts = [{**defaults, **entry} if isinstance(entry, dict) else entry for entry in hosts]
+        for entry in hosts:
+            if not isinstance(entry, dict):
+                continue
+            _resolve_key(entry, path)
+            if isinstance(entry.get("proxy_jump"), dict):
+                entry["proxy_jump"] = dict(entry["proxy_jump"])  # shared by every host from defaults
+                _resolve_key(entry["proxy_jump"], path)
+    try:
+        fields: dict[str, object] = {"source": str(path), "fleet": LabFleet()}
+        return Inventory.model_validate({**fields, "hosts": hosts} if "hosts" in data else fields)
+    except ValidationError as exc:
+        raise SpecError(describe_validation_error(str(path), exc)) from None

@@ -13,7 +13,7 @@ import hashlib
 import math
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -471,9 +471,7 @@ def load_job_spec(
                 f"{shown}: field 'channels.{name}.local': directory {printable(channel.local, 400)} does not exist"
             )
     check_shipped_paths(spec, path, shown, allowed)
-    from launch.planning.launchers import launcher_class  # the launchers import this module
-
-    for field, problem in launcher_class(spec.launcher).check_spec(spec):
+    for field, problem in LAUNCHER_PROBLEMS[spec.launcher](spec):
         raise SpecError(f"{shown}: field '{field}': {problem}")
     return spec
 
@@ -569,3 +567,45 @@ def check_shipped_paths(spec: JobSpec, playbook: Path, shown: str, allowed: tupl
                 f"tree {printable(tree, 400)}; a playbook may only send its own files to the nodes. If you mean "
                 f"to send it, name it on the command line: --allow-path {printable(target, 400)}"
             )
+
+
+# -- what each launcher cannot run (its ``Launcher.check_spec`` in ``launch.planning.launchers``) --
+# Checked when the playbook loads; here, with the spec, so loading needs nothing above ``job``.
+def torchrun_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """torchrun runs a script or a module: ``python -c CODE`` and interpreter options cannot pass.
+
+    ``python -c 'print(1)'`` would become ``torchrun ... -c 'print(1)'``, which torchrun
+    refuses on every node with exit code 2; ``python -u x.py`` likewise (``-u`` is not a
+    torchrun option).
+    """
+    argv = shlex.split(spec.entrypoint)
+    if argv[0] not in ("python", "python3") or len(argv) < 2 or not argv[1].startswith("-"):
+        return []
+    if argv[1] == "-m":
+        return []
+    if argv[1] == "-c":
+        reason = (
+            "torchrun runs a Python script or module (-m), not 'python -c CODE'; put the code in a script"
+        )
+    else:
+        reason = (
+            f"torchrun runs a Python script or module (-m) and takes no interpreter option like "
+            f"{argv[1][:20]!r}; set it through env (PYTHONUNBUFFERED=1, PYTHONOPTIMIZE, ...) instead"
+        )
+    return [("entrypoint", reason)]
+
+
+def horovod_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """horovodrun is not elastic: ``nodes: MIN:MAX`` needs torchrun."""
+    if spec.min_nodes is not None:
+        return [
+            ("nodes", "nodes: MIN:MAX (elastic) needs launcher: torchrun; horovodrun here is not elastic")
+        ]
+    return []
+
+
+LAUNCHER_PROBLEMS: dict[str, Callable[[JobSpec], list[tuple[str, str]]]] = {
+    "torchrun": torchrun_problems,
+    "horovod": horovod_problems,
+}
+"""(field, problem) per launcher name (``JobSpec.launcher``)."""

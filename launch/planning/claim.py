@@ -1,7 +1,7 @@
 """What a run claims on shared machines just before it starts: a free rendezvous port on the head
 and the GPUs it will use. Pure: the node-side shell text and the parsing of its answer.
 
-One cheap command per node, right before the start (``Runner.claim``), prints:
+One cheap command per node, right before the start (``launch.run.stages.claim``), prints:
 
 - on the head, with ``rdzv_port: auto``: ``FLEETRUN_RDZV_PORT=<n>``, a port the kernel handed out
   for a socket bound to the head's *private* address with port 0, then released;

@@ -39,8 +39,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from launch.job.inventory import Host, Inventory
+from launch.planning.authorized_keys import add_command_for_variable, expiry_time, remove_recorded_command
 from launch.planning.plan import RemoteFile
-from launch.transport.authorized_keys import add_command_for_variable, expiry_time, remove_recorded_command
 
 CLUSTER_DIR = ".fleetrun/cluster"
 PRIVATE_KEY = f"{CLUSTER_DIR}/id_ed25519"

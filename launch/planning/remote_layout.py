@@ -34,3 +34,11 @@ def rundir(run_id: str) -> str:
 def home(path: str) -> str:
     """The shell form of a home-relative path, for use inside double quotes."""
     return f"$HOME/{path}"
+
+
+NO_POWEROFF_HOOK = (
+    "# lab machine: fleetrun stops the run's processes but never powers the machine off\n"
+    'echo "lab machine: not powered off"\n'
+)
+"""``~/.fleetrun/poweroff`` of a machine fleetrun must never power off (a lab's): the default of
+every plan, so that a missing hook never means a shutdown (the fleet kind gives its own)."""

@@ -22,10 +22,10 @@ from rich.table import Table
 from rich.text import Text
 
 from launch.errors import FleetrunError
+from launch.reports.run_record import RunRecord
 from launch.reports.safe_text import clean, safe_text
 from launch.reports.tensorboard import MAX_TAGS, metric_scalars, record_step
 from launch.reports.views import PROGRESS_KEY, fmt_cost, fmt_duration, fmt_number, overrides_text
-from launch.run.records import RunRecord
 
 MAX_METRICS = 5
 """Metric columns in the table (``loss`` first): a job logging 200 names would make it unreadable."""

@@ -1,6 +1,6 @@
 """What the user sees in the terminal: the live status table, run lists and one run's record.
 
-Pure: functions take data (an :class:`~launch.rules.stoprules.Observation`, :class:`~launch.run.records.RunRecord`
+Pure: functions take data (an :class:`~launch.rules.stoprules.Observation`, :class:`~launch.reports.run_record.RunRecord`
 rows) and return rich renderables or strings; the commands decide when to print.
 """
 
@@ -18,10 +18,10 @@ from rich.table import Table
 from rich.text import Text
 
 from launch.reports import gpu_view
+from launch.reports.run_record import RunRecord
 from launch.reports.safe_text import clean, safe_text
 from launch.rules.pricing import cost_so_far
 from launch.rules.stoprules import NodeObservation, Observation, RuleState, StopDecision
-from launch.run.records import RunRecord
 
 
 def fmt_duration(seconds: float | None) -> str:

@@ -21,7 +21,8 @@ from launch.reports.safe_text import clean, markup_safe
 from launch.run.run_folder import RunFolder
 from launch.run.watch import AGENT
 from launch.transport.openssh import jump_slot
-from launch.transport.ssh import Fleet, NodeConnection, openssh_command
+from launch.transport.port import FleetPort, NodeLink, NodeResults
+from launch.transport.ssh import openssh_command
 
 
 def rsync_error(stderr: str, code: int) -> str:
@@ -51,14 +52,14 @@ def fallback_stop_command(run_id: str) -> str:
     )
 
 
-def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -> dict[str, str]:
+def stop_all(fleet: FleetPort, run_id: str, console: Console, grace: float = 10.0) -> dict[str, str]:
     """Stop every process of this run on every node (found by its run id: the whole tree).
 
     When the node agent does not answer in the protocol (a job replaced it, or it is broken),
     the run's processes are killed by ``fallback_stop_command`` instead, and said so.
     """
 
-    def stop(conn: NodeConnection) -> dict[str, Any]:
+    def stop(conn: NodeLink) -> dict[str, Any]:
         result = conn.run(f"{AGENT} stop {shlex.quote(run_id)} {grace}", timeout=grace + 30)
         try:
             answer: dict[str, Any] = StopAnswer.from_json(result.stdout.strip().splitlines()[-1]).to_dict()
@@ -76,14 +77,11 @@ def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -
             raise HostError(conn.host.name, f"{answer['remaining']} process(es) survived SIGKILL")
         return answer
 
-    errors: dict[str, str] = {}
-    for name, res in fleet.map(stop, deadline=grace + 100).items():
-        if isinstance(res, BaseException):
-            errors[name] = str(res)
-            console.print(
-                f"  [red]{markup_safe(name)}: could not confirm the run stopped: {markup_safe(res)}[/]"
-            )
-        elif res.get("fallback"):
+    results = NodeResults(fleet.map(stop, deadline=grace + 100))  # a test's stand-in may give a dict
+    for name, exc in results.failed.items():
+        console.print(f"  [red]{markup_safe(name)}: could not confirm the run stopped: {markup_safe(exc)}[/]")
+    for name, res in results.ok.items():
+        if res.get("fallback"):
             console.print(
                 f"  [yellow]{markup_safe(name)}: the node agent answered outside the protocol; the run's "
                 "processes were killed by their run-id marker instead[/]"
@@ -92,7 +90,7 @@ def stop_all(fleet: Fleet, run_id: str, console: Console, grace: float = 10.0) -
             console.print(
                 f"  {markup_safe(name)}: stopped {markup_safe(res['terminated'])} process(es) of the run still running"
             )
-    return errors
+    return results.errors()
 
 
 # What one pull may bring back from one node. A run directory is the job's to fill, and the job is
@@ -158,7 +156,7 @@ def rsync_pull(
     return proc.stdout
 
 
-def run_dir_bytes(conn: NodeConnection, run_dir: str) -> int:
+def run_dir_bytes(conn: NodeLink, run_dir: str) -> int:
     """The run directory's size on the node (one ``du``), before anything is pulled."""
     result = conn.run(f'du -sk -- "$HOME/{run_dir}"', timeout=120)
     words = result.stdout.split()
@@ -169,7 +167,7 @@ def run_dir_bytes(conn: NodeConnection, run_dir: str) -> int:
 
 
 def pull(
-    fleet: Fleet,
+    fleet: FleetPort,
     run_id: str,
     folder: RunFolder,
     known_hosts: Path,
@@ -184,7 +182,7 @@ def pull(
     """
     run_dir = layout.rundir(run_id)
 
-    def pull_one(conn: NodeConnection) -> list[str]:
+    def pull_one(conn: NodeLink) -> list[str]:
         host = conn.host
         size = run_dir_bytes(conn, run_dir)
         if size > max_total_bytes:
@@ -199,12 +197,11 @@ def pull(
         out = rsync_pull(host, run_dir, target, known_hosts, max_file_bytes)
         return [line for line in out.splitlines() if line.endswith(" is over max-size")]
 
-    errors: dict[str, str] = {}
-    for name, res in fleet.map(pull_one, deadline=3700).items():
-        if isinstance(res, BaseException):
-            errors[name] = str(res)
-            console.print(f"  [red]pulling artifacts from {markup_safe(name)} failed: {markup_safe(res)}[/]")
-        elif res:
+    results = NodeResults(fleet.map(pull_one, deadline=3700))
+    for name, exc in results.failed.items():
+        console.print(f"  [red]pulling artifacts from {markup_safe(name)} failed: {markup_safe(exc)}[/]")
+    for name, res in results.ok.items():
+        if res:
             notes = ", ".join(
                 clean(line.removesuffix(" is over max-size"), 200) for line in res[:MAX_SKIP_NOTES]
             )
@@ -213,7 +210,7 @@ def pull(
                 f"  {clean(name)}: not pulled, over the {max_file_bytes / 1024**3:.1f} GiB per-file cap: {notes}{more}",
                 markup=False,
             )
-    return errors
+    return results.errors()
 
 
 def _is_connected(conn: object) -> bool:
@@ -221,7 +218,7 @@ def _is_connected(conn: object) -> bool:
     return bool(getattr(getattr(conn, "conn", None), "is_connected", conn is not None))
 
 
-def revoke_cluster_keys(fleet: Fleet) -> dict[str, str]:
+def revoke_cluster_keys(fleet: FleetPort) -> dict[str, str]:
     """Revoke this run's cluster key on every node this run is connected to; errors per node.
 
     A no-op on nodes without one (other launchers), and one round trip on the open connections:
@@ -230,11 +227,11 @@ def revoke_cluster_keys(fleet: Fleet) -> dict[str, str]:
     wrap-up calls it on every exit path and must go on.
     """
     connected = [h for h in fleet.hosts if _is_connected(fleet.connections.get(h.name))]
-    results = fleet.map(lambda c: c.run(revoke_command(), timeout=30), hosts=connected, deadline=60)
-    errors: dict[str, str] = {}
-    for name, result in results.items():
-        if isinstance(result, BaseException):
-            errors[name] = str(result)
-        elif not result.ok:
+    results = NodeResults(
+        fleet.map(lambda c: c.run(revoke_command(), timeout=30), hosts=connected, deadline=60)
+    )
+    errors = results.errors()
+    for name, result in results.ok.items():
+        if not result.ok:
             errors[name] = (result.stderr.strip() or f"exit {result.exit_code}")[-300:]
     return errors

@@ -1,5 +1,6 @@
-"""One run id, several attempts: what the runner does after an attempt ended with a loss that the
-playbook's ``recovery:`` section covers.
+"""One run id, several attempts: what the life cycle (``launch.run.lifecycle.follow``) does after
+an attempt ended with a loss that the playbook's ``recovery:`` section covers. Each step is a
+function of the run context and state that returns the new state; nothing here holds a runner.
 
 The decisions are pure (``launch.rules.recovery``); this module gathers the evidence and acts:
 
@@ -17,13 +18,12 @@ The decisions are pure (``launch.rules.recovery``); this module gathers the evid
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
 
 from launch.errors import HostError
 from launch.fleets.kinds.registry import fleet_kind
@@ -33,16 +33,14 @@ from launch.planning import remote_layout as layout
 from launch.planning.launchers import launcher_class
 from launch.reports.plot import plot_loss
 from launch.reports.safe_text import clean
-from launch.rules.metrics_stream import LossPoint
 from launch.rules.recovery import (
     EXCLUDING_LOSSES,
+    LOSS_KINDS,
     LOSS_RULES,
     AttemptEnd,
-    Drained,
     Loss,
     NodeEvidence,
     RecoveryPlan,
-    RecoveryPolicy,
     answered_again,
     classify,
     plan_recovery,
@@ -51,22 +49,19 @@ from launch.rules.recovery import (
     without,
 )
 from launch.rules.stoprules import StopDecision
-from launch.run.checkpoints import resume_story, spread_latest
+from launch.run import stages
+from launch.run.checkpoints import Spread, resume_story
 from launch.run.doctor import read_exclusions, record_exclusion
 from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
-from launch.run.peer_copies import PeerCopies, run_has_bucket
+from launch.run.peer_copies import run_has_bucket
 from launch.run.recheck import recheck
-from launch.run.records import RunRecords
-from launch.run.run_folder import RunFolder
+from launch.run.stages import Watched
+from launch.run.state import RunContext, RunState
 from launch.run.summary import RunSummary
-from launch.run.target import WatchTarget
 from launch.run.watch import AGENT, Watcher
-from launch.run.watching import build_watcher, save_traceback, watch_safely
+from launch.run.watching import save_traceback
+from launch.transport.port import FleetPort, NodeLink
 from launch.transport.reachability import CHECK_TIMEOUT_S, sshd_answers
-from launch.transport.ssh import Fleet, NodeConnection
-
-if TYPE_CHECKING:
-    from launch.run.runner import Runner
 
 ATTEMPT_FILES = (
     "rc",
@@ -135,7 +130,7 @@ def preempted_nodes(watcher: Watcher | None) -> frozenset[str]:
 
 
 def stop_survivors(
-    fleet: Fleet, hosts: Sequence[Host], run_id: str, grace_s: float, attempt: int
+    fleet: FleetPort, hosts: Sequence[Host], run_id: str, grace_s: float, attempt: int
 ) -> dict[str, str]:
     """SIGTERM every process of the run on ``hosts`` (``grace_s`` to checkpoint, then SIGKILL) and
     move the attempt's files to ``attempt-<n>/`` of the run directory. Errors by node name."""
@@ -148,332 +143,411 @@ def stop_survivors(
         f'for f in {moves}; do [ -e "$f" ] && mv -f "$f" {keep}/; done; true'
     )
 
-    def stop(conn: NodeConnection) -> str:
+    def stop(conn: NodeLink) -> str:
         result = conn.run(command, timeout=grace_s + 60)
         if not result.ok:
             raise HostError(conn.host.name, f"could not stop the attempt: {clean(result.stderr[-300:])}")
         return "stopped"
 
-    results = fleet.map(stop, hosts=list(hosts), deadline=grace_s + 90)
-    return {n: str(r) for n, r in results.items() if isinstance(r, BaseException)}
+    return fleet.map(stop, hosts=list(hosts), deadline=grace_s + 90).errors()
 
 
-class Attempts:
-    """Drives attempts 2.. of a run for a ``Runner`` (its fleet, plan and steps)."""
+@dataclass(frozen=True)
+class Recovery:
+    """What recovery made of the end of an attempt (``recover``).
 
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
-        self.ended: list[AttemptEnd] = []
-        self.attempt = 1
-        self.histories: list[tuple[int, list[LossPoint]]] = []
-        self.timings: dict[str, float] = {}
-        """Seconds per step of the recovery now under way (recorded with the attempt it starts)."""
-        self.started_by: dict[str, float] = {}
-        """The same for the recovery that started the current attempt."""
-        self.false_alarms = 0
-        """Times the unreachable rule fired and every node it named answered a re-check."""
-        self.target: WatchTarget | None = None
-        self.watcher: Watcher | None = None
-        """The latest attempt's, for a wrap-up after an unexpected error between attempts."""
-        self.new_hosts: dict[str, Host] = {}
-        """The replacement ``Host`` of each node replaced for the coming attempt."""
-        self.drained: tuple[Drained, ...] = ()
-        """Each preempted node's drain before its replacement (``launch.run.drain``)."""
-        self.peers = PeerCopies(runner.plan.run_id, runner.folder.path / ".peer-copies", self.say)
-        self.resumed_from: str | None = None
-        """Where the coming attempt resumes from and why (the record's ``resumed_from``)."""
+    ``watch_on``: nodes the stop decision named answered a re-check; the attempt is not over.
+    ``next_attempt``: the nodes replaced (``new_hosts``) and dropped for the next attempt; None
+    when the run ends with ``decision`` (no loss, recovery off, or recovery gave up: the reason
+    then joins the decision's)."""
 
-    def follow(self, watcher: Watcher) -> None:
-        """Record the saves ``watcher`` sees and copy each to a peer node (``PeerCopies``)."""
-        runner = self.runner
-        copy = self.policy.enabled and not run_has_bucket(runner.inventory, runner.plan.run_id)
-        self.peers.follow(watcher, runner.hosts, runner.known_hosts, copy)
+    state: RunState
+    decision: StopDecision
+    watch_on: tuple[str, ...] = ()
+    next_attempt: RecoveryPlan | None = None
+    new_hosts: Mapping[str, Host] = field(default_factory=dict)
 
-    @property
-    def policy(self) -> RecoveryPolicy:
-        return self.runner.plan.recovery
 
-    def say(self, text: str) -> None:
-        self.runner.reporter.say(text)
+def say(ctx: RunContext, text: str) -> None:
+    ctx.reporter.say(text)
 
-    def loss_of(self, decision: StopDecision, watcher: Watcher | None) -> Loss | tuple[str, ...] | None:
-        """The loss behind ``decision``, or the nodes that answered again (a tuple: the attempt
-        is not over, keep watching)."""
-        if decision.outcome != "failed" or decision.rule not in LOSS_RULES:
-            return None
-        self.say(f"  attempt {self.attempt}: {decision.rule}; checking which nodes are really gone")
-        started = time.monotonic()
-        jumps = self.runner.fleet.jumps  # hosts behind a bastion are checked through it
-        evidence = recheck(  # overlapping checks, the watcher's silence counted (launch.run.recheck)
-            self.runner.hosts,
-            self.policy.confirm_s,
-            check=lambda host: sshd_answers(host, CHECK_TIMEOUT_S, jumps),
-            preempted=preempted_nodes(watcher),
-            silent_before=silent_before(decision, self.runner.spec.stop.unreachable_timeout_s),
-        )
-        self.timings = {"recheck": time.monotonic() - started}
-        back = answered_again(decision, evidence)
-        if back and self.false_alarms < MAX_RECHECKS:
-            self.false_alarms += 1
-            return back
-        return classify(decision, evidence, self.policy.confirm_s)
 
-    def record(
-        self,
-        decision: StopDecision,
-        watcher: Watcher | None,
-        started_at: float,
-        loss: Loss | None,
-        plan: RecoveryPlan,
-    ) -> None:
-        summary = watcher.metrics() if watcher is not None else None
-        history = list(summary.history) if summary is not None else []
-        first = history[0].step if history else None
-        last = summary.last_step if summary is not None else None
-        recomputed = None
-        if self.ended and first is not None:
-            recomputed = steps_recomputed(self.ended[-1].last_step, first)
-        self.histories.append((self.attempt, history))
-        self.ended.append(
-            AttemptEnd(
-                attempt=self.attempt,
-                nodes=tuple(h.name for h in self.runner.hosts),
-                started_at=started_at,
-                ended_at=time.time(),
-                outcome="preempted" if loss is not None and loss.kind == "preempted" else decision.outcome,
-                rule=decision.rule,
-                reason=decision.reason,
-                loss=loss.kind if loss is not None else None,
-                first_step=first,
-                last_step=last,
-                steps_recomputed=recomputed,
-                replaced=plan.replace,
-                dropped=plan.drop,
-                recovery_s=tuple(self.started_by.items()),
-                drained=self.drained,
-                resumed_from=resume_story(self.resumed_from, summary) if self.ended else None,
-            )
-        )
-        self.drained = ()
+def loss_of(
+    ctx: RunContext, state: RunState, watched: Watched
+) -> tuple[RunState, Loss | tuple[str, ...] | None]:
+    """The loss behind the attempt's decision, or the nodes that answered again (a tuple: the
+    attempt is not over, keep watching)."""
+    decision = watched.decision
+    if decision.outcome != "failed" or decision.rule not in LOSS_RULES:
+        return state, None
+    policy = state.plan.recovery
+    say(ctx, f"  attempt {state.attempt}: {decision.rule}; checking which nodes are really gone")
+    started = ctx.clock.monotonic()
+    jumps = ctx.port.jumps  # hosts behind a bastion are checked through it
+    evidence = recheck(  # overlapping checks, the watcher's silence counted (launch.run.recheck)
+        state.hosts,
+        policy.confirm_s,
+        check=lambda host: sshd_answers(host, CHECK_TIMEOUT_S, jumps),  # looked up here: tests stand in
+        preempted=preempted_nodes(watched.watcher),
+        silent_before=silent_before(decision, ctx.spec.stop.unreachable_timeout_s),
+    )  # on the real clock: the checks run in threads, which a test's fake clock does not wait for
+    state = replace(state, recovery_timings={"recheck": ctx.clock.monotonic() - started})
+    back = answered_again(decision, evidence)
+    if back and state.false_alarms < MAX_RECHECKS:
+        return replace(state, false_alarms=state.false_alarms + 1), back
+    return state, classify(decision, evidence, policy.confirm_s)
 
-    def run(
-        self, target: WatchTarget, watcher: Watcher | None, decision: StopDecision
-    ) -> tuple[StopDecision, WatchTarget, Watcher | None]:
-        """Attempts until one ends without a recoverable loss, or recovery gives up (the reason
-        joins the decision's). Returns the last decision, target and watcher for the wrap-up."""
-        while True:
-            loss = self.loss_of(decision, watcher) if self.policy.enabled else None
-            if isinstance(loss, tuple) and watcher is not None:
-                self.say(f"  {', '.join(loss)}: answered again; not lost, watching on")
-                for name in loss:
-                    self.runner.fleet.connections[name].close()  # the next poll reconnects
-                decision = watch_safely(watcher, self.runner.folder.path)
-                continue
-            if isinstance(loss, tuple):
-                loss = None
-            names = [h.name for h in self.runner.hosts]
-            plan = plan_recovery(self.policy, loss, self.attempt, names, self.runner.plan.min_nodes)
-            if plan.stop is None:
-                assert loss is not None
-                plan = self.replace(loss, plan)
-            self.record(decision, watcher, target.started_at, loss, plan)
-            if plan.stop is not None:
-                if loss is not None and self.policy.enabled:
-                    decision = dataclasses.replace(
-                        decision, reason=f"{decision.reason} Not recovered: {plan.stop.rstrip('.')}."
-                    )
-                return decision, target, watcher
-            self.say(
-                f"  attempt {self.attempt} ended with {loss.kind if loss else '?'}: {loss.reason if loss else ''}"
-            )
-            self.attempt += 1
-            target = self.target = self.relaunch(target, plan)
-            self.started_by, self.timings = self.timings, {}
-            watcher = self.watcher = build_watcher(
-                target,
-                self.runner.fleet,
-                self.runner.console,
-                self.runner.records,
-                poll_interval=self.runner.options.poll_interval,
-                completion_grace_s=self.runner.options.completion_grace_s,
-            )
-            self.follow(watcher)
-            decision = watch_safely(watcher, self.runner.folder.path)
 
-    def replace(self, loss: Loss, plan: RecoveryPlan) -> RecoveryPlan:
-        """Drain preempted nodes, stop the survivors, then replace the lost nodes; a replacement
-        that fails turns into going on without the node (elastic) or the end of the run."""
-        runner = self.runner
-        # a rank's own failure and a GPU fault leave the node answering: its processes are stopped too
-        lost = set(loss.nodes) if loss.kind != "rank_failed" and loss.kind not in EXCLUDING_LOSSES else set()
-        survivors = [h for h in runner.hosts if h.name not in lost]
-        started = time.monotonic()
-        # drained first: the notice's checkpoint may still be uploading from a survivor (rank 0's node)
-        if loss.kind == "preempted":  # kept until the notice's checkpoint is durable (launch.run.drain)
-            noticed = [h for h in runner.hosts if h.name in lost]
-            reader = ssh_reader(runner.fleet, runner.plan.run_id)
+def record(
+    ctx: RunContext, state: RunState, watched: Watched, loss: Loss | None, plan: RecoveryPlan
+) -> RunState:
+    """The state with the attempt that just ended added to ``ended`` (and its loss history)."""
+    decision, watcher = watched.decision, watched.watcher
+    summary = watcher.metrics() if watcher is not None else None
+    history = tuple(summary.history) if summary is not None else ()
+    first = history[0].step if history else None
+    last = summary.last_step if summary is not None else None
+    recomputed = None
+    if state.ended and first is not None:
+        recomputed = steps_recomputed(state.ended[-1].last_step, first)
+    end = AttemptEnd(
+        attempt=state.attempt,
+        nodes=tuple(h.name for h in state.hosts),
+        started_at=state.target.started_at,
+        ended_at=ctx.clock.time(),
+        outcome="preempted" if loss is not None and loss.kind == "preempted" else decision.outcome,
+        rule=decision.rule,
+        reason=decision.reason,
+        loss=loss.kind if loss is not None else None,
+        first_step=first,
+        last_step=last,
+        steps_recomputed=recomputed,
+        replaced=plan.replace,
+        dropped=plan.drop,
+        recovery_s=tuple(state.started_by.items()),
+        drained=state.drained,
+        resumed_from=resume_story(state.resume_record, summary) if state.ended else None,
+    )
+    return replace(
+        state,
+        ended=(*state.ended, end),
+        histories=(*state.histories, (state.attempt, history)),
+        drained=(),
+    )
 
-            def spread() -> str | None:  # the laptop's peer copy: off the noticed node before it goes
-                self.spread_checkpoint()
-                return runner.resume_from
 
-            copy = copied_through_laptop(spread)
-            self.drained = drain_noticed(noticed, reader, self.say, peer_durable=copy)
-            self.timings["drain"] = time.monotonic() - started
-            started = time.monotonic()
-        self.say(
-            f"  stopping the attempt on {len(survivors)} node(s), {self.policy.grace_s:g} s to checkpoint"
-        )
-        errors = stop_survivors(
-            runner.fleet, survivors, runner.plan.run_id, self.policy.grace_s, self.attempt
-        )
-        self.timings["stop_survivors"] = time.monotonic() - started
-        started = time.monotonic()
-        if errors:
-            return RecoveryPlan(
-                stop=f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
-            )
-        for name in lost:
-            runner.fleet.connections[name].close()
-        kind = fleet_kind(runner.inventory.fleet)
-        replaced: dict[str, Host] = {}
-        failed: list[str] = []
-        for name in plan.replace:
-            host = next(h for h in runner.hosts if h.name == name)
-            if loss.kind in EXCLUDING_LOSSES:
-                new = self.take_spare(name, loss.reason)
-            else:
-                try:
-                    new = kind.replace(
-                        host,
-                        lambda m: self.say(f"  {clean(m)}"),
-                        self.policy.replace_timeout_s,
-                        probe=runner.fleet.answers,
-                    )
-                except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
-                    self.say(f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
-                    new = None
-            if new is None:
-                failed.append(name)
-            else:
-                replaced[name] = new
-        self.new_hosts = replaced
-        self.timings["replace"] = time.monotonic() - started
-        if failed:
-            fallback = without(failed, [h.name for h in runner.hosts], runner.plan.min_nodes)
-            if fallback.stop is not None:
-                return RecoveryPlan(stop=f"could not replace {', '.join(failed)}; {fallback.stop}")
-            return RecoveryPlan(replace=tuple(replaced), drop=plan.drop + fallback.drop)
-        return RecoveryPlan(replace=tuple(replaced), drop=plan.drop)
+def recover(ctx: RunContext, state: RunState, watched: Watched) -> Recovery:
+    """After an attempt's stop decision: check the evidence, then either keep watching (the
+    nodes answered again), end the run, or stop the survivors and replace the lost nodes for
+    the next attempt (``relaunch`` starts it). The ended attempt is recorded in the state."""
+    policy = state.plan.recovery
+    decision = watched.decision
+    loss: Loss | tuple[str, ...] | None = None
+    if policy.enabled:
+        state, loss = loss_of(ctx, state, watched)
+    if isinstance(loss, tuple) and watched.watcher is not None:
+        say(ctx, f"  {', '.join(loss)}: answered again; not lost, watching on")
+        for name in loss:
+            ctx.port.connections[name].close()  # the next poll reconnects
+        return Recovery(state, decision, watch_on=loss)
+    if isinstance(loss, tuple):
+        loss = None
+    names = [h.name for h in state.hosts]
+    plan = plan_recovery(policy, loss, state.attempt, names, state.plan.min_nodes)
+    new_hosts: dict[str, Host] = {}
+    if plan.stop is None:
+        assert loss is not None
+        state, plan, new_hosts = replace_lost(ctx, state, loss, plan)
+    state = record(ctx, state, watched, loss, plan)
+    if plan.stop is not None:
+        if loss is not None and policy.enabled:
+            decision = replace(decision, reason=f"{decision.reason} Not recovered: {plan.stop.rstrip('.')}.")
+        return Recovery(state, decision)
+    say(
+        ctx,
+        f"  attempt {state.attempt} ended with {loss.kind if loss else '?'}: {loss.reason if loss else ''}",
+    )
+    return Recovery(state, decision, next_attempt=plan, new_hosts=new_hosts)
 
-    def take_spare(self, name: str, reason: str) -> Host | None:
-        """After a ``gpu_fault``: ``name`` is left out for the rest of the run (recorded in the run
-        folder's ``hosts.json``) and the first healthy spare not yet in use takes its place."""
-        runner = self.runner
-        record_exclusion(runner.folder.path, name, reason)
-        in_use = {h.name for h in runner.hosts}
-        excluded = set(read_exclusions(runner.folder.path))
-        for spare in runner.options.spares:
-            if spare.name not in in_use and spare.name not in excluded:
-                self.say(f"  {name}: excluded for the rest of the run; spare {spare.name} takes its place")
-                return spare
-        self.say(f"  {name}: excluded for the rest of the run; no spare host left")
-        return None
 
-    def relaunch(self, target: WatchTarget, plan: RecoveryPlan) -> WatchTarget:
-        """The next attempt: new inventory (replaced hosts, dropped ones gone), re-planned, only
-        the new nodes synced and set up, a fresh port claimed, every node started."""
-        runner = self.runner
-        # a spare (another name) takes the place of the host it replaces, head position included
-        fresh = {self.new_hosts[n].name if n in self.new_hosts else n for n in plan.replace}
-        new_hosts = [self.new_hosts.get(h.name, h) for h in runner.hosts if h.name not in plan.drop]
-        for name in fresh:  # a replaced jump host (a lab's head) is re-pinned on the hosts behind it
-            if name in self.new_hosts:
-                new_hosts = [h.repinned(self.new_hosts[name]) for h in new_hosts]
-        inventory = runner.inventory.model_copy(update={"hosts": new_hosts})
-        known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
-        spec = runner.spec.model_copy(update={"nodes": len(new_hosts)})
-        launcher = launcher_class(spec.launcher).for_inventory(inventory)
-        hook = fleet_kind(inventory.fleet).poweroff_hook()
-        new_plan = launcher.plan(spec, inventory, runner.plan.run_id, poweroff_hook=hook)
-        runner.adopt(new_plan, inventory, known_hosts, attempt=self.attempt)
-        started = time.monotonic()
-        if fresh:
-            self.say(f"  attempt {self.attempt}: syncing and setting up {', '.join(sorted(fresh))} only")
-            runner.prepare_only([h for h in new_hosts if h.name in fresh])
-            # a lab host that answered again may still run the lost attempt (a partition healed):
-            # stopped like the survivors were; a fresh machine has nothing to stop
-            errors = stop_survivors(
-                runner.fleet,
-                [h for h in new_hosts if h.name in fresh],
-                runner.plan.run_id,
-                5.0,
-                self.attempt - 1,
-            )
-            if errors:
-                raise HostError(
-                    next(iter(errors)), f"could not stop the lost attempt there: {'; '.join(errors.values())}"
+def replace_lost(
+    ctx: RunContext, state: RunState, loss: Loss, plan: RecoveryPlan
+) -> tuple[RunState, RecoveryPlan, dict[str, Host]]:
+    """Drain preempted nodes, stop the survivors, then replace the lost nodes; a replacement
+    that fails turns into going on without the node (elastic) or the end of the run."""
+    policy = state.plan.recovery
+    # a rank's own failure and a GPU fault leave the node answering: its processes are stopped too
+    lost = set(loss.nodes) if loss.kind != "rank_failed" and loss.kind not in EXCLUDING_LOSSES else set()
+    survivors = [h for h in state.hosts if h.name not in lost]
+    # drained first: the notice's checkpoint may still be uploading from a survivor (rank 0's node)
+    if loss.kind == "preempted":  # kept until the notice's checkpoint is durable (launch.run.drain)
+        state = drain(ctx, state, [h for h in state.hosts if h.name in lost])
+    say(ctx, f"  stopping the attempt on {len(survivors)} node(s), {policy.grace_s:g} s to checkpoint")
+    started = ctx.clock.monotonic()
+    errors = stop_survivors(ctx.port, survivors, state.plan.run_id, policy.grace_s, state.attempt)
+    state = state.recovery_timed("stop_survivors", ctx.clock.monotonic() - started)
+    started = ctx.clock.monotonic()
+    if errors:
+        why = f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
+        return state, RecoveryPlan(stop=why), {}
+    for name in lost:
+        ctx.port.connections[name].close()
+    kind = fleet_kind(state.inventory.fleet)
+    replaced: dict[str, Host] = {}
+    failed: list[str] = []
+    for name in plan.replace:
+        host = next(h for h in state.hosts if h.name == name)
+        new: Host | None
+        if loss.kind in EXCLUDING_LOSSES:
+            new = take_spare(ctx, state, name, loss.reason)
+        else:
+            try:
+                new = kind.replace(
+                    host,
+                    lambda m: say(ctx, f"  {clean(m)}"),
+                    policy.replace_timeout_s,
+                    probe=ctx.port.answers,
                 )
-        self.timings["sync_setup"] = time.monotonic() - started
-        started = time.monotonic()
-        self.spread_checkpoint()
-        self.timings["checkpoint_copy"] = time.monotonic() - started
-        started = time.monotonic()
-        runner.rdzv_port = runner.claim()
-        target = dataclasses.replace(
-            target,
+            except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
+                say(ctx, f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
+                new = None
+        if new is None:
+            failed.append(name)
+        else:
+            replaced[name] = new
+    state = state.recovery_timed("replace", ctx.clock.monotonic() - started)
+    if failed:
+        fallback = without(failed, [h.name for h in state.hosts], state.plan.min_nodes)
+        if fallback.stop is not None:
+            return (
+                state,
+                RecoveryPlan(stop=f"could not replace {', '.join(failed)}; {fallback.stop}"),
+                replaced,
+            )
+        return state, RecoveryPlan(replace=tuple(replaced), drop=plan.drop + fallback.drop), replaced
+    return state, RecoveryPlan(replace=tuple(replaced), drop=plan.drop), replaced
+
+
+def drain(ctx: RunContext, state: RunState, noticed: Sequence[Host]) -> RunState:
+    """Keep the preempted nodes until the checkpoint made after the notice is durable
+    (``launch.run.drain``); a copy through the laptop (the checkpoint spread) counts as durable.
+    The drains go into the attempt's record (``drained``), the time into the recovery's."""
+    started = ctx.clock.monotonic()
+    current = state
+
+    def spread() -> str | None:  # the laptop's peer copy: off the noticed node before it goes
+        nonlocal current
+        current = spread_checkpoint(ctx, current)
+        return current.resume_from
+
+    drained = drain_noticed(
+        noticed,
+        ssh_reader(ctx.port, state.plan.run_id),
+        lambda text: say(ctx, text),
+        peer_durable=copied_through_laptop(spread),
+    )
+    return replace(current, drained=drained).recovery_timed("drain", ctx.clock.monotonic() - started)
+
+
+def take_spare(ctx: RunContext, state: RunState, name: str, reason: str) -> Host | None:
+    """After a ``gpu_fault`` (or a straggler): ``name`` is left out for the rest of the run
+    (recorded in the run folder's ``hosts.json``) and the first healthy spare not yet in use
+    (``RunOptions.spares``) takes its place."""
+    record_exclusion(ctx.folder.path, name, reason)
+    in_use = {h.name for h in state.hosts}
+    excluded = set(read_exclusions(ctx.folder.path))
+    for spare in ctx.options.spares:
+        if spare.name not in in_use and spare.name not in excluded:
+            say(ctx, f"  {name}: excluded for the rest of the run; spare {spare.name} takes its place")
+            return spare
+    say(ctx, f"  {name}: excluded for the rest of the run; no spare host left")
+    return None
+
+
+def fresh_names(recovery: Recovery) -> frozenset[str]:
+    """The names of the next attempt's new machines: a spare (another name) takes the place of
+    the host it replaces; a replaced machine keeps its name."""
+    plan = recovery.next_attempt
+    assert plan is not None
+    return frozenset(recovery.new_hosts[n].name if n in recovery.new_hosts else n for n in plan.replace)
+
+
+def adopt(ctx: RunContext, state: RunState, recovery: Recovery) -> tuple[RunContext, RunState]:
+    """The next attempt's inventory (replaced hosts, dropped ones gone), its pinned host keys,
+    its plan and its connections (survivors keep theirs): the context and state it runs with."""
+    plan = recovery.next_attempt
+    assert plan is not None
+    # a spare (another name) takes the place of the host it replaces, head position included
+    new_hosts = [recovery.new_hosts.get(h.name, h) for h in state.hosts if h.name not in plan.drop]
+    for name in plan.replace:  # a replaced jump host (a lab's head) is re-pinned on the hosts behind it
+        if name in recovery.new_hosts and recovery.new_hosts[name].name == name:
+            new_hosts = [h.repinned(recovery.new_hosts[name]) for h in new_hosts]
+    inventory = state.inventory.model_copy(update={"hosts": new_hosts})
+    known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+    spec = ctx.spec.model_copy(update={"nodes": len(new_hosts)})
+    launcher = launcher_class(spec.launcher).for_inventory(inventory)
+    hook = fleet_kind(inventory.fleet).poweroff_hook()
+    new_plan = launcher.plan(spec, inventory, state.plan.run_id, poweroff_hook=hook)
+    port = ctx.port.reconnect([n.host for n in new_plan.nodes], known_hosts)
+    fresh = fresh_names(recovery)
+    state = replace(
+        state,
+        plan=new_plan,
+        inventory=inventory,
+        known_hosts=known_hosts,
+        attempt=state.attempt + 1,
+        lib_current=state.lib_current - fresh,  # a new machine: its disk holds nothing of ours
+        target=replace(
+            state.target,
             inventory=inventory,
             starters=tuple(n.host.name for n in new_plan.nodes if n.starts_processes),
-            started_at=time.time(),
+            attempt=state.attempt + 1,
+        ),
+        rdzv_port=None,
+    )
+    return ctx.with_port(port), state
+
+
+def prepare_new_nodes(ctx: RunContext, state: RunState, fresh: Collection[str]) -> RunState:
+    """Sync and set up only the new nodes of a later attempt (the others have both); a lab host
+    that answered again may still run the lost attempt (a partition healed): it is stopped like
+    the survivors were. A fresh machine has nothing to stop."""
+    started = ctx.clock.monotonic()
+    if fresh:
+        say(ctx, f"  attempt {state.attempt}: syncing and setting up {', '.join(sorted(fresh))} only")
+        new = [h for h in state.hosts if h.name in fresh]
+        state = stages.sync(ctx, state, ctx.port.subset(fresh))
+        state = stages.setup(ctx, state, new)
+        errors = stop_survivors(ctx.port, new, state.plan.run_id, 5.0, state.attempt - 1)
+        if errors:
+            raise HostError(
+                next(iter(errors)), f"could not stop the lost attempt there: {'; '.join(errors.values())}"
+            )
+    return state.timed("sync_setup", ctx.clock.monotonic() - started)
+
+
+def spread_checkpoint(ctx: RunContext, state: RunState) -> RunState:
+    """The newest complete checkpoint onto every node that lacks it (no bucket needed)."""
+    started = ctx.clock.monotonic()
+    staging = ctx.folder.path / ".recovery"
+    peers = ctx.peers
+    if peers is not None:
+        peers.stop()
+    try:
+        spread: Spread = ctx.transfers.spread_checkpoint(
+            ctx.port,
+            state.hosts,
+            state.plan.run_id,
+            state.known_hosts,
+            staging,
+            recorded=peers.recorded if peers is not None else None,
+            bucket=run_has_bucket(state.inventory, state.plan.run_id),
+            peers=peers.copied if peers is not None else None,
         )
-        target.save()
-        self.say(f"  attempt {self.attempt}: starting on {', '.join(h.name for h in new_hosts)}")
-        runner.start(target)
-        self.timings["claim_start"] = time.monotonic() - started
-        return target
-
-    def spread_checkpoint(self) -> None:
-        """The newest complete checkpoint onto every node that lacks it (no bucket needed)."""
-        runner = self.runner
-        staging = runner.folder.path / ".recovery"
-        self.peers.stop()
-        try:
-            spread = spread_latest(
-                runner.fleet,
-                runner.hosts,
-                runner.plan.run_id,
-                runner.known_hosts,
-                staging,
-                recorded=self.peers.recorded,
-                bucket=run_has_bucket(runner.inventory, runner.plan.run_id),
-                peers=self.peers.copied,
-            )
-            runner.resume_from, self.resumed_from = spread.resume_from, spread.record
-            self.say(f"  {spread.said}")
-        except HostError as exc:
-            runner.resume_from = None
-            self.resumed_from = f"what each node holds: the copy failed ({clean(exc, 200)})"
-            self.say(
-                f"  could not spread the latest checkpoint ({clean(exc, 300)}); each node resumes from what it holds"
-            )
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-
-    def attempts_json(self) -> list[dict[str, object]]:
-        return [a.to_json() for a in self.ended]
+        resume_from, resume_record = spread.resume_from, spread.record
+        say(ctx, f"  {spread.said}")
+    except HostError as exc:
+        resume_from = None
+        resume_record = f"what each node holds: the copy failed ({clean(exc, 200)})"
+        say(
+            ctx,
+            f"  could not spread the latest checkpoint ({clean(exc, 300)}); each node resumes from what it holds",
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    state = replace(state, resume_from=resume_from, resume_record=resume_record)
+    return state.timed("checkpoint_copy", ctx.clock.monotonic() - started)
 
 
-def record_attempts(folder: RunFolder, records: RunRecords, summary: RunSummary, attempts: Attempts) -> None:
+def start_next(ctx: RunContext, state: RunState) -> RunState:
+    """The claim (a fresh rendezvous port) and the start of every node of the next attempt."""
+    started = ctx.clock.monotonic()
+    state = stages.claim(ctx, state)
+    state = replace(state, target=replace(state.target, started_at=ctx.clock.time()))
+    state.target.save()
+    say(ctx, f"  attempt {state.attempt}: starting on {', '.join(h.name for h in state.hosts)}")
+    state = stages.start(ctx, state).timed("claim_start", ctx.clock.monotonic() - started)
+    # the recovery's timings go with the attempt it started (``AttemptEnd.recovery_s``)
+    return replace(state, started_by=state.recovery_timings, recovery_timings={})
+
+
+def attempt_end_from_json(data: object) -> AttemptEnd | None:
+    """One ended attempt back from the run record (untrusted JSON); None when it is not one."""
+    if not isinstance(data, dict):
+        return None
+
+    def text(key: str) -> str:
+        value = data.get(key)
+        return value[:2000] if isinstance(value, str) else ""
+
+    def number(key: str) -> int | None:
+        value = data.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def seconds(key: str) -> float:
+        value = data.get(key)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+    def names(key: str) -> tuple[str, ...]:
+        value = data.get(key)
+        return tuple(v for v in value[:10_000] if isinstance(v, str)) if isinstance(value, list) else ()
+
+    attempt = number("attempt")
+    loss = data.get("loss")
+    timings = data.get("recovery_s")
+    if attempt is None or attempt < 1:
+        return None
+    return AttemptEnd(
+        attempt=attempt,
+        nodes=names("nodes"),
+        started_at=seconds("started_at"),
+        ended_at=seconds("ended_at"),
+        outcome=text("outcome"),
+        rule=text("rule"),
+        reason=text("reason"),
+        loss=next((k for k in LOSS_KINDS if k == loss), None),
+        first_step=number("first_step"),
+        last_step=number("last_step"),
+        steps_recomputed=number("steps_recomputed"),
+        replaced=names("replaced"),
+        dropped=names("dropped"),
+        resumed_from=text("resumed_from") or None,
+        recovery_s=tuple(
+            (str(k)[:100], float(v))
+            for k, v in (timings.items() if isinstance(timings, dict) else ())
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        ),
+    )
+
+
+def save_attempts(ctx: RunContext, state: RunState) -> None:
+    """The attempts that ended so far into ``attempts.json`` and the run record, as soon as a
+    recovery starts the next one: a watcher re-attached later goes on from them."""
+    data = attempts_json(state)
+    try:
+        ctx.folder.write_json("attempts.json", {"run_id": state.plan.run_id, "attempts": data})
+        ctx.records.update(state.plan.run_id, attempts=data)
+    except Exception as exc:  # noqa: BLE001 - saved, reported; the run goes on
+        save_traceback(ctx.folder.path, exc, "recording the attempts")
+        say(ctx, f"  could not record the attempts: {type(exc).__name__}: {clean(exc, 300)}")
+
+
+def attempts_json(state: RunState) -> list[dict[str, object]]:
+    return [a.to_json() for a in state.ended]
+
+
+def record_attempts(ctx: RunContext, state: RunState, summary: RunSummary) -> None:
     """Each attempt in the run record, in ``attempts.json``, and in the loss plot (every attempt's
     losses, a line where each later attempt resumed). Never raises: the run is already recorded."""
-    data = attempts.attempts_json()
+    folder = ctx.folder
+    data = attempts_json(state)
     try:
         folder.write_json("attempts.json", {"run_id": summary.run_id, "attempts": data})
-        records.update(summary.run_id, attempts=data)
-        history = [p for _attempt, points in attempts.histories for p in points]
-        resumes = [(n, points[0].step) for n, points in attempts.histories[1:] if points]
-        if history and len(attempts.histories) > 1:
+        ctx.records.update(summary.run_id, attempts=data)
+        history = [p for _attempt, points in state.histories for p in points]
+        resumes = [(n, points[0].step) for n, points in state.histories[1:] if points]
+        if history and len(state.histories) > 1:
             plot_loss(history, folder.path / "loss.png", title=folder.path.name, resumes=resumes)
     except Exception as exc:  # noqa: BLE001 - saved, reported; the outcome stands
         save_traceback(folder.path, exc, "recording the attempts")
-        attempts.say(f"  could not record the attempts: {type(exc).__name__}: {clean(exc, 300)}")
+        say(ctx, f"  could not record the attempts: {type(exc).__name__}: {clean(exc, 300)}")

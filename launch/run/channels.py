@@ -17,14 +17,14 @@ from launch.job.spec import JobSpec
 from launch.run.reporter import Reporter
 from launch.run.transfers import Transfers
 from launch.transport.channel_sync import bucket_commands
-from launch.transport.ssh import Fleet
+from launch.transport.port import FleetPort, NodeResults
 from launch.transport.sync import SyncResult
 
 
 def copy_channels(
     spec: JobSpec,
     inventory: Inventory,
-    fleet: Fleet,
+    fleet: FleetPort,
     known_hosts: Path,
     transfers: Transfers,
     parallel: int,
@@ -40,7 +40,7 @@ def copy_channels(
             head = inventory.hosts[0].name
             return {head: HostError(head, str(exc))}
         fetched = transfers.fetch_channels(fleet, commands)
-        failed = {n: r for n, r in fetched.items() if isinstance(r, BaseException)}
+        failed = NodeResults(fetched).failed
         if failed:
             return failed
         reporter.say(f"  data channel(s) {', '.join(sorted(buckets))}: copied from the bucket by every node")
@@ -48,10 +48,10 @@ def copy_channels(
     if not local:
         return {}
     results = transfers.sync_channels(fleet, spec.name, local, known_hosts, parallel=parallel)
-    errors = {n: r for n, r in results.items() if isinstance(r, BaseException)}
-    if errors:
-        return errors
-    sent = [r for r in results.values() if isinstance(r, SyncResult)]
+    outcome = NodeResults(results)
+    if outcome.failed:
+        return outcome.failed
+    sent = [r for r in outcome.ok.values() if isinstance(r, SyncResult)]
     reporter.say(
         f"  data channel(s) {', '.join(sorted(local))}: {sum(r.files_sent for r in sent)} file(s), "
         f"{sum(r.bytes_sent for r in sent)} bytes sent to {len(sent)} node(s)"

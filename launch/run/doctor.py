@@ -36,7 +36,8 @@ from launch.reports.safe_text import clean
 from launch.rules.gpu_health import expected_fabric_devices, expected_gpus
 from launch.rules.preflight import Findings, Job, Observation, errors_by_node, judge, pick_hosts
 from launch.rules.probe_facts import ProbeFacts, parse_probe_answer
-from launch.transport.ssh import DEFAULT_CONNECT_TIMEOUT, Fleet, NodeConnection
+from launch.transport.port import FleetPort, NodeLink
+from launch.transport.ssh import DEFAULT_CONNECT_TIMEOUT, Fleet
 from launch.transport.sync import LIB_DIR
 
 PROBE_TIMEOUT_S = 30.0
@@ -110,7 +111,7 @@ def probe_command(host: Host, mode: str, head: Host, port: int) -> str:
     return " ".join([shlex.quote(host.python), "-", *map(shlex.quote, args), shlex.quote(LIB_DIR)])
 
 
-def run_probe(conn: NodeConnection, mode: str, head: Host, port: int, source: bytes) -> ProbeResult:
+def run_probe(conn: NodeLink, mode: str, head: Host, port: int, source: bytes) -> ProbeResult:
     """One round trip: the probe's facts, or why there are none; an unreachable node raises."""
     host = conn.host
     sent = time.time()
@@ -135,7 +136,7 @@ def run_probe(conn: NodeConnection, mode: str, head: Host, port: int, source: by
 
 
 def gather(
-    fleet: Fleet,
+    fleet: FleetPort,
     hosts: Sequence[Host],
     mode: str,
     port: int,

@@ -30,7 +30,7 @@ from launch.nodelib.fleetrun_protocol import PreemptionNotice, ProtocolError
 from launch.planning import remote_layout as layout
 from launch.reports.safe_text import clean
 from launch.rules.recovery import Drained, DrainVerdict, NoticeState, drain_verdict
-from launch.transport.ssh import Fleet, NodeConnection
+from launch.transport.port import FleetPort, NodeLink
 
 MAX_RECORD_BYTES = 16384
 MAX_DRAIN_S = 600.0
@@ -93,12 +93,12 @@ def parse_read(stdout: str) -> NoticeState | None:
     )
 
 
-def ssh_reader(fleet: Fleet, run_id: str) -> Read:
+def ssh_reader(fleet: FleetPort, run_id: str) -> Read:
     """Reads through the fleet's connections; any error (refused, timed out) is "no answer"."""
     command = read_command(run_id)
 
     def read(host: Host) -> tuple[bool, NoticeState | None]:
-        def one(conn: NodeConnection) -> str:
+        def one(conn: NodeLink) -> str:
             result = conn.run(command, timeout=READ_TIMEOUT_S)
             if not result.ok:
                 raise RuntimeError(f"exit {result.exit_code}")

@@ -13,13 +13,14 @@ the teardown, as any failed pull does: it may hold the only copy.
 
 from __future__ import annotations
 
-import copy
 import math
 import threading
 from collections.abc import Collection
 
 from launch.run.watch import Watcher
-from launch.transport.ssh import CommandResult, Fleet, NodeConnection
+from launch.transport.port import CommandResult, FleetPort, NodeLink
+from launch.transport.port import without as port_without
+from launch.transport.ssh import NodeConnection
 
 __all__ = ["PROBE_S", "LostProbe", "confirm_lost", "only", "probe", "suspects", "without"]
 
@@ -27,7 +28,7 @@ PROBE_S = 3.0
 """How long a node the watcher lost gets to answer ``true`` before the wrap-up leaves it out."""
 
 
-def suspects(fleet: Fleet, watcher: Watcher | None) -> list[str]:
+def suspects(fleet: FleetPort, watcher: Watcher | None) -> list[str]:
     """The fleet's nodes the watcher could not reach at its last poll, in fleet order."""
     if watcher is None:
         return []
@@ -38,7 +39,7 @@ def suspects(fleet: Fleet, watcher: Watcher | None) -> list[str]:
     ]
 
 
-def probe(fleet: Fleet, conn: NodeConnection, probe_s: float) -> CommandResult:
+def probe(fleet: FleetPort, conn: NodeLink, probe_s: float) -> CommandResult:
     """``true`` on the node over a fresh connection whose connect is bounded by ``probe_s``.
 
     The fleet's own connection connects with the usual 10 s timeout. To a node whose link is
@@ -59,7 +60,7 @@ def probe(fleet: Fleet, conn: NodeConnection, probe_s: float) -> CommandResult:
         short.close()
 
 
-def confirm_lost(fleet: Fleet, names: Collection[str], probe_s: float = PROBE_S) -> dict[str, str]:
+def confirm_lost(fleet: FleetPort, names: Collection[str], probe_s: float = PROBE_S) -> dict[str, str]:
     """Of ``names``, the nodes that fail a ``probe_s`` probe now: name -> why. Their connections
     are closed, so later steps (the key revoke) skip them too.
 
@@ -70,10 +71,9 @@ def confirm_lost(fleet: Fleet, names: Collection[str], probe_s: float = PROBE_S)
         return {}
     results = fleet.map(lambda c: probe(fleet, c, probe_s), hosts=targets, deadline=probe_s)
     lost: dict[str, str] = {}
-    for name, res in results.items():
-        if isinstance(res, BaseException):
-            lost[name] = f"unreachable (the watcher lost it and a {probe_s:.0f} s probe failed: {res})"
-            fleet.connections[name].close()
+    for name, exc in results.failed.items():
+        lost[name] = f"unreachable (the watcher lost it and a {probe_s:.0f} s probe failed: {exc})"
+        fleet.connections[name].close()
     return lost
 
 
@@ -86,7 +86,7 @@ class LostProbe:
     which is slow but loses nothing.
     """
 
-    def __init__(self, fleet: Fleet, names: Collection[str], probe_s: float = PROBE_S) -> None:
+    def __init__(self, fleet: FleetPort, names: Collection[str], probe_s: float = PROBE_S) -> None:
         self.suspects: frozenset[str] = frozenset(names)
         self._lost: dict[str, str] = {}
         self._error: BaseException | None = None
@@ -98,10 +98,10 @@ class LostProbe:
             self._thread.start()
 
     @classmethod
-    def start(cls, fleet: Fleet, watcher: Watcher | None, probe_s: float = PROBE_S) -> LostProbe:
+    def start(cls, fleet: FleetPort, watcher: Watcher | None, probe_s: float = PROBE_S) -> LostProbe:
         return cls(fleet, suspects(fleet, watcher), probe_s)
 
-    def _run(self, fleet: Fleet, probe_s: float) -> None:
+    def _run(self, fleet: FleetPort, probe_s: float) -> None:
         try:
             self._lost = confirm_lost(fleet, self.suspects, probe_s)
         except BaseException as exc:  # noqa: BLE001 - re-raised by ``result`` in the wrap-up's thread
@@ -120,17 +120,11 @@ class LostProbe:
         return sorted(self.suspects - set(lost))
 
 
-def without(fleet: Fleet, names: Collection[str]) -> Fleet:
+def without(fleet: FleetPort, names: Collection[str]) -> FleetPort:
     """The same fleet (same connections) with ``names`` left out of its fan-outs."""
-    if not names:
-        return fleet
-    view = copy.copy(fleet)
-    view.hosts = [h for h in fleet.hosts if h.name not in names]
-    return view
+    return port_without(fleet, names)
 
 
-def only(fleet: Fleet, names: Collection[str]) -> Fleet:
+def only(fleet: FleetPort, names: Collection[str]) -> FleetPort:
     """The same fleet (same connections) reduced to ``names``."""
-    view = copy.copy(fleet)
-    view.hosts = [h for h in fleet.hosts if h.name in names]
-    return view
+    return fleet.subset(names)

@@ -59,6 +59,10 @@ def run_has_bucket(inventory: Inventory, run_id: str) -> bool:
     return fleet_kind(inventory.fleet).bucket_commands(run_prefix(run_id)) is not None
 
 
+PEER_STAGING = ".peer-copies"
+"""The run folder's staging folder for the copies (a step passes through the laptop)."""
+
+
 class PeerCopies:
     """The run's recorded saves (across attempts) and the peer copies made of them."""
 

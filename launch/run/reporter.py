@@ -1,6 +1,6 @@
 """Console output of a run's life cycle, behind one small interface.
 
-The runner and the wrap-up say what happens through a ``Reporter``; the CLI gives them a
+The life cycle's stages and the wrap-up say what happens through a ``Reporter``; the CLI gives them a
 ``RichReporter`` (the terminal), tests a ``RecordingReporter`` (kept in memory, asserted on).
 Every part of a message is plain text: it is cleaned of control characters and never parsed as
 Rich markup, so a node name, an error from a node or a job's message (``could not open

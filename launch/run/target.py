@@ -45,6 +45,8 @@ class WatchTarget:
     started_at: float
     folder: Path
     instance_type: str | None = None
+    attempt: int = 1
+    """The attempt these nodes run (a re-attached watcher goes on counting from it)."""
 
     def save(self) -> Path:
         data = {
@@ -56,6 +58,7 @@ class WatchTarget:
             "teardown": Teardown(self.teardown).value,
             "started_at": self.started_at,
             "instance_type": self.instance_type,
+            "attempt": self.attempt,
         }
         path = self.folder / "watch.json"
         path.write_text(json.dumps(data, indent=2, default=str))
@@ -117,8 +120,16 @@ class WatchTarget:
                 started_at=data["started_at"],
                 folder=folder,
                 instance_type=data.get("instance_type"),
+                attempt=_attempt(data.get("attempt", 1)),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # pydantic's errors are ValueErrors
             raise FleetrunError(
                 f"{path} is not a watch.json fleetrun wrote: {type(exc).__name__}: {exc}"
             ) from None
+
+
+def _attempt(value: object) -> int:
+    """``attempt`` of a ``watch.json`` (untrusted): a whole number from 1 (older files have none)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
+        raise ValueError(f"attempt {value!r} is not a whole number from 1 to 10000")
+    return value

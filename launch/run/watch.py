@@ -2,7 +2,7 @@
 
 The watcher keeps one SSH connection per node (reused across polls) and asks the node agent for
 an incremental answer: process state, exit code, the metrics bytes since the last offset, the
-final status record. Concurrency is bounded (``Fleet.max_parallel``) so it holds at 64+ nodes.
+final status record. Concurrency is bounded (``FleetPort.max_parallel``) so it holds at 64+ nodes.
 Stop decisions come from ``launch.rules.stoprules``; this module only gathers facts and draws the table.
 
 Everything needed to watch a run (``launch.run.target.WatchTarget``) is saved as ``watch.json`` in
@@ -35,8 +35,9 @@ from launch.rules.stoprules import (
     evaluate,
 )
 from launch.rules.stragglers import NodePace, parse_pace
+from launch.run.clock import Clock
 from launch.run.target import WatchTarget
-from launch.transport.ssh import Fleet, NodeConnection
+from launch.transport.port import FleetPort, NodeLink
 
 __all__ = ["AGENT", "NodeWatch", "WatchTarget", "Watcher"]
 
@@ -85,12 +86,15 @@ class Watcher:
     def __init__(
         self,
         target: WatchTarget,
-        fleet: Fleet,
+        fleet: FleetPort,
         console: Console,
         poll_interval: float = 1.0,
         completion_grace_s: float = 30.0,
         on_poll: Callable[[Observation], object] | None = None,
+        clock: Clock = time,
     ) -> None:
+        self.clock = clock
+        """Wall time and sleeping: the ``time`` module, or the run context's (a test's fake clock)."""
         self.target = target
         self.fleet = fleet
         self.console = console
@@ -105,7 +109,7 @@ class Watcher:
         self.serve_command = f'exec {AGENT} serve "$HOME/{layout.rundir(target.run_id)}"'
 
     # -- one poll --------------------------------------------------------------------------------
-    def _poll_node(self, conn: NodeConnection, timeout: float = POLL_ANSWER_TIMEOUT_S) -> PollAnswer:
+    def _poll_node(self, conn: NodeLink, timeout: float = POLL_ANSWER_TIMEOUT_S) -> PollAnswer:
         """Ask the node's agent over its persistent poll channel (``NodeConnection.ask``).
 
         The answer is parsed through the node protocol; anything else is a ``BadAnswer``.
@@ -134,11 +138,11 @@ class Watcher:
         for conn in self.fleet.connections.values():
             conn.close_sessions()
 
-    def _timed_poll(self, conn: NodeConnection, timeout: float) -> tuple[PollAnswer, float]:
+    def _timed_poll(self, conn: NodeLink, timeout: float) -> tuple[PollAnswer, float]:
         """The answer and when it arrived: that moment is the node's last contact, not the end
         of the poll round (which waits for the slowest node)."""
         answer = self._poll_node(conn, timeout)
-        return answer, time.time()
+        return answer, self.clock.time()
 
     def _absorb(
         self, node: NodeWatch, answer: PollAnswer | BaseException, now: float, arrived_at: float | None = None
@@ -230,12 +234,12 @@ class Watcher:
         budget = poll_budget(
             self.target.rules.unreachable_timeout_s,
             [n.last_reachable_at for n in self.nodes.values() if n.state not in ("exited", "vanished")],
-            time.time(),
+            self.clock.time(),
             POLL_DEADLINE_S,
         )
         timeout = min(POLL_ANSWER_TIMEOUT_S, budget)
         answers = self.fleet.map(lambda c: self._timed_poll(c, timeout), deadline=budget)
-        now = time.time()
+        now = self.clock.time()
         for name, result in answers.items():
             node = self.nodes[name]
             before, malformed_before = node.state, node.malformed
@@ -289,7 +293,7 @@ class Watcher:
                     if decision.outcome == "succeeded" and still_running:
                         grace_until = grace_until or obs.now + self.completion_grace_s
                         if obs.now < grace_until:
-                            time.sleep(self.poll_interval)
+                            self.clock.sleep(self.poll_interval)
                             continue
                     return decision
-                time.sleep(self.poll_interval)
+                self.clock.sleep(self.poll_interval)

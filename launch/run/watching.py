@@ -17,22 +17,24 @@ from rich.console import Console
 
 from launch.rules.pricing import cost_so_far
 from launch.rules.stoprules import Observation, StopDecision
+from launch.run.clock import Clock
 from launch.run.records import RunRecords
 from launch.run.summary import TRACEBACK_FILE
 from launch.run.target import WatchTarget
 from launch.run.watch import Watcher
-from launch.transport.ssh import Fleet
+from launch.transport.port import FleetPort
 
 CRASH_RULE = "fleetrun_error"
 
 
 def build_watcher(
     target: WatchTarget,
-    fleet: Fleet,
+    fleet: FleetPort,
     console: Console,
     records: RunRecords,
     poll_interval: float = 1.0,
     completion_grace_s: float = 30.0,
+    clock: Clock = time,
 ) -> Watcher:
     """A watcher whose every poll refreshes the run record's heartbeat, metrics and cost."""
 
@@ -48,6 +50,7 @@ def build_watcher(
         poll_interval=poll_interval,
         completion_grace_s=completion_grace_s,
         on_poll=heartbeat,
+        clock=clock,
     )
 
 

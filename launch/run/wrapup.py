@@ -14,7 +14,7 @@ import importlib
 import shlex
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ from launch.reports.tensorboard import write_tensorboard
 from launch.rules.pricing import cost_so_far, price_per_node_hour
 from launch.rules.stoprules import PEER_GONE_RULES, StopDecision
 from launch.run.artifacts import revoke_cluster_keys, stop_all
+from launch.run.clock import Clock
 from launch.run.lost_nodes import LostProbe, only, without
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter
@@ -37,9 +38,19 @@ from launch.run.target import WatchTarget
 from launch.run.transfers import Transfers
 from launch.run.watch import Watcher
 from launch.run.watching import save_traceback
-from launch.transport.ssh import Fleet, NodeConnection
+from launch.transport.port import FleetPort, NodeLink
 
-__all__ = ["RunResult", "RunSummary", "upload_to_bucket", "wrap_up", "write_reports"]
+__all__ = [
+    "RunResult",
+    "RunSummary",
+    "Secured",
+    "finish",
+    "secure_artifacts",
+    "start_reports",
+    "upload_to_bucket",
+    "wrap_up",
+    "write_reports",
+]
 T = TypeVar("T")
 
 
@@ -114,7 +125,7 @@ def recorded_hyperparameters(records: RunRecords, run_id: str) -> dict[str, Any]
     return record.hyperparameters if record is not None else None
 
 
-def upload_to_bucket(fleet: Fleet, target: WatchTarget, reporter: Reporter) -> dict[str, str]:
+def upload_to_bucket(fleet: FleetPort, target: WatchTarget, reporter: Reporter) -> dict[str, str]:
     """Fleets with a bucket: each node copies its run directory there with its own role, running
     the command its fleet kind gives. The local pull is the copy teardown waits for; the bucket
     copy is reported, not blocking."""
@@ -122,7 +133,7 @@ def upload_to_bucket(fleet: Fleet, target: WatchTarget, reporter: Reporter) -> d
     if all(target.upload_argv(h.name) is None for h in fleet.hosts):
         return {}  # the fleet kind has no bucket (local fleet, lab machines): nothing to say
 
-    def upload(conn: NodeConnection) -> str:
+    def upload(conn: NodeLink) -> str:
         argv = target.upload_argv(conn.host.name)
         if argv is None:
             return "no bucket"
@@ -134,7 +145,7 @@ def upload_to_bucket(fleet: Fleet, target: WatchTarget, reporter: Reporter) -> d
         return f"uploaded to {argv[-1]}"
 
     messages: dict[str, str] = {}
-    for name, res in fleet.map(upload, deadline=3700).items():
+    for name, res in fleet.map(upload, deadline=3700).items():  # both halves: each node's line
         messages[name] = str(res)
         reporter.say(f"  {name}: {res}")
     return messages
@@ -170,20 +181,21 @@ def watch_facts(watcher: Watcher | None, started_at: float) -> WatchFacts:
 class _Steps:
     """Runs wrap-up steps so that one step's unexpected failure never skips the next ones."""
 
-    def __init__(self, folder: RunFolder, reporter: Reporter) -> None:
+    def __init__(self, folder: RunFolder, reporter: Reporter, clock: Clock = time) -> None:
         self.folder = folder
         self.reporter = reporter
+        self.clock = clock
         self.crashed: list[str] = []
         self.timings: dict[str, float] = {}
         """Seconds per step (``wrapup <where>``), kept in the summary: where a slow exit went."""
 
     def timed(self, where: str, step: Callable[[], T]) -> T:
-        started = time.monotonic()
+        started = self.clock.monotonic()
         try:
             return step()
         finally:
             key = f"wrapup {where}"
-            self.timings[key] = self.timings.get(key, 0.0) + time.monotonic() - started
+            self.timings[key] = self.timings.get(key, 0.0) + self.clock.monotonic() - started
 
     def run(self, where: str, step: Callable[[], T], fallback: Callable[[str], T]) -> T:
         try:
@@ -196,32 +208,36 @@ class _Steps:
             return fallback(message)
 
 
-def wrap_up(
+@dataclass
+class Secured:
+    """What securing the artifacts left: per-node stop and pull errors, the bucket copies."""
+
+    stop_errors: dict[str, str] = field(default_factory=dict)
+    pull_errors: dict[str, str] = field(default_factory=dict)
+    uploads: dict[str, str] = field(default_factory=dict)
+
+
+def secure_artifacts(
     target: WatchTarget,
-    fleet: Fleet,
+    fleet: FleetPort,
     decision: StopDecision,
-    records: RunRecords,
     known_hosts: Path,
     reporter: Reporter,
+    steps: _Steps,
     watcher: Watcher | None = None,
     started_job: bool = True,
-    timings: dict[str, float] | None = None,
-    teardown_applies: bool | None = None,
     transfers: Transfers | None = None,
-) -> RunSummary:
-    """Stop, pull, upload, report, decide and run the teardown, record. Never raises for a step.
+) -> Secured:
+    """Stop every process of the run, pull every node's run directory, copy it to the bucket,
+    revoke the run's cluster key, close the connections. Never raises for a step.
 
-    ``teardown_applies`` defaults to ``started_job``: a run interrupted before its launch leaves
-    nothing to tear down; the runner passes True for a failed preflight/sync/setup.
-    """
+    Nodes the watcher lost are probed once, briefly, while the others are stopped and pulled
+    (see ``launch.run.lost_nodes``); the ones still silent are left out of stop, pull and upload
+    and count as failed pulls, so they still block the teardown."""
     transfers = transfers or Transfers()
-    decided_at = time.time()
     folder = RunFolder(target.folder)
-    steps = _Steps(folder, reporter)
     hosts = [h.name for h in target.inventory.hosts]
-    stop_errors: dict[str, str] = {}
-    pull_errors: dict[str, str] = {}
-    uploads: dict[str, str] = {}
+    secured = Secured()
     reach = fleet
     try:
         if started_job:
@@ -230,9 +246,6 @@ def wrap_up(
                 f"run ending ({decision.rule}): stopping what is left on the nodes, pulling artifacts"
             )
             warm_up_reports()
-            # Nodes the watcher lost are probed once, briefly, while the others are stopped and
-            # pulled (see ``launch.run.lost_nodes``); the ones still silent are left out of stop,
-            # pull and upload and count as failed pulls below, so they still block the teardown.
             probe = steps.run(
                 "probing the nodes the watcher lost",
                 lambda: LostProbe.start(fleet, watcher),
@@ -267,10 +280,10 @@ def wrap_up(
                     lambda: transfers.pull(back, target.run_id, folder, known_hosts, reporter.console),
                     lambda msg: dict.fromkeys((h.name for h in back.hosts), msg),
                 )
-            stop_errors |= lost
-            pull_errors |= lost
+            secured.stop_errors = stop_errors | lost
+            secured.pull_errors = pull_errors | lost
             reach = without(fleet, lost)
-            uploads = steps.run(
+            secured.uploads = steps.run(
                 "uploading to the bucket",
                 lambda: upload_to_bucket(reach, target, reporter),
                 lambda msg: {"*": msg},
@@ -283,15 +296,21 @@ def wrap_up(
         for name, err in revoke_errors.items():
             reporter.say((f"  {name}: could not revoke the run's cluster SSH key: {err}", "yellow"))
         steps.timed("close", fleet.close)
-    rank0_node = steps.run("collecting rank 0's files", folder.collect_rank0_files, lambda _m: None)
-    # The plot and the TensorBoard file are drawn from the pulled files while the fleet is torn
-    # down (the teardown only needs the pulls to be done): a local fleet's removal takes about
-    # as long as drawing them, and a run's exit should not wait for both in turn.
-    # (the run records are SQLite, used from this thread only: read before the thread starts)
+    return secured
+
+
+def start_reports(
+    folder: RunFolder, records: RunRecords, run_id: str, reporter: Reporter, steps: _Steps, started_job: bool
+) -> threading.Thread:
+    """The loss plot and the TensorBoard file, drawn from the pulled files in a thread while the
+    fleet is torn down (the teardown only needs the pulls to be done): a local fleet's removal
+    takes about as long as drawing them, and a run's exit should not wait for both in turn.
+    The run records are SQLite, used from the caller's thread only: read before the thread starts.
+    The caller joins the thread (``finish``)."""
     hyperparameters = (
         steps.run(
             "reading the run's hyperparameters",
-            lambda: recorded_hyperparameters(records, target.run_id),
+            lambda: recorded_hyperparameters(records, run_id),
             lambda _m: None,
         )
         if started_job
@@ -310,23 +329,42 @@ def wrap_up(
             reports.start()
         except RuntimeError:  # no thread to be had: drawn here, before the teardown
             reports.run()
+    return reports
+
+
+def finish(
+    target: WatchTarget,
+    decision: StopDecision,
+    secured: Secured,
+    records: RunRecords,
+    reporter: Reporter,
+    steps: _Steps,
+    reports: threading.Thread,
+    *,
+    watcher: Watcher | None,
+    rank0_node: str | None,
+    decided_at: float,
+    started_job: bool,
+    teardown_applies: bool,
+    timings: Mapping[str, float],
+    clock: Clock = time,
+) -> RunSummary:
+    """Decide and run the teardown (while the reports are drawn), then record the run and write
+    ``summary.json``. Never raises for a step."""
+    folder = RunFolder(target.folder)
+    hosts = [h.name for h in target.inventory.hosts]
     facts = steps.run(
         "reading the watcher's facts",
         lambda: watch_facts(watcher, target.started_at),
         lambda _m: WatchFacts(),
     )
-
     teardown_started_at: float | None = None
     decided = decide_teardown(
-        target.teardown,
-        decision.outcome,
-        pull_errors,
-        stop_errors,
-        applies=started_job if teardown_applies is None else teardown_applies,
+        target.teardown, decision.outcome, secured.pull_errors, secured.stop_errors, applies=teardown_applies
     )
     try:
         if decided.action is TeardownAction.TEAR_DOWN:
-            teardown_started_at = time.time()
+            teardown_started_at = clock.time()
             teardown = steps.run(
                 "tearing the fleet down",
                 lambda: tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}")),
@@ -338,7 +376,7 @@ def wrap_up(
         if reports.is_alive():
             reports.join()
 
-    ended_at = time.time()
+    ended_at = clock.time()
     price = price_per_node_hour(target.instance_type, target.rules.price_per_node_hour)
     launched = started_job and price > 0
     summary = RunSummary(
@@ -354,11 +392,11 @@ def wrap_up(
         last_metrics=facts.last_metrics,
         world=facts.world,
         rank0_node=rank0_node,
-        pull_errors=pull_errors,
-        stop_errors=stop_errors,
-        uploads=uploads,
+        pull_errors=secured.pull_errors,
+        stop_errors=secured.stop_errors,
+        uploads=secured.uploads,
         teardown=teardown,
-        timings={**(timings or {}), **steps.timings},
+        timings={**timings, **steps.timings},
         nodes=hosts,
         cost_usd=cost_so_far(len(hosts), price, ended_at - target.started_at) if launched else None,
         energy_kwh=facts.energy_kwh,
@@ -376,3 +414,49 @@ def wrap_up(
         "writing summary.json", lambda: folder.write_json("summary.json", summary.to_json()), lambda _m: None
     )
     return summary
+
+
+def wrap_up(
+    target: WatchTarget,
+    fleet: FleetPort,
+    decision: StopDecision,
+    records: RunRecords,
+    known_hosts: Path,
+    reporter: Reporter,
+    watcher: Watcher | None = None,
+    started_job: bool = True,
+    timings: Mapping[str, float] | None = None,
+    teardown_applies: bool | None = None,
+    transfers: Transfers | None = None,
+    clock: Clock = time,
+) -> RunSummary:
+    """Secure the artifacts (stop, pull, upload, revoke), write the reports, finish (teardown
+    by policy, record, ``summary.json``). Never raises for a step.
+
+    ``teardown_applies`` defaults to ``started_job``: a run interrupted before its launch leaves
+    nothing to tear down; the life cycle passes True for a failed preflight/sync/setup.
+    """
+    decided_at = clock.time()
+    folder = RunFolder(target.folder)
+    steps = _Steps(folder, reporter, clock)
+    secured = secure_artifacts(
+        target, fleet, decision, known_hosts, reporter, steps, watcher, started_job, transfers
+    )
+    rank0_node = steps.run("collecting rank 0's files", folder.collect_rank0_files, lambda _m: None)
+    reports = start_reports(folder, records, target.run_id, reporter, steps, started_job)
+    return finish(
+        target,
+        decision,
+        secured,
+        records,
+        reporter,
+        steps,
+        reports,
+        watcher=watcher,
+        rank0_node=rank0_node,
+        decided_at=decided_at,
+        started_job=started_job,
+        teardown_applies=started_job if teardown_applies is None else teardown_applies,
+        timings=timings or {},
+        clock=clock,
+    )

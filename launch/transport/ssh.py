@@ -18,15 +18,15 @@ Fan-out uses our own thread pool with a bound and per-command timeouts, because 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import resource
 import secrets
 import select
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures import as_completed
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -49,6 +49,7 @@ from launch.transport.jump import (  # noqa: F401 - re-exported: callers import 
     unreachable_reason,
 )
 from launch.transport.openssh import openssh_command, proxy_command  # noqa: F401 - re-exported
+from launch.transport.port import CommandResult, FleetPort, NodeResults
 from launch.transport.reachability import sshd_answers
 
 T = TypeVar("T")
@@ -57,18 +58,6 @@ T = TypeVar("T")
 # ERROR with a traceback; with no handler configured, Python's last-resort handler printed it on
 # the terminal. Every such failure also reaches the caller as an exception, which fleetrun names.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    host: str
-    exit_code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
 
 
 def _fabric_config() -> Config:
@@ -355,7 +344,7 @@ def parallel_map(
     on_done: Callable[[str, T | BaseException], None] | None = None,
     deadline: float | None = None,
     on_timeout: Callable[[Host], None] | None = None,
-) -> dict[str, T | BaseException]:
+) -> NodeResults[T]:
     """``fn`` on every host in a bounded pool; results or exceptions keyed by host name, in host order.
 
     With ``deadline`` (seconds), a host still busy gets a ``HostError`` and ``on_timeout`` (which
@@ -386,11 +375,12 @@ def parallel_map(
                     on_done(host.name, results[host.name])
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    return {h.name: results[h.name] for h in hosts}
+    return NodeResults((h.name, results[h.name]) for h in hosts)
 
 
-class Fleet:
-    """Connections to a set of hosts, reused across steps (connect once, run many)."""
+class SshPool:
+    """Connections to a set of hosts, reused across steps (connect once, run many): the
+    ``FleetPort`` every real run goes through (``launch.transport.port``)."""
 
     def __init__(self, hosts: Iterable[Host], known_hosts: Path, max_parallel: int = DEFAULT_FANOUT) -> None:
         self.hosts = list(hosts)
@@ -406,7 +396,7 @@ class Fleet:
         hosts: Iterable[Host] | None = None,
         on_done: Callable[[str, T | BaseException], None] | None = None,
         deadline: float | None = None,
-    ) -> dict[str, T | BaseException]:
+    ) -> NodeResults[T]:
         """``parallel_map`` over this fleet's connections; a host past ``deadline`` has its
         connection closed, which unblocks the stuck call."""
         targets = list(hosts) if hosts is not None else self.hosts
@@ -419,8 +409,28 @@ class Fleet:
             on_timeout=lambda h: self.connections[h.name].close(),
         )
 
-    def run(self, command: str, timeout: float | None = None) -> dict[str, CommandResult | BaseException]:
+    def run(self, command: str, timeout: float | None = None) -> NodeResults[CommandResult]:
         return self.map(lambda c: c.run(command, timeout=timeout))
+
+    def subset(self, names: Collection[str]) -> SshPool:
+        """The same pool (same open connections, same jump hosts) narrowed to ``names``: how a
+        step works on fewer nodes. Closing a subset closes the connections it shares."""
+        view = copy.copy(self)
+        view.hosts = [h for h in self.hosts if h.name in names]
+        return view
+
+    def reconnect(self, hosts: list[Host], known_hosts: Path) -> SshPool:
+        """See ``FleetPort.reconnect``: survivors keep their connection (same host, same pinned key)."""
+        pool = SshPool(hosts, known_hosts, max_parallel=self.max_parallel)
+        for host in hosts:
+            conn = self.connections.pop(host.name, None)
+            if conn is not None and conn.host == host:
+                pool.connections[host.name].close()
+                pool.connections[host.name] = conn
+            elif conn is not None:
+                conn.close()
+        self.close()
+        return pool
 
     def answers(self, host: Host, timeout: float) -> bool:
         """Whether ``host``'s sshd answers with its banner (through its jump host, over the
@@ -433,8 +443,17 @@ class Fleet:
             conn.close()
         self.jumps.close()
 
-    def __enter__(self) -> Fleet:
+    def __enter__(self) -> SshPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+Fleet = SshPool
+"""The pool's former name, kept for the modules outside ``launch.run`` / ``launch.transport``
+that still use it ("fleet" also names the inventory's ``FleetRef`` and the local namespaces)."""
+
+
+def _implements_the_port(pool: SshPool) -> FleetPort:
+    return pool  # the type checker proves ``SshPool`` is a ``FleetPort``

@@ -32,9 +32,9 @@ from launch.errors import HostError
 from launch.job.inventory import Host
 from launch.nodelib.fleetrun_protocol import ProtocolError, RelayResult
 from launch.planning import remote_layout as layout
+from launch.planning.authorized_keys import add_command, expiry_time, remove_command
 from launch.planning.cluster_ssh import known_hosts_text, new_ed25519_keypair
 from launch.settings import DEFAULT_FANOUT
-from launch.transport.authorized_keys import add_command, expiry_time, remove_command
 from launch.transport.ssh import CommandResult, Fleet, NodeConnection, parallel_map
 from launch.transport.sync import SyncResult, rsync_filters, sync_all, sync_host
 from launch.transport.sync_quick import quick_sync

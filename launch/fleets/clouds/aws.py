@@ -11,7 +11,7 @@ from typing import Any
 from fleetrun_contract.cluster import AWS_CLUSTER_TAG as CLUSTER_TAG
 from fleetrun_contract.cluster import aws_region_of
 from launch.errors import FleetrunError
-from launch.fleets.clouds import ClusterLocation, ErrorKind, Rules, classify, fill, missing_sdk
+from launch.fleets.clouds.base import ClusterLocation, ErrorKind, Rules, classify, fill, missing_sdk
 from launch.nodelib.fleetrun_protocol import BucketCommands
 
 # The one S3 uploader: the run directory's copy, checkpoints up and down, old checkpoints removed.

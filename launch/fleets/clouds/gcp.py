@@ -8,7 +8,7 @@ import re
 from fleetrun_contract.cluster import GCP_CLUSTER_LABEL as CLUSTER_LABEL
 from fleetrun_contract.cluster import gcp_region_of
 from launch.errors import FleetrunError
-from launch.fleets.clouds import ClusterLocation, ErrorKind, Rules, classify, fill, missing_sdk
+from launch.fleets.clouds.base import ClusterLocation, ErrorKind, Rules, classify, fill, missing_sdk
 from launch.nodelib.fleetrun_protocol import BucketCommands
 
 # The one Cloud Storage uploader: the run directory's copy, checkpoints up and down, removal.

@@ -10,30 +10,25 @@ inventory it returns is always a ``LabFleet``: no power-off, no bucket, teardown
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import ValidationError
-
-from launch.errors import SpecError
 from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import LabFleet
-from launch.job.validation import describe_validation_error, load_yaml_mapping
+from launch.job.inventory import (  # noqa: F401 - re-exported: the registry loads labs from here
+    ALLOWED_KEYS,
+    REFUSED_KEYS,
+    load_lab_inventory,
+)
+from launch.planning.remote_layout import NO_POWEROFF_HOOK
 
 if TYPE_CHECKING:
-    from launch.job.inventory import Host, Inventory
+    from launch.job.inventory import Host
     from launch.nodelib.fleetrun_protocol import BucketCommands
 
 REPLACE_POLL_S = 5.0
 
-ALLOWED_KEYS = ("defaults", "hosts")
-REFUSED_KEYS = ("teardown", "stack", "cluster_id", "bucket", "cloud", "fleet")
-"""Keys that only fleetrun's own state may set: they decide what is destroyed or powered off."""
 
-POWEROFF_HOOK = (
-    "# lab machine: fleetrun stops the run's processes but never powers the machine off\n"
-    'echo "lab machine: not powered off"\n'
-)
+POWEROFF_HOOK = NO_POWEROFF_HOOK
 
 
 class LabKind:
@@ -80,58 +75,3 @@ class LabKind:
 
         say(f"{host.name}: lab machine; waiting up to {timeout_s:.0f} s for it to answer again")
         return host if wait_for_sshd(host, timeout_s, poll_s=REPLACE_POLL_S, check=probe) else None
-
-
-def _resolve_key(entry: dict[str, object], path: Path) -> None:
-    """``key: ~/...`` or relative to the inventory file, as an absolute path."""
-    if isinstance(entry.get("key"), str):
-        key_path = Path(str(entry["key"])).expanduser()
-        entry["key"] = key_path if key_path.is_absolute() else (path.parent / key_path).resolve()
-
-
-def load_lab_inventory(path: str | Path) -> Inventory:
-    """A lab's existing machines (untrusted)::
-
-    defaults: {user: alice, key: ~/.ssh/id_ed25519, port: 22,
-               proxy_jump: {address: login.lab.example, user: alice, key: ~/.ssh/id_ed25519,
-                            host_key: "ssh-ed25519 AAAA..."}}
-    hosts:
-      - {name: gpu1, address: 192.0.2.10, private_address: 10.1.0.10, gpus: 8,
-         host_key: "ssh-ed25519 AAAA..."}
-
-    ``proxy_jump`` (per host or in ``defaults``; ``proxy_jump: null`` on a host reaches it
-    directly) is a pinned host of its own: see ``launch.job.inventory.JumpHost``.
-    """
-    from launch.job.inventory import Inventory
-
-    path = Path(path)
-    data = load_yaml_mapping(path, "inventory")
-    for key in sorted(data, key=lambda k: k not in REFUSED_KEYS):  # the dangerous ones named first
-        if key in REFUSED_KEYS:
-            raise SpecError(
-                f"{path}: field {key!r}: not allowed in a lab inventory (only fleetrun's own state says "
-                "how machines go away; lab machines are never powered off or destroyed). Remove it; "
-                "for the local fleet use --inventory local:<prefix>, for a stack stack:<name>"
-            )
-        if key not in ALLOWED_KEYS:
-            raise SpecError(
-                f"{path}: field {key!r}: unknown; a lab inventory has only 'defaults' and 'hosts'"
-            )
-    defaults = data.get("defaults") or {}
-    if not isinstance(defaults, dict):
-        raise SpecError(f"{path}: field 'defaults': expected a mapping")
-    hosts = data.get("hosts")
-    if isinstance(hosts, list):
-        hosts = [{**defaults, **entry} if isinstance(entry, dict) else entry for entry in hosts]
-        for entry in hosts:
-            if not isinstance(entry, dict):
-                continue
-            _resolve_key(entry, path)
-            if isinstance(entry.get("proxy_jump"), dict):
-                entry["proxy_jump"] = dict(entry["proxy_jump"])  # shared by every host from defaults
-                _resolve_key(entry["proxy_jump"], path)
-    try:
-        fields: dict[str, object] = {"source": str(path), "fleet": LabFleet()}
-        return Inventory.model_validate({**fields, "hosts": hosts} if "hosts" in data else fields)
-    except ValidationError as exc:
-        raise SpecError(describe_validation_error(str(path), exc)) from None

@@ -18,16 +18,20 @@ The per-cloud operations (power-off hook, upload command, tag key) come from
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import ValidationError
-
-from fleetrun_contract.stack_outputs import StackOutputs
 from launch.errors import SpecError
 from launch.fleets.clouds import CLOUDS
 from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import StackFleetRef
-from launch.job.validation import describe_validation_error, load_json_mapping, printable
+from launch.fleets.stack_outputs import (  # noqa: F401 - re-exported
+    TRUSTED_OUTPUTS_DIR,
+    file_bytes,
+    inventory_from_stack_outputs,
+    record_written_outputs,
+    written_by_fleetrun,
+)
+from launch.job.validation import load_json_mapping, printable
 
 if TYPE_CHECKING:
     from launch.job.inventory import Host, Inventory
@@ -109,91 +113,6 @@ class StackKind:
         return None
 
 
-def inventory_from_stack_outputs(
-    data: dict[str, Any], key_path: Path | None = None, stack: str | None = None
-) -> Inventory:
-    """Hosts from ``pulumi stack output --json --show-secrets`` (see ``fleetrun_contract.stack_outputs``).
-
-    ``key_path`` is the operator's private key; when the stack generated the key pair it is in
-    the outputs (a secret) and the caller writes it to a 0600 file first.
-    """
-    from launch.job.inventory import Host, Inventory
-
-    try:
-        outputs = StackOutputs.model_validate(data)
-        fleet = StackFleetRef(
-            stack=stack, cluster_id=outputs.cluster_id, cloud=outputs.cloud, bucket=outputs.bucket or None
-        )
-    except ValidationError as exc:
-        raise SpecError(describe_validation_error("stack outputs", exc)) from None
-    nodes = sorted(outputs.nodes, key=lambda n: n.rank)
-    hosts = []
-    for n in nodes:
-        try:  # each node is checked as a Host (user, addresses, host key), naming the node
-            hosts.append(
-                Host(
-                    name=n.name,
-                    address=n.public_ip or n.private_ip,
-                    private_address=n.private_ip,
-                    user=n.user or outputs.ssh_user,
-                    port=n.port,
-                    key=key_path,
-                    host_key=n.host_key,
-                    gpus=n.gpus,
-                    instance_type=n.instance_type,
-                )
-            )
-        except ValidationError as exc:
-            where = f"stack outputs, node {printable(n.name, 80)!r}"
-            raise SpecError(describe_validation_error(where, exc)) from None
-    return Inventory(
-        hosts=hosts, source=f"stack {outputs.cluster_id} ({outputs.cloud} {outputs.region})", fleet=fleet
-    )
-
-
-TRUSTED_OUTPUTS_DIR = "trusted-outputs"
-
-
-def _trust_dir() -> Path:
-    from launch.paths import fleetrun_home
-
-    return fleetrun_home() / TRUSTED_OUTPUTS_DIR
-
-
-def _digest(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()
-
-
-def record_written_outputs(path: Path) -> None:
-    """Note that fleetrun wrote the outputs file ``path`` (``fab up --outputs``): its SHA-256, as a
-    file name under ``$FLEETRUN_HOME/trusted-outputs`` (0700), holding the path for people. Only
-    those exact bytes are trusted later: an edited copy is another file."""
-    import os
-
-    where = _trust_dir()
-    where.mkdir(parents=True, exist_ok=True, mode=0o700)
-    note = where / _digest(path.read_bytes())
-    fd = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"{path.resolve()}\n")
-
-
-def _written_by_fleetrun(data: bytes) -> bool:
-    return (_trust_dir() / _digest(data)).is_file()
-
-
-def _file_bytes(path: Path) -> bytes:
-    from launch.job.validation import MAX_FILE_BYTES
-
-    try:
-        with path.open("rb") as handle:
-            return handle.read(MAX_FILE_BYTES + 1)
-    except OSError:
-        return b""  # load_json_mapping names the problem
-
-
 def load_outputs_file(path: str | Path, save_key: bool = True, key_path: Path | None = None) -> Inventory:
     """``--inventory outputs.json``: a stack's outputs saved by ``fab up --outputs`` on this
     machine (recorded by ``record_written_outputs``; any other file is refused), read with the
@@ -205,13 +124,13 @@ def load_outputs_file(path: str | Path, save_key: bool = True, key_path: Path | 
     instead (a key the operator keeps elsewhere).
     """
     path = Path(path)
-    before = _file_bytes(path)
+    before = file_bytes(path)
     data = load_json_mapping(path, "stack outputs")
     try:  # validated first (safe on any input): a broken file is told what is wrong with it
         inventory = inventory_from_stack_outputs(data, key_path)
     except SpecError as exc:
         raise SpecError(f"{printable(path, 400)}: {exc}") from None
-    if not (_written_by_fleetrun(before) and _file_bytes(path) == before):
+    if not (written_by_fleetrun(before) and file_bytes(path) == before):
         raise SpecError(
             f"{printable(path, 400)}: stack outputs that fleetrun did not write on this machine (no record of "
             f"this file under $FLEETRUN_HOME/{TRUSTED_OUTPUTS_DIR}); refused, since they decide the power-off "

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -205,21 +206,24 @@ def listen_in(netns: str, address: str = ADDRESS, port: int = PORT) -> socket.so
     return made[0]
 
 
-def take_due(names: FleetNames, nodes: int, taken: dict[int, float]) -> None:
-    """Power off each node whose notice ran out, once per notice (the cloud takes the machine)."""
-    from launch.fleets.local.fleet import LocalFleet  # root-only I/O
+PowerOff = Callable[[FleetNames, int], None]
+"""Powers node ``i`` of the fleet off (``LocalFleet.stop_node``; given by the daemon's entry point,
+``launch.fleets.local.spot_daemon``, since the fleet imports this module)."""
 
+
+def take_due(names: FleetNames, nodes: int, taken: dict[int, float], power_off: PowerOff) -> None:
+    """Power off each node whose notice ran out, once per notice (the cloud takes the machine)."""
     for i in range(nodes):
         notice = active_notice(names, i)
         if notice is None or time.time() < notice["deadline_at"] or taken.get(i) == notice["noticed_at"]:
             continue
         taken[i] = notice["noticed_at"]
-        LocalFleet(prefix=names.prefix, subnet=names.subnet).stop_node(i)
+        power_off(names, i)
         (names.node_dir(i) / "powered-off").write_text(f"{time.time()}\n")
         print(f"{time.strftime('%H:%M:%S')} the notice ran out: took {names.node_name(i)}", flush=True)
 
 
-def serve(names: FleetNames, nodes: int) -> None:
+def serve(names: FleetNames, nodes: int, power_off: PowerOff) -> None:
     for i in range(nodes):
         server = NodeMetadata(listen_in(names.netns(i)), names, i)
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -227,7 +231,7 @@ def serve(names: FleetNames, nodes: int) -> None:
     print(f"{time.strftime('%H:%M:%S')} serving {ADDRESS}:{PORT} in {nodes} node(s)", flush=True)
     taken: dict[int, float] = {}
     while names.state_dir.exists():
-        take_due(names, nodes, taken)
+        take_due(names, nodes, taken, power_off)
         time.sleep(0.5)
 
 

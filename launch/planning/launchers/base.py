@@ -10,7 +10,6 @@ from __future__ import annotations
 import shlex
 from abc import ABC, abstractmethod
 
-from launch.fleets.kinds.lab import POWEROFF_HOOK as LAB_POWEROFF_HOOK
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.planning import remote_layout as layout
@@ -170,7 +169,7 @@ class Launcher(ABC):
             setups[python] = (setup_hash, setup_script(spec, python, setup_hash))
         # The fleet kind's hook, given by the caller (planning stays pure); by default the lab's,
         # which never powers anything off: a missing hook must never mean a shutdown.
-        hook = LAB_POWEROFF_HOOK if poweroff_hook is None else poweroff_hook
+        hook = layout.NO_POWEROFF_HOOK if poweroff_hook is None else poweroff_hook
         files = (RemoteFile(f"{layout.ROOT}/poweroff", hook, 0o755),)
         nodes = []
         for rank, host in enumerate(inventory.hosts):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from fleetrun_images import runtime_file
 from launch.errors import SpecError
 from launch.job.inventory import Host, Inventory
-from launch.job.spec import JobSpec
+from launch.job.spec import JobSpec, horovod_problems
 from launch.planning import cluster_ssh
 from launch.planning import remote_layout as layout
 from launch.planning.launchers import sagemaker
@@ -115,11 +115,8 @@ class HorovodLauncher(Launcher):
 
     @classmethod
     def check_spec(cls, spec: JobSpec) -> list[tuple[str, str]]:
-        if spec.min_nodes is not None:
-            return [
-                ("nodes", "nodes: MIN:MAX (elastic) needs launcher: torchrun; horovodrun here is not elastic")
-            ]
-        return []
+        """``launch.job.spec.horovod_problems``: checked when the playbook loads."""
+        return horovod_problems(spec)
 
     @classmethod
     def for_inventory(cls, inventory: Inventory, dry_run: bool = False) -> HorovodLauncher:

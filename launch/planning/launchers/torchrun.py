@@ -17,7 +17,7 @@ import re
 import shlex
 
 from launch.job.inventory import Inventory, bracketed, host_port
-from launch.job.spec import JobSpec
+from launch.job.spec import JobSpec, torchrun_problems
 from launch.planning.launchers.base import Launcher
 
 PYTHON_PREFIX = re.compile(r"^\s*python3?\s+")
@@ -44,27 +44,8 @@ class TorchrunLauncher(Launcher):
 
     @classmethod
     def check_spec(cls, spec: JobSpec) -> list[tuple[str, str]]:
-        """torchrun runs a script or a module: ``python -c CODE`` and interpreter options cannot pass.
-
-        ``python -c 'print(1)'`` would become ``torchrun ... -c 'print(1)'``, which torchrun
-        refuses on every node with exit code 2; ``python -u x.py`` likewise (``-u`` is not a
-        torchrun option).
-        """
-        argv = shlex.split(spec.entrypoint)
-        if argv[0] not in ("python", "python3") or len(argv) < 2 or not argv[1].startswith("-"):
-            return []
-        if argv[1] == "-m":
-            return []
-        if argv[1] == "-c":
-            reason = (
-                "torchrun runs a Python script or module (-m), not 'python -c CODE'; put the code in a script"
-            )
-        else:
-            reason = (
-                f"torchrun runs a Python script or module (-m) and takes no interpreter option like "
-                f"{argv[1][:20]!r}; set it through env (PYTHONUNBUFFERED=1, PYTHONOPTIMIZE, ...) instead"
-            )
-        return [("entrypoint", reason)]
+        """``launch.job.spec.torchrun_problems``: checked when the playbook loads."""
+        return torchrun_problems(spec)
 
     def node_command(self, spec: JobSpec, inventory: Inventory, node_rank: int, procs: int | None) -> str:
         head = inventory.head

@@ -1,0 +1,319 @@
+"""The life cycle's recovery and re-attach paths on the fake fleet: no root, seconds.
+
+The real stages, watcher, recovery, wrap-up, run folder and run records run; the machines are
+``tests/fakefleet.py`` (a ``FleetPort``) and the clock is a ``FakeClock``, both passed in through
+the run context. What the fleet tests show on real nodes (``test_recovery_fleet.py``), these
+show for every outcome of a recovery, fast enough to run on every change.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launch.fleets.kinds.local import LocalFleetKind
+from launch.fleets.kinds.refs import LocalFleetRef
+from launch.job.inventory import Host
+from launch.run import attempts as attempts_module
+from launch.run import lifecycle
+from launch.run.reporter import RecordingReporter
+from tests.fakefleet import FakeClock, JobScript, NodeScript, fake_inventory, run_on_fake_fleet
+
+RECOVERY = {"max_restarts": 2, "grace_s": 5, "confirm_s": 3}
+LOST_AFTER = {"unreachable_timeout_s": 30}
+
+
+@pytest.fixture
+def sshd(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The nodes whose sshd does not answer the recovery's re-check (fill in per test)."""
+    down: set[str] = set()
+    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host, *_: host.name not in down)
+    return down
+
+
+def attempts_of(run: Any) -> list[dict[str, Any]]:
+    return run.records.get(run.summary.run_id).attempts
+
+
+def lost_in_attempt_1(**script: Any) -> JobScript:
+    """A 12-step job checkpointing every 2 steps; n1 drops off the network at step 5 of attempt 1."""
+    return JobScript(
+        steps=12,
+        checkpoint_every=2,
+        nodes={"n1": NodeScript(unreachable_from_step=5, in_attempt=1, **script)},
+    )
+
+
+def test_lost_lab_node_comes_back_and_the_run_resumes_from_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
+) -> None:
+    sshd.add("n1")
+    reporter = RecordingReporter()
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        lost_in_attempt_1(comes_back=True),
+        recovery=RECOVERY,
+        stop=LOST_AFTER,
+        reporter=reporter,
+    )
+    s = run.summary
+    assert (s.outcome, s.rule) == ("succeeded", "completed"), s.reason
+    first, second = attempts_of(run)
+    assert (first["attempt"], first["loss"], first["replaced"]) == (1, "node_lost", ["n1"])
+    assert second["attempt"] == 2 and second["outcome"] == "succeeded"
+    assert set(second["recovery_s"]) >= {"recheck", "stop_survivors", "replace", "sync_setup", "claim_start"}
+    # only the node that came back is synced and set up again; every node starts attempt 2,
+    # resumed from the newest checkpoint (n0's, copied to n1, which missed the later ones)
+    assert run.fleet.synced == [["n0", "n1"], ["n1"]]
+    assert run.fleet.nodes["n0"].attempts == ["1", "2"] and run.fleet.nodes["n1"].attempts == ["1", "2"]
+    said = "\n".join(reporter.lines)
+    assert "checkpoint step 10 copied from n0 to n1" in said, said
+    for node in ("n0", "n1"):
+        assert run.fleet.nodes[node].files["resume_from"].endswith("/step-10")
+    assert (first["last_step"], second["first_step"], second["last_step"]) == (10, 11, 12)
+    saved = json.loads((run.folder / "attempts.json").read_text())
+    assert [a["attempt"] for a in saved["attempts"]] == [1, 2]
+    watch = json.loads((run.folder / "watch.json").read_text())
+    assert watch["attempt"] == 2
+
+
+def test_replaced_machine_gets_the_checkpoint_and_only_it_is_prepared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
+) -> None:
+    """A local fleet's lost node is replaced by a fresh machine (new address, new host key): it is
+    a new node of the fake fleet, with nothing on its disk, and gets the checkpoint copied."""
+    sshd.add("n1")
+    fresh: list[Host] = []
+
+    def replace(self: LocalFleetKind, host: Host, say: Any, timeout_s: float, probe: Any = None) -> Host:
+        new = host.model_copy(update={"address": "203.0.113.99"})
+        fresh.append(new)
+        return new
+
+    monkeypatch.setattr(LocalFleetKind, "replace", replace)
+    reporter = RecordingReporter()
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        lost_in_attempt_1(),
+        inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
+        recovery=RECOVERY,
+        stop=LOST_AFTER,
+        reporter=reporter,
+    )
+    assert run.summary.outcome == "succeeded", run.summary.reason
+    assert run.fleet.replaced == fresh and len(fresh) == 1
+    new_node = run.fleet.nodes["n1"]
+    assert new_node.host.address == "203.0.113.99" and new_node.attempts == ["2"]
+    assert "checkpoint step 10 copied from n0 to n1" in "\n".join(reporter.lines)
+    assert 10 in new_node.checkpoints
+    assert "setup.sh" in new_node.files and run.fleet.synced[-1] == ["n1"]
+    assert [a["replaced"] for a in attempts_of(run)] == [["n1"], []]
+
+
+def test_elastic_job_goes_on_without_a_node_that_cannot_be_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
+) -> None:
+    sshd.add("n2")
+    job = JobScript(steps=10, checkpoint_every=2, nodes={"n2": NodeScript(unreachable_from_step=4)})
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        job,
+        inventory=fake_inventory(3),
+        recovery={**RECOVERY, "replace_timeout_s": 1},
+        stop=LOST_AFTER,
+        min_nodes=2,
+    )
+    assert run.summary.outcome == "succeeded", run.summary.reason
+    first, second = attempts_of(run)
+    assert first["dropped"] == ["n2"] and first["replaced"] == []
+    assert second["nodes"] == ["n0", "n1"]
+    assert run.summary.nodes == ["n0", "n1"]
+
+
+def test_a_node_that_cannot_be_replaced_ends_a_fixed_size_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
+) -> None:
+    sshd.add("n1")
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        lost_in_attempt_1(),
+        recovery={**RECOVERY, "replace_timeout_s": 1},
+        stop=LOST_AFTER,
+    )
+    s = run.summary
+    assert (s.outcome, s.rule) == ("failed", "unreachable")
+    assert "Not recovered: could not replace n1" in s.reason
+    assert [a["attempt"] for a in attempts_of(run)] == [1]
+
+
+def test_restarts_run_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]) -> None:
+    """A rank that fails in every attempt: recovered once (``rank_failed`` is on), then the
+    restarts are spent and the run fails with the reason."""
+    job = JobScript(steps=10, checkpoint_every=2, nodes={"n1": NodeScript(exit_at_step=5, exit_code=3)})
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        job,
+        recovery={**RECOVERY, "max_restarts": 1, "on": ["rank_failed"]},
+    )
+    s = run.summary
+    assert (s.outcome, s.rule) == ("failed", "rank_failed")
+    assert "Not recovered" in s.reason and "restart" in s.reason, s.reason
+    assert [(a["attempt"], a["loss"]) for a in attempts_of(run)] == [(1, "rank_failed"), (2, "rank_failed")]
+    assert run.fleet.nodes["n0"].attempts == ["1", "2"]
+
+
+def test_survivors_that_cannot_be_stopped_end_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
+) -> None:
+    sshd.add("n1")
+    job = lost_in_attempt_1(comes_back=True)
+    job.nodes["n0"] = NodeScript(fail_stop=True)
+    run = run_on_fake_fleet(tmp_path, monkeypatch, job, recovery=RECOVERY, stop=LOST_AFTER)
+    assert run.summary.outcome == "failed"
+    assert "Not recovered: could not stop the attempt on n0" in run.summary.reason
+    assert run.fleet.nodes["n0"].attempts == ["1"]
+
+
+def test_without_recovery_the_first_loss_ends_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
+) -> None:
+    sshd.add("n1")
+    run = run_on_fake_fleet(tmp_path, monkeypatch, lost_in_attempt_1(comes_back=True), stop=LOST_AFTER)
+    assert (run.summary.outcome, run.summary.rule) == ("failed", "unreachable")
+    assert attempts_of(run) == [] and run.fleet.nodes["n0"].attempts == ["1"]
+
+
+# -- re-attaching ----------------------------------------------------------------------------------
+def detached_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: JobScript) -> Any:
+    """A run whose watcher went away during attempt 1 (Ctrl-C, 'keep the job running')."""
+    clock = FakeClock()
+    clock.interrupt_at = clock.now + 12
+    with pytest.raises(KeyboardInterrupt):
+        run_on_fake_fleet(
+            tmp_path,
+            monkeypatch,
+            job,
+            recovery=RECOVERY,
+            stop=LOST_AFTER,
+            clock=clock,
+            ask_keep_running=lambda _run_id: True,
+        )
+    return clock
+
+
+def reattach(tmp_path: Path, clock: FakeClock, fleet: Any) -> Any:
+    from launch.run.records import RunRecords
+
+    records = RunRecords(tmp_path / "runs.db")
+    records.update("fake-run-1", watcher_pid=0)  # the watcher is gone
+    reporter = RecordingReporter()
+    record = records.get("fake-run-1")
+    assert record is not None and record.state == "running"
+    summary = lifecycle.reattach(
+        records,
+        record,
+        reporter,
+        poll_interval=5.0,
+        port=fleet,
+        transfers=fleet.transfers(),
+        clock=clock,
+    )
+    return summary, records, reporter
+
+
+def test_reattached_watcher_follows_the_run_through_a_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
+) -> None:
+    sshd.add("n1")
+    fleets: list[Any] = []
+    import tests.fakefleet as fakefleet
+
+    real = fakefleet.FakeFleet
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        fleets.append(real(*args, **kwargs))
+        return fleets[-1]
+
+    monkeypatch.setattr(fakefleet, "FakeFleet", keep)
+    clock = detached_run(tmp_path, monkeypatch, lost_in_attempt_1(comes_back=True))
+    fleet = fleets[0]
+    assert fleet.step < 5 and fleet.nodes["n0"].attempts == ["1"], "detached before the loss"
+    summary, records, reporter = reattach(tmp_path, clock, fleet)
+    assert (summary.outcome, summary.rule) == ("succeeded", "completed"), summary.reason
+    record = records.get("fake-run-1")
+    assert record.state == "succeeded"
+    assert [(a["attempt"], a["loss"]) for a in record.attempts] == [(1, "node_lost"), (2, None)]
+    assert fleet.nodes["n0"].attempts == ["1", "2"]
+    assert "re-attached to run fake-run-1" in "\n".join(str(x) for x in reporter.lines)
+
+
+def test_reattach_with_a_changed_playbook_follows_without_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
+) -> None:
+    """The recorded hash no longer matches: no next attempt is planned from a playbook the run
+    did not start with; the current attempt is followed to its end, as ``fab watch`` always did."""
+    sshd.add("n1")
+    fleets: list[Any] = []
+    import tests.fakefleet as fakefleet
+
+    real = fakefleet.FakeFleet
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        fleets.append(real(*args, **kwargs))
+        return fleets[-1]
+
+    monkeypatch.setattr(fakefleet, "FakeFleet", keep)
+    clock = detached_run(tmp_path, monkeypatch, lost_in_attempt_1(comes_back=True))
+    playbook = tmp_path / "playbook.yaml"
+    playbook.write_text(playbook.read_text() + "\n# edited\n")
+    summary, records, reporter = reattach(tmp_path, clock, fleets[0])
+    assert (summary.outcome, summary.rule) == ("failed", "unreachable")
+    assert "changed since the run started: following it without recovery" in "\n".join(
+        str(x) for x in reporter.lines
+    )
+    assert fleets[0].nodes["n0"].attempts == ["1"]
+
+
+def test_summary_says_where_the_start_and_the_stop_spent_their_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stage's seconds go into the state's timings, and from there into ``summary.json``."""
+    run = run_on_fake_fleet(tmp_path, monkeypatch, JobScript(steps=3))
+    timings = json.loads((run.folder / "summary.json").read_text())["timings"]
+    assert {"connect", "sync", "setup", "claim", "start"} <= set(timings), timings
+    assert {"wrapup stopping the run", "wrapup pulling artifacts", "wrapup close"} <= set(timings), timings
+
+
+# -- the fleet port ----------------------------------------------------------------------------------
+def test_node_results_sort_themselves_into_ok_and_failed() -> None:
+    from launch.errors import HostError
+    from launch.transport.port import NodeResults
+
+    results = NodeResults[int]({"n0": 1, "n1": HostError("n1", "gone"), "n2": 3})
+    assert list(results) == ["n0", "n1", "n2"] and isinstance(results, dict)
+    assert results.ok == {"n0": 1, "n2": 3}
+    assert list(results.failed) == ["n1"] and results.errors() == {"n1": "n1: gone"}
+
+
+def test_ssh_pool_subset_shares_the_open_connections(tmp_path: Path) -> None:
+    """A step on fewer nodes narrows the pool; it never opens, swaps or closes connections."""
+    from launch.transport.ssh import SshPool
+    from tests.fakefleet import fake_hosts
+
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    pool = SshPool(fake_hosts(3), known_hosts)
+    part = pool.subset(["n2", "n0"])
+    assert [h.name for h in part.hosts] == ["n0", "n2"] and [h.name for h in pool.hosts] == ["n0", "n1", "n2"]
+    assert part.connections["n1"] is pool.connections["n1"]
+    seen = part.map(lambda conn: conn.host.name)
+    assert seen.ok == {"n0": "n0", "n2": "n2"} and not seen.failed
+    pool.close()
