@@ -4,7 +4,9 @@
   through other fleetrun modules, anything that talks to a network or starts a process:
   paramiko, Fabric/invoke, Pulumi, subprocess. A static walk of the import graph (imports
   inside functions count too), so it also catches lazy imports that a runtime check misses.
-* No module of ``launch`` or ``infra`` is over 500 lines.
+* A module of ``launch`` or ``infra`` over about 800 lines is a smell to explain (``LONG_MODULES``),
+  not a rule to split by: modules are split by meaning (issue 25 dropped the 500-line limit, which
+  had produced star re-exports and halves importing each other's private functions).
 * No fleet-kind or cloud switch outside the fleet-kind modules: the kind and cloud names appear
   as string literals only in ``launch/fleets/`` (and ``infra/``, which is per-cloud by design).
 """
@@ -19,7 +21,9 @@ from tests.conftest import REPO
 LAUNCH = REPO / "launch"
 PURE_PACKAGES = ("launch.job", "launch.planning", "launch.rules", "launch.reports")
 FORBIDDEN = ("paramiko", "fabric", "invoke", "pulumi", "pulumi_aws", "pulumi_gcp", "subprocess")
-MAX_LINES = 500
+MAX_LINES = 800
+LONG_MODULES: dict[str, str] = {}
+"""Modules allowed past ``MAX_LINES``, each with the reason it is one module."""
 
 
 def module_name(path: Path) -> str:
@@ -85,12 +89,12 @@ def test_pure_packages_import_no_io_library() -> None:
     assert not problems, "pure modules reach I/O libraries:\n" + "\n".join(sorted(set(problems)))
 
 
-def test_no_module_over_500_lines() -> None:
+def test_no_module_over_800_lines_unexplained() -> None:
     long = {
         str(p.relative_to(REPO)): n
         for root in (LAUNCH, REPO / "infra")
         for p in root.rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
+        if (n := len(p.read_text().splitlines())) > MAX_LINES and str(p.relative_to(REPO)) not in LONG_MODULES
     }
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
