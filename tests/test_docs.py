@@ -24,9 +24,6 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "docs"))
-import gen_reference  # noqa: E402
-
 from tests.test_broken_inputs import CASES  # noqa: E402
 
 
@@ -36,10 +33,16 @@ def documented_paths(page: Path) -> set[str]:
 
 
 def test_generated_files_are_current_and_every_field_is_described() -> None:
-    files, missing = gen_reference.outputs()
-    assert missing == [], f"fields without a description: {missing}"
-    stale = [str(p.relative_to(REPO)) for p, text in files.items() if not p.exists() or p.read_text() != text]
-    assert stale == [], f"stale generated files (run `make docs`): {stale}"
+    """In a fresh interpreter: invoke's tasks give up their help texts once a program has parsed
+    them (``Task.arg_opts`` pops them), so other tests in this process would change the page."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "docs" / "gen_reference.py"), "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _normalized(target: str, path: str) -> str:

@@ -262,8 +262,14 @@ def examples(c: Any, into: str = "fleetrun-examples") -> None:
     target = Path(into)
     if target.exists():
         raise SpecError(f"--into {clean(into, 200)!r}: already exists; name a new folder")
+    from launch.job.spec import TREE_MARKER
+
     for part in ("playbooks", "examples"):
         shutil.copytree(root / part, target / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # one project: its playbooks may send its examples (a playbook ships only its own tree's files)
+    (target / TREE_MARKER).write_text(
+        "# fleetrun: this folder is one project (see launch.job.spec.playbook_tree)\n"
+    )
     print(
         f"copied to {clean(str(target), 200)}: run `fleetrun train {clean(str(target), 200)}/playbooks/digits-ddp.yaml`"
     )

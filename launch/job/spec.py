@@ -521,10 +521,16 @@ def _resolve_local_channels(data: dict[str, object], path: Path, shown: str) -> 
         channels[name] = {**channel, "local": str(resolved)}
 
 
+TREE_MARKER = ".fleetrun-tree"
+"""A file marking a folder as a project's root, like a git checkout: ``fleetrun examples --into``
+writes one, so its ``playbooks/`` may send its ``examples/``."""
+
+
 def playbook_tree(playbook: Path) -> Path:
     """The tree a playbook may ship files from: the built-in playbooks' folder for a built-in,
-    else the git checkout holding the playbook (not when that is ``/`` or the home directory, as
-    with a dotfiles repository), else the playbook's own directory."""
+    else the git checkout (or the folder marked with ``TREE_MARKER``) holding the playbook (not
+    when that is ``/`` or the home directory, as with a dotfiles repository), else the playbook's
+    own directory."""
     from launch.job.builtin import builtin_root
 
     where = playbook.resolve().parent
@@ -532,7 +538,7 @@ def playbook_tree(playbook: Path) -> Path:
     if root is not None and where.is_relative_to(root.resolve() / "playbooks"):
         return root.resolve()
     for folder in (where, *where.parents):
-        if (folder / ".git").exists():
+        if (folder / ".git").exists() or (folder / TREE_MARKER).is_file():
             if folder not in (Path("/"), Path.home().resolve()):
                 return folder
             break
