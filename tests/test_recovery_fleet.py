@@ -78,6 +78,16 @@ def final_status(result: RunResult) -> dict:
     return found[0]
 
 
+def every_node_up(fleet: LocalFleet) -> None:
+    """An earlier test of the module may have left a node powered off: a fresh one in its place."""
+    from launch.fleets.local.power import replace_node
+    from launch.transport.reachability import sshd_answers
+
+    for host in fleet.inventory().hosts:
+        if not sshd_answers(host, 3.0):
+            replace_node(fleet, host)
+
+
 def test_node_lost_is_replaced_and_the_run_resumes(fleet3: LocalFleet, tmp_path: Path) -> None:
     old_key = fleet3.inventory().hosts[2].host_key
     old = run_dirs(fleet3)
@@ -118,6 +128,7 @@ def test_a_poisoned_checkpoint_on_a_worker_never_runs(fleet3: LocalFleet, tmp_pa
     file) and a forged copy of step 10, then fails: the laptop believes neither (never recorded;
     not rank 0's manifest), names the planted step, and every rank resumes from rank 0's step 10;
     nothing the pickles would run ever runs (the marker is never created)."""
+    every_node_up(fleet3)  # an earlier test of the module may have left a node off
     shared = Path(tempfile.mkdtemp(prefix="fleetrun-ck-poison-"))
     shared.chmod(0o1777)  # the node users could create the marker here, had a pickle run
     marker = shared / "ran"
@@ -146,6 +157,7 @@ def test_head_powered_off_without_a_bucket_resumes_from_its_peer_copy(
     """No bucket: rank 0 saves on the head only, and the laptop copies each save to the next
     node. The head goes (powered off, then replaced with an empty disk) right after its newest
     save reached node 1: the run resumes from that step, at most one interval recomputed."""
+    every_node_up(fleet3)  # an earlier test of the module may have left a node off
     old = {p for i in range(3) for p in Path(f"/home/{fleet3.node_name(i)}/.fleetrun/runs").glob("*")}
     rank0: list[int] = []
 
@@ -199,16 +211,6 @@ def test_elastic_survivors_go_on(fleet3: LocalFleet, tmp_path: Path) -> None:
     assert len(attempts[1]["nodes"]) == 2 and attempts[1]["started_at"] > started
     assert final_status(result)["world_size"] == 2
     assert 0 <= attempts[1]["steps_recomputed"] <= EVERY, attempts
-
-
-def every_node_up(fleet: LocalFleet) -> None:
-    """An earlier test of the module may have left a node powered off: a fresh one in its place."""
-    from launch.fleets.local.power import replace_node
-    from launch.transport.reachability import sshd_answers
-
-    for host in fleet.inventory().hosts:
-        if not sshd_answers(host, 3.0):
-            replace_node(fleet, host)
 
 
 def test_gpu_fault_excludes_the_host_and_the_run_completes_on_the_spare(
