@@ -1,4 +1,4 @@
-"""Put the scripted ``nvidia-smi`` (and ``dmesg``) stand-ins of ``tests/gpu_standin/`` somewhere.
+"""Put the scripted ``nvidia-smi``, ``dmesg`` and ``dcgmi`` stand-ins of ``tests/gpu_standin/`` somewhere.
 
 The scripts print NVIDIA's documented formats from a scenario file beside them; ``install`` copies
 them into a folder (a node's ``~/fakebin``, or a temporary folder put first on ``PATH``) and
@@ -18,10 +18,15 @@ SCENARIO = "gpu-standin.json"
 
 
 def install(
-    folder: Path, scenario: dict[str, Any] | None = None, owner: tuple[int, int] | None = None
+    folder: Path,
+    scenario: dict[str, Any] | None = None,
+    owner: tuple[int, int] | None = None,
+    dcgm: bool = False,
 ) -> Path:
+    """The stand-ins in ``folder``; ``dcgmi`` too with ``dcgm`` (a node without DCGM otherwise:
+    most labs have only the driver's tools)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("nvidia-smi", "dmesg"):
+    for name in ("nvidia-smi", "dmesg", "dcgmi") if dcgm else ("nvidia-smi", "dmesg"):
         shutil.copy(SOURCE / name, folder / name)
         (folder / name).chmod(0o755)
     write_scenario(folder, scenario or {"count": 8})

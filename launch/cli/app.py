@@ -212,12 +212,15 @@ def doctor(
     verbose: bool = False,
     collective: bool = False,
     overrides: Sequence[str] = (),
+    gpu_diag: int = 0,
 ) -> bool:
     """``fab doctor``: every check on every node (the playbook's first ``nodes`` hosts when one is
     given: its port, and whether its setup installs torch). True when nothing would break a job.
     Verdict lines are printed for warnings and errors (every check with ``verbose``), then the table.
-    ``collective``: then an all-reduce and matmul test through torchrun on the hosts a job would
-    get, bisecting to the slow node or link (``launch.run.collective``), kept under the runs folder."""
+    ``gpu_diag`` (1, 2 or 3): then DCGM's diagnostic ``dcgmi diag -r N`` on every reachable node
+    at once, a line per GPU with a failed test. ``collective``: then an all-reduce and matmul test
+    through torchrun on the hosts a job would get, bisecting to the slow node or link
+    (``launch.run.collective``), kept under the runs folder."""
     from launch.reports.doctor_view import print_findings
     from launch.run import doctor as checks
     from launch.transport.ssh import Fleet
@@ -230,6 +233,8 @@ def doctor(
         raise SpecError(
             "--set changes a playbook's field: name the playbook too (fab doctor --playbook FILE --set ...)"
         )
+    if gpu_diag and gpu_diag not in checks.DIAG_LEVELS:
+        raise SpecError(f"--gpu-diag {gpu_diag}: expected 1 (seconds), 2 (about 2 minutes) or 3 (about 15)")
     inv = load_inventory(inventory)
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
@@ -249,7 +254,16 @@ def doctor(
         console.print(f"rdzv_port is auto: testing port {rdzv_port}, one from the range runs draw from")
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     with Fleet(inv.hosts, known_hosts, max_parallel=current().fanout) as fleet:
-        _obs, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
+        observations, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
+        if gpu_diag:
+            diag_check(
+                console,
+                fleet,
+                [h for h, o in zip(inv.hosts, observations, strict=True) if o.error is None],
+                findings,
+                gpu_diag,
+                [h.name for h in inv.hosts],
+            )
         if collective:
             collective_check(console, fleet, inv.hosts, findings, nodes, rdzv_port)
     print_findings(console, findings, [h.name for h in inv.hosts], verbose=verbose)
@@ -264,6 +278,22 @@ def doctor(
         console.print(Text(clean(f"a job of {nodes} node(s) would get: {', '.join(chosen)}", 2000)))
         return True
     return not findings.failed
+
+
+def diag_check(
+    console: Console, fleet: Any, hosts: list[Any], findings: Any, level: int, order: list[str]
+) -> None:
+    """``fab doctor --gpu-diag LEVEL`` on the reachable hosts, its lines added to the findings."""
+    from launch.rules.preflight import check_gpu_diag
+    from launch.run import doctor as checks
+
+    if not hosts:
+        return
+    bound = checks.diag_timeout(level)
+    console.print(
+        f"gpu diag: dcgmi diag -r {level} on {len(hosts)} node(s) at once (at most {bound / 60:.0f} min) ..."
+    )
+    check_gpu_diag(findings, checks.gpu_diag(fleet, hosts, level), order)
 
 
 def collective_check(

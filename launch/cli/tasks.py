@@ -105,6 +105,8 @@ def train(
         "port": "rendezvous port to check (default: the playbook's, else 29500)",
         "verbose": "a line for every check of every node, not only warnings and errors",
         "collective": "also an all-reduce and matmul test through torchrun, naming a slow node or link",
+        "gpu-diag": "also DCGM's diagnostic (dcgmi diag -r N) on every node: 1 takes seconds, 2 about "
+        "2 minutes, 3 about 15 (bounded at 2, 10 and 45 minutes); a line per GPU with a failed test",
         "set": "with a playbook: " + SET_HELP,
     },
 )
@@ -116,6 +118,7 @@ def doctor(
     port: int = -1,
     verbose: bool = False,
     collective: bool = False,
+    gpu_diag: int = 0,
     set: list[str] | None = None,
 ) -> None:
     """Check every node for what would break a multi-node job; exit 1 if anything would."""
@@ -128,6 +131,7 @@ def doctor(
         verbose=verbose,
         collective=collective,
         overrides=set or (),
+        gpu_diag=gpu_diag,
     ):
         raise Exit(code=1)
 

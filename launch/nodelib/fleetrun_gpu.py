@@ -13,6 +13,13 @@ Everything comes from NVIDIA's documented interfaces, through the tools a lab al
 * the kernel log (``dmesg``, else ``journalctl -k``): ``NVRM: Xid (PCI:0000:3b:00): 79, ...``.
   Most distributions restrict it to root: then the Xid list is ``None`` (unknown), never empty.
 * ``/sys/class/infiniband``: the EFA / InfiniBand devices the instance type should have.
+* DCGM, when ``dcgmi`` is installed: its health watches (``dcgmi health -c -j``, after ``-s a``
+  when no watch is set yet; at most every ``DCGM_EVERY_S`` in a long-lived process such as the
+  node agent) and, on request only, its diagnostic (``dcgmi diag -r N -j``, :func:`read_diag`, run
+  as ``python - diag N``). Both need DCGM's host engine (``nv-hostengine``): when it does not
+  answer, the DCGM part says so and is unknown, never healthy. The JSON layouts are those of
+  NVIDIA's dcgmi sources (``dcgmi/Health.cpp`` with ``dcgmi/DcgmiOutput.cpp`` for the health
+  check; ``dcgmi/Diag.cpp`` with ``nvvs/include/NvvsJsonStrings.h`` for the diagnostic).
 
 Nothing is judged here: the answer is facts, ``None`` where a fact could not be read; the verdicts
 are made on the laptop (``launch.rules.gpu_health``), which parses the answer as untrusted input.
@@ -22,10 +29,13 @@ The probe (``fab doctor``, the pre-launch check) and the node agent's poll use t
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 
 TOOL_TIMEOUT_S = 8
 MAX_GPUS = 64
@@ -308,6 +318,329 @@ def fabric_devices():
         return []
 
 
+# -- DCGM (``dcgmi``) ----------------------------------------------------------------------------
+
+DCGMI = "dcgmi"
+DCGM_TIMEOUT_S = 6
+DCGM_EVERY_S = 30.0
+"""DCGM samples its health watches every 30 s by default (``dcgmi health -u``): a long-lived
+reader (the node agent, polled every 2 s) asks no more often than that."""
+MAX_INCIDENTS = 64
+MAX_DCGM_TEXT = 300
+MAX_DIAG_RESULTS = 128
+MAX_DIAG_WARNINGS = 8
+DIAG_TIMEOUT_S = {1: 120, 2: 600, 3: 2700}
+"""Per ``dcgmi diag -r`` level: NVIDIA gives seconds for 1, about two minutes for 2 and about
+15 for 3; the bound leaves room for a loaded or slow machine, then the diagnostic is stopped."""
+NO_ENGINE_EXIT = 235
+"""dcgmi's exit status when it cannot reach the host engine: ``DCGM_ST_CONNECTION_NOT_VALID``
+(-21, ``dcgmlib/dcgm_structs.h``) as a process exit status."""
+NO_ENGINE_TEXT = ("unable to establish a connection", "unable to connect to host engine")
+WATCHES_OFF_TEXT = "health watches not enabled"
+_dcgm_cache = {"at": None, "answer": None}
+
+
+class DcgmFormatError(ValueError):
+    """dcgmi's JSON is not laid out as its sources print it; the message names the field."""
+
+
+def _run_dcgmi(argv, timeout):
+    """(exit code, stdout, timed out) of dcgmi, which prints its errors on stdout too. On a
+    timeout it gets SIGTERM first (its handler stops a running diagnostic), then SIGKILL."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError:
+        return None, "", False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        return proc.returncode, out[: 512 * 1024].decode("utf-8", "replace"), True
+    return proc.returncode, out[: 2 * 1024 * 1024].decode("utf-8", "replace"), False
+
+
+def _no_engine(code, out):
+    low = out.lower()
+    return code == NO_ENGINE_EXIT or any(t in low for t in NO_ENGINE_TEXT)
+
+
+def _first_line(out):
+    for line in out.splitlines():
+        if line.strip():
+            return line.strip()[:MAX_DCGM_TEXT]
+    return ""
+
+
+def _json_of(out, what):
+    start = out.find("{")
+    if start < 0:
+        raise DcgmFormatError(f"{what}: no JSON in the answer ({_first_line(out) or 'empty'})")
+    try:
+        return json.loads(out[start:])
+    except ValueError as exc:
+        raise DcgmFormatError(f"{what}: not JSON ({exc})") from None
+
+
+def _obj(value, where):
+    if not isinstance(value, dict):
+        raise DcgmFormatError(f"field {where}: expected an object")
+    return value
+
+
+def _text(value, where):
+    if not isinstance(value, str):
+        raise DcgmFormatError(f"field {where}: expected text")
+    return value[:MAX_DCGM_TEXT]
+
+
+def parse_health_check(out):
+    """``dcgmi health -c -j``'s JSON as (overall health, incidents).
+
+    The layout (``dcgmi/Health.cpp`` ``GenerateOutputFromResponse`` through ``DcgmiOutputJson``):
+    ``{"header": ["Health Monitor Report"], "body": {"Overall Health": {"value": "Failure"},
+    "GPU": {"children": {"1": {"value": "Failure", "children": {"Errors": {"children":
+    {"Memory system": {"value": "Failure", "overflow": ["message in", "54-character parts"]}}}}}}}}}``:
+    one entity group ("GPU", "Switch", ...) per incident's entity, the message of each system
+    split into ``overflow`` parts. Raises :class:`DcgmFormatError` naming the field."""
+    data = _obj(_json_of(out, "dcgmi health"), "(top)")
+    body = _obj(data.get("body"), "body")
+    overall = _text(
+        _obj(body.get("Overall Health"), "body.Overall Health").get("value"), "body.Overall Health.value"
+    )
+    incidents = []
+    for group, node in body.items():
+        if group == "Overall Health":
+            continue
+        where = f"body.{group[:40]}"
+        entities = _obj(_obj(node, where).get("children", {}), where + ".children")
+        for entity, ent in entities.items():
+            at = f"{where}.children.{entity[:20]}"
+            if not entity.isdigit() or len(entity) > 9:
+                raise DcgmFormatError(f"field {at}: expected an entity id")
+            errors = _obj(_obj(ent, at).get("children", {}), at + ".children")
+            systems = _obj(
+                _obj(errors.get("Errors", {}), at + ".children.Errors").get("children", {}),
+                at + ".children.Errors.children",
+            )
+            for system, found in systems.items():
+                here = f"{at}.Errors.{system[:40]}"
+                found = _obj(found, here)
+                parts = found.get("overflow", [])
+                if not isinstance(parts, list):
+                    raise DcgmFormatError(f"field {here}.overflow: expected a list")
+                message = " ".join(_text(p, here + ".overflow[]") for p in parts[:40])
+                if len(incidents) < MAX_INCIDENTS:
+                    incidents.append(
+                        {
+                            "group": group[:20],
+                            "entity": int(entity),
+                            "system": system[:40],
+                            "health": _text(found.get("value"), here + ".value")[:20],
+                            "message": message[:MAX_DCGM_TEXT],
+                        }
+                    )
+    return overall[:20], incidents
+
+
+def dcgm_health(now=None):
+    """DCGM's health watches, once every ``DCGM_EVERY_S`` in this process; None without ``dcgmi``.
+
+    ``state``: ``ok`` (the check answered: ``overall`` and ``incidents``), ``watches_set`` (no
+    watch was set, so this call set them all: DCGM needs about a minute of samples before its
+    check means anything), ``no_engine`` (the host engine does not answer), ``error`` (another
+    failure, or an answer not laid out as expected: ``detail`` says which)."""
+    if shutil.which(DCGMI) is None:
+        return None
+    now = time.monotonic() if now is None else now
+    at = _dcgm_cache["at"]
+    if at is not None and now - at < DCGM_EVERY_S and _dcgm_cache["answer"] is not None:
+        return _dcgm_cache["answer"]
+    answer = _check_dcgm()
+    _dcgm_cache["at"], _dcgm_cache["answer"] = now, answer
+    return answer
+
+
+def _check_dcgm():
+    answer = {"state": "error", "detail": None, "overall": None, "incidents": []}
+    code, out, late = _run_dcgmi([DCGMI, "health", "-c", "-j"], DCGM_TIMEOUT_S)
+    if late:
+        answer["detail"] = f"dcgmi health -c did not answer in {DCGM_TIMEOUT_S} s"
+        return answer
+    if _no_engine(code, out):
+        answer["state"] = "no_engine"
+        return answer
+    if code != 0 and WATCHES_OFF_TEXT in out.lower():
+        set_code, set_out, _ = _run_dcgmi([DCGMI, "health", "-s", "a"], DCGM_TIMEOUT_S)
+        if set_code == 0:
+            answer["state"] = "watches_set"
+        elif _no_engine(set_code, set_out):
+            answer["state"] = "no_engine"
+        else:
+            answer["detail"] = "dcgmi health -s a: " + (_first_line(set_out) or f"exit {set_code}")
+        return answer
+    if code != 0:
+        answer["detail"] = "dcgmi health -c: " + (_first_line(out) or f"exit {code}")
+        return answer
+    try:
+        answer["overall"], answer["incidents"] = parse_health_check(out)
+    except DcgmFormatError as exc:
+        answer["detail"] = str(exc)[:MAX_DCGM_TEXT]
+        return answer
+    answer["state"] = "ok"
+    return answer
+
+
+def _gpu_of(result, where):
+    """A diagnostic result's GPU: ``entity_id`` of an ``entity_group`` "GPU" (DCGM 4), else the
+    ``gpu_id`` (DCGM 3: a digit string, or a number in the deployment tests); None: not a GPU."""
+    group = result.get("entity_group")
+    if group is not None:
+        if _text(group, where + ".entity_group") != "GPU":
+            return None
+        entity = result.get("entity_id")
+        if not isinstance(entity, int) or isinstance(entity, bool) or not 0 <= entity < 4096:
+            raise DcgmFormatError(f"field {where}.entity_id: expected a GPU id")
+        return entity
+    gpu = result.get("gpu_id")
+    if gpu is None:
+        return None
+    if isinstance(gpu, str) and gpu.isdigit() and len(gpu) < 5:
+        return int(gpu)
+    if isinstance(gpu, int) and not isinstance(gpu, bool) and 0 <= gpu < 4096:
+        return gpu
+    raise DcgmFormatError(f"field {where}.gpu_id: expected a GPU id")
+
+
+def _warnings_of(result, where):
+    raw = result.get("warnings", [])
+    if not isinstance(raw, list):
+        raise DcgmFormatError(f"field {where}.warnings: expected a list")
+    found = []
+    for i, item in enumerate(raw[:MAX_DIAG_WARNINGS]):
+        item = _obj(item, f"{where}.warnings[{i}]")
+        text = item.get("warning", item.get("warnings"))  # DCGM 3's deployment tests say "warnings"
+        found.append(_text(text, f"{where}.warnings[{i}].warning"))
+    return found
+
+
+def parse_diag(out):
+    """``dcgmi diag -r N -j``'s JSON as its tests' results: (tests run, counts, results that did
+    not pass). The layout (``dcgmi/Diag.cpp`` ``HelperJsonBuildOutput``, key names from
+    ``nvvs/include/NvvsJsonStrings.h``, checked against ``testing/python3/dcgm_diag_schema.json``):
+    ``{"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [{"name":
+    "memory", "results": [{"entity_group": "GPU", "entity_id": 0, "status": "Fail", "warnings":
+    [{"warning": "...", "error_id": 0, ...}]}], "test_summary": {"status": "Fail"}}]}]}}``; a
+    failure to run is ``{"DCGM Diagnostic": {"runtime_error": "..."}}``. DCGM 3 named the top
+    key "DCGM GPU Diagnostic" and a result's GPU ``gpu_id``. Raises :class:`DcgmFormatError`."""
+    data = _obj(_json_of(out, "dcgmi diag"), "(top)")
+    key = "DCGM Diagnostic" if "DCGM Diagnostic" in data else "DCGM GPU Diagnostic"
+    top = _obj(data.get(key), key)
+    if top.get("runtime_error") is not None:
+        return {"runtime_error": _text(top["runtime_error"], key + ".runtime_error")}
+    categories = top.get("test_categories")
+    if not isinstance(categories, list):
+        raise DcgmFormatError(f"field {key}.test_categories: expected a list")
+    tests, failed, counts = [], [], {"pass": 0, "skip": 0, "fail": 0, "warn": 0}
+    for c, category in enumerate(categories[:16]):
+        where = f"{key}.test_categories[{c}]"
+        category = _obj(category, where)
+        cat_name = _text(category.get("category", ""), where + ".category")
+        items = category.get("tests", [])
+        if not isinstance(items, list):
+            raise DcgmFormatError(f"field {where}.tests: expected a list")
+        for t, test in enumerate(items[:64]):
+            at = f"{where}.tests[{t}]"
+            test = _obj(test, at)
+            name = _text(test.get("name"), at + ".name")[:60]
+            tests.append(name)
+            results = test.get("results", [])
+            if not isinstance(results, list):
+                raise DcgmFormatError(f"field {at}.results: expected a list")
+            named = False
+            for r, result in enumerate(results[:512]):
+                here = f"{at}.results[{r}]"
+                result = _obj(result, here)
+                status = _text(result.get("status"), here + ".status")
+                kind = status.lower() if status.lower() in counts else None
+                if kind is None:
+                    continue  # "Not Run" (not printed by DCGM 4) or a status to come
+                counts[kind] += 1
+                if kind in ("fail", "warn"):
+                    named = True
+                    if len(failed) < MAX_DIAG_RESULTS:
+                        failed.append(
+                            {
+                                "test": name,
+                                "category": cat_name[:40],
+                                "gpu": _gpu_of(result, here),
+                                "entity": _text(
+                                    result.get("entity_group", "GPU" if "gpu_id" in result else "None"),
+                                    here + ".entity_group",
+                                )[:20],
+                                "status": kind,
+                                "warnings": _warnings_of(result, here),
+                            }
+                        )
+            summary = test.get("test_summary")
+            if summary is not None:
+                summary = _obj(summary, at + ".test_summary")
+                status = _text(summary.get("status"), at + ".test_summary.status").lower()
+                if status in ("fail", "warn") and not named and len(failed) < MAX_DIAG_RESULTS:
+                    counts[status] += 1
+                    failed.append(
+                        {
+                            "test": name,
+                            "category": cat_name[:40],
+                            "gpu": None,
+                            "entity": "None",
+                            "status": status,
+                            "warnings": _warnings_of(summary, at + ".test_summary"),
+                        }
+                    )
+    return {"tests": tests[:64], "counts": counts, "failed": failed}
+
+
+def read_diag(level):
+    """DCGM's active diagnostic at ``level`` (1, 2 or 3) as one JSON-able dict: ``state`` is
+    ``ok`` (it ran: ``tests``, ``counts``, ``failed``), ``not_installed`` (no ``dcgmi``),
+    ``no_engine``, ``timeout`` (stopped after ``DIAG_TIMEOUT_S``) or ``error`` (``detail``).
+    A failed test makes dcgmi exit non-zero with its JSON on stdout: the JSON is what counts."""
+    answer = {"level": level, "state": "error", "detail": None, "seconds": None}
+    if level not in DIAG_TIMEOUT_S:
+        answer["detail"] = f"level {level}: expected 1, 2 or 3"
+        return answer
+    if shutil.which(DCGMI) is None:
+        answer["state"] = "not_installed"
+        return answer
+    began = time.monotonic()
+    code, out, late = _run_dcgmi([DCGMI, "diag", "-r", str(level), "-j"], DIAG_TIMEOUT_S[level])
+    answer["seconds"] = round(time.monotonic() - began, 1)
+    if late:
+        answer["state"] = "timeout"
+        answer["detail"] = f"did not finish in {DIAG_TIMEOUT_S[level]} s (stopped)"
+        return answer
+    if _no_engine(code, out):
+        answer["state"] = "no_engine"
+        return answer
+    try:
+        found = parse_diag(out)
+    except DcgmFormatError as exc:
+        detail = str(exc) if "{" in out else "dcgmi diag: " + (_first_line(out) or f"exit {code}")
+        answer["detail"] = detail[:MAX_DCGM_TEXT]
+        return answer
+    if "runtime_error" in found:
+        answer["detail"] = found["runtime_error"]
+        return answer
+    answer.update(found)
+    answer["state"] = "ok"
+    return answer
+
+
 def read_health(full=True):
     """Everything above as one JSON-able dict. ``full`` adds the slower reads (``-q``, NVLink,
     fabric devices) that the doctor wants and a poll during the run does not."""
@@ -337,4 +670,18 @@ def read_health(full=True):
     answer["xid_source"] = source
     if full:
         answer["ib_devices"] = fabric_devices()
+    answer["dcgm"] = dcgm_health()
     return answer
+
+
+def main(argv):
+    """``python - diag LEVEL`` (this file on stdin): DCGM's diagnostic, one JSON line."""
+    if len(argv) == 3 and argv[1] == "diag" and argv[2].isdigit():
+        sys.stdout.write(json.dumps(read_diag(int(argv[2]))) + "\n")
+        return 0
+    sys.stderr.write("usage: python fleetrun_gpu.py diag LEVEL\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

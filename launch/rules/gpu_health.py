@@ -13,13 +13,21 @@ hardware or thermal slowdown, persistence mode off, uncorrectable ECC in the lif
 never reported as healthy) and ``ok``. Why these: they are the faults Meta's Llama 3 report and
 NVIDIA's own Xid catalogue put first, and the ones DCGM's health watches look at.
 
+Where DCGM is installed, its health watches (``dcgmi health``) add their incidents to the same
+per-GPU line: a ``Failure`` is bad, a ``Warning`` a warning, and an incident that names a fault
+nvidia-smi or the kernel log already named (the same ECC count, Xid, pending retirement or
+remapping, NVLink down) is not said twice. A host engine that does not answer makes the DCGM part
+unknown. DCGM's active diagnostic (``dcgmi diag``, ``fab doctor --gpu-diag``) is judged in
+``launch.rules.gpu_diag``.
+
 During a run, :func:`new_faults` compares a poll against the node's first one: a new critical Xid,
-an uncorrectable ECC count that went up, a GPU gone from the list; each is named with node, GPU
-and code (the ``gpu_fault`` stop rule).
+an uncorrectable ECC count that went up, a GPU gone from the list, a new DCGM ``Failure``; each is
+named with node, GPU and code (the ``gpu_fault`` stop rule).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +36,8 @@ from launch.nodelib.fleetrun_wire import ProtocolError, _Fields
 __all__ = [
     "BAD",
     "CRITICAL_XIDS",
+    "DcgmHealth",
+    "DcgmIncident",
     "OK",
     "UNKNOWN",
     "WARN",
@@ -43,6 +53,7 @@ __all__ = [
     "judge_node",
     "new_faults",
     "parse_gpu_health",
+    "printable",
     "xid_name",
 ]
 
@@ -159,6 +170,66 @@ class XidEvent:
         return (self.bus_id, self.code, self.at, self.text)
 
 
+DCGM_LEVEL: Mapping[str, str] = {"Failure": BAD, "Warning": WARN, "Healthy": OK}
+"""``dcgmi health``'s words (``Health::HelperHealthToString``); any other (``Internal error``) is
+unknown."""
+DCGM_STATES = ("ok", "watches_set", "no_engine", "error")
+MAX_INCIDENTS = 64
+MAX_DCGM_TEXT = 300
+
+
+@dataclass(frozen=True)
+class DcgmIncident:
+    """One system's incident on one DCGM entity, as ``dcgmi health -c`` names it."""
+
+    group: str
+    """DCGM's entity group: ``GPU``, ``Switch`` (NVSwitch), ``LINK``, ``ConnectX``..."""
+    entity: int
+    system: str
+    """``Memory system``, ``PCIe system``, ``NVLINK system``, ``InfoROM system``, ``Thermal
+    system``, ``Power system``, ``Driver``..."""
+    health: str
+    message: str
+
+    @property
+    def gpu(self) -> int | None:
+        """DCGM's GPU id, which follows NVML's enumeration as nvidia-smi's index does."""
+        return self.entity if self.group == "GPU" else None
+
+    @property
+    def level(self) -> str:
+        return DCGM_LEVEL.get(self.health, UNKNOWN)
+
+    @property
+    def text(self) -> str:
+        system = self.system.removesuffix(" system")
+        where = "" if self.group == "GPU" else f"{self.group} {self.entity} "
+        return f"DCGM {where}{system}: {self.message}"
+
+
+@dataclass(frozen=True)
+class DcgmHealth:
+    """DCGM's health watches on one node. ``state``: ``ok`` (checked), ``watches_set`` (none was
+    set: set now, meaningful in about a minute), ``no_engine`` (nv-hostengine not answering),
+    ``error`` (``detail``), ``malformed`` (the answer was not understood: ``detail`` names the
+    field). All but ``ok`` are unknown."""
+
+    state: str
+    detail: str | None = None
+    overall: str | None = None
+    incidents: tuple[DcgmIncident, ...] = ()
+
+    @property
+    def unknown(self) -> str | None:
+        """Why DCGM's health is unknown here, or None when it was read."""
+        if self.state == "ok":
+            return None
+        return {
+            "watches_set": "DCGM health (its watches were off: set now, a check means something in about a minute)",
+            "no_engine": "DCGM health (the host engine does not answer: is nv-hostengine running?)",
+        }.get(self.state, f"DCGM health ({self.detail or self.state})")
+
+
 @dataclass(frozen=True)
 class GpuHealth:
     """One node's answer. ``smi`` False: no nvidia-smi (no GPUs, or no driver)."""
@@ -175,6 +246,8 @@ class GpuHealth:
     """None: the kernel log could not be read here, so Xids are unknown (not absent)."""
     xid_source: str | None = None
     ib_devices: tuple[str, ...] | None = None
+    dcgm: DcgmHealth | None = None
+    """None: no ``dcgmi`` on the node (DCGM is optional; nvidia-smi's facts stand alone)."""
 
 
 @dataclass(frozen=True)
@@ -250,6 +323,50 @@ def _items(fields: _Fields, key: str, limit: int) -> list[_Fields] | None:
     return [_Fields(item, f"{fields.what} {key}[{i}]") for i, item in enumerate(fields.objects(key, limit))]
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """A tool's text with control characters made visible: nothing reaches a terminal raw."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _dcgm_strict(fields: _Fields) -> DcgmHealth:
+    state = fields.text("state", 20)
+    if state not in DCGM_STATES:
+        raise ProtocolError(f"{fields.what}: field 'state': expected one of {', '.join(DCGM_STATES)}")
+    incidents = []
+    for item in _items(fields, "incidents", MAX_INCIDENTS) or []:
+        incidents.append(
+            DcgmIncident(
+                group=printable(item.text("group", 20)),
+                entity=item.integer("entity", 0, 1 << 20),
+                system=printable(item.text("system", 40)),
+                health=printable(item.text("health", 20)),
+                message=printable(item.text("message", MAX_DCGM_TEXT)),
+            )
+        )
+    detail = _opt_text(fields, "detail", MAX_DCGM_TEXT)
+    overall = _opt_text(fields, "overall", 20)
+    return DcgmHealth(
+        state,
+        None if detail is None else printable(detail),
+        None if overall is None else printable(overall),
+        tuple(incidents),
+    )
+
+
+def parse_dcgm(data: object, what: str = "dcgm") -> DcgmHealth | None:
+    """The reader's ``dcgm`` part; a malformed one is DCGM health unknown (naming the field),
+    never the end of the node's whole GPU reading."""
+    if data is None:
+        return None
+    try:
+        return _dcgm_strict(_Fields(data, what))
+    except ProtocolError as exc:
+        return DcgmHealth("malformed", printable(str(exc))[:MAX_DCGM_TEXT])
+
+
 def parse_gpu_health(data: object, what: str = "gpu health") -> GpuHealth:
     """The reader's dict (already JSON-decoded within a bound) as typed facts."""
     fields = _Fields(data, what)
@@ -275,6 +392,7 @@ def parse_gpu_health(data: object, what: str = "gpu health") -> GpuHealth:
         ),
         xid_source=_opt_text(fields, "xid_source", 20),
         ib_devices=None if ib is None else fields.strings("ib_devices", MAX_GPUS, _device),
+        dcgm=parse_dcgm(fields.data.get("dcgm"), f"{what} dcgm"),
     )
 
 
@@ -302,8 +420,48 @@ def _xid_text(xid: XidEvent) -> str:
     return f"Xid {xid.code}{_clock(xid.at)}: {xid_name(xid.code)}"
 
 
-def judge_gpu(gpu: GpuFacts, xids: Sequence[XidEvent] | None, health_fields: bool) -> GpuVerdict:
-    """One GPU: the worst level found and every reason, in one line."""
+SAME_FAULT: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"volatile double-bit ECC|volatile DBE", re.I), "uncorrectable ECC"),
+    (re.compile(r"pending (retired page|page retirement)", re.I), "page retirement pending"),
+    (re.compile(r"row remapping failed", re.I), "row remapping failed"),
+    (re.compile(r"row remappings? (are|is) pending", re.I), "row remapping pending"),
+    (re.compile(r"NvLink link \d+ is currently down", re.I), "NVLinks inactive"),
+)
+"""DCGM's messages (``DCGM_FR_*_MSG`` in DCGM's ``dcgmlib/dcgm_errors.h``) for faults that
+nvidia-smi's counters name too, with the words of that reason here: said once, not twice."""
+XID_IN_DCGM = re.compile(r"\bXID (\d{1,5})\b", re.I)
+
+
+def _said(message: str, reasons: Sequence[str]) -> bool:
+    """Whether DCGM's ``message`` is a fault one of ``reasons`` (nvidia-smi's, the kernel log's) names."""
+    xid = XID_IN_DCGM.search(message)
+    if xid and any(r.startswith(f"Xid {int(xid.group(1))}") for r in reasons):
+        return True
+    return any(p.search(message) and any(words in r for r in reasons) for p, words in SAME_FAULT)
+
+
+def _unsaid(incident: DcgmIncident, reasons: Sequence[str]) -> str | None:
+    """``incident``'s text without the messages ``reasons`` already name (None: nothing left).
+    DCGM joins the messages of one system on one GPU with ", " (``Health::AppendSystemIncidents``):
+    each is weighed on its own, so a new fault beside a known one is still said."""
+    parts = incident.message.split(", ")
+    left = [part for part in parts if not _said(part, reasons)]
+    if not left:
+        return None
+    if len(left) == len(parts):
+        return incident.text
+    return DcgmIncident(
+        incident.group, incident.entity, incident.system, incident.health, ", ".join(left)
+    ).text
+
+
+def judge_gpu(
+    gpu: GpuFacts,
+    xids: Sequence[XidEvent] | None,
+    health_fields: bool,
+    incidents: Sequence[DcgmIncident] = (),
+) -> GpuVerdict:
+    """One GPU: the worst level found and every reason, in one line (DCGM's incidents merged in)."""
     bad: list[str] = []
     warn: list[str] = []
     unknown: list[str] = []
@@ -341,6 +499,14 @@ def judge_gpu(gpu: GpuFacts, xids: Sequence[XidEvent] | None, health_fields: boo
             warn.append(f"throttled: {', '.join(slow)}")
     if gpu.persistence is False:
         warn.append("persistence mode off")
+    for incident in incidents:
+        # a DCGM failure repeats a reason only if that reason is bad too; a warning, any reason
+        if incident.level == BAD and (text := _unsaid(incident, bad)):
+            bad.append(text)
+        elif incident.level == WARN and (text := _unsaid(incident, bad + warn)):
+            warn.append(text)
+        elif incident.level == UNKNOWN:
+            unknown.append(incident.text)
     if bad:
         level = BAD
     elif warn:
@@ -425,23 +591,51 @@ def judge_node(
             node_bad.extend(f"GPU at PCI {bus}: {_xid_text(x)}" for x in events if x.code in CRITICAL_XIDS)
     if health.ib_devices is not None and fabric_devices and len(health.ib_devices) < fabric_devices:
         node_bad.append(f"{len(health.ib_devices)} EFA/InfiniBand device(s) of {fabric_devices} expected")
+    # DCGM's incidents on a GPU go to that GPU's line; those on an NVSwitch, a link, a ConnectX
+    # or a GPU nvidia-smi does not list go to the node's line
+    by_gpu: dict[int, list[DcgmIncident]] = {}
+    node_warn: list[str] = []
+    unknowns: list[str] = []
+    dcgm = health.dcgm
+    for incident in dcgm.incidents if dcgm is not None else ():
+        if incident.gpu is not None and incident.gpu in present:
+            by_gpu.setdefault(incident.gpu, []).append(incident)
+        elif incident.gpu is not None and indices is not None and incident.gpu not in indices:
+            continue  # a device this host does not lend
+        elif incident.level == BAD:
+            node_bad.append(incident.text)
+        elif incident.level == WARN:
+            node_warn.append(incident.text)
+        elif incident.level == UNKNOWN:
+            unknowns.append(incident.text)
     # an unreadable kernel log hides every GPU's Xids: said once, on the node's line, never "ok"
-    no_xids = "unknown: Xid (kernel log not readable here: root, or the adm/systemd-journal group)"
+    if health.xids is None:
+        unknowns.append("Xid (kernel log not readable here: root, or the adm/systemd-journal group)")
+    if dcgm is not None and dcgm.unknown:
+        unknowns.append(dcgm.unknown)
+    no_read = ["unknown: " + ", ".join(unknowns)] if unknowns else []
     if node_bad:
-        out.append(GpuVerdict(None, BAD, "; ".join(node_bad + ([no_xids] if health.xids is None else []))))
+        out.append(GpuVerdict(None, BAD, "; ".join(node_bad + node_warn + no_read)))
     else:
         count = f"{len(health.gpus)} GPU(s)" + (f" of {expected} expected" if expected else "")
-        known = (health.driver and f"driver {health.driver}", health.cuda and f"CUDA {health.cuda}")
+        known = (
+            health.driver and f"driver {health.driver}",
+            health.cuda and f"CUDA {health.cuda}",
+            dcgm is not None and dcgm.state == "ok" and "DCGM health watches read",
+        )
         line = count + "".join(f", {v}" for v in known if v)
-        if health.xids is None:
-            out.append(GpuVerdict(None, UNKNOWN, f"{line}; {no_xids}"))
-        else:
-            out.append(GpuVerdict(None, OK, line))
+        level = WARN if node_warn else UNKNOWN if unknowns else OK
+        out.append(GpuVerdict(None, level, "; ".join([line, *node_warn, *no_read])))
     for gpu in health.gpus:
         if indices is not None and gpu.index not in indices:
             continue
         out.append(
-            judge_gpu(gpu, None if health.xids is None else by_bus.get(gpu.bus_id, []), health.health_fields)
+            judge_gpu(
+                gpu,
+                None if health.xids is None else by_bus.get(gpu.bus_id, []),
+                health.health_fields,
+                by_gpu.get(gpu.index, ()),
+            )
         )
     return out
 
@@ -526,6 +720,14 @@ def new_faults(baseline: GpuHealth, now: GpuHealth) -> list[tuple[str, str]]:
     for xid in now.xids or ():
         if xid.key not in seen and xid.code in CRITICAL_XIDS:
             faults.append((bus_label.get(xid.bus_id, f"PCI {xid.bus_id}"), _xid_text(xid)))
+    # a DCGM failure new since the first reading (the same system on the same entity failing
+    # already then is not new; a DCGM that answered nothing then compares with nothing)
+    if baseline.dcgm is not None and baseline.dcgm.state == "ok" and now.dcgm is not None:
+        failing = {(i.group, i.entity, i.system) for i in baseline.dcgm.incidents if i.level == BAD}
+        for incident in now.dcgm.incidents:
+            if incident.level == BAD and (incident.group, incident.entity, incident.system) not in failing:
+                label = f"gpu{incident.gpu}" if incident.gpu is not None else incident.group
+                faults.append((label, incident.text))
     return faults
 
 

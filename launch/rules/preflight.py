@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from launch.rules import gpu_health
+from launch.rules import gpu_diag, gpu_health
 from launch.rules.probe_facts import ProbeFacts
 
 T = TypeVar("T", str, int)
@@ -41,6 +41,7 @@ CHECKS = (
     "disk",
     "gpus",
     "gpu-health",
+    "gpu-diag",
     "collective",
 )
 """Check names in display order; one GPU's own line is ``gpu0``, ``gpu1``... after ``gpu-health``."""
@@ -276,6 +277,22 @@ def check_gpu_health(findings: Findings, nodes: Sequence[Observation]) -> None:
     for node, found in verdicts.items():
         for verdict in found:
             findings.add(node, verdict.label, GPU_LEVEL[verdict.level], verdict.message)
+
+
+def check_gpu_diag(
+    findings: Findings, reports: Mapping[str, gpu_diag.DiagReport | str], order: Sequence[str]
+) -> None:
+    """``fab doctor --gpu-diag``: DCGM's diagnostic per node (``gpu-diag``) and per GPU with a
+    failed test (``gpu3``, after that GPU's health line), then the verdicts in node order again."""
+    for node, report in reports.items():
+        if isinstance(report, str):
+            findings.add(node, "gpu-diag", WARN, f"unknown: dcgm diag: {report}")
+            continue
+        for verdict in gpu_diag.judge_diag(report):
+            check = "gpu-diag" if verdict.gpu is None else verdict.label
+            findings.add(node, check, GPU_LEVEL[verdict.level], verdict.message)
+    rank = {name: i for i, name in enumerate(order)}
+    findings.verdicts.sort(key=lambda v: (rank.get(v.node, len(rank)), check_order(v.check)))
 
 
 def check_interfaces(findings: Findings, nodes: Sequence[Observation]) -> None:

@@ -33,6 +33,7 @@ from launch.errors import HostError
 from launch.job.inventory import Host
 from launch.nodelib.fleetrun_wire import ProtocolError
 from launch.reports.safe_text import clean
+from launch.rules.gpu_diag import DiagReport, parse_diag
 from launch.rules.gpu_health import expected_fabric_devices, expected_gpus
 from launch.rules.preflight import Findings, Job, Observation, errors_by_node, judge, pick_hosts
 from launch.rules.probe_facts import ProbeFacts, parse_probe_answer
@@ -295,6 +296,59 @@ def choose_hosts(
     by_name = {h.name: h for h in hosts}
     spares = tuple(h for h in hosts if h.name not in names and h.name not in problems)
     return HostChoice(tuple(by_name[n] for n in names), excluded, findings, spares)
+
+
+DIAG_LEVELS = (1, 2, 3)
+DIAG_SLACK_S = 60.0
+"""Past the node's own bound on ``dcgmi diag`` (``fleetrun_gpu.DIAG_TIMEOUT_S``, after which the
+reader stops the diagnostic and answers): the SSH round trip's margin."""
+
+
+def diag_source() -> bytes:
+    """The GPU health reader itself, run as ``python - diag LEVEL``: one JSON line."""
+    return resources.files("launch.nodelib").joinpath("fleetrun_gpu.py").read_bytes()
+
+
+def diag_timeout(level: int) -> float:
+    from launch.nodelib.fleetrun_gpu import DIAG_TIMEOUT_S
+
+    return DIAG_TIMEOUT_S[level] + DIAG_SLACK_S
+
+
+def gpu_diag(fleet: FleetPort, hosts: Sequence[Host], level: int) -> dict[str, DiagReport | str]:
+    """``fab doctor --gpu-diag LEVEL``: DCGM's diagnostic (``dcgmi diag -r LEVEL -j``) on every
+    node at once, each bounded on the node (the reader stops a diagnostic past its level's
+    bound) and here; per node its report, or why there is none (text)."""
+    if level not in DIAG_LEVELS:
+        raise ValueError(f"diagnostic level {level}: expected 1, 2 or 3")
+    source = diag_source()
+    timeout = diag_timeout(level)
+
+    def one(conn: NodeLink) -> DiagReport | str:
+        result = conn.run_with_input(
+            f"{shlex.quote(conn.host.python)} - diag {level}", source, timeout=timeout
+        )
+        lines = result.stdout.strip().splitlines()
+        if not result.ok or not lines:
+            tail = " / ".join((result.stderr or result.stdout).strip().splitlines()[-2:])
+            return (
+                f"the diagnostic did not run with {conn.host.python} (exit {result.exit_code}: {tail[:300]})"
+            )
+        try:
+            data = json.loads(lines[-1][:1_000_000])
+        except ValueError:
+            return "the diagnostic's answer was not JSON"
+        return parse_diag(data, f"{conn.host.name} gpu diag")
+
+    results = fleet.map(one, hosts=hosts, deadline=timeout + 30)
+    out: dict[str, DiagReport | str] = {}
+    for host in hosts:
+        value = results[host.name]
+        if isinstance(value, BaseException):
+            out[host.name] = str(value).removeprefix(f"{host.name}: ") or type(value).__name__
+        else:
+            out[host.name] = value
+    return out
 
 
 HOSTS_FILE = "hosts.json"
