@@ -266,36 +266,73 @@ def test_wrong_pinned_key_and_missing_python_are_named(
 
 
 def test_bad_gpu_is_named_per_gpu_with_the_nvidia_smi_stand_in(lab: LocalFleet, fleetrun_home: Path) -> None:
-    """Node 1 runs the scripted ``nvidia-smi``/``dmesg`` (``tests/gpu_standin``) first on its PATH:
-    GPU 1 has 2 uncorrectable ECC errors and an Xid 79 in the kernel log; GPU 0 runs at PCIe x8.
-    The doctor (the reader sent with the probe) prints one line per GPU and exits 1."""
+    """Node 1 runs the scripted ``nvidia-smi``/``dmesg``/``dcgmi`` (``tests/gpu_standin``) first on
+    its PATH: GPU 1 has 2 uncorrectable ECC errors (DCGM's memory watch says so too), an Xid 79 in
+    the kernel log and fails DCGM's memory test; GPU 0 runs at PCIe x8 and DCGM's PCIe watch
+    warns of replays. ``fab doctor --gpu-diag 2`` (the reader sent with the probe, then as the
+    diagnostic) prints one line per GPU, each fault once, and exits 1; the nodes without dcgmi
+    say so (unknown, a warning)."""
     from tests.gpustandin import install, xid
 
     one = lab.node_name(1)
     home = lab.home(1)
     user = pwd.getpwnam(one)
     gpus: list[dict[str, object]] = [{"pcie_width": 8}, {"ecc_volatile": 2}]
+    replays = "Detected more than 8 PCIe replays per minute for GPU 0 : 14"
+    dcgm = {
+        "incidents": [
+            {"gpu": 0, "system": "PCIe system", "health": "Warning", "message": replays},
+            {
+                "gpu": 1,
+                "system": "Memory system",
+                "health": "Failure",
+                "message": "Detected 2 volatile double-bit ECC error(s) in GPU 1.",
+            },
+        ],
+        "diag_fail": [{"test": "memory", "gpu": 1, "warning": "Found 3 faulty memory elements on GPU 1"}],
+    }
     fakebin = home / "fakebin"
     install(
         fakebin,
-        {"gpus": gpus, "xids": [xid(1, 79, "2026-11-25T14:02:11", "pid=4242, GPU has fallen off the bus.")]},
+        {
+            "gpus": gpus,
+            "xids": [xid(1, 79, "2026-11-25T14:02:11", "pid=4242, GPU has fallen off the bus.")],
+            "dcgm": dcgm,
+        },
         owner=(user.pw_uid, user.pw_gid),
+        dcgm=True,
     )
     before = _prepend_bashrc(home, 'export PATH="$HOME/fakebin:$PATH"')
     try:
-        proc = fab("doctor", "--inventory", f"local:{PREFIX}", "--port", "29500", home=fleetrun_home)
+        proc = fab(
+            "doctor",
+            "--inventory",
+            f"local:{PREFIX}",
+            "--port",
+            "29500",
+            "--gpu-diag",
+            "2",
+            home=fleetrun_home,
+        )
     finally:
         (home / ".bashrc").write_text(before)
         shutil.rmtree(fakebin)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
-    gpu_line = re.compile(r"^(\S+)\s+(gpu\d+|gpu-health)\s+(ok|WARN|ERROR)\s+(.*)$")
-    found = {m.group(1, 2): m.group(3, 4) for m in map(gpu_line.match, proc.stdout.splitlines()) if m}
-    assert found[(one, "gpu1")] == (
-        "ERROR",
-        "uncorrectable ECC 2 (volatile); Xid 79 at 14:02: fallen off the bus",
-    )
-    assert found[(one, "gpu0")] == ("WARN", "PCIe x8 of x16")
-    assert not any(node != one for node, _ in found), "nodes without nvidia-smi have no GPU lines"
+    gpu_line = re.compile(r"^(\S+)\s+(gpu\d+|gpu-health|gpu-diag)\s+(ok|WARN|ERROR)\s+(.*)$")
+    found = [(m.group(1, 2), m.group(3, 4)) for m in map(gpu_line.match, proc.stdout.splitlines()) if m]
+    mine = [(check, verdict) for (node, check), verdict in found if node == one]
+    assert ("gpu1", ("ERROR", "uncorrectable ECC 2 (volatile); Xid 79 at 14:02: fallen off the bus")) in mine
+    assert (
+        "gpu1",
+        ("ERROR", "dcgm diag: Memory test failed: Found 3 faulty memory elements on GPU 1"),
+    ) in mine
+    assert ("gpu0", ("WARN", f"PCIe x8 of x16; DCGM PCIe: {replays}")) in mine
+    others = {node for (node, check), _ in found if node != one}
+    assert others and all(
+        verdict == ("WARN", "unknown: dcgmi not installed (DCGM's diagnostic cannot run here)")
+        for (node, check), verdict in found
+        if node != one
+    ), "nodes without nvidia-smi have no GPU lines, only the diagnostic's unknown"
 
 
 def test_collective_names_the_node_behind_a_slow_link(lab: LocalFleet, fleetrun_home: Path) -> None:
