@@ -107,6 +107,9 @@ class NodeScript:
     """The attempt the faults above hold in (None: every attempt)."""
     comes_back: bool = False
     """A lost lab host whose sshd answers again when recovery waits for it (``FleetPort.answers``)."""
+    gpu_fault_from_step: int | None = None
+    """The node's GPU readings (the agent's ``gpu``) show an uncorrectable ECC count that grew
+    from this step on (the ``gpu_fault`` rule); None: the node reports no GPU reading."""
 
 
 @dataclass
@@ -128,6 +131,13 @@ class JobScript:
 
     def node(self, name: str) -> NodeScript:
         return self.nodes.get(name, NodeScript())
+
+
+def gpu_reading(ecc: int) -> dict[str, Any]:
+    """A node agent's GPU reading (``fleetrun_gpu.read_health``'s shape): one GPU, ``ecc``
+    uncorrectable errors since the driver loaded."""
+    gpu = {"index": 0, "uuid": "GPU-aaaa", "bus_id": "00000000:18:00.0", "ecc_volatile": ecc}
+    return {"smi": True, "queried": True, "health_fields": True, "gpus": [gpu], "xids": []}
 
 
 class FakeNode:
@@ -196,6 +206,8 @@ class FakeNode:
             "log_tail": f"step {step}",
             "gpu_util": None,
         }
+        if s.gpu_fault_from_step is not None:
+            answer["gpu"] = gpu_reading(ecc=2 if step >= s.gpu_fault_from_step else 0)
         self.fleet.offsets[self.host.name] = len(self.metrics)
         return json.dumps(answer)
 
@@ -595,6 +607,7 @@ def run_on_fake_fleet(
     skip_doctor: bool = False,
     recovery: dict[str, Any] | None = None,
     min_nodes: int | None = None,
+    spares: tuple[Host, ...] = (),
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and run it through the real life cycle
     (``launch.run.lifecycle.execute``), the fake fleet and the fake clock in its context."""
@@ -644,6 +657,7 @@ def run_on_fake_fleet(
             completion_grace_s=10.0,
             allow_busy_gpus=allow_busy_gpus,
             skip_doctor=skip_doctor,
+            spares=spares,
         ),
         clock=clock,
         ask_keep_running=ask_keep_running,

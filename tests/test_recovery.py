@@ -369,6 +369,7 @@ def test_attempts_in_the_record_and_show(tmp_path: Path) -> None:
             "first_step": 1,
             "last_step": 12,
             "replaced": ["n2"],
+            "renewed": [{"node": "n2", "old_address": "10.0.0.3", "new_address": "10.0.0.9"}, "junk"],
         },
         {
             "attempt": 2,
@@ -390,6 +391,7 @@ def test_attempts_in_the_record_and_show(tmp_path: Path) -> None:
     assert record is not None and record.attempts[1]["steps_recomputed"] == 2
     text = render_text(show_run(record), width=200)
     assert "attempts" in text and "node_lost: lost n2" in text and "+n2" in text and "11..45" in text
+    assert "(n2 renewed: 10.0.0.3 -> 10.0.0.9)" in text
 
 
 # -- the attempts loop on the in-memory fleet ----------------------------------------------------------
@@ -479,3 +481,17 @@ def test_checkpoint_listing_runs_the_inventorys_python(tmp_path: Path) -> None:
 
     assert complete_steps(OneNodeFleet(), [host], "r1") == {host.name: [20, 10]}  # type: ignore[arg-type]
     assert node.commands[0].startswith(sys.executable + " -c ")
+
+
+def test_renewals_read_back_from_the_record_are_untrusted() -> None:
+    """``attempts.json`` is read back on re-attach: only well-formed ``renewed`` entries survive."""
+    from launch.run.attempts import attempt_end_from_json
+
+    good = {"node": "n1", "reason": "ECC", "old_address": "a", "new_address": "b", "host_key_changed": True}
+    data = {
+        "attempt": 1,
+        "renewed": [good, {**good, "host_key_changed": "yes"}, {**good, "node": 7}, "n1", None],
+    }
+    end = attempt_end_from_json(data)
+    assert end is not None and [r.to_json() for r in end.renewed] == [good]
+    assert attempt_end_from_json({"attempt": 1, "renewed": {"n1": "x"}}).renewed == ()  # type: ignore[union-attr]

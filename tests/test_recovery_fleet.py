@@ -272,6 +272,38 @@ def test_gpu_fault_excludes_the_host_and_the_run_completes_on_the_spare(
     assert_nothing_running(fleet3)
 
 
+def test_local_fleet_renews_a_live_node_as_a_fresh_one(fleet3: LocalFleet, tmp_path: Path) -> None:
+    """What a ``gpu_fault`` without a spare gets on the local fleet (``FleetKind.renew``, asked
+    through the registry as recovery asks it): the node, still running, is powered off and comes
+    back fresh: its processes and files gone, a new host key pinned in the fleet's inventory, and
+    a connection that checks that key works."""
+    import pwd
+
+    from launch.fleets.kinds.registry import fleet_kind
+    from launch.transport.ssh import SshPool
+
+    every_node_up(fleet3)
+    inventory = fleet3.inventory()
+    host = inventory.hosts[2]
+    entry = pwd.getpwnam(host.name)
+    marker = fleet3.home(2) / "left-by-the-bad-machine"
+    marker.write_text("x\n")
+    sleeper = subprocess.Popen(["sleep", "600"], user=entry.pw_uid, group=entry.pw_gid)
+    said: list[str] = []
+    try:
+        new = fleet_kind(inventory.fleet).renew(host, said.append, 60.0)
+        assert sleeper.wait(timeout=10) < 0, "the bad node's processes were not ended"
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+    assert new is not None and new.name == host.name and new.host_key != host.host_key
+    assert not marker.exists() and any("renewed as a fresh node" in m for m in said), said
+    assert fleet3.inventory().hosts[2].host_key == new.host_key
+    known = fleet3.inventory().write_known_hosts(tmp_path / "known_hosts")
+    with SshPool([new], known) as pool:
+        assert pool.connections[new.name].run("true", timeout=30).ok
+
+
 def _job_pids(user: str) -> list[int]:
     """Processes of ``user`` that carry a run's ``FLEETRUN_RUN_ID`` (the job, not the node agent)."""
     import pwd

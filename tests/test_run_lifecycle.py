@@ -292,6 +292,104 @@ def test_summary_says_where_the_start_and_the_stop_spent_their_time(
     assert {"wrapup stopping the run", "wrapup pulling artifacts", "wrapup close"} <= set(timings), timings
 
 
+# -- gpu_fault: spare, else a renewed machine, else shrink or fail ------------------------------------
+GPU_RECOVERY = {**RECOVERY, "on": ["gpu_fault"]}
+
+
+def gpu_fault_on_n1() -> JobScript:
+    """A 12-step job checkpointing every 2 steps; n1's GPU reports uncorrectable ECC from step 5."""
+    return JobScript(
+        steps=12, checkpoint_every=2, nodes={"n1": NodeScript(gpu_fault_from_step=5, in_attempt=1)}
+    )
+
+
+def test_gpu_fault_without_a_spare_relaunches_on_a_renewed_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kind that renews (the local fleet: a fresh node; a stack: a new instance) gives the bad
+    node a new machine under its name; the run resumes there, and both records say so."""
+    renewed: list[Host] = []
+
+    def renew(self: LocalFleetKind, host: Host, say: Any, timeout_s: float, probe: Any = None) -> Host:
+        new = host.model_copy(update={"address": "203.0.113.99"})
+        renewed.append(new)
+        say(f"{host.name}: powered off and renewed as a fresh node")
+        return new
+
+    monkeypatch.setattr(LocalFleetKind, "renew", renew)
+    reporter = RecordingReporter()
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        gpu_fault_on_n1(),
+        inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
+        recovery=GPU_RECOVERY,
+        reporter=reporter,
+    )
+    assert (run.summary.outcome, run.summary.rule) == ("succeeded", "completed"), run.summary.reason
+    first, second = attempts_of(run)
+    assert (first["loss"], first["replaced"], first["dropped"]) == ("gpu_fault", ["n1"], [])
+    assert first["renewed"] == [
+        {
+            "node": "n1",
+            "reason": first["renewed"][0]["reason"],
+            "old_address": "203.0.113.2",
+            "new_address": "203.0.113.99",
+            "host_key_changed": False,
+        }
+    ]
+    assert "uncorrectable ECC 0 -> 2" in first["renewed"][0]["reason"]
+    assert second["nodes"] == ["n0", "n1"] and second["renewed"] == []
+    assert run.fleet.replaced == renewed and run.fleet.nodes["n1"].host.address == "203.0.113.99"
+    assert run.fleet.nodes["n1"].attempts == ["2"] and run.fleet.synced[-1] == ["n1"]
+    hosts = json.loads((run.folder / "hosts.json").read_text())
+    assert "n1" not in hosts.get("excluded", {})  # the name now stands for the new machine
+    assert [(r["node"], r["old_address"], r["new_address"]) for r in hosts["renewed"]] == [
+        ("n1", "203.0.113.2", "203.0.113.99")
+    ]
+    lines = [line for line in reporter.lines if "renewed by" in line]
+    assert len(lines) == 1 and "local fleet lfz: 203.0.113.2 -> 203.0.113.99" in lines[0], reporter.lines
+    saved = json.loads((run.folder / "attempts.json").read_text())["attempts"]
+    assert attempts_module.attempt_end_from_json(saved[0]).renewed[0].new_address == "203.0.113.99"
+
+
+def test_gpu_fault_takes_a_spare_before_renewing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fakefleet import fake_hosts
+
+    monkeypatch.setattr(
+        LocalFleetKind, "renew", lambda *a, **k: pytest.fail("renewed while a spare was left")
+    )
+    spare = fake_hosts(3)[2]
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        gpu_fault_on_n1(),
+        inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
+        recovery=GPU_RECOVERY,
+        spares=(spare,),
+    )
+    assert run.summary.outcome == "succeeded", run.summary.reason
+    first, second = attempts_of(run)
+    assert first["renewed"] == [] and second["nodes"] == ["n0", "n2"]
+    assert "n1" in json.loads((run.folder / "hosts.json").read_text())["excluded"]
+
+
+def test_gpu_fault_on_lab_machines_without_a_spare_ends_a_fixed_size_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lab machines are never renewed: no spare and a fixed size end the run, saying why."""
+    reporter = RecordingReporter()
+    run = run_on_fake_fleet(
+        tmp_path, monkeypatch, gpu_fault_on_n1(), recovery=GPU_RECOVERY, reporter=reporter
+    )
+    s = run.summary
+    assert (s.outcome, s.rule) == ("failed", "gpu_fault")
+    assert "Not recovered: could not replace n1" in s.reason, s.reason
+    said = "\n".join(reporter.lines)
+    assert "lab machine; fleetrun never renews" in said and "no spare host left and no new machine" in said
+    assert "n1" in json.loads((run.folder / "hosts.json").read_text())["excluded"]
+
+
 # -- the fleet port ----------------------------------------------------------------------------------
 def test_node_results_sort_themselves_into_ok_and_failed() -> None:
     from launch.errors import HostError

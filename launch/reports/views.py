@@ -470,6 +470,11 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
         changed = [f"+{n}" for n in _listed(entry.get("replaced"))] + [
             f"-{n}" for n in _listed(entry.get("dropped"))
         ]
+        changed += [  # a node given a new machine (after a gpu_fault, without a spare)
+            f"({r.get('node')} renewed: {r.get('old_address')} -> {r.get('new_address')})"
+            for r in _listed(entry.get("renewed"))
+            if isinstance(r, Mapping)
+        ]
         _add_row(
             table,
             clean(entry.get("attempt", "-"), 10),

@@ -386,6 +386,28 @@ class Drained:
 
 
 @dataclass(frozen=True)
+class Renewal:
+    """A node that still answered but was left out (a GPU fault, a straggler), given a new
+    machine by its fleet kind (``FleetKind.renew``) under the same name: the record says which
+    machine went and which came."""
+
+    node: str
+    reason: str
+    old_address: str
+    new_address: str
+    host_key_changed: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "node": self.node,
+            "reason": self.reason,
+            "old_address": self.old_address,
+            "new_address": self.new_address,
+            "host_key_changed": self.host_key_changed,
+        }
+
+
+@dataclass(frozen=True)
 class AttemptEnd:
     """One attempt as the record keeps it."""
 
@@ -410,6 +432,9 @@ class AttemptEnd:
     resumed_from: str | None = None
     """For attempts after the first: where it resumed from and why (a node's save, a peer copy,
     the bucket, or the beginning with its cause)."""
+    renewed: tuple[Renewal, ...] = ()
+    """Nodes of this attempt left out after it (``gpu_fault``, ``straggler``) that the next one
+    runs on a new machine of the same name (no spare was left)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -429,6 +454,7 @@ class AttemptEnd:
             "recovery_s": {name: round(seconds, 2) for name, seconds in self.recovery_s},
             "drained": [d.to_json() for d in self.drained],
             "resumed_from": self.resumed_from,
+            "renewed": [r.to_json() for r in self.renewed],
         }
 
 

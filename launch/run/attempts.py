@@ -10,7 +10,9 @@ The decisions are pure (``launch.rules.recovery``); this module gathers the evid
 2. Survivors get SIGTERM and ``grace_s`` to write a checkpoint, then SIGKILL (the node agent's
    ``stop``), and their run directory's per-attempt files move to ``attempt-<n>/``.
 3. Lost nodes are replaced through the fleet kind (``FleetKind.replace``), or left out when the
-   job is elastic; the new inventory's host keys are pinned again (a new known_hosts file).
+   job is elastic; a node left out after a ``gpu_fault`` or a straggler gets a spare of the
+   inventory, else a new machine from its kind (``FleetKind.renew``), else the same fallback
+   (``take_spare``); the new inventory's host keys are pinned again (a new known_hosts file).
 4. Only the new nodes are synced and set up; then the claim (a fresh rendezvous port) and the
    start of every node, with ``attempt`` (``FLEETRUN_ATTEMPT``) in the start bundle, so that
    every rank resumes from the latest checkpoint in ``$FLEETRUN_CHECKPOINT_DIR``.
@@ -41,6 +43,7 @@ from launch.rules.recovery import (
     Loss,
     NodeEvidence,
     RecoveryPlan,
+    Renewal,
     answered_again,
     classify,
     plan_recovery,
@@ -51,7 +54,7 @@ from launch.rules.recovery import (
 from launch.rules.stoprules import StopDecision
 from launch.run import stages
 from launch.run.checkpoints import Spread, resume_story
-from launch.run.doctor import read_exclusions, record_exclusion
+from launch.run.doctor import read_exclusions, record_exclusion, record_renewal
 from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
 from launch.run.peer_copies import run_has_bucket
 from launch.run.recheck import recheck
@@ -227,12 +230,14 @@ def record(
         recovery_s=tuple(state.started_by.items()),
         drained=state.drained,
         resumed_from=resume_story(state.resume_record, summary) if state.ended else None,
+        renewed=state.renewed,
     )
     return replace(
         state,
         ended=(*state.ended, end),
         histories=(*state.histories, (state.attempt, history)),
         drained=(),
+        renewed=(),
     )
 
 
@@ -299,7 +304,9 @@ def replace_lost(
         host = next(h for h in state.hosts if h.name == name)
         new: Host | None
         if loss.kind in EXCLUDING_LOSSES:
-            new = take_spare(ctx, state, name, loss.reason)
+            new, renewal = take_spare(ctx, state, host, loss.reason)
+            if renewal is not None:
+                state = replace(state, renewed=(*state.renewed, renewal))
         else:
             try:
                 new = kind.replace(
@@ -349,19 +356,60 @@ def drain(ctx: RunContext, state: RunState, noticed: Sequence[Host]) -> RunState
     return replace(current, drained=drained).recovery_timed("drain", ctx.clock.monotonic() - started)
 
 
-def take_spare(ctx: RunContext, state: RunState, name: str, reason: str) -> Host | None:
-    """After a ``gpu_fault`` (or a straggler): ``name`` is left out for the rest of the run
-    (recorded in the run folder's ``hosts.json``) and the first healthy spare not yet in use
-    (``RunOptions.spares``) takes its place."""
-    record_exclusion(ctx.folder.path, name, reason)
+def take_spare(
+    ctx: RunContext, state: RunState, host: Host, reason: str
+) -> tuple[Host | None, Renewal | None]:
+    """After a ``gpu_fault`` (or a straggler ``exclude``): the machine behind ``host`` is left out
+    for the rest of the run, and in its place, in this order:
+
+    1. the first healthy spare of the inventory not yet in use (``RunOptions.spares``); ``host``'s
+       name is then excluded (the run folder's ``hosts.json``);
+    2. else a new machine from the fleet kind (``FleetKind.renew``: a new instance on a stack, a
+       fresh node on the local fleet; never for lab machines), under the same name: recorded as
+       a ``Renewal`` in ``hosts.json`` (``renewed``) and, returned here, in ``attempts.json``;
+    3. else None: the caller goes on without the node when the job is elastic, or ends the run
+       saying why (``without``). The name is excluded.
+
+    Each outcome is said in one line (the kind's own progress lines before it)."""
+    name = host.name
     in_use = {h.name for h in state.hosts}
-    excluded = set(read_exclusions(ctx.folder.path))
+    excluded = set(read_exclusions(ctx.folder.path)) | {name}
     for spare in ctx.options.spares:
         if spare.name not in in_use and spare.name not in excluded:
+            record_exclusion(ctx.folder.path, name, reason)
             say(ctx, f"  {name}: excluded for the rest of the run; spare {spare.name} takes its place")
-            return spare
-    say(ctx, f"  {name}: excluded for the rest of the run; no spare host left")
-    return None
+            return spare, None
+    kind = fleet_kind(state.inventory.fleet)
+    try:
+        new = kind.renew(
+            host,
+            lambda m: say(ctx, f"  {clean(m)}"),
+            state.plan.recovery.replace_timeout_s,
+            probe=ctx.port.answers,
+        )
+    except Exception as exc:  # noqa: BLE001 - a failed renewal is an answer, not a crash
+        say(ctx, f"  {name}: no new machine: {clean(f'{type(exc).__name__}: {exc}', 300)}")
+        new = None
+    if new is not None:
+        renewal = Renewal(
+            node=name,
+            reason=reason[:600],
+            old_address=host.address,
+            new_address=new.address,
+            host_key_changed=new.host_key != host.host_key,
+        )
+        record_renewal(ctx.folder.path, renewal)
+        ctx.port.connections[name].close()  # the old machine's connection; the next use reconnects
+        key = "new host key" if renewal.host_key_changed else "same host key"
+        say(
+            ctx,
+            f"  {name}: excluded for the rest of the run; no spare left, renewed by "
+            f"{clean(kind.describe(), 120)}: {clean(host.address, 100)} -> {clean(new.address, 100)} ({key})",
+        )
+        return new, renewal
+    record_exclusion(ctx.folder.path, name, reason)
+    say(ctx, f"  {name}: excluded for the rest of the run; no spare host left and no new machine")
+    return None, None
 
 
 def fresh_names(recovery: Recovery) -> frozenset[str]:
@@ -512,12 +560,28 @@ def attempt_end_from_json(data: object) -> AttemptEnd | None:
         replaced=names("replaced"),
         dropped=names("dropped"),
         resumed_from=text("resumed_from") or None,
+        renewed=renewals(data.get("renewed")),
         recovery_s=tuple(
             (str(k)[:100], float(v))
             for k, v in (timings.items() if isinstance(timings, dict) else ())
             if isinstance(v, int | float) and not isinstance(v, bool)
         ),
     )
+
+
+def renewals(value: object) -> tuple[Renewal, ...]:
+    """The ``renewed`` entries of an attempt back from the record (untrusted JSON): each one with
+    every field of the right type, at most 1,000; the others are left out."""
+    found: list[Renewal] = []
+    for item in value[:1000] if isinstance(value, list) else ():
+        if not isinstance(item, dict):
+            continue
+        texts = [item.get(k) for k in ("node", "reason", "old_address", "new_address")]
+        changed = item.get("host_key_changed")
+        if all(isinstance(t, str) for t in texts) and isinstance(changed, bool):
+            node, reason, old, new = (str(t)[:600] for t in texts)
+            found.append(Renewal(node, reason, old, new, changed))
+    return tuple(found)
 
 
 def save_attempts(ctx: RunContext, state: RunState) -> None:

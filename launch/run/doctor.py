@@ -37,6 +37,7 @@ from launch.rules.gpu_diag import DiagReport, parse_diag
 from launch.rules.gpu_health import expected_fabric_devices, expected_gpus
 from launch.rules.preflight import Findings, Job, Observation, errors_by_node, judge, pick_hosts
 from launch.rules.probe_facts import ProbeFacts, parse_probe_answer
+from launch.rules.recovery import Renewal
 from launch.transport.port import FleetPort, NodeLink
 from launch.transport.ssh import DEFAULT_CONNECT_TIMEOUT, Fleet
 from launch.transport.sync import LIB_DIR
@@ -378,6 +379,26 @@ def record_exclusion(folder: Path, name: str, reason: str) -> None:
         excluded = {}
     excluded[name] = reason[:600]
     data["excluded"] = excluded
+    tmp = folder / (HOSTS_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(folder / HOSTS_FILE)
+
+
+def record_renewal(folder: Path, renewal: Renewal) -> None:
+    """Add a node given a new machine after it was left out (``FleetKind.renew``) to the run's
+    ``hosts.json`` (``renewed``): which node, why, and its old and new address. Its name is not
+    excluded: the name now stands for the new machine."""
+    try:
+        data = json.loads((folder / HOSTS_FILE).read_text())
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    renewed = data.get("renewed")
+    if not isinstance(renewed, list):
+        renewed = []
+    renewed.append({**renewal.to_json(), "reason": renewal.reason[:600]})
+    data["renewed"] = renewed
     tmp = folder / (HOSTS_FILE + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(folder / HOSTS_FILE)

@@ -26,7 +26,7 @@ from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.planning.plan import LaunchPlan, NodePlan
 from launch.rules.metrics_stream import LossPoint
-from launch.rules.recovery import AttemptEnd, Drained
+from launch.rules.recovery import AttemptEnd, Drained, Renewal
 from launch.run.clock import Clock
 from launch.run.records import RunRecords
 from launch.run.reporter import Reporter
@@ -97,6 +97,9 @@ class RunState:
     drained: tuple[Drained, ...] = ()
     """Each preempted node's drain before its replacement (``launch.run.drain``), for the record
     of the attempt that just ended."""
+    renewed: tuple[Renewal, ...] = ()
+    """Nodes the recovery under way gave a new machine (``FleetKind.renew``), for the record of
+    the attempt that just ended."""
     lib_current: frozenset[str] = frozenset()
     """Nodes whose copy of the node library is current (the sync skips it there)."""
     started_job: bool = False

@@ -9,9 +9,17 @@ import re
 from typing import Any
 
 from fleetrun_contract.cluster import AWS_CLUSTER_TAG as CLUSTER_TAG
-from fleetrun_contract.cluster import aws_region_of
+from fleetrun_contract.cluster import AWS_RANK_TAG, aws_region_of
 from launch.errors import FleetrunError
-from launch.fleets.clouds.base import ClusterLocation, ErrorKind, Rules, classify, fill, missing_sdk
+from launch.fleets.clouds.base import (
+    ClusterLocation,
+    ErrorKind,
+    NodeInstance,
+    Rules,
+    classify,
+    fill,
+    missing_sdk,
+)
 from launch.nodelib.fleetrun_protocol import BucketCommands
 
 # The one S3 uploader: the run directory's copy, checkpoints up and down, old checkpoints removed.
@@ -56,6 +64,9 @@ ERROR_RULES: Rules = [
 class AwsOps:
     name = "aws"
     cluster_tag = CLUSTER_TAG
+    instance = NodeInstance("aws:ec2/instance:Instance", "tags", AWS_RANK_TAG, None)
+    """``aws.ec2.Instance`` named after the node, tagged with the cluster and the rank; its id is
+    the instance id the outputs export."""
 
     def region_of(self, zone: str) -> str:
         return aws_region_of(zone)

@@ -47,11 +47,29 @@ class ClusterLocation:
     cluster was built in, not the caller's own."""
 
 
+@dataclass(frozen=True)
+class NodeInstance:
+    """How fleetrun's Pulumi program (``infra/clouds/<cloud>.py``) records one node's instance in
+    the stack's state: what ``launch.fleets.stack_replace.node_instance_urn`` matches, so that a
+    renewal replaces that node's instance and nothing fleetrun did not create."""
+
+    type_token: str
+    """The Pulumi type of the instance resource (``aws:ec2/instance:Instance``)."""
+    tags_property: str
+    """The input holding its tags (AWS) or labels (GCP)."""
+    rank_tag: str
+    """The tag / label whose value is the node's rank (the cluster tag is ``CloudOps.cluster_tag``)."""
+    id_output: str | None
+    """The output the stack exports as the node's ``instance_id``; None: the resource's own id."""
+
+
 class CloudOps(Protocol):
     name: str
     """``aws`` or ``gcp``: the value of ``fleet:cloud``."""
     cluster_tag: str
     """The tag (AWS) / label (GCP) key whose value is the cluster id on every resource."""
+    instance: NodeInstance
+    """How a node's instance looks in the stack's state (a renewal replaces exactly it)."""
 
     def region_of(self, zone: str) -> str:
         """The region a zone belongs to (quota failover skips zones of an exhausted region)."""

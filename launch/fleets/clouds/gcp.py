@@ -6,9 +6,17 @@ from __future__ import annotations
 import re
 
 from fleetrun_contract.cluster import GCP_CLUSTER_LABEL as CLUSTER_LABEL
-from fleetrun_contract.cluster import gcp_region_of
+from fleetrun_contract.cluster import GCP_RANK_LABEL, gcp_region_of
 from launch.errors import FleetrunError
-from launch.fleets.clouds.base import ClusterLocation, ErrorKind, Rules, classify, fill, missing_sdk
+from launch.fleets.clouds.base import (
+    ClusterLocation,
+    ErrorKind,
+    NodeInstance,
+    Rules,
+    classify,
+    fill,
+    missing_sdk,
+)
 from launch.nodelib.fleetrun_protocol import BucketCommands
 
 # The one Cloud Storage uploader: the run directory's copy, checkpoints up and down, removal.
@@ -77,6 +85,9 @@ ERROR_RULES: Rules = [
 class GcpOps:
     name = "gcp"
     cluster_tag = CLUSTER_LABEL
+    instance = NodeInstance("gcp:compute/instance:Instance", "labels", GCP_RANK_LABEL, "instanceId")
+    """``gcp.compute.Instance`` named after the node, labelled with the cluster and the rank; the
+    outputs export its numeric ``instanceId`` (the resource's own id is its path)."""
 
     def region_of(self, zone: str) -> str:
         return gcp_region_of(zone)

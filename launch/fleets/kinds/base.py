@@ -105,6 +105,17 @@ class FleetKind(Protocol):
         (through its jump host; ``Fleet.answers``); a direct TCP connect when not given."""
         ...
 
+    def renew(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
+        """A new machine in place of ``host``, which still answers but must not be used again in
+        this run (a ``gpu_fault``, a straggler ``exclude``): its ``Host`` (same name, the new
+        address and pinned host key), or None when this kind does not make machines (lab machines
+        are other people's: fleetrun never powers them off or renews them) or cannot make one
+        within ``timeout_s``. The run's processes on ``host`` were stopped already; what is left
+        of it is the kind's to end (a cloud instance is terminated by its replacement).
+        ``probe`` as for ``replace``. Recovery asks for this only when no spare of the inventory
+        is left (``launch.run.attempts.take_spare``)."""
+        ...
+
 
 UPLOAD_SOURCE = "{src}"
 """Placeholder in an upload argv for the node's run directory (filled in on the node)."""

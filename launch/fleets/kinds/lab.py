@@ -75,3 +75,10 @@ class LabKind:
 
         say(f"{host.name}: lab machine; waiting up to {timeout_s:.0f} s for it to answer again")
         return host if wait_for_sshd(host, timeout_s, poll_s=REPLACE_POLL_S, check=probe) else None
+
+    def renew(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
+        """None: a lab machine is not fleetrun's to power off, wipe or swap (only fleetrun's own
+        files on it are); a bad one is left out of the run, and a spare of the inventory, if any,
+        takes its place before this is asked."""
+        say(f"{host.name}: lab machine; fleetrun never renews or powers one off")
+        return None

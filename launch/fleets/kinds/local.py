@@ -99,12 +99,23 @@ class LocalFleetKind:
 
     def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
         """A fresh node (empty home, new host key) in the lost one's place; see ``replace_node``."""
+        new = self._fresh_node(host)
+        say(f"{host.name}: replaced by a fresh node (new host key pinned)")
+        return new
+
+    def renew(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
+        """The same fresh node for a bad one that still runs (``replace_node`` powers it off
+        first): what a cloud's new instance is, so a ``gpu_fault`` recovery without spares can be
+        rehearsed on this machine."""
+        new = self._fresh_node(host)
+        say(f"{host.name}: powered off and renewed as a fresh node (new host key pinned)")
+        return new
+
+    def _fresh_node(self, host: Host) -> Host:
         from launch.fleets.local import LocalFleet  # root-only I/O, imported when used
         from launch.fleets.local.power import replace_node
 
-        new = replace_node(LocalFleet(prefix=self.ref.prefix, subnet=0), host)
-        say(f"{host.name}: replaced by a fresh node (new host key pinned)")
-        return new
+        return replace_node(LocalFleet(prefix=self.ref.prefix, subnet=0), host)
 
 
 def load_local_inventory(prefix: str | None, save_keys: bool = True) -> Inventory:

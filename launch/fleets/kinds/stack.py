@@ -18,7 +18,7 @@ The per-cloud operations (power-off hook, upload command, tag key) come from
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from launch.errors import SpecError
 from launch.fleets.clouds import CLOUDS
@@ -36,6 +36,15 @@ from launch.job.validation import load_json_mapping, printable
 if TYPE_CHECKING:
     from launch.job.inventory import Host, Inventory
     from launch.nodelib.fleetrun_protocol import BucketCommands
+
+
+class NodeUpdate(Protocol):
+    """``stack_replace.replace_node`` or ``renew_node``: one node's new instance, read from the outputs."""
+
+    def __call__(
+        self, stack_name: str, host: Host, *, on_output: Say, timeout_s: float | None = None
+    ) -> Host | None: ...
+
 
 SELECTOR = "stack"
 OUTPUTS_SUFFIX = ".json"
@@ -91,23 +100,36 @@ class StackKind:
         host key comes from the outputs (``launch.fleets.stack_replace``); then its sshd is awaited
         (a booting instance), all within ``timeout_s``. A cluster known only from an outputs file
         has no stack to update: None."""
+        from launch.fleets import stack_replace  # Pulumi, imported only by cloud users
+
+        return self._new_instance(host, say, timeout_s, probe, stack_replace.replace_node, "recreated")
+
+    def renew(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
+        """A new instance in place of the node's bad one: ``up(replace=[its URN])``, the URN of the
+        instance fleetrun's program created for that node, read from the stack's state
+        (``stack_replace.renew_node``); the old instance is terminated by the replacement. Then its
+        sshd is awaited, all within ``timeout_s``. None without a stack name, as for ``replace``."""
+        from launch.fleets import stack_replace  # Pulumi, imported only by cloud users
+
+        return self._new_instance(host, say, timeout_s, probe, stack_replace.renew_node, "renewed")
+
+    def _new_instance(
+        self, host: Host, say: Say, timeout_s: float, probe: Probe | None, update: NodeUpdate, done: str
+    ) -> Host | None:
         if not self.ref.stack:
-            say(f"{host.name}: no stack name (inventory from an outputs file); cannot replace it")
+            say(f"{host.name}: no stack name (inventory from an outputs file); cannot give it a new instance")
             return None
         import time
 
-        from launch.fleets import stack_replace  # Pulumi, imported only by cloud users
         from launch.transport.reachability import wait_for_sshd
 
         deadline = time.monotonic() + timeout_s
-        new = stack_replace.replace_node(self.ref.stack, host, on_output=say, timeout_s=timeout_s)
+        new = update(self.ref.stack, host, on_output=say, timeout_s=timeout_s)
         if new is None:
             return None
-        left = deadline - time.monotonic()
-        say(
-            f"{host.name}: instance recreated at {new.address}; waiting up to {max(0.0, left):.0f} s for its sshd"
-        )
-        if wait_for_sshd(new, max(0.0, left), check=probe):
+        left = max(0.0, deadline - time.monotonic())
+        say(f"{host.name}: instance {done} at {new.address}; waiting up to {left:.0f} s for its sshd")
+        if wait_for_sshd(new, left, check=probe):
             return new
         say(f"{host.name}: the new instance's sshd did not answer within replace_timeout_s")
         return None
