@@ -107,6 +107,8 @@ class NodeScript:
     """The attempt the faults above hold in (None: every attempt)."""
     comes_back: bool = False
     """A lost lab host whose sshd answers again when recovery waits for it (``FleetPort.answers``)."""
+    bad_gpu_at_probe: bool = False
+    """The doctor probe's GPU reading shows uncorrectable ECC (a machine bad before any attempt)."""
     gpu_fault_from_step: int | None = None
     """The node's GPU readings (the agent's ``gpu``) show an uncorrectable ECC count that grew
     from this step on (the ``gpu_fault`` rule); None: the node reports no GPU reading."""
@@ -321,6 +323,8 @@ class FakeConnection:
         }
         if self.node.is_head:
             answer["port"] = {"in_use": False, "holders": []}
+        if self.node.script.bad_gpu_at_probe:
+            answer["gpu_health"] = gpu_reading(ecc=2)
         return json.dumps(answer) + "\n"
 
     def put_file(self, remote_path: str, text: str, mode: int = 0o644) -> None:

@@ -415,3 +415,31 @@ def test_ssh_pool_subset_shares_the_open_connections(tmp_path: Path) -> None:
     seen = part.map(lambda conn: conn.host.name)
     assert seen.ok == {"n0": "n0", "n2": "n2"} and not seen.failed
     pool.close()
+
+
+def test_a_spare_bad_at_its_probe_is_never_trained_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spare gets the pre-launch GPU check before any work lands on it: bad from its first
+    boot, it ends the recovery naming it, instead of training on a bad GPU that ``gpu_fault``
+    (which compares with the attempt's own first reading) would never flag."""
+    from tests.fakefleet import fake_hosts
+
+    monkeypatch.setattr(
+        LocalFleetKind, "renew", lambda *a, **k: pytest.fail("renewed while a spare was left")
+    )
+    script = gpu_fault_on_n1()
+    script.nodes["n2"] = NodeScript(bad_gpu_at_probe=True)
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        script,
+        inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
+        recovery=GPU_RECOVERY,
+        spares=(fake_hosts(3)[2],),
+    )
+    assert run.summary.outcome != "succeeded"
+    assert "n2" in run.summary.reason and "GPU health" in run.summary.reason, run.summary.reason
+    assert "uncorrectable ECC" in run.summary.reason
+    assert run.fleet.nodes["n2"].attempts == []  # nothing was started on it
+    assert not run.fleet.nodes["n2"].launched

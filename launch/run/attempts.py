@@ -35,6 +35,7 @@ from launch.planning import remote_layout as layout
 from launch.planning.launchers import launcher_class
 from launch.reports.plot import plot_loss
 from launch.reports.safe_text import clean
+from launch.rules.preflight import Job, judge
 from launch.rules.recovery import (
     EXCLUDING_LOSSES,
     LOSS_KINDS,
@@ -54,7 +55,7 @@ from launch.rules.recovery import (
 from launch.rules.stoprules import StopDecision
 from launch.run import stages
 from launch.run.checkpoints import Spread, resume_story
-from launch.run.doctor import read_exclusions, record_exclusion, record_renewal
+from launch.run.doctor import gather, read_exclusions, record_exclusion, record_renewal
 from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
 from launch.run.peer_copies import run_has_bucket
 from launch.run.recheck import recheck
@@ -456,14 +457,31 @@ def adopt(ctx: RunContext, state: RunState, recovery: Recovery) -> tuple[RunCont
     return ctx.with_port(port), state
 
 
+def check_new_gpus(ctx: RunContext, new: Sequence[Host]) -> None:
+    """A spare or a renewed machine gets the pre-launch GPU check before any work lands on it:
+    ``gpu_fault`` compares each attempt with its own first reading, so a machine bad from its first
+    boot (an Xid already in its kernel log, a GPU missing) would otherwise be trained on unnoticed.
+    A GPU verdict of ERROR ends the recovery naming node and reason; other checks (rsync, python)
+    are the sync's and setup's to report."""
+    observations = gather(ctx.port, new, "cheap", 0)
+    findings = judge(observations, Job(head=new[0].name, port=0, full=False))
+    bad = [v for v in findings.errors if v.check.startswith("gpu")]
+    if bad:
+        first = bad[0]
+        raise HostError(
+            first.node, f"the new machine's GPU health: {first.check}: {clean(first.message, 400)}"
+        )
+
+
 def prepare_new_nodes(ctx: RunContext, state: RunState, fresh: Collection[str]) -> RunState:
     """Sync and set up only the new nodes of a later attempt (the others have both); a lab host
     that answered again may still run the lost attempt (a partition healed): it is stopped like
     the survivors were. A fresh machine has nothing to stop."""
     started = ctx.clock.monotonic()
     if fresh:
-        say(ctx, f"  attempt {state.attempt}: syncing and setting up {', '.join(sorted(fresh))} only")
         new = [h for h in state.hosts if h.name in fresh]
+        check_new_gpus(ctx, new)
+        say(ctx, f"  attempt {state.attempt}: syncing and setting up {', '.join(sorted(fresh))} only")
         state = stages.sync(ctx, state, ctx.port.subset(fresh))
         state = stages.setup(ctx, state, new)
         errors = stop_survivors(ctx.port, new, state.plan.run_id, 5.0, state.attempt - 1)
