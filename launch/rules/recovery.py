@@ -410,6 +410,8 @@ class AttemptEnd:
     resumed_from: str | None = None
     """For attempts after the first: where it resumed from and why (a node's save, a peer copy,
     the bucket, or the beginning with its cause)."""
+    energy_kwh: float | None = None
+    """The attempt's GPU energy (power over time, ``launch.rules.energy``); None without readings."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -429,6 +431,7 @@ class AttemptEnd:
             "recovery_s": {name: round(seconds, 2) for name, seconds in self.recovery_s},
             "drained": [d.to_json() for d in self.drained],
             "resumed_from": self.resumed_from,
+            "energy_kwh": self.energy_kwh,
         }
 
 
