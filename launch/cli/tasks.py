@@ -105,6 +105,7 @@ def train(
         "port": "rendezvous port to check (default: the playbook's, else 29500)",
         "verbose": "a line for every check of every node, not only warnings and errors",
         "collective": "also an all-reduce and matmul test through torchrun, naming a slow node or link",
+        "collective-history": "list the saved --collective figures over time, per fleet and node (alone: contacts no node)",
         "set": "with a playbook: " + SET_HELP,
     },
 )
@@ -116,19 +117,28 @@ def doctor(
     port: int = -1,
     verbose: bool = False,
     collective: bool = False,
+    collective_history: bool = False,
     set: list[str] | None = None,
 ) -> None:
     """Check every node for what would break a multi-node job; exit 1 if anything would."""
+    from rich.console import Console
+
     from launch.cli import app
 
-    if not app.doctor(
+    if collective_history and not collective:  # a listing only: no inventory, no node
+        app.collective_history(Console())
+        return
+    ok = app.doctor(
         playbook or None,
         inventory=inventory,
         port=None if port == -1 else port,
         verbose=verbose,
         collective=collective,
         overrides=set or (),
-    ):
+    )
+    if collective_history:
+        app.collective_history(Console())
+    if not ok:
         raise Exit(code=1)
 
 
