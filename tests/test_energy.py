@@ -60,6 +60,19 @@ def test_stored_figures_are_untrusted() -> None:
     ]
 
 
+def test_the_wrap_up_takes_each_attempts_freshest_figure() -> None:
+    from launch.rules.recovery import AttemptEnd
+    from launch.run.wrapup import WatchFacts, run_energy
+
+    def ended(attempt: int, kwh: float | None) -> AttemptEnd:
+        return AttemptEnd(attempt, ("n0",), 0.0, 1.0, "failed", "unreachable", "", energy_kwh=kwh)
+
+    heartbeats = RunEnergy({1: 0.1, 2: 0.2, 3: 0.05})  # 3: its watcher went away, never watched again
+    energy = run_energy(heartbeats, [ended(1, 0.15), ended(2, 0.3)], WatchFacts(energy_kwh=0.35, attempt=2))
+    assert energy.by_attempt == {1: 0.15, 2: 0.35, 3: 0.05}
+    assert run_energy(RunEnergy(), [], WatchFacts()).total_kwh is None
+
+
 def test_kwh_cells() -> None:
     assert [fmt_kwh(v) for v in (None, 0.0, 0.0004, 0.4123, 12.34, 12345.6)] == [
         "",

@@ -338,13 +338,19 @@ def start_reports(
     return reports
 
 
-def run_energy(ended: Sequence[AttemptEnd], facts: WatchFacts) -> RunEnergy:
-    """Every attempt's energy, each once: the ended attempts' recorded figures, then the watched
-    attempt's from its watcher (the same attempt's recorded figure, if it ended, is replaced)."""
-    figures = [(a.attempt, a.energy_kwh) for a in ended]
+def run_energy(recorded: RunEnergy, ended: Sequence[AttemptEnd], facts: WatchFacts) -> RunEnergy:
+    """Every attempt's energy, each once, the freshest figure of each: what the heartbeats left
+    in the run record (an attempt whose watcher went away and was never watched again), replaced
+    by the ended attempts' figures, then by the watched attempt's from its watcher."""
+    figures = [*recorded.by_attempt.items(), *((a.attempt, a.energy_kwh) for a in ended)]
     if facts.attempt is not None:
         figures.append((facts.attempt, facts.energy_kwh))
     return RunEnergy.of(figures)
+
+
+def recorded_energy(records: RunRecords, run_id: str) -> RunEnergy:
+    record = records.get(run_id)
+    return RunEnergy.from_json(record.energy_by_attempt if record is not None else None)
 
 
 def finish(
@@ -374,6 +380,9 @@ def finish(
         "reading the watcher's facts",
         lambda: watch_facts(watcher, target.started_at),
         lambda _m: WatchFacts(),
+    )
+    recorded = steps.run(
+        "reading the recorded energy", lambda: recorded_energy(records, target.run_id), lambda _m: RunEnergy()
     )
     teardown_started_at: float | None = None
     decided = decide_teardown(
@@ -416,7 +425,7 @@ def finish(
         timings={**timings, **steps.timings},
         nodes=hosts,
         cost_usd=cost_so_far(len(hosts), price, ended_at - target.started_at) if launched else None,
-        energy=run_energy(ended, facts),
+        energy=run_energy(recorded, ended, facts),
         traceback=TRACEBACK_FILE if (folder.path / TRACEBACK_FILE).exists() else None,
         decided_at=decided_at,
         teardown_started_at=teardown_started_at,
