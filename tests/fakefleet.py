@@ -129,6 +129,8 @@ class JobScript:
     """A ``world`` event logged before the first step (None: no event)."""
     checkpoint_every: int | None = None
     """Every running node holds a complete checkpoint of every ``checkpoint_every``-th step."""
+    gpu_power_w: float | None = None
+    """Each running node's one GPU draws this much (its poll answer's ``gpu`` reading); None: no GPU."""
     nodes: dict[str, NodeScript] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeScript:
@@ -159,6 +161,8 @@ class FakeNode:
         self.checkpoints: list[int] = []
         self.attempts: list[str] = []
         """The ``attempt`` of each start bundle this node got."""
+        self.gpu_readings: list[float] = []
+        """When this node's poll answers carried a GPU reading (``JobScript.gpu_power_w``)."""
 
     @property
     def script(self) -> NodeScript:
@@ -210,6 +214,16 @@ class FakeNode:
         }
         if s.gpu_fault_from_step is not None:
             answer["gpu"] = gpu_reading(ecc=2 if step >= s.gpu_fault_from_step else 0)
+        watts = self.fleet.job.gpu_power_w
+        if watts is not None and state == "running":
+            gpu = {
+                "index": 0,
+                "uuid": f"GPU-{self.host.name}",
+                "bus_id": "00000000:18:00.0",
+                "power_w": watts,
+            }
+            answer["gpu"] = {"smi": True, "queried": True, "gpus": [gpu]}
+            self.gpu_readings.append(self.fleet.clock.now)
         self.fleet.offsets[self.host.name] = len(self.metrics)
         return json.dumps(answer)
 
@@ -338,6 +352,9 @@ class FakeConnection:
         node.reachable_check(timeout)
         if node.is_head:
             node.fleet.tick()
+        offset = json.loads(request).get("offset")
+        if isinstance(offset, int) and offset <= len(node.metrics):  # a new watcher reads from 0
+            node.fleet.offsets[self.host.name] = offset
         return node.poll_answer()
 
     def close_sessions(self) -> None:

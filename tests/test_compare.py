@@ -82,7 +82,7 @@ def test_records_keep_hyperparameters(tmp_path: Path) -> None:
         db.start(run_id="s")
         assert db.get("r").hyperparameters == {"lr": 0.1, "arch": "mlp"}  # type: ignore[union-attr]
         assert db.get("s").hyperparameters == {}  # type: ignore[union-attr]
-        assert db.schema_version == SCHEMA_VERSION == 4  # 4: overrides (--set)
+        assert db.schema_version == SCHEMA_VERSION == 5  # 4: overrides (--set), 5: energy
 
 
 def test_a_database_from_before_hyperparameters_is_migrated(tmp_path: Path) -> None:

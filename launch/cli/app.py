@@ -301,8 +301,8 @@ def collective_check(
 ) -> None:
     """``fab doctor --collective`` on the hosts a job would get (reachable, no error), its lines
     added to the doctor's findings and its figures saved as ``collective/<time>.json`` in the runs
-    folder, for comparison over time."""
-    import json
+    folder; then compared with the results saved before (``launch.rules.collective.compare_history``):
+    a fleet or node figure far under its history's median is a warning."""
     import os
     import time
 
@@ -333,16 +333,17 @@ def collective_check(
                 findings.add(usable[0].name, "collective", level[lv], message)
         else:
             findings.add(node, "collective", level[lv], message)
-    folder = runs_dir() / "collective"
-    folder.mkdir(parents=True, exist_ok=True)
-    record = {
-        "time": time.time(),
-        "seconds": round(seconds, 2),
-        "nodes": [h.name for h in usable],
-        **report.to_json(),
-    }
-    path = folder / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    path, compared, notes = test.keep_and_compare(
+        runs_dir() / "collective", report, [h.name for h in usable], seconds, time.time()
+    )
+    for finding in compared:
+        text = f"fleet {finding.message}" if finding.fleet else finding.message
+        if finding.level == "warn":  # the fleet's figure goes with the first node, as its error does
+            findings.add(usable[0].name if finding.fleet else finding.node, "collective", "warn", text)
+        else:
+            console.print(Text(clean(f"collective history: {finding.node}: {finding.message}", 600)))
+    for note in notes:
+        console.print(Text(clean(f"collective history: {note}", 600), style="yellow"))
     console.print(
         Text(
             clean(
@@ -350,6 +351,22 @@ def collective_check(
             )
         )
     )
+
+
+def collective_history(console: Console) -> None:
+    """``fab doctor --collective-history``: the saved collective results over time, per fleet and
+    per node, each against the median of the runs before it. Nothing is contacted."""
+    from launch.paths import runs_dir
+    from launch.reports.collective_view import history_view
+    from launch.run.collective import read_history
+
+    folder = runs_dir() / "collective"
+    history = read_history(folder)
+    for note in history.bounded_notes():
+        console.print(Text(clean(note, 600), style="yellow"))
+    if history.older_left_out:
+        console.print(Text(f"{history.older_left_out} older result(s) in {clean(folder, 300)} not read"))
+    console.print(history_view([r for _p, r in history.results]))
 
 
 def choose_from_spares(inventory: Inventory, spec: JobSpec, console: Console) -> tuple[Inventory, Any]:

@@ -107,6 +107,7 @@ def train(
         "collective": "also an all-reduce and matmul test through torchrun, naming a slow node or link",
         "gpu-diag": "also DCGM's diagnostic (dcgmi diag -r N) on every node: 1 takes seconds, 2 about "
         "2 minutes, 3 about 15 (bounded at 2, 10 and 45 minutes); a line per GPU with a failed test",
+        "collective-history": "list the saved --collective figures over time, per fleet and node (alone: contacts no node)",
         "set": "with a playbook: " + SET_HELP,
     },
 )
@@ -119,12 +120,18 @@ def doctor(
     verbose: bool = False,
     collective: bool = False,
     gpu_diag: int = 0,
+    collective_history: bool = False,
     set: list[str] | None = None,
 ) -> None:
     """Check every node for what would break a multi-node job; exit 1 if anything would."""
+    from rich.console import Console
+
     from launch.cli import app
 
-    if not app.doctor(
+    if collective_history and not collective:  # a listing only: no inventory, no node
+        app.collective_history(Console())
+        return
+    ok = app.doctor(
         playbook or None,
         inventory=inventory,
         port=None if port == -1 else port,
@@ -132,7 +139,10 @@ def doctor(
         collective=collective,
         overrides=set or (),
         gpu_diag=gpu_diag,
-    ):
+    )
+    if collective_history:
+        app.collective_history(Console())
+    if not ok:
         raise Exit(code=1)
 
 

@@ -250,6 +250,7 @@ def run_json(record: RunRecord, now: float | None = None) -> dict[str, Any]:
         "started": datetime.fromtimestamp(record.started_at, timezone.utc).isoformat(),
         "duration_s": round(record.duration_s(now), 3),
         "cost_usd": record.cost_usd,
+        "energy_kwh": record.energy_kwh,
         "git_commit": record.git_commit,
         "launcher": record.launcher,
         "hyperparameters": dict(record.hyperparameters),

@@ -44,6 +44,10 @@ class RunRecord:
     """``--set key=value`` of the run: dotted key -> value (``launch.job.overrides``)."""
     sweep_id: str | None = None
     """The ``fab sweep`` this run is a variant of, if any."""
+    energy_kwh: float | None = None
+    """GPU energy over every attempt so far (kWh); None without GPU power readings, never 0 for unknown."""
+    energy_by_attempt: dict[str, Any] = field(default_factory=dict)
+    """Each attempt's GPU energy: attempt number (text) -> kWh (``launch.rules.energy.RunEnergy``)."""
 
     def duration_s(self, now: float | None = None) -> float:
         """Seconds from start to end (or to ``now`` while not ended)."""

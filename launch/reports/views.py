@@ -20,6 +20,7 @@ from rich.text import Text
 from launch.reports import gpu_view
 from launch.reports.run_record import RunRecord
 from launch.reports.safe_text import clean, safe_text
+from launch.rules.energy import RunEnergy, fmt_kwh, kwh_figure
 from launch.rules.pricing import cost_so_far
 from launch.rules.stoprules import NodeObservation, Observation, RuleState, StopDecision
 
@@ -259,6 +260,16 @@ def user_artifacts(artifacts: Sequence[str]) -> tuple[list[tuple[str, list[str]]
     return [(label, paths) for label, paths in groups if paths], internal
 
 
+def energy_text(record: RunRecord) -> str:
+    """``0.412 kWh over 2 attempts`` from the record (untrusted figures: ``kwh_figure``)."""
+    total = kwh_figure(record.energy_kwh)
+    if total is None:
+        return "- (no GPU power readings)"
+    counted = RunEnergy.from_json(record.energy_by_attempt).attempts
+    over = f" over {counted} attempts" if counted > 1 else ""
+    return f"{fmt_kwh(total)} kWh{over}"
+
+
 def summary_panel(record: RunRecord) -> Panel:
     """The end-of-run summary: outcome and reason first, then what to look at next."""
     grid = Table.grid(padding=(0, 2))
@@ -273,6 +284,7 @@ def summary_panel(record: RunRecord) -> Panel:
         )
     _add_row(grid, "duration", fmt_duration(record.duration_s()))
     _add_row(grid, "cost (approx.)", fmt_cost(record.cost_usd))
+    _add_row(grid, "GPU energy", energy_text(record))
     _add_row(grid, "last metrics", _metrics_line(record.last_metrics))
     if record.exit_codes:
         _add_row(grid, "exit codes", _exit_codes_table(record.exit_codes))
@@ -291,9 +303,10 @@ def summary_panel(record: RunRecord) -> Panel:
     )
 
 
-RUN_COLUMNS = ("state", "id", "playbook", "rule", "started", "duration", "progress", "cost", "commit")
-"""``fab runs``' columns, left to right: the outcome first."""
-RUN_COLUMNS_DROPPED_FIRST = ("commit", "cost", "duration", "started", "progress", "playbook")
+RUN_COLUMNS = ("state", "id", "playbook", "rule", "started", "duration", "progress", "cost", "kWh", "commit")
+"""``fab runs``' columns, left to right: the outcome first. ``kWh``: the GPU energy over every
+attempt, blank without GPU power readings."""
+RUN_COLUMNS_DROPPED_FIRST = ("commit", "kWh", "cost", "duration", "started", "progress", "playbook")
 """What a narrow terminal leaves out, in this order; the outcome, the id and the stop rule stay."""
 _PLAYBOOK_MAX = 24  # a longer playbook name is cut ('…') rather than squeezing the other columns
 
@@ -335,6 +348,7 @@ def runs_table(records: Sequence[RunRecord], *, now: float | None = None, width:
             "duration": fmt_duration(r.duration_s(now)),
             "progress": _run_progress(r, now),
             "cost": fmt_cost(r.cost_usd),
+            "kWh": fmt_kwh(kwh_figure(r.energy_kwh)),
             "commit": (r.git_commit or "-")[:12]
             + ("-dirty" if (r.git_commit or "").endswith("-dirty") else ""),
         }
@@ -460,7 +474,7 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
     The entries come from the run record, which a newer fleetrun may have written: every value
     is shown through ``clean`` and a missing one as ``-``."""
     table = Table(title="attempts", title_justify="left")
-    for name in ("#", "nodes", "ended", "why", "steps", "recomputed", "replaced / dropped"):
+    for name in ("#", "nodes", "ended", "why", "steps", "recomputed", "replaced / dropped", "kWh"):
         table.add_column(name, overflow="fold")
     for entry in attempts[:100]:
         if not isinstance(entry, Mapping):
@@ -485,5 +499,6 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
             clean(f"{first if first is not None else '-'}..{last if last is not None else '-'}", 40),
             clean(entry.get("steps_recomputed") if entry.get("steps_recomputed") is not None else "-", 20),
             clean(" ".join(changed) or "-", 200),
+            fmt_kwh(kwh_figure(entry.get("energy_kwh"))),
         )
     return table

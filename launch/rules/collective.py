@@ -19,6 +19,9 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 SLOW_RATIO = 0.5
 MARK = "FLEETRUN_COLLECTIVE "
@@ -164,3 +167,162 @@ def verdict_lines(report: CollectiveReport) -> list[tuple[str, str, str]]:
         else:
             lines.append((node, "ok", f"{figure:.3f} GB/s in its pair test"))
     return lines
+
+
+# -- history: this result against the earlier ones -------------------------------------------------
+HISTORY_RUNS = 5
+"""A figure is compared with the median of the last this many comparable results."""
+HISTORY_RATIO = 0.7
+"""Under this times its history's median, a figure is flagged (WARN)."""
+MIN_HISTORY = 2
+"""Fewer earlier figures than this: nothing to compare with yet."""
+MAX_NODES = 4096
+MAX_NAME = 255
+
+
+def _gbps(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and 0 <= value < 1e6):
+        raise ValueError(f"{value!r} is not a bandwidth in GB/s")
+    return value
+
+
+class SavedResult(BaseModel):
+    """One ``collective/<time>.json`` as ``fab doctor --collective`` saves it (fleetrun's own file,
+    parsed like any other input: a newer fleetrun's extra fields are ignored, a wrong type or a
+    value out of bounds names the field)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    time: float = Field(ge=0, le=1e11)
+    """When the test ran (Unix time)."""
+    backend: str | None = Field(default=None, max_length=16)
+    """``gloo`` or ``nccl`` (None: the fleet test did not complete)."""
+    nodes: tuple[Annotated[str, Field(min_length=1, max_length=MAX_NAME)], ...] = Field(max_length=MAX_NODES)
+    """The hosts measured, in order."""
+    fleet_gbps: float | None = None
+    """The whole group's all-reduce bus bandwidth."""
+    per_node_gbps: dict[Annotated[str, Field(max_length=MAX_NAME)], float] = Field(
+        default_factory=dict, max_length=MAX_NODES
+    )
+    """Each node's pair-test figure (only the nodes the bisection paired)."""
+    slow: tuple[Annotated[str, Field(max_length=MAX_NAME)], ...] = Field(default=(), max_length=MAX_NODES)
+
+    @field_validator("fleet_gbps")
+    @classmethod
+    def _fleet(cls, value: float | None) -> float | None:
+        return _gbps(value)
+
+    @field_validator("per_node_gbps")
+    @classmethod
+    def _per_node(cls, value: dict[str, float]) -> dict[str, float]:
+        for figure in value.values():
+            _gbps(figure)
+        return value
+
+
+def saved_result(text: str | bytes) -> SavedResult:
+    """A saved result from its JSON text (strict types: no "1.5" for a number, no true for 1);
+    ``ValueError`` naming the field when it is not one."""
+    try:
+        return SavedResult.model_validate_json(text, strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            raise ValueError(f"not JSON ({first['msg'].removeprefix('Invalid JSON: ')})") from None
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"field {where!r}: {first['msg']}" if where else first["msg"]) from None
+
+
+def comparable(current: SavedResult, earlier: SavedResult) -> bool:
+    """The same backend, and at least half of the current hosts measured then too: a fleet's bus
+    bandwidth is compared with the same (or mostly the same) fleet's."""
+    if not current.backend or current.backend != earlier.backend:
+        return False
+    common = set(current.nodes) & set(earlier.nodes)
+    return bool(common) and 2 * len(common) >= len(current.nodes)
+
+
+@dataclass(frozen=True)
+class HistoryFinding:
+    """One figure against its history: ``node`` is ``fleet`` for the fleet's figure."""
+
+    node: str
+    level: str
+    """``ok`` or ``warn``."""
+    gbps: float
+    median_gbps: float
+    runs: int
+    """How many earlier figures the median is of."""
+    fleet: bool = False
+    """The fleet's figure (``node`` is then ``fleet``), not a node's."""
+
+    @property
+    def ratio(self) -> float:
+        return self.gbps / self.median_gbps if self.median_gbps > 0 else math.inf
+
+    @property
+    def message(self) -> str:
+        below = f", under {HISTORY_RATIO:g}x" if self.level == "warn" else ""
+        return (
+            f"{self.gbps:.3g} GB/s, {self.ratio:.2f}x its median of the last {self.runs} doctor runs "
+            f"({self.median_gbps:.3g} GB/s){below}"
+        )
+
+
+def _judge(
+    node: str, figure: float, history: Sequence[float], ratio: float, fleet: bool = False
+) -> HistoryFinding | None:
+    if len(history) < MIN_HISTORY:
+        return None
+    median = statistics.median(history)
+    level = "warn" if figure < ratio * median else "ok"
+    return HistoryFinding(node, level, figure, median, len(history), fleet)
+
+
+def compare_history(
+    current: SavedResult,
+    history: Sequence[SavedResult],
+    runs: int = HISTORY_RUNS,
+    ratio: float = HISTORY_RATIO,
+) -> list[HistoryFinding]:
+    """The fleet's figure against the median of the last ``runs`` comparable results, and each
+    node's pair figure against the last ``runs`` figures of that node (same backend). ``history``:
+    the earlier results, any order (the current one left out)."""
+    ordered = sorted((h for h in history if h.time < current.time), key=lambda h: h.time)
+    findings: list[HistoryFinding] = []
+    if current.fleet_gbps is not None:
+        fleet = [h.fleet_gbps for h in ordered if h.fleet_gbps is not None and comparable(current, h)]
+        found = _judge("fleet", current.fleet_gbps, fleet[-runs:], ratio, fleet=True)
+        if found is not None:
+            findings.append(found)
+    for node, figure in current.per_node_gbps.items():
+        own = [
+            h.per_node_gbps[node] for h in ordered if h.backend == current.backend and node in h.per_node_gbps
+        ]
+        found = _judge(node, figure, own[-runs:], ratio)
+        if found is not None:
+            findings.append(found)
+    return findings
+
+
+@dataclass(frozen=True)
+class NodeHistory:
+    """One node's pair figures over time, for ``fab doctor --collective-history``."""
+
+    node: str
+    backend: str
+    figures: tuple[tuple[float, float], ...]
+    """(time, GB/s), oldest first."""
+
+    @property
+    def median_gbps(self) -> float:
+        return statistics.median(v for _t, v in self.figures)
+
+
+def node_histories(results: Sequence[SavedResult]) -> list[NodeHistory]:
+    """Each (node, backend)'s figures, oldest first; nodes in the order first seen."""
+    found: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for result in sorted(results, key=lambda r: r.time):
+        for node, figure in result.per_node_gbps.items():
+            found.setdefault((node, result.backend or "?"), []).append((result.time, figure))
+    return [NodeHistory(node, backend, tuple(figures)) for (node, backend), figures in found.items()]

@@ -435,6 +435,8 @@ class AttemptEnd:
     renewed: tuple[Renewal, ...] = ()
     """Nodes of this attempt left out after it (``gpu_fault``, ``straggler``) that the next one
     runs on a new machine of the same name (no spare was left)."""
+    energy_kwh: float | None = None
+    """The attempt's GPU energy (power over time, ``launch.rules.energy``); None without readings."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -455,6 +457,7 @@ class AttemptEnd:
             "drained": [d.to_json() for d in self.drained],
             "resumed_from": self.resumed_from,
             "renewed": [r.to_json() for r in self.renewed],
+            "energy_kwh": self.energy_kwh,
         }
 
 

@@ -35,6 +35,7 @@ from launch.planning import remote_layout as layout
 from launch.planning.launchers import launcher_class
 from launch.reports.plot import plot_loss
 from launch.reports.safe_text import clean
+from launch.rules.energy import kwh_figure
 from launch.rules.preflight import Job, judge
 from launch.rules.recovery import (
     EXCLUDING_LOSSES,
@@ -232,6 +233,7 @@ def record(
         drained=state.drained,
         resumed_from=resume_story(state.resume_record, summary) if state.ended else None,
         renewed=state.renewed,
+        energy_kwh=watcher.rule_state.energy.kwh if watcher is not None else None,
     )
     return replace(
         state,
@@ -584,6 +586,7 @@ def attempt_end_from_json(data: object) -> AttemptEnd | None:
             for k, v in (timings.items() if isinstance(timings, dict) else ())
             if isinstance(v, int | float) and not isinstance(v, bool)
         ),
+        energy_kwh=kwh_figure(data.get("energy_kwh")),
     )
 
 

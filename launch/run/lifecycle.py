@@ -33,6 +33,7 @@ from launch.paths import known_hosts_file
 from launch.planning.launchers import launcher_class
 from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
+from launch.rules.recovery import AttemptEnd
 from launch.rules.stoprules import StopDecision
 from launch.run import attempts, stages
 from launch.run.clock import Clock
@@ -217,6 +218,7 @@ def wrap_up_run(run: Progress, decision: StopDecision, teardown_applies: bool) -
         teardown_applies=teardown_applies,
         transfers=ctx.transfers,
         clock=ctx.clock,
+        ended=state.ended,
     )
     if state.ended and (state.plan.recovery.enabled or len(state.ended) > 1):
         attempts.record_attempts(ctx, state, summary)
@@ -272,7 +274,6 @@ def rebuilt_state(record: RunRecord, spec: JobSpec, target: WatchTarget, known_h
     plan = launcher.plan(
         spec, inventory, record.id, poweroff_hook=fleet_kind(inventory.fleet).poweroff_hook()
     )
-    ended = tuple(a for a in map(attempts.attempt_end_from_json, record.attempts) if a is not None)
     return RunState(
         plan=plan,
         inventory=inventory,
@@ -280,8 +281,13 @@ def rebuilt_state(record: RunRecord, spec: JobSpec, target: WatchTarget, known_h
         target=target,
         attempt=target.attempt,
         started_job=True,
-        ended=ended,
+        ended=recorded_attempts(record),
     )
+
+
+def recorded_attempts(record: RunRecord) -> tuple[AttemptEnd, ...]:
+    """The attempts the run record says ended (``attempts.json``'s entries)."""
+    return tuple(a for a in map(attempts.attempt_end_from_json, record.attempts) if a is not None)
 
 
 def reattach(
@@ -318,7 +324,15 @@ def reattach(
         )
         decision = watch_safely(watcher, target.folder)
         return wrap_up(
-            target, port, decision, records, known_hosts, reporter, watcher=watcher, clock=clock or time
+            target,
+            port,
+            decision,
+            records,
+            known_hosts,
+            reporter,
+            watcher=watcher,
+            clock=clock or time,
+            ended=recorded_attempts(record),  # their energy counts too
         )
     options = RunOptions(poll_interval=poll_interval)
     peers = PeerCopies(record.id, folder.path / PEER_STAGING, reporter.say)

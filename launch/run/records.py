@@ -78,6 +78,13 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN overrides TEXT NOT NULL DEFAULT '{}';
     ALTER TABLE runs ADD COLUMN sweep_id TEXT;
     """,
+    # GPU energy (``launch.rules.energy``): the run's total (NULL: no GPU readings, never 0) and
+    # each attempt's figure, kept up to date by the watcher's heartbeat so that a re-attached
+    # watcher goes on from the attempt's energy so far
+    """
+    ALTER TABLE runs ADD COLUMN energy_kwh REAL;
+    ALTER TABLE runs ADD COLUMN energy_by_attempt TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -89,6 +96,7 @@ _JSON_COLUMNS = (
     "hyperparameters",
     "attempts",
     "overrides",
+    "energy_by_attempt",
 )
 _LIST_COLUMNS = ("artifacts", "attempts")
 _UPDATABLE = frozenset(
@@ -100,6 +108,8 @@ _UPDATABLE = frozenset(
         "exit_codes",
         "last_metrics",
         "cost_usd",
+        "energy_kwh",
+        "energy_by_attempt",
         "run_dir",
         "artifacts",
         "attempts",

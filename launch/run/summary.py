@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launch.fleets.kinds.base import TeardownOutcome, TeardownState
+from launch.rules.energy import RunEnergy
 from launch.rules.stoprules import Outcome, Teardown, should_teardown
 
 TRACEBACK_FILE = "traceback.txt"
@@ -102,8 +103,9 @@ class RunSummary:
     nodes: list[str] = field(default_factory=list)
     cost_usd: float | None = None
     """Estimated USD (``launch.rules.pricing``) from the launch to the end; None when the price is unknown."""
-    energy_kwh: float | None = None
-    """GPU energy of the (last) attempt, from the polled power draw; None without GPU readings."""
+    energy: RunEnergy = field(default_factory=RunEnergy)
+    """GPU energy from the polled power draw, per attempt (``launch.rules.energy``): the run's
+    is the sum over its attempts; none without GPU readings."""
     traceback: str | None = None
     """``traceback.txt`` when fleetrun itself failed during the run."""
     decided_at: float | None = None
@@ -113,6 +115,11 @@ class RunSummary:
     @property
     def ok(self) -> bool:
         return self.outcome == "succeeded"
+
+    @property
+    def energy_kwh(self) -> float | None:
+        """The run's GPU energy over all its attempts; None without GPU readings (never 0)."""
+        return self.energy.total_kwh
 
     @property
     def failed_node(self) -> str | None:
@@ -139,6 +146,8 @@ class RunSummary:
             "nodes": self.nodes,
             "cost_usd": self.cost_usd,
             "energy_kwh": self.energy_kwh,
+            "energy_attempts": self.energy.attempts,
+            "energy_kwh_by_attempt": self.energy.to_json(),
             "traceback": self.traceback,
             "decided_at": self.decided_at,
             "teardown_started_at": self.teardown_started_at,
@@ -155,6 +164,8 @@ class RunSummary:
             "exit_codes": self.exit_codes,
             "last_metrics": self.last_metrics,
             "cost_usd": self.cost_usd,
+            "energy_kwh": self.energy_kwh,
+            "energy_by_attempt": self.energy.to_json(),
         }
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launch.rules.energy import RunEnergy, resume_meter
 from launch.rules.pricing import cost_so_far
 from launch.rules.stoprules import Observation, StopDecision
 from launch.run.clock import Clock
@@ -36,14 +37,26 @@ def build_watcher(
     completion_grace_s: float = 30.0,
     clock: Clock = time,
 ) -> Watcher:
-    """A watcher whose every poll refreshes the run record's heartbeat, metrics and cost."""
+    """A watcher whose every poll refreshes the run record's heartbeat, metrics, cost and energy.
+
+    The energy goes into the record at every poll, per attempt (``launch.rules.energy``): a
+    watcher that follows the same attempt later (``fab watch RUN``) starts its meter from the
+    figure so far, and the run's total sums each attempt once."""
+    record = records.get(target.run_id)
+    energy = RunEnergy.from_json(record.energy_by_attempt if record is not None else None)
 
     def heartbeat(obs: Observation) -> None:
+        nonlocal energy
         price = obs.price_per_node_hour
         cost = cost_so_far(obs.fleet_size, price, obs.elapsed_s) if price > 0 else None
-        records.heartbeat(target.run_id, obs.now, last_metrics=dict(obs.metrics.last_metrics), cost_usd=cost)
+        fields: dict[str, object] = {"last_metrics": dict(obs.metrics.last_metrics), "cost_usd": cost}
+        kwh = watcher.rule_state.energy.kwh
+        if kwh is not None:
+            energy = energy.with_attempt(target.attempt, kwh)
+            fields |= {"energy_kwh": energy.total_kwh, "energy_by_attempt": energy.to_json()}
+        records.heartbeat(target.run_id, obs.now, **fields)
 
-    return Watcher(
+    watcher = Watcher(
         target,
         fleet,
         console,
@@ -52,6 +65,8 @@ def build_watcher(
         on_poll=heartbeat,
         clock=clock,
     )
+    resume_meter(watcher.rule_state.energy, energy.of_attempt(target.attempt))
+    return watcher
 
 
 def save_traceback(folder: Path, exc: BaseException, where: str) -> Path:

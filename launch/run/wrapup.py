@@ -14,7 +14,7 @@ import importlib
 import shlex
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,7 +25,9 @@ from launch.fleets.teardown import tear_down
 from launch.planning import remote_layout as layout
 from launch.reports.plot import plot_loss
 from launch.reports.tensorboard import write_tensorboard
+from launch.rules.energy import RunEnergy
 from launch.rules.pricing import cost_so_far, price_per_node_hour
+from launch.rules.recovery import AttemptEnd
 from launch.rules.stoprules import PEER_GONE_RULES, StopDecision
 from launch.run.artifacts import revoke_cluster_keys, stop_all
 from launch.run.clock import Clock
@@ -160,6 +162,9 @@ class WatchFacts:
     world: dict[str, Any] | None = None
     first_step_after_s: float | None = None
     energy_kwh: float | None = None
+    """The watched attempt's GPU energy (None: no readings)."""
+    attempt: int | None = None
+    """The attempt the watcher watched: its own, which the run's state may have moved past."""
 
 
 def watch_facts(watcher: Watcher | None, started_at: float) -> WatchFacts:
@@ -175,6 +180,7 @@ def watch_facts(watcher: Watcher | None, started_at: float) -> WatchFacts:
         world=dict(summary.world) if summary.world else None,
         first_step_after_s=None if watcher.first_step_at is None else watcher.first_step_at - started_at,
         energy_kwh=watcher.rule_state.energy.kwh,
+        attempt=watcher.target.attempt,
     )
 
 
@@ -332,6 +338,21 @@ def start_reports(
     return reports
 
 
+def run_energy(recorded: RunEnergy, ended: Sequence[AttemptEnd], facts: WatchFacts) -> RunEnergy:
+    """Every attempt's energy, each once, the freshest figure of each: what the heartbeats left
+    in the run record (an attempt whose watcher went away and was never watched again), replaced
+    by the ended attempts' figures, then by the watched attempt's from its watcher."""
+    figures = [*recorded.by_attempt.items(), *((a.attempt, a.energy_kwh) for a in ended)]
+    if facts.attempt is not None:
+        figures.append((facts.attempt, facts.energy_kwh))
+    return RunEnergy.of(figures)
+
+
+def recorded_energy(records: RunRecords, run_id: str) -> RunEnergy:
+    record = records.get(run_id)
+    return RunEnergy.from_json(record.energy_by_attempt if record is not None else None)
+
+
 def finish(
     target: WatchTarget,
     decision: StopDecision,
@@ -348,15 +369,20 @@ def finish(
     teardown_applies: bool,
     timings: Mapping[str, float],
     clock: Clock = time,
+    ended: Sequence[AttemptEnd] = (),
 ) -> RunSummary:
     """Decide and run the teardown (while the reports are drawn), then record the run and write
-    ``summary.json``. Never raises for a step."""
+    ``summary.json``. Never raises for a step. ``ended``: the run's attempts that ended (their
+    energy is summed with the watched attempt's)."""
     folder = RunFolder(target.folder)
     hosts = [h.name for h in target.inventory.hosts]
     facts = steps.run(
         "reading the watcher's facts",
         lambda: watch_facts(watcher, target.started_at),
         lambda _m: WatchFacts(),
+    )
+    recorded = steps.run(
+        "reading the recorded energy", lambda: recorded_energy(records, target.run_id), lambda _m: RunEnergy()
     )
     teardown_started_at: float | None = None
     decided = decide_teardown(
@@ -399,7 +425,7 @@ def finish(
         timings={**timings, **steps.timings},
         nodes=hosts,
         cost_usd=cost_so_far(len(hosts), price, ended_at - target.started_at) if launched else None,
-        energy_kwh=facts.energy_kwh,
+        energy=run_energy(recorded, ended, facts),
         traceback=TRACEBACK_FILE if (folder.path / TRACEBACK_FILE).exists() else None,
         decided_at=decided_at,
         teardown_started_at=teardown_started_at,
@@ -429,6 +455,7 @@ def wrap_up(
     teardown_applies: bool | None = None,
     transfers: Transfers | None = None,
     clock: Clock = time,
+    ended: Sequence[AttemptEnd] = (),
 ) -> RunSummary:
     """Secure the artifacts (stop, pull, upload, revoke), write the reports, finish (teardown
     by policy, record, ``summary.json``). Never raises for a step.
@@ -459,4 +486,5 @@ def wrap_up(
         teardown_applies=started_job if teardown_applies is None else teardown_applies,
         timings=timings or {},
         clock=clock,
+        ended=ended,
     )
