@@ -53,6 +53,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "sweep-id": "record the run as a variant of this sweep (fab sweep sets it)",
         "wait": "wait for the machines, in arrival order among runs waiting for them, instead of refusing busy ones",
         "allow-path": "a directory outside the playbook's tree that its workdir or channels may send",
+        "allow-local-hooks": "run the playbook's on_end commands on this machine (remembered for this file's exact bytes)",
     },
 )
 @_friendly
@@ -69,6 +70,7 @@ def train(
     sweep_id: str = "",
     wait: bool = False,
     allow_path: str = "",
+    allow_local_hooks: bool = False,
 ) -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded.
 
@@ -91,6 +93,7 @@ def train(
         sweep_id=sweep_id or None,
         wait=wait,
         allow_paths=(Path(allow_path),) if allow_path else (),
+        allow_local_hooks=allow_local_hooks,
     )
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
