@@ -6,37 +6,15 @@ command, and a light command (``fab exec`` on 64 nodes) should not pay for impor
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 from invoke import Collection
 from invoke.exceptions import Exit
 
 from launch.cli.daily_tasks import SET_HELP, forward, queue, ssh, ssh_config, sweep
+from launch.cli.edge import friendly as _friendly
 from launch.cli.task_help import ROOT, task
-from launch.errors import FleetrunError
-from launch.settings import Settings, active, current
-
-
-def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The CLI edge: settings read once from the environment for the command (``launch.settings``);
-    a ``FleetrunError`` becomes one clear line on stderr and exit code 2, not a traceback."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            with active(Settings.from_env()):
-                return fn(*args, **kwargs)
-        except FleetrunError as exc:
-            from launch.reports.safe_text import MAX_LINE_CHARS, clean
-
-            # the message may quote a node, a job or an inventory: no control characters, bounded
-            print(f"fleetrun: error: {clean(exc, MAX_LINE_CHARS, multiline=True)}", file=sys.stderr)
-            raise Exit(code=2) from None
-
-    return wrapper
+from launch.settings import current
 
 
 @task(

@@ -27,8 +27,6 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,24 +172,9 @@ def run_command(command: str, folder: Path, env: dict[str, str], timeout: float,
         open(summary, "rb") if summary.exists() else open(os.devnull, "rb") as stdin,
         open(log, "ab") as out,
     ):
-        child = subprocess.Popen(
-            ["sh", "-c", command],
-            cwd=folder,
-            stdin=stdin,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
+        rc, timed_out = fleetrun_hooks.run_bounded(
+            ["sh", "-c", command], str(folder), stdin, out, env, timeout
         )
-        timed_out = False
-        try:
-            rc: int | None = child.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out, rc = True, None
-        with contextlib.suppress(OSError):  # what it left running goes with it
-            os.killpg(child.pid, signal.SIGKILL)
-        if timed_out:
-            child.wait()
     return {
         "hook": "on_end",
         "command": command,
