@@ -23,7 +23,7 @@ from launch.errors import SpecError
 from launch.job.spec import load_job_spec
 from launch.run import lifecycle
 from launch.run.hooks import LocalHooks, before_stop_files, local_hooks_verdict, run_on_end, save_on_end
-from tests.conftest import SAMPLE_HOST_KEYS, TEST_PREFIX, fab, needs_root, write_playbook
+from tests.conftest import TEST_PREFIX, fab, needs_root, sample_inventory, write_playbook
 
 ALLOWED = LocalHooks(True, "allowed (test)", "job.yaml")
 
@@ -207,20 +207,11 @@ def test_allowance_is_for_the_playbooks_exact_bytes(tmp_path: Path, monkeypatch:
 
 
 def _lab(tmp_path: Path) -> Path:
+    """Two documentation-range lab hosts: nothing is connected to before the run starts."""
     import yaml
 
-    hosts = tmp_path / "hosts.yaml"
-    hosts.write_text(
-        yaml.safe_dump(
-            {
-                "defaults": {"user": "alice"},
-                "hosts": [
-                    {"name": f"g{i}", "address": f"192.0.2.{i + 10}", "host_key": SAMPLE_HOST_KEYS[i]}
-                    for i in range(2)
-                ],
-            }
-        )
-    )
+    hosts = tmp_path / "hosts.yaml"  # a lab inventory: its hosts only
+    hosts.write_text(yaml.safe_dump({"hosts": sample_inventory(2).to_yaml_data()["hosts"]}))
     return hosts
 
 
