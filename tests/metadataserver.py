@@ -1,11 +1,11 @@
-"""A cloud metadata server of our own, for preemption-notice tests and the benchmark.
+"""The product's cloud metadata endpoint (``launch.fleets.local.spot``), misbehaving on demand,
+for preemption-notice tests and the benchmark.
 
-Real HTTP, the real flows: EC2's IMDSv2 (PUT ``/latest/api/token`` with the TTL header, then
-``GET /latest/meta-data/spot/instance-action`` with the token: 404 until the notice, 401 for a
-wrong token) and GCE's (``GET /computeMetadata/v1/instance/preempted`` with
-``Metadata-Flavor: Google``, answered with that header, ``FALSE`` or ``TRUE``). The notice is on
-while the file ``<control>/notice`` exists; ``<control>/mode`` makes it misbehave (``500``,
-``garbage``, ``slow``, ``expire-tokens``: tokens issued before the mode was set answer 401). Every request is counted in ``<control>/requests``.
+The flows (EC2's IMDSv2, GCE's) are the product's own ``spot.Handler``; what this adds is test
+control through files: the notice is on while ``<control>/notice`` exists (its time is now);
+``<control>/mode`` makes the endpoint misbehave (``500``, ``garbage``, ``slow``,
+``expire-tokens``: tokens issued before the mode was set answer 401). Every request is counted
+in ``<control>/requests``.
 
 Run in a node's network namespace at 169.254.169.254 (the fleet test), or on loopback::
 
@@ -14,29 +14,21 @@ Run in a node's network namespace at 169.254.169.254 (the fleet test), or on loo
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+if __name__ == "__main__":  # run as a script: the product package from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-class Handler(BaseHTTPRequestHandler):
+from launch.fleets.local.spot import Handler as CloudFlows
+from launch.fleets.local.spot import MetadataEndpoint
+
+
+class Handler(CloudFlows):
     server: MetadataServer
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
-        pass
-
-    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def _misbehave(self) -> bool:
         mode = self.server.mode()
@@ -54,58 +46,28 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:  # noqa: N802 - http.server's name
         self.server.count(self.path)
-        if self._misbehave():
-            return
-        if self.path != "/latest/api/token":
-            self._answer(404, b"")
-            return
-        if not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "").isdigit():
-            self._answer(400, b"missing the TTL header")
-            return
-        token = secrets.token_urlsafe(24)
-        with self.server.lock:
-            self.server.tokens[token] = time.time()
-        self._answer(200, token.encode())
+        if not self._misbehave():
+            super().do_PUT()
 
     def do_GET(self) -> None:  # noqa: N802
         self.server.count(self.path)
-        if self._misbehave():
-            return
-        if self.path == "/latest/meta-data/spot/instance-action":
-            token = self.headers.get("X-aws-ec2-metadata-token", "")
-            with self.server.lock:
-                issued = self.server.tokens.get(token)
-            revoked_before = self.server.mode_set_at() if self.server.mode() == "expire-tokens" else 0.0
-            if issued is None or issued < revoked_before:
-                self._answer(401, b"")
-                return
-            if not self.server.notice():
-                self._answer(404, b"")
-                return
-            action = {"action": "terminate", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            self._answer(200, json.dumps(action).encode())
-            return
-        if self.path == "/computeMetadata/v1/instance/preempted":
-            if self.headers.get("Metadata-Flavor") != "Google":
-                self._answer(403, b"missing Metadata-Flavor")
-                return
-            body = b"TRUE" if self.server.notice() else b"FALSE"
-            self._answer(200, body, {"Metadata-Flavor": "Google"})
-            return
-        self._answer(404, b"")
+        if not self._misbehave():
+            super().do_GET()
 
 
-class MetadataServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class MetadataServer(MetadataEndpoint):
     def __init__(self, address: str, port: int, control: Path) -> None:
         super().__init__((address, port), Handler)
         self.control = control
-        self.tokens: dict[str, float] = {}
-        self.lock = threading.Lock()
 
-    def notice(self) -> bool:
-        return (self.control / "notice").exists()
+    def notice_deadline(self) -> float | None:
+        return time.time() if (self.control / "notice").exists() else None
+
+    def valid(self, token: str) -> bool:
+        with self.lock:
+            issued = self.tokens.get(token)
+        revoked_before = self.mode_set_at() if self.mode() == "expire-tokens" else 0.0
+        return issued is not None and issued >= revoked_before
 
     def mode(self) -> str:
         try:

@@ -18,9 +18,12 @@ unit-tested in ``test_preflight.py``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -109,11 +112,13 @@ def test_seeded_faults_are_named_per_node(lab: LocalFleet, fleetrun_home: Path, 
                 "--",
                 "/usr/bin/python3",
                 "-c",
-                "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', 29500)); s.listen(); "
-                "print('up', flush=True); time.sleep(600)",
+                "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', 29500)); s.listen(); "
+                "print('up', flush=True); sys.stdin.read()",  # ends when this test's end of the pipe closes
             ],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # runuser forks the listener: killing runuser alone left it holding the port
         )
         assert listener.stdout is not None and listener.stdout.readline().strip() == "up"
         user = pwd.getpwnam(head)
@@ -186,8 +191,12 @@ def test_seeded_faults_are_named_per_node(lab: LocalFleet, fleetrun_home: Path, 
         assert found[(head, "rdzv-port")] == ("ok", f"29555 on {lab.address(0)} free")
     finally:
         if listener is not None:
-            listener.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(listener.pid, signal.SIGKILL)  # runuser and the listener it forked
             listener.wait()
+            for pipe in (listener.stdin, listener.stdout):
+                if pipe is not None:
+                    pipe.close()
         if mounted:
             for _ in range(20):
                 if subprocess.run([*nsenter, "umount", str(homes[0])], check=False).returncode == 0:
@@ -338,8 +347,7 @@ def test_bad_gpu_is_named_per_gpu_with_the_nvidia_smi_stand_in(lab: LocalFleet, 
 def test_collective_names_the_node_behind_a_slow_link(lab: LocalFleet, fleetrun_home: Path) -> None:
     """Node 2's link limited to 20 Mbit/s with ``tc tbf`` (netem is not in this kernel):
     ``fab doctor --collective`` runs all-reduce through torchrun, then pairs, and names node 2.
-    Its own port: an earlier test's stray listener may still hold 29500 on the head."""
-    import os
+    Its own port, apart from the other tests' 29500."""
 
     two = lab.node_name(2)
     _netns(

@@ -484,6 +484,7 @@ def test_fab_export_refuses_in_one_line(tmp_path: Path) -> None:
     fab = Path(sys.executable).parent / "fab"
     for args, message in (
         (["--image", IMAGE, "--nodes", "1"], "--nodes 1: the playbook says nodes: 2:3"),
+        (["--image", IMAGE, "--nodes", "0"], "--nodes: expected 1 to 4096, got 0"),
         (["--image", "ghcr.io/Lab/Digits:1"], "--image: the repository path must be lowercase"),
     ):
         proc = subprocess.run(

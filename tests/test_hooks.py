@@ -16,11 +16,16 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from launch.cli import app
 from launch.errors import SpecError
 from launch.job.spec import load_job_spec
-from launch.run.hooks import before_stop_files, run_on_end, save_on_end
-from tests.conftest import TEST_PREFIX, fab, needs_root, write_playbook
+from launch.run import lifecycle
+from launch.run.hooks import LocalHooks, before_stop_files, local_hooks_verdict, run_on_end, save_on_end
+from tests.conftest import TEST_PREFIX, fab, needs_root, sample_inventory, write_playbook
+
+ALLOWED = LocalHooks(True, "allowed (test)", "job.yaml")
 
 NODELIB = Path(__file__).resolve().parent.parent / "launch" / "nodelib"
 AGENT = str(NODELIB / "fleetrun_node.py")
@@ -138,7 +143,7 @@ def test_on_end_gets_the_summary_and_outcome_and_failures_are_recorded(tmp_path:
         ],
         hook_timeout_s=1.5,
     )
-    save_on_end(folder, spec)
+    save_on_end(folder, spec, ALLOWED)
     said: list[str] = []
     results = run_on_end(folder, say=said.append)
     assert json.loads((folder / "got.json").read_text()) == summary, "summary.json on stdin"
@@ -154,8 +159,129 @@ def test_on_end_gets_the_summary_and_outcome_and_failures_are_recorded(tmp_path:
 
 
 def test_no_hooks_no_files(tmp_path: Path) -> None:
-    save_on_end(tmp_path, _spec(tmp_path))
+    save_on_end(tmp_path, _spec(tmp_path), ALLOWED)
     assert run_on_end(tmp_path) == [] and not (tmp_path / "hooks.json").exists()
+
+
+# ------------------------------------------------------------------ on_end runs only when allowed
+
+
+def test_on_end_not_allowed_is_skipped_with_one_line_and_recorded(tmp_path: Path) -> None:
+    """A colleague's playbook: its ``on_end`` never runs on this machine unless allowed."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    spec = _spec(tmp_path, on_end=["touch pwned", "touch pwned2"])
+    save_on_end(folder, spec, LocalHooks(False, "not allowed", "their\x1b[2Jjob.yaml"))
+    said: list[str] = []
+    results = run_on_end(folder, say=said.append)
+    assert not (folder / "pwned").exists() and not (folder / "pwned2").exists()
+    assert [r["skipped"] for r in results] == ["not allowed", "not allowed"]
+    assert json.loads((folder / "hooks.json").read_text()) == results, "the record says so"
+    assert len(said) == 1 and "2 command(s)" in said[0] and "--allow-local-hooks" in said[0]
+    assert "\x1b" not in said[0], "the playbook's name is escaped"
+
+
+def test_a_run_folder_without_a_verdict_runs_nothing(tmp_path: Path) -> None:
+    """``on-end.json`` from before allowances existed (or edited to drop the verdict)."""
+    (tmp_path / "on-end.json").write_text(json.dumps({"commands": ["touch pwned"], "timeout_s": 5}))
+    assert run_on_end(tmp_path, say=lambda _: None)[0]["skipped"] == "not allowed"
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_allowance_is_for_the_playbooks_exact_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    spec = _spec(tmp_path, on_end="curl -d @- https://hooks.example/x")
+    playbook = tmp_path / "job.yaml"
+    assert not local_hooks_verdict(playbook, spec, allow=False, record=True).allowed
+    assert local_hooks_verdict(playbook, spec, allow=True, record=False).allowed, "a dry run with the flag"
+    assert not local_hooks_verdict(playbook, spec, allow=False, record=True).allowed, (
+        "a dry run records nothing"
+    )
+    assert local_hooks_verdict(playbook, spec, allow=True, record=True).allowed
+    (note,) = (tmp_path / "home" / "allowed-hooks").iterdir()
+    assert note.stat().st_mode & 0o077 == 0 and note.parent.stat().st_mode & 0o077 == 0
+    assert local_hooks_verdict(playbook, spec, allow=False, record=True).allowed, "remembered"
+    playbook.write_text(playbook.read_text() + "\n# edited\n")
+    assert not local_hooks_verdict(playbook, spec, allow=False, record=True).allowed, "another file"
+    assert local_hooks_verdict(playbook, _spec(tmp_path), allow=False, record=True).allowed, "no hooks"
+
+
+def _lab(tmp_path: Path) -> Path:
+    """Two documentation-range lab hosts: nothing is connected to before the run starts."""
+    import yaml
+
+    hosts = tmp_path / "hosts.yaml"  # a lab inventory: its hosts only
+    hosts.write_text(yaml.safe_dump({"hosts": sample_inventory(2).to_yaml_data()["hosts"]}))
+    return hosts
+
+
+def test_dry_run_prints_every_hook_escaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    _spec(
+        tmp_path,
+        nodes=2,
+        on_end=["curl -d @- https://hooks.example/x", "echo one\necho two\x1b[2J\rhidden"],
+        before_stop="cp -r outputs /shared",
+    )
+    console = Console(record=True, width=400)
+    app.train(tmp_path / "job.yaml", inventory=str(_lab(tmp_path)), dry_run=True, console=console)
+    text = console.export_text()
+    assert "# hook on_end, on THIS machine after the run (sh -c): not allowed: skipped" in text
+    assert "#   [0] curl -d @- https://hooks.example/x\n" in text
+    assert "#   [1] echo one\n#       echo two?[2J?hidden\n" in text, "each line shown, controls as ?"
+    assert (
+        "# hook before_stop, on every node when its watchdog ends the run (sh -c):\n#   [0] cp -r outputs"
+        in text
+    )
+    assert not (tmp_path / "home" / "allowed-hooks").exists()
+    console = Console(record=True, width=400)
+    app.train(
+        tmp_path / "job.yaml",
+        inventory=str(_lab(tmp_path)),
+        dry_run=True,
+        console=console,
+        allow_local_hooks=True,
+    )
+    assert "(sh -c): allowed (--allow-local-hooks)" in console.export_text()
+
+
+class _Started(Exception):
+    pass
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_train_saves_the_verdict_and_warns_at_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, allow: bool
+) -> None:
+    """What ``fab train`` decides before the run starts: the verdict kept with the run (``fab
+    watch`` runs the hooks by it), a warning now when they will be skipped, and the plan.txt text."""
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FLEETRUN_RUNS", str(tmp_path / "runs"))
+    _spec(tmp_path, nodes=2, on_end="touch pwned")
+    plans = []
+
+    def started(spec: object, plan: object, *args: object, **kwargs: object) -> None:
+        plans.append(plan)
+        raise _Started
+
+    monkeypatch.setattr(lifecycle, "start_run", started)
+    console = Console(record=True, width=400)
+    with pytest.raises(_Started):
+        app.train(
+            tmp_path / "job.yaml",
+            inventory=str(_lab(tmp_path)),
+            console=console,
+            skip_doctor=True,
+            ask_on_interrupt=False,
+            allow_local_hooks=allow,
+        )
+    (run,) = (tmp_path / "runs").iterdir()
+    saved = json.loads((run / "on-end.json").read_text())
+    assert saved["allowed"] is allow and saved["commands"] == ["touch pwned"]
+    warned = "warning: on_end: 1 command(s)" in console.export_text()
+    assert warned is not allow
+    assert ("(sh -c): allowed" in plans[0].render()) is allow, "plan.txt says whether they run"
+    assert (tmp_path / "home" / "allowed-hooks").exists() is allow
 
 
 @needs_root()
@@ -175,7 +301,15 @@ def test_a_run_whose_on_end_hooks_fail_and_hang_still_succeeds(
         hook_timeout_s=3,
     )
     runs = tmp_path / "runs"
-    proc = fab("train", str(playbook), "--inventory", f"local:{TEST_PREFIX}", home=fleetrun_home, runs=runs)
+    proc = fab(
+        "train",
+        str(playbook),
+        "--inventory",
+        f"local:{TEST_PREFIX}",
+        "--allow-local-hooks",
+        home=fleetrun_home,
+        runs=runs,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "succeeded (completed)" in proc.stdout
     assert (

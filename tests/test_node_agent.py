@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -443,3 +446,82 @@ def test_stop_removes_the_runs_tmp_but_never_through_a_symlink(
     (runs / "odd" / "tmp").mkdir(parents=True)
     fleetrun_node.stop_run("../runs/odd", 0.0)
     assert (runs / "odd" / "tmp").is_dir()
+
+
+def _late_exit_run(home: Path, run_id: str, after_stop: str) -> Path:
+    """A run whose ``launch.sh`` goes on after its job is stopped (``after_stop``, a process
+    without the run's marker, so ``stop`` cannot find it): its wrapper writes ``rc`` only then."""
+    run_dir = home / ".fleetrun" / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "launch.sh").write_text(
+        f"export FLEETRUN_RUN_ID={run_id}\nsleep 300\nenv -u FLEETRUN_RUN_ID {after_stop}\nexit 137\n"
+    )
+    return run_dir
+
+
+def _pid_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("after_stop", ["sleep 1.5", "sleep 60"])
+def test_no_exit_code_of_a_stopped_attempt_lands_in_the_next_one(tmp_path: Path, after_stop: str) -> None:
+    """Recovery stops the survivors' ranks, then moves the attempt's files to ``attempt-<n>/``
+    (``launch.run.attempts.stop_survivors``), then starts the next attempt in the same directory.
+    An exit code written after the move would read as the next attempt's ("exited 137"). Once
+    ``stop`` returns, the attempt's wrapper has written its exit code (moved with the attempt) or
+    was killed before it could (a launch.sh that goes on too long): nothing comes later."""
+    from launch.nodelib.fleetrun_node import _run_pids
+
+    home = tmp_path / "home"
+    run_id = f"r-late-{os.getpid()}-{len(after_stop)}"  # its processes are told apart by it
+    run_dir = _late_exit_run(home, run_id, after_stop)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+
+    def node(*args: str) -> dict:
+        out = subprocess.run(
+            [sys.executable, AGENT, *args], capture_output=True, text=True, timeout=90, env=env, check=False
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    wrapper = node("start", str(run_dir))["pid"]
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not _run_pids(run_id):
+            time.sleep(0.05)
+        node("stop", run_id, "0.5")
+        keep = run_dir / "attempt-1"  # as stop_survivors moves them
+        keep.mkdir()
+        for name in ("rc", "pid", "node.log", "launch.sh"):
+            if (run_dir / name).exists():
+                (run_dir / name).rename(keep / name)
+        assert _pid_gone(wrapper, 1.0), "stop returns only once the attempt's wrapper ended"
+        time.sleep(2.0)  # when the unfixed wrapper would have written its late exit code
+        assert not (run_dir / "rc").exists(), "no exit code of attempt 1 in attempt 2's place"
+        assert node("poll", str(run_dir), "0", "--no-heartbeat")["state"] == "absent"
+        if after_stop == "sleep 1.5":
+            assert (keep / "rc").read_text().strip() == "137", "the exit code went with its attempt"
+        else:
+            assert not (keep / "rc").exists(), "killed at the stop's bound: no exit code, never a late one"
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(wrapper, signal.SIGKILL)  # whatever a failed check left of the run
+
+
+def test_a_start_never_reads_an_earlier_starts_exit_code(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "r-stale", "sleep 300")
+    (run_dir / "rc").write_text("137\n")  # an earlier attempt's, not moved away
+    pid = agent("start", str(run_dir))["pid"]
+    try:
+        assert agent("poll", str(run_dir), "0", "--no-heartbeat")["state"] == "running"
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)

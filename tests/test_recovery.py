@@ -33,7 +33,6 @@ from launch.rules.recovery import (
     steps_recomputed,
 )
 from launch.rules.stoprules import StopDecision
-from launch.run.attempts import gather_evidence
 from launch.run.checkpoints import newest, parse_steps
 from launch.run.records import RunRecords
 from tests.conftest import SAMPLE_HOST_KEYS, sample_inventory
@@ -195,25 +194,6 @@ def test_unreachable_node_that_answers_again_is_watched_on() -> None:
     assert answered_again(unreachable, evidence(n0=(True,), n1=(True,), n2=(False, True))) == ("n2",)
     assert answered_again(unreachable, evidence(n0=(True,), n1=(True,), n2=(False,) * 6)) == ()
     assert answered_again(RANK_FAILED, evidence(n0=(True,), n1=(True,), n2=(True,))) == ()
-
-
-def test_gather_evidence_rechecks_only_the_silent_nodes() -> None:
-    hosts = sample_inventory(3).hosts
-    now = [0.0]
-    answers = {"n0": iter([True]), "n1": iter([False, True]), "n2": iter([False] * 100)}
-    calls: list[str] = []
-
-    def check(host: Any) -> bool:
-        calls.append(host.name)
-        return next(answers[host.name])
-
-    def sleep(seconds: float) -> None:
-        now[0] += seconds
-
-    found = gather_evidence(hosts, 5.0, check=check, clock=lambda: now[0], sleep=sleep)
-    assert calls.count("n0") == 1 and calls.count("n1") == 2
-    assert not confirmed_lost(found["n1"], 5.0), "a node that answered on the second check is not lost"
-    assert confirmed_lost(found["n2"], 5.0) and found["n2"].span_s >= 5.0 and len(found["n2"].checks) >= 5
 
 
 # -- what the next attempt runs on --------------------------------------------------------------------

@@ -126,3 +126,27 @@ def test_a_nodes_library_is_current_by_its_content_not_its_version_file(tmp_path
     guard.symlink_to(staging / "fleetrun_guard.py")  # same bytes, through a link: not a plain library
     assert library_digest(str(node_lib)) == "" and not lib_is_current("")
     assert library_digest(str(tmp_path / "missing")) == ""
+
+
+def test_a_library_sync_leaves_no_bytecode_of_the_library_it_replaced(tmp_path: Path) -> None:
+    """The node's ``lib/__pycache__`` is outside the library's digest; it must not outlive a
+    change of the library, or the node could import an earlier library's bytecode (a ``.pyc`` is
+    trusted by its source's mtime and size). The library's include rule comes before the
+    ``__pycache__`` exclusion, so nothing protects it there from ``--delete``; the workdir's own
+    cache stays (the user's). Plain local rsync with the sync's exact filters and options."""
+    workdir = _tree(tmp_path / "code")
+    stage = tmp_path / "stage"
+    (stage / "work").mkdir(parents=True)
+    (stage / "work" / "j1").symlink_to(workdir, target_is_directory=True)
+    (stage / "lib").symlink_to(nodelib_source()[0], target_is_directory=True)
+    node = tmp_path / "node" / ".fleetrun"
+    for cache in (node / "lib" / "__pycache__", node / "work" / "j1" / "__pycache__"):
+        cache.mkdir(parents=True)
+        (cache / "fleetrun_node.cpython-311.pyc").write_bytes(b"an earlier library's bytecode")
+    argv = ["rsync", "-az", "--relative", "--delete", "--mkpath", *single_transfer_filters(workdir, "j1")]
+    subprocess.run([*argv, f"{stage}/./work/j1/", f"{stage}/./lib/", f"{node}/"], check=True)
+    assert (node / "lib" / "fleetrun_node.py").is_file()
+    assert not (node / "lib" / "__pycache__").exists(), (
+        "the library's cache goes with the library it came from"
+    )
+    assert (node / "work" / "j1" / "__pycache__").is_dir(), "the workdir's excluded files stay"

@@ -6,6 +6,7 @@ prints it and stops), then run it and report. Errors the user can act on are ``F
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import sys
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,7 @@ from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
 from launch.run import lifecycle
 from launch.run import warm as keep_warm
-from launch.run.hooks import run_on_end, save_on_end
+from launch.run.hooks import local_hooks_verdict, run_on_end, save_on_end, skipped_line
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder, new_run_id
 from launch.run.state import AskKeepRunning, RunOptions
@@ -86,13 +87,15 @@ def train(
     sweep_id: str | None = None,
     wait: bool = False,
     allow_paths: tuple[Path, ...] = (),
+    allow_local_hooks: bool = False,
 ) -> RunResult | LaunchPlan:
     """The pipeline. ``teardown`` overrides the playbook's (``always``/``on_success``/``never``);
     ``skip_doctor`` launches without the pre-launch checks (``fab doctor``'s cheap part);
     ``overrides``: ``--set key=value`` items (``launch.job.overrides``), recorded with the run;
     ``hosts``: run on these hosts of the inventory (by name, head first) instead of its first ones;
     ``sweep_id``: the ``fab sweep`` this run is a variant of (recorded); ``wait``: queue for the
-    machines in arrival order instead of starting at once (``launch.cli.queue``)."""
+    machines in arrival order instead of starting at once (``launch.cli.queue``);
+    ``allow_local_hooks``: the playbook's ``on_end`` may run on this machine (``launch.run.hooks``)."""
     console = console or Console()
     playbook = resolve_playbook(playbook)
     changes = parse_overrides(overrides)
@@ -111,18 +114,24 @@ def train(
     check_channels_fit_the_fleet(spec, inv, playbook)
     plan = make_plan(spec, inv, dry_run=dry_run)
     check_profiled_ranks_exist(spec, plan.total_processes, playbook)
+    local_hooks = local_hooks_verdict(Path(playbook), spec, allow_local_hooks, record=not dry_run)
+    plan = dataclasses.replace(plan, on_end_verdict=local_hooks.why)
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
         return plan
     for warning in launch_warnings(spec, inv):
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
+    if not local_hooks.allowed:  # said now, not only 9 hours later when they are skipped
+        console.print(
+            Text("warning: ", style="yellow") + Text(skipped_line(len(spec.on_end), local_hooks.playbook))
+        )
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     # after its turn came, the run's queue entries are kept fresh until it ended (then removed)
     hold = wait_turn(inv, known_hosts, plan.run_id, lambda line: console.print(Text(line))) if wait else None
     folder = RunFolder.create(plan.run_id)
     if choice is not None:  # which hosts the job got, which were skipped and why, the spares
         folder.write_json("hosts.json", choice.record())
-    save_on_end(folder.path, spec)
+    save_on_end(folder.path, spec, local_hooks)
     records = open_records()
     reporter = RichReporter(console)
     options = RunOptions(

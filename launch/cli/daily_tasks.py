@@ -7,40 +7,18 @@ for the same reason as there (``fab`` loads this module for every command).
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 from invoke.exceptions import Exit
 
+from launch.cli.edge import friendly as _friendly
 from launch.cli.task_help import task
-from launch.errors import FleetrunError
-from launch.settings import Settings, active
 
 SET_HELP = (
     "change a playbook field for this run, as written in the file; repeatable, dotted paths: "
     "--set nodes=2 --set hyperparameters.lr=0.01 --set env.NCCL_DEBUG=INFO --set stop.max_wall_time_s=600"
 )
 """``--set``'s help, shared by train, plan, doctor, export and sweep."""
-
-
-def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """As ``launch.cli.tasks._friendly``: settings from the environment for the command, and a
-    ``FleetrunError`` as one line on stderr with exit code 2."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            with active(Settings.from_env()):
-                return fn(*args, **kwargs)
-        except FleetrunError as exc:
-            from launch.reports.safe_text import MAX_LINE_CHARS, clean
-
-            print(f"fleetrun: error: {clean(exc, MAX_LINE_CHARS, multiline=True)}", file=sys.stderr)
-            raise Exit(code=2) from None
-
-    return wrapper
 
 
 @task(

@@ -6,37 +6,15 @@ command, and a light command (``fab exec`` on 64 nodes) should not pay for impor
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 from invoke import Collection
 from invoke.exceptions import Exit
 
 from launch.cli.daily_tasks import SET_HELP, forward, queue, ssh, ssh_config, sweep
+from launch.cli.edge import friendly as _friendly
 from launch.cli.task_help import ROOT, task
-from launch.errors import FleetrunError
-from launch.settings import Settings, active, current
-
-
-def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The CLI edge: settings read once from the environment for the command (``launch.settings``);
-    a ``FleetrunError`` becomes one clear line on stderr and exit code 2, not a traceback."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            with active(Settings.from_env()):
-                return fn(*args, **kwargs)
-        except FleetrunError as exc:
-            from launch.reports.safe_text import MAX_LINE_CHARS, clean
-
-            # the message may quote a node, a job or an inventory: no control characters, bounded
-            print(f"fleetrun: error: {clean(exc, MAX_LINE_CHARS, multiline=True)}", file=sys.stderr)
-            raise Exit(code=2) from None
-
-    return wrapper
+from launch.settings import current
 
 
 @task(
@@ -53,6 +31,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "sweep-id": "record the run as a variant of this sweep (fab sweep sets it)",
         "wait": "wait for the machines, in arrival order among runs waiting for them, instead of refusing busy ones",
         "allow-path": "a directory outside the playbook's tree that its workdir or channels may send",
+        "allow-local-hooks": "run the playbook's on_end commands on this machine (remembered for this file's exact bytes)",
     },
 )
 @_friendly
@@ -69,6 +48,7 @@ def train(
     sweep_id: str = "",
     wait: bool = False,
     allow_path: str = "",
+    allow_local_hooks: bool = False,
 ) -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded.
 
@@ -91,6 +71,7 @@ def train(
         sweep_id=sweep_id or None,
         wait=wait,
         allow_paths=(Path(allow_path),) if allow_path else (),
+        allow_local_hooks=allow_local_hooks,
     )
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
@@ -491,7 +472,7 @@ def exec_(
         "playbook": "job file, e.g. playbooks/digits-ddp.yaml",
         "to": "what to export to: pytorchjob (a Kubeflow Training Operator PyTorchJob)",
         "image": "container image the pods run (built from images/docker/Dockerfile; see its header)",
-        "nodes": "override the playbook's node count",
+        "nodes": "override the playbook's node count, 1 or more (default: the playbook's)",
         "gpus": "GPUs per node (default: procs_per_node when a number, else 1; 0 for a CPU job)",
         "namespace": "Kubernetes namespace of the job (default: default)",
         "output": "write the manifest here instead of printing it",
@@ -504,7 +485,7 @@ def export(
     playbook: str,
     to: str = "pytorchjob",
     image: str = "",
-    nodes: int = 0,
+    nodes: int = -1,
     gpus: int = -1,
     namespace: str = "default",
     output: str = "",
@@ -520,7 +501,7 @@ def export(
         playbook,
         to=to,
         image=image,
-        nodes=nodes or None,
+        nodes=None if nodes == -1 else nodes,  # --nodes 0 is refused, not read as no override
         gpus=None if gpus < 0 else gpus,
         namespace=namespace,
         output=output or None,

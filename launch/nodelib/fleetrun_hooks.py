@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import time
+from typing import IO
 
 SCRIPT = "before-stop.sh"
 TIMEOUT_FILE = "before-stop-timeout"
@@ -42,6 +43,32 @@ def hook_timeout(run_dir: str) -> float:
     return min(value, MAX_TIMEOUT_S)
 
 
+def run_bounded(
+    argv: list[str],
+    cwd: str,
+    stdin: int | IO[bytes],
+    out: IO[bytes],
+    env: dict[str, str] | None,
+    timeout: float,
+) -> tuple[int | None, bool]:
+    """``argv`` in a session of its own, output to ``out``, bounded by ``timeout``; then its whole
+    process group is killed, what it left running in the background too. (exit code, or None when
+    killed at the timeout; whether it was). Shared with the laptop's ``on_end`` (``launch.run.hooks``)."""
+    child = subprocess.Popen(
+        argv, cwd=cwd, stdin=stdin, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
+    timed_out = False
+    try:
+        rc: int | None = child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out, rc = True, None
+    with contextlib.suppress(OSError):
+        os.killpg(child.pid, signal.SIGKILL)
+    if timed_out:
+        child.wait()
+    return rc, timed_out
+
+
 def _write_result(run_dir: str, result: dict[str, object]) -> None:
     tmp = os.path.join(run_dir, RESULT + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -61,25 +88,7 @@ def run_before_stop(run_dir: str, env: dict[str, str] | None = None) -> dict[str
     started = time.time()
     _write_result(run_dir, {"hook": "before_stop", "started_at": started, "state": "running"})
     with open(os.path.join(run_dir, LOG), "ab") as log:
-        child = subprocess.Popen(
-            ["sh", script],
-            cwd=run_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
-        timed_out = False
-        try:
-            rc: int | None = child.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out, rc = True, None
-        # whatever the hook left behind (a background child, the hung command) goes with it
-        with contextlib.suppress(OSError):
-            os.killpg(child.pid, signal.SIGKILL)
-        if timed_out:
-            child.wait()
+        rc, timed_out = run_bounded(["sh", script], run_dir, subprocess.DEVNULL, log, env, timeout)
     result: dict[str, object] = {
         "hook": "before_stop",
         "started_at": started,

@@ -34,6 +34,7 @@ leaves them running (checked on the local fleet).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import select
@@ -63,6 +64,9 @@ SERVE_IDLE_S = 600.0
 SMALL_FILE = 64
 """``rc`` and ``pid`` hold one number; more than this many bytes is not one."""
 LOG_TAIL_BYTES = 2000
+WRAPPER_WAIT_S = 5.0
+"""After a stop, how long the run's wrapper may still take to write its exit code (launch.sh goes on
+after its job ended) before its process group is killed, when the stop's grace is already over."""
 GPU_READ_EVERY_S = 2.0
 """The GPU counters are read at most this often (nvidia-smi takes a few hundred ms on 8 GPUs);
 polls in between get the last reading, so a fault shows within one poll of the next reading."""
@@ -183,6 +187,8 @@ def receive(run_dir: str, stream: BinaryIO | None = None) -> list[str]:
 
 def start(run_dir: str) -> protocol.StartAnswer:
     private_dir(run_dir)
+    with contextlib.suppress(FileNotFoundError):  # an earlier start's: this one's has not run yet
+        os.unlink(os.path.join(run_dir, "rc"))
     pid = _spawn(["sh", "-c", WRAPPER], run_dir, "node.log")
     write_private(os.path.join(run_dir, "pid"), str(pid))
     guard, error = start_guard(run_dir)
@@ -499,11 +505,54 @@ def _run_pids(run_id: str, watchdogs: bool | None = None) -> list[int]:
     return pids
 
 
+def _wrapper_of(run_dir: str) -> int | None:
+    """The run's wrapper (``WRAPPER``, which ``start`` left in ``pid``) while it runs; None for a
+    pid now of another process (cmdline and working directory are checked), or no wrapper."""
+    pid = protocol.parse_pid(_read(os.path.join(run_dir, "pid")))
+    if pid is None or not _alive(pid):
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read(len(WRAPPER) + 64).split(b"\0")
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+    if argv[:3] != [b"sh", b"-c", WRAPPER.encode()] or cwd != os.path.realpath(run_dir):
+        return None
+    return pid
+
+
+def _end_wrapper(pid: int, deadline: float) -> None:
+    """Wait for the run's wrapper to write its exit code and end; past ``deadline`` (and at least
+    ``WRAPPER_WAIT_S`` from now) kill its process group, launch.sh with it: then it writes nothing.
+
+    The wrapper carries no ``FLEETRUN_RUN_ID`` (launch.sh exports it), so the stop does not find
+    it, and it writes ``rc`` once launch.sh ends. Recovery moves an attempt's files away right
+    after the stop and then starts the next attempt in the same directory: an exit code written
+    after the stop returned would be read as the next attempt's."""
+    until = max(deadline, time.time() + WRAPPER_WAIT_S)
+    while _alive(pid) and time.time() < until:
+        time.sleep(0.05)
+    if not _alive(pid):
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)  # a session of its own (``_spawn``): its group is the run's
+    except OSError:
+        return
+    until = time.time() + 5.0
+    while _alive(pid) and time.time() < until:
+        time.sleep(0.02)
+
+
 def stop_run(run_id: str, grace: float, spare: int | None = None) -> protocol.StopAnswer:
-    """SIGTERM everything of the run, wait ``grace`` seconds, then SIGKILL what is left.
+    """SIGTERM everything of the run, wait ``grace`` seconds, then SIGKILL what is left; then wait
+    for the run's wrapper to end (``_end_wrapper``), so that nothing of this start writes into the
+    run directory once the stop has returned.
 
     ``spare`` is a pid not to touch (the watchdog stopping the run it belongs to).
     """
+    run_dir = os.path.join(os.path.expanduser("~"), ".fleetrun", "runs", run_id)
+    wrapper = _wrapper_of(run_dir) if protocol.is_name(run_id) else None
     guards = [p for p in _run_pids(run_id, watchdogs=True) if p != spare]
     found = [p for p in _run_pids(run_id) if p != spare]
     for pid in found:
@@ -527,8 +576,10 @@ def stop_run(run_id: str, grace: float, spare: int | None = None) -> protocol.St
         except OSError:
             pass
     time.sleep(0.05)
+    if wrapper is not None and wrapper != spare:
+        _end_wrapper(wrapper, deadline)
     remaining = [p for p in _run_pids(run_id) if p != spare]
-    tmp = os.path.join(os.path.expanduser("~"), ".fleetrun", "runs", run_id, RUN_TMP)
+    tmp = os.path.join(run_dir, RUN_TMP)
     if not remaining and protocol.is_name(run_id) and os.path.isdir(tmp) and not os.path.islink(tmp):
         shutil.rmtree(tmp, ignore_errors=True)  # the killed wrapper never removed its TMPDIR
     return protocol.StopAnswer(

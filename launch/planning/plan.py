@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from launch.job.inventory import Host, host_port
+from launch.reports.safe_text import clean
 from launch.rules.recovery import RecoveryPolicy, describe_policy
 
 MASK = "***"
@@ -98,6 +99,12 @@ class LaunchPlan:
     """Elastic jobs (``nodes: MIN:MAX``): the fewest nodes a later attempt may run on."""
     workdir: str = ""
     """The folder of this machine sent to every node (the dry run names it, with the data channels)."""
+    on_end: tuple[str, ...] = ()
+    """The playbook's ``on_end`` commands: run on *this* machine after the run, when allowed."""
+    on_end_verdict: str = "run only when allowed for this playbook (--allow-local-hooks)"
+    """Whether they will run and why (the caller that knows the user's allowances sets it)."""
+    before_stop: tuple[str, ...] = ()
+    """The playbook's ``before_stop`` commands: run on every node by its watchdog."""
 
     @property
     def head(self) -> NodePlan:
@@ -126,6 +133,7 @@ class LaunchPlan:
                 f"# sends: workdir {self.workdir} on this machine, to ~/.fleetrun/work/{self.job} on every node"
             )
         out += [f"# note: {n}" for n in self.notes]
+        out += self._hook_lines()
         for node in self.nodes:
             out.append("")
             out.append(f"## {node.describe()}")
@@ -144,6 +152,23 @@ class LaunchPlan:
             out.append(node.launch_script.rstrip())
             out.append(f"### command: {node.command}")
         return self.masked("\n".join(out) + "\n")
+
+    def _hook_lines(self) -> list[str]:
+        """Every hook, each line of each command on a comment line of its own, control characters
+        shown as ``?``: the playbook is someone's file, and this is where its commands are read."""
+        out = []
+        for commands, title in (
+            (self.on_end, f"# hook on_end, on THIS machine after the run (sh -c): {self.on_end_verdict}"),
+            (self.before_stop, "# hook before_stop, on every node when its watchdog ends the run (sh -c):"),
+        ):
+            if not commands:
+                continue
+            out.append(title)
+            for i, command in enumerate(commands):
+                lines = command.split("\n")
+                out.append(f"#   [{i}] {clean(lines[0], 8192)}")
+                out += [f"#       {clean(line, 8192)}" for line in lines[1:]]
+        return out
 
     def masked(self, text: str) -> str:
         """``text`` with every secret's ``export`` line showing ``***`` instead of the value."""

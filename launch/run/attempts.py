@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from launch.errors import HostError
@@ -43,7 +41,6 @@ from launch.rules.recovery import (
     LOSS_RULES,
     AttemptEnd,
     Loss,
-    NodeEvidence,
     RecoveryPlan,
     Renewal,
     answered_again,
@@ -85,46 +82,6 @@ ATTEMPT_FILES = (
 MAX_RECHECKS = 5
 """Times per run the watcher goes on after nodes answered a re-check; past it (a node whose sshd
 answers but whose agent never does) the unreachable decision stands."""
-CHECK_EVERY_S = 1.0
-
-
-def gather_evidence(
-    hosts: Sequence[Host],
-    confirm_s: float,
-    check: Callable[[Host], bool] = sshd_answers,
-    preempted: frozenset[str] = frozenset(),
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, NodeEvidence]:
-    """Check every node in parallel; nodes that do not answer are checked again every second
-    until ``confirm_s`` has passed (at least twice), and stop being checked once they answer."""
-    checks: dict[str, list[bool]] = {h.name: [] for h in hosts}
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    pending = list(hosts)
-    started = clock()
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
-        while pending:
-            at = clock()
-            answers = list(pool.map(check, pending))
-            for host, ok in zip(pending, answers, strict=True):
-                checks[host.name].append(ok)
-                first.setdefault(host.name, at)
-                last[host.name] = at
-            pending = [h for h, ok in zip(pending, answers, strict=True) if not ok]
-            done = clock() - started >= confirm_s and all(len(checks[h.name]) >= 2 for h in pending)
-            if not pending or done:
-                break
-            sleep(CHECK_EVERY_S)
-    return {
-        h.name: NodeEvidence(
-            node=h.name,
-            checks=tuple(checks[h.name]),
-            span_s=last[h.name] - first[h.name],
-            preempted=h.name in preempted,
-        )
-        for h in hosts
-    }
 
 
 def preempted_nodes(watcher: Watcher | None) -> frozenset[str]:

@@ -120,7 +120,8 @@ def single_transfer_filters(workdir: Path, job: str) -> list[str]:
     rsync anchors a leading ``/`` at the transfer root, which is now ``~/.fleetrun`` rather than the
     workdir: anchored ``.git/info/exclude`` patterns are moved under the job's workdir. The library
     and the directories leading to the workdir are included first, so that no user pattern (an
-    unanchored ``*.py`` or ``work/``) can drop them.
+    unanchored ``*.py`` or ``work/``) can drop them; nor does the ``__pycache__`` exclusion protect
+    the node's ``lib/__pycache__`` from ``--delete``: a library change takes its old bytecode with it.
     """
     prefix = "/" + layout.workdir(job).removeprefix(f"{layout.ROOT}/")
     lib = "/" + layout.LIB.removeprefix(f"{layout.ROOT}/")

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import http.client
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from launch.errors import LocalFleetError
+from launch.fleets.local import daemon
 from launch.fleets.local.naming import FleetNames
 
 MODULE = "moto.server"
@@ -63,23 +62,15 @@ def start(names: FleetNames, address: str) -> tuple[str, str]:
             "(or the dev extra)"
         )
     port = _free_port(address)
-    log = open(names.state_dir / LOG_FILE, "ab")  # noqa: SIM115 - handed to the server
-    proc = subprocess.Popen(
+    daemon.start(
+        names.state_dir,
         [sys.executable, "-m", MODULE, "-H", address, "-p", str(port)],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        PID_FILE,
+        LOG_FILE,
+        lambda: _answers(address, port),
+        START_TIMEOUT_S,
+        f"the fleet's S3 server on {address}:{port}",
     )
-    log.close()
-    (names.state_dir / PID_FILE).write_text(str(proc.pid))
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not _answers(address, port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise LocalFleetError(
-                f"the fleet's S3 server did not start on {address}:{port}; see {names.state_dir / LOG_FILE}"
-            )
-        time.sleep(0.1)
     bucket = bucket_name(names)
     create_bucket(address, port, bucket)
     return bucket, f"http://{address}:{port}"
@@ -102,9 +93,4 @@ def create_bucket(address: str, port: int, bucket: str) -> None:
 
 def server_pids(state_dir: Path) -> list[int]:
     """The fleet's S3 server, by its pid file and confirmed by its command line."""
-    try:
-        pid = int((state_dir / PID_FILE).read_text().strip())
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return []
-    return [pid] if argv[1:3] == [b"-m", MODULE.encode()] else []
+    return daemon.pids(state_dir, PID_FILE, MODULE)

@@ -24,7 +24,6 @@ import json
 import os
 import secrets
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from launch.errors import LocalFleetError
+from launch.fleets.local import daemon
 from launch.fleets.local.naming import FleetNames
 
 ADDRESS = "169.254.169.254"
@@ -104,7 +104,13 @@ def active_notice(names: FleetNames, i: int) -> dict[str, float] | None:
 
 
 class Handler(BaseHTTPRequestHandler):
-    server: NodeMetadata
+    """The two clouds' flows, answered from the server's tokens and notice (``MetadataEndpoint``):
+    EC2's IMDSv2 (``PUT /latest/api/token`` with the TTL header, then
+    ``GET /latest/meta-data/spot/instance-action`` with the token: 401 for a token it did not
+    issue, 404 until a notice) and GCE's (``GET /computeMetadata/v1/instance/preempted`` with
+    ``Metadata-Flavor: Google``, answered ``FALSE`` or ``TRUE`` with that header)."""
+
+    server: MetadataEndpoint
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
         pass
@@ -127,38 +133,40 @@ class Handler(BaseHTTPRequestHandler):
         self._answer(200, self.server.new_token().encode())
 
     def do_GET(self) -> None:  # noqa: N802
-        notice = active_notice(self.server.names, self.server.index)
         if self.path == "/latest/meta-data/spot/instance-action":
             if not self.server.valid(self.headers.get("X-aws-ec2-metadata-token", "")):
                 self._answer(401, b"")
                 return
-            if notice is None:
+            deadline = self.server.notice_deadline()
+            if deadline is None:
                 self._answer(404, b"")
                 return
-            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(notice["deadline_at"]))
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
             self._answer(200, json.dumps({"action": "terminate", "time": when}).encode())
             return
         if self.path == "/computeMetadata/v1/instance/preempted":
             if self.headers.get("Metadata-Flavor") != "Google":
                 self._answer(403, b"missing Metadata-Flavor")
                 return
-            self._answer(200, b"TRUE" if notice else b"FALSE", {"Metadata-Flavor": "Google"})
+            noticed = self.server.notice_deadline() is not None
+            self._answer(200, b"TRUE" if noticed else b"FALSE", {"Metadata-Flavor": "Google"})
             return
         self._answer(404, b"")
 
 
-class NodeMetadata(ThreadingHTTPServer):
-    """One node's metadata endpoint, on a socket already listening in that node's namespace."""
+class MetadataEndpoint(ThreadingHTTPServer):
+    """A cloud metadata endpoint: the tokens it issued (with when), and its notice, if any."""
 
     daemon_threads = True
 
-    def __init__(self, sock: socket.socket, names: FleetNames, index: int) -> None:
-        super().__init__((ADDRESS, PORT), Handler, bind_and_activate=False)
-        self.socket.close()
-        self.socket = sock
-        self.names = names
-        self.index = index
-        self.tokens: set[str] = set()
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[Handler] = Handler,
+        bind_and_activate: bool = True,
+    ) -> None:
+        super().__init__(address, handler, bind_and_activate=bind_and_activate)
+        self.tokens: dict[str, float] = {}
         self.lock = threading.Lock()
 
     def new_token(self) -> str:
@@ -166,12 +174,31 @@ class NodeMetadata(ThreadingHTTPServer):
         with self.lock:
             if len(self.tokens) >= MAX_TOKENS:
                 self.tokens.clear()
-            self.tokens.add(token)
+            self.tokens[token] = time.time()
         return token
 
     def valid(self, token: str) -> bool:
         with self.lock:
             return token in self.tokens
+
+    def notice_deadline(self) -> float | None:
+        """When the machine will be taken (unix seconds), or None while there is no notice."""
+        raise NotImplementedError
+
+
+class NodeMetadata(MetadataEndpoint):
+    """One node's metadata endpoint, on a socket already listening in that node's namespace."""
+
+    def __init__(self, sock: socket.socket, names: FleetNames, index: int) -> None:
+        super().__init__((ADDRESS, PORT), bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+        self.names = names
+        self.index = index
+
+    def notice_deadline(self) -> float | None:
+        notice = active_notice(self.names, self.index)
+        return None if notice is None else notice["deadline_at"]
 
 
 def listen_in(netns: str, address: str = ADDRESS, port: int = PORT) -> socket.socket:
@@ -243,29 +270,18 @@ def start(names: FleetNames, nodes: int, timeout: float = 30.0) -> None:
         run(["ip", "-n", names.netns(i), "link", "set", "lo", "up"])
         run(["ip", "-n", names.netns(i), "addr", "replace", f"{ADDRESS}/32", "dev", "lo"])
     (names.state_dir / READY_FILE).unlink(missing_ok=True)
-    log = open(names.state_dir / LOG_FILE, "ab")  # noqa: SIM115 - handed to the daemon
-    proc = subprocess.Popen(
+    daemon.start(
+        names.state_dir,
         [sys.executable, "-m", MODULE, names.prefix, str(names.subnet), str(nodes)],
+        PID_FILE,
+        LOG_FILE,
+        (names.state_dir / READY_FILE).exists,
+        timeout,
+        "the spot notice daemon",
         cwd=Path(__file__).resolve().parents[3],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
     )
-    log.close()
-    (names.state_dir / PID_FILE).write_text(str(proc.pid))
-    deadline = time.monotonic() + timeout
-    while not (names.state_dir / READY_FILE).exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise LocalFleetError(f"the spot notice daemon did not start; see {names.state_dir / LOG_FILE}")
-        time.sleep(0.05)
 
 
 def spot_pids(state_dir: Path) -> list[int]:
     """The fleet's spot daemon, by its pid file and confirmed by its command line."""
-    try:
-        pid = int((state_dir / PID_FILE).read_text().strip())
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return []
-    return [pid] if argv[1:3] == [b"-m", MODULE.encode()] else []
+    return daemon.pids(state_dir, PID_FILE, MODULE)

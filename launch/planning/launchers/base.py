@@ -212,6 +212,8 @@ class Launcher(ABC):
             recovery=spec.recovery,
             min_nodes=spec.min_nodes,
             workdir=str(spec.workdir),
+            on_end=tuple(spec.on_end),
+            before_stop=tuple(spec.before_stop),
         )
 
     def node_env(
