@@ -131,7 +131,9 @@ class JobSpec(BaseModel):
             back with the run.
         on_end: commands run on this machine once the run is recorded, ``summary.json`` on stdin and
             the outcome in ``FLEETRUN_OUTCOME`` (a webhook, a mail); a failing or hanging one never
-            changes the outcome (``launch.job.hooks``).
+            changes the outcome (``launch.job.hooks``). They run only for a playbook whose exact
+            bytes were allowed once with ``fab train --allow-local-hooks`` (a playbook is untrusted
+            input: a file a colleague sent); otherwise they are skipped, saying so.
         before_stop: commands each node's watchdog runs before it stops, uploads and powers off,
             when it ends the run with the laptop gone; bounded like ``on_end``.
         hook_timeout_s: the longest one hook command may run before its process group is killed.
