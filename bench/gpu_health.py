@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -441,6 +442,55 @@ def job_pids(user: str) -> list[int]:
     return found
 
 
+class PaceSampler:
+    """What the straggler rule sees, sampled from outside: every 0.5 s, each node's pace (its
+    ranks' ``pace/*.json``, as the node agent reads them) and the slow node's ratio to the median
+    node (``pace_ratios``), kept whenever a pace file was rewritten. It says how much of the
+    throttle-to-flag time is the pace showing the throttle, and how often the ratio dipped under
+    the factor (which starts the window over)."""
+
+    def __init__(self, fleet: LocalFleet, old: set[Path], slow: str) -> None:
+        self.fleet, self.old, self.slow = fleet, old, slow
+        self.timeline: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def paces(self) -> tuple[dict[str, Any], float | None]:
+        from launch.rules.stragglers import NodePace
+
+        found: dict[str, Any] = {}
+        newest = None
+        for user in self.fleet.existing_users():
+            reading = None
+            for run_dir in set(Path(f"/home/{user}/.fleetrun/runs").glob("*")) - self.old:
+                reading = fleetrun_node.pace_reading(str(run_dir))
+                if reading is not None and user == self.slow:
+                    times = [
+                        json.loads(p.read_text()).get("time", 0) for p in (run_dir / "pace").glob("*.json")
+                    ]
+                    newest = max(times) if times else None
+            found[user] = NodePace(reading["probe_ms"]) if reading else None
+        return found, newest
+
+    def run(self) -> None:
+        from launch.rules.stragglers import pace_ratios
+
+        seen = None
+        while not self.stop.wait(0.5):
+            with contextlib.suppress(Exception):  # a file being replaced: the next round reads it
+                paces, newest = self.paces()
+                if newest is not None and newest != seen:
+                    seen = newest
+                    ratio = pace_ratios(paces).get(self.slow)
+                    if ratio is not None:
+                        self.timeline.append((newest, ratio))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
 def straggler_trial(
     fleet: LocalFleet, tmp: Path, env: dict[str, str], trial: int, window: float
 ) -> dict[str, Any]:
@@ -455,6 +505,8 @@ def straggler_trial(
     slow = fleet.node_name(2)
     old = run_dirs(fleet)
     train = Train(book, str(lab_inventory(fleet, 3, tmp)), env, tmp / f"straggler-{trial}.log")
+    sampler = PaceSampler(fleet, old, slow)
+    throttled = time.time()
     try:
         wait_for(lambda: step_at_least(fleet, old, 20) or not train.running(), 240, "step 20")
         before = load()
@@ -467,6 +519,7 @@ def straggler_trial(
                 (cgroup / "cgroup.procs").write_text(str(pid))
         summary = train.finish(300)
     finally:
+        sampler.close()
         train.kill()
         if cgroup.exists():
             for left in (cgroup / "cgroup.procs").read_text().split():
@@ -485,6 +538,13 @@ def straggler_trial(
     }
     if isinstance(decided, float):
         row["throttle_to_flag_s"] = round(decided - throttled, 2)
+    after = [(round(t - throttled, 1), round(r, 2)) for t, r in sampler.timeline if t >= throttled - 10]
+    shown = [t for t, r in after if t >= 0 and r >= 2.0]
+    row["pace_around_throttle"] = after[:60]  # (s after the throttle, slow node / median node)
+    row["first_pace_over_factor_s"] = shown[0] if shown else None
+    row["dips_under_factor"] = sum(
+        1 for (_, a), (_, b) in zip(after, after[1:], strict=False) if a >= 2.0 > b
+    )
     say(
         f"straggler trial {trial}: {row.get('throttle_to_flag_s')} s, {row['rule']}, named {row['named_slow']}"
     )
