@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fleetrun-installed
 
-.PHONY: demo test docs docs-pictures setup system-deps horovod lint typecheck pytest bench bench-scale bench-256 bench-uplink bench-exec bench-peers clean clean-image
+.PHONY: demo test docs docs-pictures setup system-deps horovod lint typecheck pytest bench bench-scale bench-256 bench-uplink bench-exec bench-peers bench-gpu clean clean-image
 
 demo: setup
 	$(BIN)/fab demo
@@ -89,6 +89,12 @@ bench: setup
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/preempt_notice.py
 	$(BIN)/python bench/peers.py
+	$(BIN)/python bench/gpu_health.py
+
+# GPU health on real local fleets with the nvidia-smi stand-in (doctor at 64 and 256 nodes, the
+# collective on 16, gpu_fault, straggler, spare); one row: ARGS="--only fault --trials 3".
+bench-gpu: setup
+	$(BIN)/python bench/gpu_health.py $(ARGS)
 
 # 4, 16, 32, 64 and 256 nodes (256: first sync once per tool, a 1,000-file tree); sizes: ARGS="--sizes 4 16".
 bench-scale: setup

@@ -99,9 +99,15 @@ def stop_survivors(
     run_dir = layout.rundir(run_id)
     keep = f"attempt-{attempt}"
     moves = " ".join(shlex.quote(f) for f in ATTEMPT_FILES)
+    # the wrapper (``pid``) writes ``rc`` once its killed child is gone; moved before it lands,
+    # that ``rc`` would be read as the next attempt's exit: wait for the wrapper, 10 s at most
+    wait = (
+        'p=$(cat pid 2>/dev/null); case "$p" in ""|*[!0-9]*) p=;; esac; n=0; '
+        'while [ -n "$p" ] && kill -0 "$p" 2>/dev/null && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n+1)); done; '
+    )
     command = (
         f"{AGENT} stop {shlex.quote(run_id)} {grace_s:g} >/dev/null; "
-        f'cd "$HOME/{run_dir}" && mkdir -p {keep} && '
+        f'cd "$HOME/{run_dir}" && {wait}mkdir -p {keep} && '
         f'for f in {moves}; do [ -e "$f" ] && mv -f "$f" {keep}/; done; true'
     )
 
