@@ -755,7 +755,7 @@ def table_rows(rows: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--only", nargs="*", choices=ROWS, default=list(ROWS), help="none: print the table")
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--window", type=float, default=20.0, help="the straggler rule's window_s")
