@@ -135,25 +135,30 @@ def run_doctor(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
     return time.monotonic() - started, proc.returncode, proc.stdout + proc.stderr
 
 
-def reader_cost(tmp: Path) -> float:
-    """CPU-side cost of the node's reader against the stand-in (its ``fab doctor`` read), one node,
-    alone: the stand-in is a Python script, so on this machine every node's read competes for the
-    same 2 cores, which a real fleet's nodes do not."""
+def reader_cost(tmp: Path) -> dict[str, float]:
+    """The node's reader against the stand-in (``fab doctor``'s full read), one node alone: wall
+    and CPU seconds (its own and the stand-ins'). The stand-in is a Python script, so on this
+    machine every node's read competes for the same 2 cores, which a real fleet's nodes do not:
+    N nodes add about N x the CPU seconds / 2 to the doctor here."""
     fakebin = install(tmp / "cost", HEALTHY)
     env = {**os.environ, "PATH": f"{fakebin}:{os.environ['PATH']}"}
     code = (
-        f"import sys, time; sys.path.insert(0, {str(NODELIB)!r}); import fleetrun_gpu; "
-        "t = time.perf_counter(); fleetrun_gpu.read_health(True); print(time.perf_counter() - t)"
+        f"import sys, time, resource; sys.path.insert(0, {str(NODELIB)!r}); import fleetrun_gpu; "
+        "t = time.perf_counter(); fleetrun_gpu.read_health(True); w = time.perf_counter() - t; "
+        "r = [resource.getrusage(k) for k in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]; "
+        "print(w, sum(x.ru_utime + x.ru_stime for x in r))"
     )
     runs = [
-        float(
-            subprocess.run(
-                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-            ).stdout
-        )
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout.split()
         for _ in range(3)
     ]
-    return round(statistics.median(runs), 3)
+    return {
+        "wall_s": round(statistics.median(float(w) for w, _ in runs), 3),
+        "cpu_s": round(statistics.median(float(c) for _, c in runs), 3),
+        "load_1m": load(),
+    }
 
 
 GPU_LINE = re.compile(r"^(\S+)\s+(gpu\d+|gpu-health)\s+(ok|WARN|ERROR)\s+(.*)$")
@@ -211,7 +216,7 @@ def doctor_row(sizes: list[int], trials: int, env: dict[str, str], tmp: Path) ->
         )
     return {
         "what": "fab doctor, whole process, every node with the nvidia-smi stand-in (8 GPUs, node 7 bad) vs none",
-        "reader_against_standin_one_node_s": reader_cost(tmp),
+        "reader_against_standin_one_node": reader_cost(tmp),
         "results": results,
     }
 
@@ -750,7 +755,7 @@ def table_rows(rows: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--only", nargs="*", choices=ROWS, default=list(ROWS), help="none: print the table")
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--window", type=float, default=20.0, help="the straggler rule's window_s")
