@@ -67,7 +67,7 @@ LOG_TAIL_BYTES = 2000
 WRAPPER_WAIT_S = 5.0
 """After a stop, how long the run's wrapper may still take to write its exit code (launch.sh goes on
 after its job ended) before its process group is killed, when the stop's grace is already over."""
-GPU_READ_EVERY_S = 2.0
+GPU_READ_EVERY_S = 1.0
 """The GPU counters are read at most this often (nvidia-smi takes a few hundred ms on 8 GPUs);
 polls in between get the last reading, so a fault shows within one poll of the next reading."""
 _gpu_cache: dict[str, object] = {"at": 0.0, "reading": None, "background": False}

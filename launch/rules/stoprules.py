@@ -228,6 +228,9 @@ class RuleState:
     plateau_best_index: int | None = None
     slow_since: dict[str, float] = field(default_factory=dict)
     """Since when each node has been slower than ``straggler.factor`` times the median."""
+    fast_since: dict[str, float] = field(default_factory=dict)
+    """Since when a slow node has been back under the factor (a dip shorter than
+    ``launch.rules.stragglers.DIP_MAX_S`` does not restart its window)."""
     stragglers: list[tuple[str, float, float]] = field(default_factory=list)
     """The nodes the straggler rule flags at this poll (shown in the live table, whatever the action)."""
     gpu_baseline: dict[str, GpuHealth] = field(default_factory=dict)
@@ -262,7 +265,7 @@ class RuleState:
         self._update_plateau(rules, obs.metrics)
         if rules.straggler is not None:
             running = {n.node: n.pace for n in obs.nodes if n.state == "running"}
-            self.stragglers = slow_nodes(rules.straggler, running, obs.now, self.slow_since)
+            self.stragglers = slow_nodes(rules.straggler, running, obs.now, self.slow_since, self.fast_since)
 
     def _update_plateau(self, rules: StopRules, metrics: MetricsSummary) -> None:
         history = metrics.history

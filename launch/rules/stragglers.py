@@ -5,7 +5,7 @@ fixed tiny CPU probe; each node's agent reports its slowest rank (``fleetrun_nod
 In data-parallel training every rank waits for the slowest at each all-reduce, so steps/s is the
 same everywhere and says only that the run is slow; the probe says where: a node whose CPU is
 throttled, starved or stopped runs it slower than the others. A node is a straggler when its
-probe time is ``factor`` times the median node's or more, at every poll for ``window_s``.
+probe time is ``factor`` times the median node's or more for ``window_s`` (short dips allowed: ``DIP_MAX_S``).
 
 ``action``: ``warn`` shows it in the live table (the run goes on), ``stop`` stops the run naming
 the node, ``exclude`` fails the attempt so that ``recovery.on: [straggler]`` goes on without the
@@ -72,18 +72,33 @@ def pace_ratios(paces: Mapping[str, NodePace | None]) -> dict[str, float]:
     return {n: v / median for n, v in known.items()} if median > 0 else {}
 
 
+DIP_MAX_S = 10.0
+"""A slow node's pace may dip under the factor for this long (or a quarter of ``window_s``, the
+shorter) without its window starting over: under a CPU quota the slow node's ratio swings
+between 1.5x and 100x from one poll to the next, and one lucky sample must not hide it."""
+
+
 def slow_nodes(
     rule: StragglerRule,
     paces: Mapping[str, NodePace | None],
     now: float,
     slow_since: dict[str, float],
+    fast_since: dict[str, float] | None = None,
 ) -> list[tuple[str, float, float]]:
-    """Update ``slow_since`` with this poll; (node, ratio, seconds slow) of every node slow for
-    the whole window. A node back under the factor starts over."""
+    """Update ``slow_since`` (and ``fast_since``: since when a slow node has been back under the
+    factor) with this poll; (node, ratio, seconds slow) of every node slow for the whole window.
+    A node back under the factor for longer than the dip allowance starts over; a node is only
+    flagged at a poll where it is over the factor."""
+    fast = {} if fast_since is None else fast_since
+    allowance = min(DIP_MAX_S, rule.window_s / 4)
     ratios = pace_ratios(paces)
     for node in list(slow_since):
         if ratios.get(node, 0.0) < rule.factor:
-            del slow_since[node]
+            if now - fast.setdefault(node, now) >= allowance:
+                del slow_since[node]
+                fast.pop(node, None)
+        else:
+            fast.pop(node, None)
     found = []
     for node, ratio in ratios.items():
         if ratio >= rule.factor:
