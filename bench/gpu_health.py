@@ -27,7 +27,8 @@ after each figure; the figures are upper bounds under that load. Goals are print
 
 Usage (root): .venv/bin/python bench/gpu_health.py [--only doctor collective fault straggler spare]
               [--sizes 64 256] [--trials 2] [--out bench/results/gpu_health.json]
-Rows not run keep their last figures in the JSON; the figures of the first version of this bench
+Rows not run keep their last figures in the JSON, a re-measured row keeps the ones it replaced
+under its ``earlier`` (oldest first); the figures of the first version of this bench
 (in-process timings and computed latencies) are kept under ``previous``.
 """
 
@@ -774,6 +775,9 @@ def main() -> int:
 
     def keep(name: str, row: dict[str, Any]) -> None:
         row["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        if name in rows:  # a re-measured row keeps what it replaced (after a fix: before and after)
+            before = dict(rows[name])
+            row["earlier"] = [*before.pop("earlier", []), before]
         rows[name] = row
         write(args.out, saved, rows)
 
