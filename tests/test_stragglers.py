@@ -67,10 +67,10 @@ def test_the_rule_names_the_slow_node_after_the_window(action: str) -> None:
     assert _poll(rules, state, 1.0, 2.5) is None  # slow from here on
     assert _poll(rules, state, 6.0, 2.5) is None
     assert _poll(rules, state, 8.0, 1.1) is None  # back under the factor for longer than
-    assert _poll(rules, state, 10.6, 1.1) is None  # the dip allowance (window/4): starts over
-    assert _poll(rules, state, 11.0, 2.5) is None
-    assert _poll(rules, state, 20.0, 2.5) is None
-    decision = _poll(rules, state, 21.0, 2.5)
+    assert _poll(rules, state, 13.5, 1.1) is None  # the dip allowance (window/2): starts over
+    assert _poll(rules, state, 14.0, 2.5) is None
+    assert _poll(rules, state, 23.0, 2.5) is None
+    decision = _poll(rules, state, 24.0, 2.5)
     assert decision is not None and decision.rule == "straggler" and decision.nodes == ("n2",)  # type: ignore[attr-defined]
     assert "n2 2.5x the median node's probe time for 10 s" in decision.reason  # type: ignore[attr-defined]
     assert decision.outcome == ("failed" if action == "exclude" else "stopped")  # type: ignore[attr-defined]
@@ -81,12 +81,13 @@ def test_the_rule_names_the_slow_node_after_the_window(action: str) -> None:
 
 def test_a_short_dip_under_the_factor_does_not_restart_the_window() -> None:
     """Under a CPU quota the slow node's ratio swings from poll to poll: one lucky sample (a dip
-    shorter than min(10 s, window/4)) keeps its window; it is flagged at a slow poll only."""
+    shorter than min(10 s, window/2)) keeps its window; it is flagged at a slow poll only."""
     rules = StopRules(straggler=StragglerRule(factor=1.3, window_s=20, action="stop"))
     state = RuleState()
     assert _poll(rules, state, 0.0, 4.0) is None  # slow from here on
-    assert _poll(rules, state, 10.0, 1.2) is None  # a dip of 4 s < 5 s (20/4)
-    assert _poll(rules, state, 14.0, 4.0) is None
+    assert _poll(rules, state, 5.0, 1.2) is None  # a dip of 9 s < 10 s (20/2)
+    assert _poll(rules, state, 14.0, 1.2) is None
+    assert _poll(rules, state, 14.5, 4.0) is None
     assert _poll(rules, state, 20.0, 1.0) is None  # over the window, but fast at this poll
     decision = _poll(rules, state, 21.0, 4.0)
     assert decision is not None and decision.nodes == ("n2",)  # type: ignore[attr-defined]

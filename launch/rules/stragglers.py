@@ -73,9 +73,10 @@ def pace_ratios(paces: Mapping[str, NodePace | None]) -> dict[str, float]:
 
 
 DIP_MAX_S = 10.0
-"""A slow node's pace may dip under the factor for this long (or a quarter of ``window_s``, the
+"""A slow node's pace may dip under the factor for this long (or half of ``window_s``, the
 shorter) without its window starting over: under a CPU quota the slow node's ratio swings
-between 1.5x and 100x from one poll to the next, and one lucky sample must not hide it."""
+between 1.5x and 100x from one poll to the next, and one lucky sample (a rank writes its pace
+every 5 s) must not hide it."""
 
 
 def slow_nodes(
@@ -90,7 +91,7 @@ def slow_nodes(
     A node back under the factor for longer than the dip allowance starts over; a node is only
     flagged at a poll where it is over the factor."""
     fast = {} if fast_since is None else fast_since
-    allowance = min(DIP_MAX_S, rule.window_s / 4)
+    allowance = min(DIP_MAX_S, rule.window_s / 2)
     ratios = pace_ratios(paces)
     for node in list(slow_since):
         if ratios.get(node, 0.0) < rule.factor:
