@@ -76,7 +76,7 @@ typecheck:
 # Two workers, whole files each (--dist loadfile): fleet tests mostly wait on nodes, so two run
 # side by side on this 2-core machine kind; tests/conftest.py gives each worker its own fleets.
 pytest:
-	$(BIN)/pytest -m "not typecheck" -n 2 --dist loadfile
+	$(BIN)/pytest -m "not typecheck" -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: setup
 	$(BIN)/python bench/fault_latency.py

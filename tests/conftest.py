@@ -35,6 +35,49 @@ TEST_PREFIX = f"frt{TEST_TAG}"
 TEST_SUBNET = 1 + SUBNET_BASE
 
 
+# `make test` hands whole files to the xdist workers (``--dist loadfile --no-loadscope-reorder``)
+# in collection order: the longest files first, so that the run ends on short files and the
+# workers finish together. (xdist's own order, by number of tests, sent the one- and two-test fleet
+# files, the longest ones, last.) Seconds of each file in a full run on a loaded machine
+# (`pytest --durations`, 2026-11-25): only the order they give matters. Files not listed keep
+# their collection order after these.
+FILE_SECONDS = {
+    "tests/test_recovery_fleet.py": 650,
+    "tests/test_faults.py": 460,
+    "tests/test_recovery_preempt_fleet.py": 330,
+    "tests/test_shared_fleet.py": 230,
+    "tests/test_recovery_network.py": 200,
+    "tests/test_train_fleet.py": 200,
+    "tests/test_checkpoint.py": 190,
+    "tests/test_hostile_fleet.py": 185,
+    "tests/test_horovod_fleet.py": 185,
+    "tests/test_install.py": 175,
+    "tests/test_doctor_fleet.py": 165,
+    "tests/test_preempt_fleet.py": 130,
+    "tests/test_protocol.py": 125,
+    "tests/test_queue.py": 120,
+    "tests/test_warm_fleet.py": 105,
+    "tests/test_mixed_hosts_fleet.py": 90,
+    "tests/test_mountns_fleet.py": 85,
+    "tests/test_broken_inputs.py": 80,
+    "tests/test_profile_fleet.py": 80,
+    "tests/test_sweep.py": 70,
+    "tests/test_sagemaker_fleet.py": 60,
+    "tests/test_hooks.py": 60,
+    "tests/test_busy_gpu_fleet.py": 55,
+    "tests/test_overrides.py": 55,
+    "tests/test_bastion_fleet.py": 50,
+    "tests/test_bench_smoke.py": 50,
+    "tests/test_follow_fleet.py": 50,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first (``FILE_SECONDS``); a stable sort: within a file, and among the
+    files not listed, the order stays as collected."""
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.nodeid.split("::", 1)[0], 0))
+
+
 def fleet_prefix(letter: str) -> str:
     """A fleet prefix for one test module (``fr<letter><tag>``), unique per checkout."""
     return f"fr{letter}{TEST_TAG}"

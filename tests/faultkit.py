@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import threading
 import time
@@ -16,8 +17,24 @@ from launch.fleets.local import LocalFleet
 from launch.run.summary import RunResult
 
 
+class _Stamped(io.StringIO):
+    """Console text, each line also appended with the time to ``FLEETRUN_TEST_SAY`` (a file):
+    where a slow fleet test spends its time, when one is measured."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def write(self, text: str) -> int:
+        stamp = time.strftime("%H:%M:%S")
+        with open(self.path, "a") as fh:
+            fh.writelines(f"{stamp} {line}\n" for line in text.splitlines() if line.strip())
+        return super().write(text)
+
+
 def quiet() -> Console:
-    return Console(file=io.StringIO(), width=200, force_terminal=False)
+    path = os.environ.get("FLEETRUN_TEST_SAY")
+    return Console(file=_Stamped(path) if path else io.StringIO(), width=200, force_terminal=False)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:

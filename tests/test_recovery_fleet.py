@@ -51,15 +51,20 @@ def fleet3(fleetrun_home: Path) -> Iterator[LocalFleet]:
 
 
 def playbook(tmp_path: Path, args: str = "", **fields: object) -> Path:
-    recovery = {"max_restarts": 2, "grace_s": 5, "confirm_s": 2}
+    """The tests' job: 30 steps (the loss comes at step 12, the next attempt resumes from about
+    step 10 and goes on to the end); the survivors of a lost node, stuck in a collective with it,
+    cannot checkpoint, so a short ``grace_s`` (a test whose ranks are not stuck sets its own);
+    the lost node is declared unreachable 6 s after its last answer (a slow poll of a healthy
+    node on a loaded machine is re-checked, not lost)."""
+    recovery = {"max_restarts": 2, "grace_s": 2, "confirm_s": 2}
     recovery.update(fields.pop("recovery", {}))  # type: ignore[arg-type]
     return write_playbook(
         tmp_path / "job.yaml",
         JOB,
         name="t-recover",
-        entrypoint=f"python ckpt_trainer.py --steps 45 --ckpt-every {EVERY} --step-sleep 0.25 {args}".strip(),
+        entrypoint=f"python ckpt_trainer.py --steps 30 --ckpt-every {EVERY} --step-sleep 0.25 {args}".strip(),
         recovery=recovery,
-        stop={"unreachable_timeout_s": 20, "watcher_lost_after_s": 300},
+        stop={"unreachable_timeout_s": 6, "watcher_lost_after_s": 300},
         **fields,
     )
 
@@ -239,7 +244,11 @@ def test_gpu_fault_excludes_the_host_and_the_run_completes_on_the_spare(
     bashrc.write_text('export PATH="$HOME/fakebin:$PATH"\n' + before)
     lab = tmp_path / "lab.yaml"
     lab.write_text(yaml.safe_dump({"hosts": fleet3.inventory().to_yaml_data()["hosts"]}))
-    book = playbook(tmp_path, nodes=2, procs_per_node=1, recovery={"on": ["gpu_fault"]})
+    # 45 steps: the GPU reading (a thread of the node agent) has time to see the fault mid-run;
+    # grace_s 5: here the ranks are not stuck, and checkpoint when stopped
+    book = playbook(
+        tmp_path, "--steps 45", nodes=2, procs_per_node=1, recovery={"on": ["gpu_fault"], "grace_s": 5}
+    )
     old = run_dirs(fleet3)
     box: dict[str, object] = {}
 

@@ -56,7 +56,8 @@ def playbook(tmp_path: Path, args: str, recovery: dict, **stop: object) -> Path:
         JOB,
         name="t-recover-net",
         entrypoint=f"python ckpt_trainer.py --ckpt-every 5 {args}",
-        recovery={"grace_s": 5, "confirm_s": 2, **recovery},
+        # grace_s 2: after a failed rank the others wait in a collective, with nothing to save
+        recovery={"grace_s": 2, "confirm_s": 2, **recovery},
         stop={"watcher_lost_after_s": 300, **stop},
     )
 

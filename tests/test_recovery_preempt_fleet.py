@@ -70,7 +70,7 @@ def test_a_spot_notice_drains_the_node_then_resumes_from_its_checkpoint(
         REPO / "tests" / "recovery_job",
         name=f"t-drain-{noticed}",
         nodes=2,
-        entrypoint="python ckpt_trainer.py --steps 40 --ckpt-every 5 --step-sleep 0.25",
+        entrypoint="python ckpt_trainer.py --steps 30 --ckpt-every 5 --step-sleep 0.25",
         recovery={"max_restarts": 1, "grace_s": 10, "confirm_s": 2},
         stop={"watcher_lost_after_s": 300},
     )

@@ -4,7 +4,9 @@ on the head), both train to success, and stopping one never touches the other.""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -93,26 +95,62 @@ def port_of(fleet: LocalFleet, run_id: str) -> int:
     return int(Path(f"/home/{fleet.node_name(0)}/.fleetrun/runs/{run_id}/rdzv_port").read_text())
 
 
+HELD = """\
+\"\"\"trainer.task whose step sleeps last until the file argv[1] exists (at most 300 s): a run that
+is still training, whatever the machine's load, while the test starts another on its nodes.\"\"\"
+import os
+import sys
+import time
+
+import trainer.task as task
+
+
+class HeldTime:
+    time = staticmethod(time.time)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        deadline = time.time() + 300
+        while not os.path.exists(sys.argv[1]) and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(seconds)
+
+
+task.time = HeldTime
+sys.exit(task.main(sys.argv[2:]))
+"""
+
+
 def test_two_runs_on_the_same_nodes_at_once_both_succeed_on_their_own_ports(
     fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
 ) -> None:
+    """Run a holds at its first step until run b has trained (a file the nodes can see releases
+    it): the runs overlap on every machine for sure, and neither waits for a long job."""
+    release_dir = Path(tempfile.mkdtemp(prefix="fleetrun-share-"))
+    release_dir.chmod(0o755)  # the node users look for the release file here
+    release = release_dir / "release"
+    (digits_workdir / "held.py").write_text(HELD)
     slow = write_playbook(
         tmp_path / "a.yaml",
         digits_workdir,
         name="t-share-a",
-        entrypoint="python -m trainer.task --epochs 30 --step-sleep 0.05",
+        entrypoint=f"python held.py {release} --epochs 2 --step-sleep 0.05",
     )
     quick = write_playbook(
         tmp_path / "b.yaml", digits_workdir, name="t-share-b", entrypoint="python -m trainer.task --epochs 2"
     )
     a_thread, a_box = in_thread(lambda: train(slow))
-    wait_for(lambda: has_steps(fleet, "t-share-a") or not a_thread.is_alive(), 240, "run a's first step")
-    assert a_thread.is_alive(), a_box
-    b_thread, b_box = in_thread(lambda: train(quick))
-    wait_for(lambda: has_steps(fleet, "t-share-b") or not b_thread.is_alive(), 240, "run b's first step")
-    overlapped = not any(ended(d) for d in run_dirs(fleet, "t-share-a"))
+    try:
+        wait_for(lambda: has_steps(fleet, "t-share-a") or not a_thread.is_alive(), 240, "run a's first step")
+        assert a_thread.is_alive(), a_box
+        b_thread, b_box = in_thread(lambda: train(quick))
+        wait_for(lambda: has_steps(fleet, "t-share-b") or not b_thread.is_alive(), 240, "run b's first step")
+        overlapped = not any(ended(d) for d in run_dirs(fleet, "t-share-a"))
+    finally:
+        release.touch()
     a, b = finished(a_thread, a_box), finished(b_thread, b_box)
-    assert overlapped, "run a ended before run b trained: the runs did not overlap (make a slower)"
+    shutil.rmtree(release_dir, ignore_errors=True)
+    assert overlapped, "run a ended before run b trained: the runs did not overlap"
     assert (a.outcome, b.outcome) == ("succeeded", "succeeded"), (a.reason, b.reason)
     assert a.run_id != b.run_id
     ports = {port_of(fleet, a.run_id), port_of(fleet, b.run_id)}
