@@ -52,6 +52,21 @@ def test_known_hosts_written_from_pinned_keys_only(tmp_path: Path) -> None:
     assert keys.lookup("192.0.2.11") is None
 
 
+def test_known_hosts_written_by_many_runs_at_once(tmp_path: Path) -> None:
+    """Two runs of one inventory started together write the same known_hosts file: each through
+    a temporary name of its own (a shared ``.tmp`` was renamed away under the other writer)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    inv = Inventory.from_static_yaml(write(tmp_path, GOOD))
+    target = tmp_path / "kh"
+    with ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda _i: inv.write_known_hosts(target), range(400)))
+    assert done == [target] * 400
+    assert target.read_text().splitlines() == [f"192.0.2.10 {KEY_A}", f"[192.0.2.11]:2222 {KEY_B}"]
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

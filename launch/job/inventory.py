@@ -20,7 +20,9 @@ import binascii
 import hashlib
 import ipaddress
 import json
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -390,12 +392,18 @@ class Inventory(BaseModel):
         longer trusted.
         """
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
         lines = dict.fromkeys(h.known_hosts_line() for h in self.hosts)
         lines.update(dict.fromkeys(h.proxy_jump.known_hosts_line() for h in self.hosts if h.proxy_jump))
-        tmp.write_text("".join(line + "\n" for line in lines))
-        tmp.chmod(0o600)
-        tmp.replace(path)
+        # a temporary name of its own (0600 from the start): two runs of one inventory started at
+        # once write the same file, and a shared ``.tmp`` was renamed away under the other one
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write("".join(line + "\n" for line in lines))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return path
 
     # -- loaders -----------------------------------------------------------------------------
