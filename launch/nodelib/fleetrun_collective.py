@@ -2,8 +2,9 @@
 process per node): every measurement in that launch, because starting torch on many nodes costs
 far more than the measurements (45-70 s for 16 nodes on a loaded machine, against seconds).
 
-A short matmul (this rank's GFLOP/s), then fixed all-reduce rounds (``ring_rounds``): the whole
-world (the fleet's figure), then the ring of neighbour pairs (i, i+1 mod N) in two rounds of
+A short matmul (this rank's GFLOP/s), then fixed all-reduce rounds (``ring_rounds``; in each
+group a small warm-up, then ``FLEETRUN_COLLECTIVE_REPS`` repetitions at most, no more after the first
+than fit in ``BUDGET_S``): the whole world (the fleet's figure), then the ring of neighbour pairs (i, i+1 mod N) in two rounds of
 disjoint pairs (a third with the one pair (N-1, 0) when N is odd). Every pair of a round runs at
 the same time on its own process group, so 3 or 4 rounds whatever N, N pairs and not N(N-1)/2;
 every node is in exactly two pairs, so a slow node (both its pairs slow) and a slow link (one
@@ -35,6 +36,11 @@ import time
 
 MARK = "FLEETRUN_COLLECTIVE "
 VERSION = 2
+BUDGET_S = 1.0
+"""A group does no more repetitions after its first than fit in this (none when the first took
+longer): a slow link's one repetition is already a long, exact measurement (a 20 Mbit/s link took
+3.5 s a pair all-reduce of 8 MiB; 4 repetitions and a full-size warm-up in each of 3 rounds were
+about 70 s of a 16-node doctor's 122 s)."""
 """The result line's format: 2 is the single launch with rounds (1 was one launch per group)."""
 
 
@@ -108,6 +114,7 @@ def main() -> int:
     ]
     gflops = matmul_gflops(device, 4096 if gpu else 256, 20 if gpu else 5)
     tensor = torch.zeros(max(1, int(size_mb * 2**20 / 4)), device=device)
+    small = torch.zeros(1024, device=device)
     nbytes = tensor.numel() * 4
     every: list[object] = [None] * world
     dist.all_gather_object(every, {"host": socket.gethostname()[:255], "gflops": round(gflops, 3)})
@@ -116,28 +123,38 @@ def main() -> int:
     for round_groups in groups:
         mine = next(((ranks, pg) for ranks, pg in round_groups if rank in ranks), None)
         if mine is not None:
-            dist.all_reduce(tensor, group=mine[1])  # warm-up: connections / communicator set up
+            dist.all_reduce(small, group=mine[1])  # warm-up: connections / communicator set up
             _sync(device)
         barrier()  # every group of the round starts together
-        elapsed = None
+        timed: tuple[float, int] | None = None
         if mine is not None:
             started = time.perf_counter()
-            for _ in range(reps):
+            dist.all_reduce(tensor, group=mine[1])
+            _sync(device)
+            first = time.perf_counter() - started
+            # the group's slowest first repetition decides how many more, the same on every member
+            agreed = torch.tensor([first], dtype=torch.float64, device=device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=mine[1])
+            more = max(0, min(reps - 1, int(BUDGET_S / max(float(agreed.item()), 1e-9))))
+            started = time.perf_counter()
+            for _ in range(more):
                 dist.all_reduce(tensor, group=mine[1])
             _sync(device)
-            elapsed = time.perf_counter() - started
+            timed = (first + time.perf_counter() - started, 1 + more)
         seconds: list[object] = [None] * world
-        dist.all_gather_object(seconds, elapsed)
+        dist.all_gather_object(seconds, timed)
         if rank == 0:
             figures = []
             for ranks, _pg in round_groups:
-                taken = [s for r in ranks if isinstance(s := seconds[r], float)]
-                slowest = max(taken) if len(taken) == len(ranks) else None
+                taken = [t for r in ranks if isinstance(t := seconds[r], tuple)]
+                slowest = max(t[0] for t in taken) if len(taken) == len(ranks) else None
+                count = taken[0][1] if taken else 0
                 n = len(ranks)
-                busbw = nbytes * reps / slowest / 1e9 * 2 * (n - 1) / n if slowest and slowest > 0 else None
+                busbw = nbytes * count / slowest / 1e9 * 2 * (n - 1) / n if slowest and slowest > 0 else None
                 figures.append(
                     {
                         "ranks": list(ranks),
+                        "reps": count,
                         "seconds": None if slowest is None else round(slowest, 4),
                         "busbw_gbps": None if busbw is None else round(busbw, 4),
                     }
