@@ -106,6 +106,16 @@ def test_a_slow_pair_between_two_fine_nodes_is_a_slow_link() -> None:
     assert {n for n, (lv, _m) in lines.items() if lv == "error"} == {"n04", "n05"}
     assert "0.002 GB/s in its pair test with n05" in lines["n04"][1]
     assert lines["n05"][1].endswith("a slow link between n04 and n05")
+    assert "under 0.25x the typical 0.200 GB/s" in lines["n04"][1]
+
+
+def test_a_noisy_pair_is_no_link() -> None:
+    """One pair at 0.3x the median (what CPU contention did on a loaded 2-core fleet): a link
+    rests on one figure, so it must be under 0.25x to be named."""
+    noisy = parse_result(line(NODES16, lambda g: 0.06 if g == ("n07", "n08") else 0.2), NODES16)
+    report = locate(NODES16, noisy)
+    assert report.slow == [] and report.slow_links == []
+    assert all(lv == "ok" for _n, lv, _m in verdict_lines(report))
 
 
 @pytest.mark.parametrize("n", [3, 5])
