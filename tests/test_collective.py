@@ -107,6 +107,29 @@ def test_a_slow_pair_between_two_fine_nodes_is_a_slow_link() -> None:
     assert "0.002 GB/s in its pair test with n05" in lines["n04"][1]
     assert lines["n05"][1].endswith("a slow link between n04 and n05")
     assert "under 0.25x the typical 0.200 GB/s" in lines["n04"][1]
+    saved = saved_result(json.dumps({"time": 1.0, "nodes": NODES16, **report.to_json()}))
+    assert saved.slow_links == (("n04", "n05"),) and len(saved.per_node_gbps) == 16
+
+
+def test_a_node_whose_partners_are_slow_elsewhere_too_is_not_named() -> None:
+    """Seen at load 18 on a healthy 16-node fleet (these figures): n01's and n02's best pairs
+    0.176 against a median of 0.36 -- but n02 was as slow with n03 (0.116), n01 with n00, and
+    n00 and n03 were not fast elsewhere either (0.28, 0.234): noise, nobody to name. A truly
+    slow node beside it (n11, partners fine elsewhere) is still named, and so are two slow nodes
+    side by side."""
+    figures = {
+        ("n15", "n00"): 0.28,
+        ("n00", "n01"): 0.107,
+        ("n01", "n02"): 0.176,
+        ("n02", "n03"): 0.116,
+        ("n03", "n04"): 0.234,
+    }
+    noisy = parse_result(line(NODES16, lambda g: figures.get(g, 0.36)), NODES16)
+    assert locate(NODES16, noisy).slow == []
+    both = parse_result(line(NODES16, lambda g: 0.002 if {"n11"} & set(g) else figures.get(g, 0.36)), NODES16)
+    assert locate(NODES16, both).slow == ["n11"]
+    pair = parse_result(line(NODES16, slowed({"n05", "n06"})), NODES16)
+    assert locate(NODES16, pair).slow == ["n05", "n06"]
 
 
 def test_a_noisy_pair_is_no_link() -> None:

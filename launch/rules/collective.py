@@ -9,7 +9,9 @@ laptop round trip between rounds (starting torch is what costs; the measurements
 Every node is in two pairs, so:
 
 * a node's figure is its best pair: a node in two slow pairs is slow, named when under ``ratio``
-  times the median node's figure;
+  times the median node's figure and under ``ratio`` times its partners' figures in their other
+  pairs (its pairs were slow because of it, not of them: on a loaded shared machine CPU contention
+  alone spreads healthy pairs 4x);
 * a slow pair (under ``link_ratio`` times the median: one figure, so a stricter bound) whose two
   nodes are fine in their other pair is a slow *link* between them.
 
@@ -184,7 +186,26 @@ def locate(
         return report
     median = statistics.median(report.per_node.values())
     report.median_gbps = median
-    report.slow = [n for n, v in report.per_node.items() if v < ratio * median]
+
+    def partners_elsewhere(node: str) -> float | None:
+        """The worst of this node's partners' figures in their other pairs, leaving out a partner
+        slow there too (its other pair says nothing of this node); None: no such figure."""
+        found = []
+        for group in pairs:
+            if node in group:
+                for partner in group:
+                    other = [v for g, v in pairs.items() if partner in g and node not in g]
+                    if partner != node and other and max(other) >= ratio * median:
+                        found.append(max(other))
+        return min(found) if found else None
+
+    # slow: under the median's bound, and its pairs slow because of it, not its partners (each
+    # fine elsewhere): on a loaded shared machine one pair's noise spreads healthy pairs 4x
+    report.slow = [
+        n
+        for n, v in report.per_node.items()
+        if v < ratio * median and ((ref := partners_elsewhere(n)) is None or v < ratio * ref)
+    ]
     report.slow_links = [
         (g[0], g[1])
         for g, v in pairs.items()
