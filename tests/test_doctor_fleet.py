@@ -346,7 +346,8 @@ def test_bad_gpu_is_named_per_gpu_with_the_nvidia_smi_stand_in(lab: LocalFleet, 
 
 def test_collective_names_the_node_behind_a_slow_link(lab: LocalFleet, fleetrun_home: Path) -> None:
     """Node 2's link limited to 20 Mbit/s with ``tc tbf`` (netem is not in this kernel):
-    ``fab doctor --collective`` runs all-reduce through torchrun, then pairs, and names node 2.
+    ``fab doctor --collective`` runs the fleet's all-reduce and the ring of pairs in one torchrun
+    launch and names node 2 (in two slow pairs: a slow node, not a link).
     Its own port, apart from the other tests' 29500."""
 
     two = lab.node_name(2)

@@ -1,10 +1,29 @@
-"""``fab doctor --collective``'s test, run by torchrun on a group of nodes (one process per node).
+"""``fab doctor --collective``'s test, run by ONE torchrun launch over all the chosen nodes (one
+process per node): every measurement in that launch, because starting torch on many nodes costs
+far more than the measurements (45-70 s for 16 nodes on a loaded machine, against seconds).
 
-A short matmul (this rank's GFLOP/s) and a short all-reduce (the group's bus bandwidth in GB/s,
-as nccl-tests defines it: algorithm bandwidth x 2(n-1)/n), over gloo on CPU or NCCL on GPU, the
-backends the job itself will use. Rank 0 prints one line ``FLEETRUN_COLLECTIVE {json}``; the
-laptop parses it as untrusted input (``launch.rules.collective``). Sizes come from the
-environment (``FLEETRUN_COLLECTIVE_MB``, ``FLEETRUN_COLLECTIVE_REPS``) so a test can keep it short.
+A short matmul (this rank's GFLOP/s), then fixed all-reduce rounds (``ring_rounds``; in each
+group a small warm-up, then ``FLEETRUN_COLLECTIVE_REPS`` repetitions at most, no more after the first
+than fit in ``BUDGET_S``, each timed alone: the group's figure is its fastest repetition, as
+other work on a node only ever slows one down): the whole world (the fleet's figure), then the ring of neighbour pairs (i, i+1 mod N) in two rounds of
+disjoint pairs (a third with the one pair (N-1, 0) when N is odd). Every pair of a round runs at
+the same time on its own process group, so 3 or 4 rounds whatever N, N pairs and not N(N-1)/2;
+every node is in exactly two pairs, so a slow node (both its pairs slow) and a slow link (one
+pair slow, both nodes fine in their other pair) are told apart on the laptop.
+
+Bus bandwidth as nccl-tests defines it (algorithm bandwidth x 2(n-1)/n), over gloo on CPU or NCCL
+on GPU, the backends the job itself will use. Process groups: every rank calls ``new_group`` for
+every group, in the same order, member or not (the plain, globally synchronised form: no
+``use_local_synchronization``). NCCL's rule for several communicators on one device is that
+operations on them must not be issued in different orders on different ranks; here a rank uses
+one communicator at a time (at most one group per round) and every round ends with a world
+barrier, so no two communicators of a rank are ever in flight together. Pair communicators are
+created lazily by NCCL on their first all-reduce (the warm-up, before the round's barrier).
+
+Rank 0 prints ``FLEETRUN_COLLECTIVE {json}`` after each round with every round so far (a launch
+that dies in round 2 still leaves round 0 and 1); the laptop reads the last one as untrusted
+input (``launch.rules.collective``). Sizes come from the environment (``FLEETRUN_COLLECTIVE_MB``,
+``FLEETRUN_COLLECTIVE_REPS``) so a test can keep it short.
 """
 
 from __future__ import annotations
@@ -17,6 +36,35 @@ import sys
 import time
 
 MARK = "FLEETRUN_COLLECTIVE "
+VERSION = 2
+BUDGET_S = 1.0
+"""A group does no more repetitions after its first than fit in this (none when the first took
+longer): a slow link's one repetition is already a long, exact measurement (a 20 Mbit/s link took
+3.5 s a pair all-reduce of 8 MiB; 4 repetitions and a full-size warm-up in each of 3 rounds were
+about 70 s of a 16-node doctor's 122 s)."""
+"""The result line's format: 2 is the single launch with rounds (1 was one launch per group)."""
+
+
+def ring_rounds(world: int) -> list[list[tuple[int, ...]]]:
+    """The fixed schedule, ranks per group per round: round 0 the whole world; then the neighbour
+    pairs (i, i+1 mod N), even i in one round and odd i in the next (disjoint in each round); with
+    N odd the pair (N-1, 0) would meet node 0 twice in the first, so it gets a round of its own.
+    Two nodes: the world is the one pair. Shared with the laptop (``launch.rules.collective``)."""
+    if world < 2:
+        return []
+    rounds: list[list[tuple[int, ...]]] = [[tuple(range(world))]]
+    if world == 2:
+        return rounds
+    even: list[tuple[int, ...]] = []
+    odd: list[tuple[int, ...]] = []
+    last: list[tuple[int, ...]] = []
+    for i in range(world):
+        pair = (i, (i + 1) % world)
+        if world % 2 and i == world - 1:
+            last.append(pair)
+        else:
+            (odd if i % 2 else even).append(pair)
+    return rounds + [r for r in (even, odd, last) if r]
 
 
 def _sync(device) -> None:  # type: ignore[no-untyped-def]
@@ -56,33 +104,76 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     size_mb = float(os.environ.get("FLEETRUN_COLLECTIVE_MB", "64" if gpu else "8"))
     reps = int(os.environ.get("FLEETRUN_COLLECTIVE_REPS", "10" if gpu else "4"))
+
+    def barrier() -> None:
+        dist.barrier(device_ids=[local]) if gpu else dist.barrier()
+
+    rounds = ring_rounds(world)
+    # every rank creates every group, in the same order, member or not
+    groups = [
+        [(ranks, None if len(ranks) == world else dist.new_group(list(ranks))) for ranks in r] for r in rounds
+    ]
     gflops = matmul_gflops(device, 4096 if gpu else 256, 20 if gpu else 5)
-    tensor = torch.ones(max(1, int(size_mb * 2**20 / 4)), device=device)
-    dist.all_reduce(tensor)  # warm-up: connections set up
-    _sync(device)
-    dist.barrier()
-    started = time.perf_counter()
-    for _ in range(reps):
-        dist.all_reduce(tensor)
-    _sync(device)
-    elapsed = time.perf_counter() - started
-    algbw = tensor.numel() * 4 * reps / elapsed / 1e9
-    busbw = algbw * 2 * (world - 1) / world if world > 1 else algbw
-    mine = {"host": socket.gethostname()[:255], "gflops": round(gflops, 3)}
-    every = [None] * world
-    dist.all_gather_object(every, mine)
-    if rank == 0:
-        result = {
-            "backend": backend,
-            "world": world,
-            "bytes": tensor.numel() * 4,
-            "reps": reps,
-            "seconds": round(elapsed, 4),
-            "busbw_gbps": round(busbw, 4),
-            "ranks": every,
-        }
-        sys.stdout.write(MARK + json.dumps(result) + "\n")
-        sys.stdout.flush()
+    tensor = torch.zeros(max(1, int(size_mb * 2**20 / 4)), device=device)
+    small = torch.zeros(1024, device=device)
+    nbytes = tensor.numel() * 4
+    every: list[object] = [None] * world
+    dist.all_gather_object(every, {"host": socket.gethostname()[:255], "gflops": round(gflops, 3)})
+    ranks_info = every
+    done: list[list[dict[str, object]]] = []
+    for round_groups in groups:
+        mine = next(((ranks, pg) for ranks, pg in round_groups if rank in ranks), None)
+        if mine is not None:
+            dist.all_reduce(small, group=mine[1])  # warm-up: connections / communicator set up
+            _sync(device)
+        barrier()  # every group of the round starts together
+        timed: tuple[float, int] | None = None
+        if mine is not None:
+            started = time.perf_counter()
+            dist.all_reduce(tensor, group=mine[1])
+            _sync(device)
+            first = time.perf_counter() - started
+            # the group's slowest first repetition decides how many more, the same on every member
+            agreed = torch.tensor([first], dtype=torch.float64, device=device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=mine[1])
+            more = max(0, min(reps - 1, int(BUDGET_S / max(float(agreed.item()), 1e-9))))
+            best = first
+            for _ in range(more):  # each timed alone: the fastest is the link's, the rest is noise
+                started = time.perf_counter()
+                dist.all_reduce(tensor, group=mine[1])
+                _sync(device)
+                best = min(best, time.perf_counter() - started)
+            timed = (best, 1 + more)
+        seconds: list[object] = [None] * world
+        dist.all_gather_object(seconds, timed)
+        if rank == 0:
+            figures = []
+            for ranks, _pg in round_groups:
+                taken = [t for r in ranks if isinstance(t := seconds[r], tuple)]
+                slowest = max(t[0] for t in taken) if len(taken) == len(ranks) else None
+                count = taken[0][1] if taken else 0
+                n = len(ranks)
+                busbw = nbytes / slowest / 1e9 * 2 * (n - 1) / n if slowest and slowest > 0 else None
+                figures.append(
+                    {
+                        "ranks": list(ranks),
+                        "reps": count,
+                        "seconds": None if slowest is None else round(slowest, 4),
+                        "busbw_gbps": None if busbw is None else round(busbw, 4),
+                    }
+                )
+            done.append(figures)
+            result = {
+                "version": VERSION,
+                "backend": backend,
+                "world": world,
+                "bytes": nbytes,
+                "reps": reps,
+                "ranks": ranks_info,
+                "rounds": done,
+            }
+            sys.stdout.write(MARK + json.dumps(result) + "\n")
+            sys.stdout.flush()
     dist.destroy_process_group()
     return 0
 

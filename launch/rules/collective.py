@@ -1,15 +1,21 @@
-"""``fab doctor --collective``: find the slow node or link from all-reduce figures. Pure: the
-measurements come from a callback (``launch.run.collective`` runs them through torchrun).
+"""``fab doctor --collective``: name the slow node or link from all-reduce figures. Pure: the
+figures come from rank 0's result line (``launch.run.collective`` runs the one torchrun launch).
 
-1. The whole group: the fleet's all-reduce bus bandwidth (GB/s).
-2. Bisection, not all pairs: split the candidates in two halves and measure both at once; while
-   one half is under ``ratio`` times the other, the slow node is in it (the faster half's first
-   node becomes the reference). Halves alike: no single node explains it, stop.
-3. Each remaining candidate paired with the reference (or, with no reference, in a ring of pairs:
-   a node's figure is its best pair, so only the node in every slow pair is low).
-4. A node under ``ratio`` times the median node's figure is named slow.
+The schedule is fixed (``ring_rounds``, shared with the node script): round 0 the whole world (the
+fleet's figure), then the ring of neighbour pairs (i, i+1 mod N) in rounds of disjoint pairs run at
+the same time: 3 rounds (4 with N odd) whatever N, N pairs and not N(N-1)/2, all in one launch, no
+laptop round trip between rounds (starting torch is what costs; the measurements are short).
 
-For 16 nodes with one slowed link: 1 + 3 halving rounds + 2 pairs = 6 measurements, about log2(N)+3.
+Every node is in two pairs, so:
+
+* a node's figure is its best pair: a node in two slow pairs is slow, named when under ``ratio``
+  times the median node's figure and under ``ratio`` times its partners' figures in their other
+  pairs (its pairs were slow because of it, not of them: on a loaded shared machine CPU contention
+  alone spreads healthy pairs 4x);
+* a slow pair (under ``link_ratio`` times the median: one figure, so a stricter bound) whose two
+  nodes are fine in their other pair is a slow *link* between them.
+
+Two nodes: the world is the one pair, nothing to compare it with, nobody named.
 """
 
 from __future__ import annotations
@@ -17,18 +23,27 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from launch.nodelib.fleetrun_collective import MARK, ring_rounds
+
 SLOW_RATIO = 0.5
-MARK = "FLEETRUN_COLLECTIVE "
-MAX_LINE = 64 * 1024
+LINK_RATIO = 0.25
+"""A slow link rests on one pair's figure (a node's on the better of two), so it must be further
+under the typical: on a loaded 2-core local fleet healthy pairs spread 4x (0.08-0.34 GB/s), a
+20 Mbit/s link is 40x under."""
+MAX_LINE = 4 * 1024**2
+"""Rank 0's line holds every group's figure of every round: some 100 bytes a node a round."""
+SAVED_VERSION = 2
+"""The saved result's format: 2 adds ``rounds`` and ``slow_links`` (1: one launch per group)."""
 
 Group = tuple[str, ...]
-Measure = Callable[[Sequence[Group]], Mapping[Group, "GroupResult"]]
+
+__all__ = ["MARK", "ring_rounds"]
 
 
 @dataclass(frozen=True)
@@ -40,103 +55,162 @@ class GroupResult:
     error: str = ""
 
 
-def parse_result(stdout: str, hosts_by_hostname: Mapping[str, str] | None = None) -> GroupResult:
-    """Rank 0's ``FLEETRUN_COLLECTIVE {json}`` line (untrusted: bounded, typed) as a result."""
+@dataclass
+class Measured:
+    """What one launch measured: the fleet's group, then every round's groups (by node name)."""
+
+    fleet: GroupResult
+    rounds: list[list[tuple[Group, GroupResult]]] = field(default_factory=list)
+
+    def with_error(self, error: str) -> Measured:
+        """The same figures, the fleet's error told more precisely (by whoever ran the launch)."""
+        return Measured(GroupResult(None, error=error), self.rounds)
+
+
+def schedule(nodes: Sequence[str]) -> list[list[Group]]:
+    """``ring_rounds`` by node name (rank i is ``nodes[i]``)."""
+    return [[tuple(nodes[r] for r in ranks) for ranks in groups] for groups in ring_rounds(len(nodes))]
+
+
+def _figure(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and 0 <= value < 1e6 else None
+
+
+def parse_result(stdout: str, nodes: Sequence[str]) -> Measured:
+    """Rank 0's last ``FLEETRUN_COLLECTIVE {json}`` line (untrusted: bounded, typed) against the
+    schedule the laptop expects for ``nodes`` (rank i is ``nodes[i]``): a group that is not in
+    the schedule is ignored, one of the schedule missing from the line is "not measured"."""
+    expected = ring_rounds(len(nodes))
+    if not expected:
+        return Measured(GroupResult(None, error="fewer than two nodes"))
     line = next((x for x in reversed(stdout.splitlines()) if x.startswith(MARK)), None)
-    if line is None or len(line) > MAX_LINE:
-        return GroupResult(None, error="no result line from rank 0")
+
+    def failed(error: str) -> Measured:
+        names = schedule(nodes)
+        return Measured(
+            GroupResult(None, error=error),
+            [[(g, GroupResult(None, error=error)) for g in groups] for groups in names[1:]],
+        )
+
+    if line is None:
+        return failed("no result line from rank 0")
+    if len(line) > MAX_LINE:
+        return failed(f"the result line is over {MAX_LINE} bytes")
     try:
         data = json.loads(line[len(MARK) :])
-    except ValueError:
-        return GroupResult(None, error="the result line is not JSON")
+    except (ValueError, RecursionError):  # RecursionError: nested a million deep
+        return failed("the result line is not JSON")
     if not isinstance(data, dict):
-        return GroupResult(None, error="the result line is not an object")
-    bw = data.get("busbw_gbps")
-    if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not math.isfinite(bw) or not 0 <= bw < 1e6:
-        return GroupResult(None, error="no bandwidth in the result")
+        return failed("the result line is not an object")
+    if data.get("world") != len(nodes):
+        return failed(f"the result is for {str(data.get('world'))[:20]} ranks, not {len(nodes)}")
+    backend = data.get("backend") if data.get("backend") in ("gloo", "nccl") else ""
     flops: dict[str, float] = {}
     ranks = data.get("ranks")
-    for entry in ranks[:4096] if isinstance(ranks, list) else []:
-        if isinstance(entry, dict) and isinstance(entry.get("host"), str):
-            value = entry.get("gflops")
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                name = (hosts_by_hostname or {}).get(entry["host"], entry["host"])
-                flops[name[:255]] = float(value)
-    backend = data.get("backend") if data.get("backend") in ("gloo", "nccl") else ""
-    return GroupResult(float(bw), flops, str(backend))
+    for i, entry in enumerate(ranks[: len(nodes)] if isinstance(ranks, list) else []):
+        if isinstance(entry, dict) and (value := _figure(entry.get("gflops"))) is not None:
+            flops[nodes[i]] = value
+    figures: dict[tuple[int, tuple[int, ...]], float | None] = {}
+    rounds = data.get("rounds")
+    for index, groups in enumerate(rounds[: len(expected)] if isinstance(rounds, list) else []):
+        for entry in groups[: len(nodes)] if isinstance(groups, list) else []:
+            members = entry.get("ranks") if isinstance(entry, dict) else None
+            if isinstance(members, list) and all(type(r) is int for r in members[: len(nodes) + 1]):
+                figures[(index, tuple(members))] = _figure(entry.get("busbw_gbps"))
+
+    def result(index: int, ranks: tuple[int, ...]) -> GroupResult:
+        key = (index, ranks)
+        if key not in figures:
+            return GroupResult(None, error="not measured (the launch ended before this round)")
+        bw = figures[key]
+        if bw is None:
+            return GroupResult(None, error="no bandwidth in the result")
+        return GroupResult(bw, flops if index == 0 else {}, str(backend))
+
+    measured = Measured(result(0, expected[0][0]))
+    for index, groups in enumerate(expected[1:], start=1):
+        measured.rounds.append([(tuple(nodes[r] for r in g), result(index, g)) for g in groups])
+    return measured
 
 
 @dataclass
 class CollectiveReport:
     fleet: GroupResult | None = None
     measured: list[tuple[Group, GroupResult]] = field(default_factory=list)
+    """Every group measured, the fleet's first, in schedule order."""
+    rounds: int = 0
     per_node: dict[str, float] = field(default_factory=dict)
-    """Each candidate's figure: its pair with the reference, or its best pair in the ring."""
+    """Each node's figure: its best pair."""
     slow: list[str] = field(default_factory=list)
+    slow_links: list[tuple[str, str]] = field(default_factory=list)
+    """Slow pairs whose two nodes are fine in their other pair."""
     median_gbps: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
+            "version": SAVED_VERSION,
             "fleet_gbps": None if self.fleet is None else self.fleet.busbw_gbps,
             "backend": None if self.fleet is None else self.fleet.backend,
             "gflops": {} if self.fleet is None else dict(self.fleet.gflops),
+            "rounds": self.rounds,
             "groups": [
                 {"nodes": list(g), "gbps": r.busbw_gbps, "error": r.error or None} for g, r in self.measured
             ],
             "per_node_gbps": dict(self.per_node),
             "slow": list(self.slow),
+            "slow_links": [list(p) for p in self.slow_links],
         }
 
 
-def _bw(result: GroupResult | None) -> float:
-    return 0.0 if result is None or result.busbw_gbps is None else result.busbw_gbps
-
-
-def locate(nodes: Sequence[str], measure: Measure, ratio: float = SLOW_RATIO) -> CollectiveReport:
-    report = CollectiveReport()
-
-    def run(groups: Sequence[Group]) -> Mapping[Group, GroupResult]:
-        found = measure(groups)
-        report.measured.extend((g, found.get(g, GroupResult(None, error="not run"))) for g in groups)
-        return found
-
-    everyone = tuple(nodes)
-    if len(everyone) < 2:
+def locate(
+    nodes: Sequence[str], measured: Measured, ratio: float = SLOW_RATIO, link_ratio: float = LINK_RATIO
+) -> CollectiveReport:
+    """The slow nodes and links of one launch's figures (``parse_result``)."""
+    report = CollectiveReport(fleet=measured.fleet, rounds=1 + len(measured.rounds))
+    report.measured.append((tuple(nodes), measured.fleet))
+    pairs: dict[Group, float] = {}
+    for groups in measured.rounds:
+        for group, result in groups:
+            report.measured.append((group, result))
+            if result.busbw_gbps is not None:
+                pairs[group] = result.busbw_gbps
+    if len(nodes) == 2 and measured.fleet.busbw_gbps is not None:
+        report.per_node = {n: measured.fleet.busbw_gbps for n in nodes}  # the world is the pair
+    for node in nodes:
+        own = [v for g, v in pairs.items() if node in g]
+        if own:
+            report.per_node[node] = max(own)
+    if len(report.per_node) < 3:
         return report
-    report.fleet = run([everyone]).get(everyone)
-    candidates = list(everyone)
-    reference: str | None = None
-    while len(candidates) >= 4:
-        half = len(candidates) // 2
-        a, b = tuple(candidates[:half]), tuple(candidates[half:])
-        found = run([a, b])
-        fa, fb = _bw(found.get(a)), _bw(found.get(b))
-        if fa < ratio * fb:
-            candidates, reference = list(a), b[0]
-        elif fb < ratio * fa:
-            candidates, reference = list(b), a[0]
-        else:
-            break
-    if reference is not None:
-        for node in candidates:
-            pair = (node, reference)
-            report.per_node[node] = _bw(run([pair]).get(pair))
-    elif len(candidates) <= 3:
-        pairs = [(candidates[i], candidates[(i + 1) % len(candidates)]) for i in range(len(candidates))]
-        ring: list[Group] = list(dict.fromkeys(tuple(sorted(p)) for p in pairs))  # two nodes: one pair
-        figures = {p: _bw(run([p]).get(p)) for p in ring}
-        for node in candidates:
-            report.per_node[node] = max(v for p, v in figures.items() if node in p)
-    if len(report.per_node) >= 2:
-        median = statistics.median(report.per_node.values())
-        if reference is not None and report.fleet is not None:
-            # the reference's own half was fast: its figure is the typical one
-            median = max(
-                median, _bw(next((r for g, r in report.measured if reference in g and len(g) > 2), None))
-            )
-        report.median_gbps = median
-        if len(report.per_node) >= 3 or reference is not None:
-            report.slow = [n for n, v in report.per_node.items() if v < ratio * median]
+    median = statistics.median(report.per_node.values())
+    report.median_gbps = median
+
+    def partners_elsewhere(node: str) -> float | None:
+        """The worst of this node's partners' figures in their other pairs, leaving out a partner
+        slow there too (its other pair says nothing of this node); None: no such figure."""
+        found = []
+        for group in pairs:
+            if node in group:
+                for partner in group:
+                    other = [v for g, v in pairs.items() if partner in g and node not in g]
+                    if partner != node and other and max(other) >= ratio * median:
+                        found.append(max(other))
+        return min(found) if found else None
+
+    # slow: under the median's bound, and its pairs slow because of it, not its partners (each
+    # fine elsewhere): on a loaded shared machine one pair's noise spreads healthy pairs 4x
+    report.slow = [
+        n
+        for n, v in report.per_node.items()
+        if v < ratio * median and ((ref := partners_elsewhere(n)) is None or v < ratio * ref)
+    ]
+    report.slow_links = [
+        (g[0], g[1])
+        for g, v in pairs.items()
+        if v < link_ratio * median and len(g) == 2 and not set(g) & set(report.slow)
+    ]
     return report
 
 
@@ -154,7 +228,9 @@ def verdict_lines(report: CollectiveReport) -> list[tuple[str, str, str]]:
         lines.append(
             ("fleet", "ok", f"all-reduce {fleet.busbw_gbps:.3f} GB/s over {fleet.backend or '?'}{matmul}")
         )
+    pairs = dict(report.measured)
     for node, figure in report.per_node.items():
+        links = [p for p in report.slow_links if node in p]
         if node in report.slow and report.median_gbps:
             lines.append(
                 (
@@ -164,9 +240,25 @@ def verdict_lines(report: CollectiveReport) -> list[tuple[str, str, str]]:
                     f"{report.median_gbps:.3f} GB/s: a slow node or link",
                 )
             )
+        elif links and report.median_gbps:
+            a, b = links[0]
+            other = b if node == a else a
+            lines.append(
+                (
+                    node,
+                    "error",
+                    f"{_bw(pairs.get(links[0])):.3f} GB/s in its pair test with {other}, under "
+                    f"{LINK_RATIO:g}x the typical {report.median_gbps:.3f} GB/s, both fine in their "
+                    f"other pair ({figure:.3f} GB/s here): a slow link between {a} and {b}",
+                )
+            )
         else:
             lines.append((node, "ok", f"{figure:.3f} GB/s in its pair test"))
     return lines
+
+
+def _bw(result: GroupResult | None) -> float:
+    return 0.0 if result is None or result.busbw_gbps is None else result.busbw_gbps
 
 
 # -- history: this result against the earlier ones -------------------------------------------------
@@ -193,6 +285,8 @@ class SavedResult(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
+    version: int = Field(default=1, ge=1, le=1_000_000)
+    """The format (``SAVED_VERSION``): 1 (no field) the bisection's, 2 the one launch's."""
     time: float = Field(ge=0, le=1e11)
     """When the test ran (Unix time)."""
     backend: str | None = Field(default=None, max_length=16)
@@ -204,8 +298,12 @@ class SavedResult(BaseModel):
     per_node_gbps: dict[Annotated[str, Field(max_length=MAX_NAME)], float] = Field(
         default_factory=dict, max_length=MAX_NODES
     )
-    """Each node's pair-test figure (only the nodes the bisection paired)."""
+    """Each node's pair-test figure: its best pair (version 1: only the nodes the bisection paired)."""
     slow: tuple[Annotated[str, Field(max_length=MAX_NAME)], ...] = Field(default=(), max_length=MAX_NODES)
+    slow_links: tuple[
+        tuple[Annotated[str, Field(max_length=MAX_NAME)], Annotated[str, Field(max_length=MAX_NAME)]], ...
+    ] = Field(default=(), max_length=MAX_NODES)
+    """Slow pairs whose two nodes were fine in their other pair (version 2; none in version 1)."""
 
     @field_validator("fleet_gbps")
     @classmethod

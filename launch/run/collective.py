@@ -1,11 +1,12 @@
-"""``fab doctor --collective``: all-reduce and matmul through torchrun on groups of nodes.
+"""``fab doctor --collective``: all-reduce and matmul through ONE torchrun launch over the nodes.
 
 The test script (``launch/nodelib/fleetrun_collective.py``) is written to each node's
-``~/.fleetrun/`` over the doctor's own connections, then every node of a group runs
+``~/.fleetrun/`` over the doctor's own connections, then every node runs
 ``python -m torch.distributed.run`` (the launcher ``fab train`` uses for torchrun jobs: static
-rendezvous on the group's first node, one process per node; gloo on CPU, NCCL on GPU). Groups
-measured at the same time use ports from the job's rendezvous port up. Where to look next is
-decided by ``launch.rules.collective`` (bisection); this module only runs and collects.
+rendezvous on the first node, one process per node, node i rank i; gloo on CPU, NCCL on GPU). The
+script runs every round of the fixed schedule in that one launch (starting torch on every node is
+what costs, tens of seconds on a loaded fleet, so never twice); rank 0's result line is read back
+and ``launch.rules.collective`` names the slow node or link; this module only runs and collects.
 
 Each run's figures are saved as ``collective/<time>.json`` in the runs folder (``save_result``)
 and read back for the comparison over time (``read_history``): fleetrun's own files, still parsed
@@ -28,9 +29,8 @@ from launch.job.inventory import Host
 from launch.reports.safe_text import clean
 from launch.rules.collective import (
     CollectiveReport,
-    Group,
-    GroupResult,
     HistoryFinding,
+    Measured,
     SavedResult,
     compare_history,
     locate,
@@ -40,7 +40,8 @@ from launch.rules.collective import (
 from launch.transport.ssh import Fleet, NodeConnection
 
 SCRIPT = ".fleetrun/fleetrun_collective.py"
-GROUP_TIMEOUT_S = 240.0
+LAUNCH_TIMEOUT_S = 300.0
+"""One launch: starting torch on every node (a minute on a loaded 16-node local fleet) and 3-4 rounds."""
 
 
 def install_script(fleet: Fleet, hosts: Sequence[Host]) -> dict[str, str]:
@@ -58,8 +59,7 @@ def install_script(fleet: Fleet, hosts: Sequence[Host]) -> dict[str, str]:
     return {n: str(r) for n, r in results.items() if isinstance(r, BaseException)}
 
 
-def group_command(host: Host, group: Sequence[Host], rank: int, port: int, env: Mapping[str, str]) -> str:
-    head = group[0]
+def node_command(host: Host, head: Host, world: int, rank: int, port: int, env: Mapping[str, str]) -> str:
     address = head.private_address or head.address
     exports = {**env}
     if host.interface:
@@ -70,7 +70,7 @@ def group_command(host: Host, group: Sequence[Host], rank: int, port: int, env: 
         host.python,
         "-m",
         "torch.distributed.run",
-        f"--nnodes={len(group)}",
+        f"--nnodes={world}",
         "--nproc-per-node=1",
         f"--node-rank={rank}",
         f"--master-addr={address}",
@@ -82,48 +82,39 @@ def group_command(host: Host, group: Sequence[Host], rank: int, port: int, env: 
     return f'cd "$HOME" && env {prefix} {quoted} 2>&1'.replace("env  ", "env ")
 
 
-def measurer(fleet: Fleet, hosts: Sequence[Host], port: int, env: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
-    """The ``measure`` callback of ``locate``: run groups at once, each on its own port."""
-    by_name = {h.name: h for h in hosts}
-
-    def measure(groups: Sequence[Group]) -> dict[Group, GroupResult]:
-        commands: dict[str, str] = {}
-        heads: dict[str, Group] = {}
-        for i, group in enumerate(groups):
-            members = [by_name[n] for n in group]
-            heads[members[0].name] = group
-            for rank, host in enumerate(members):
-                commands[host.name] = group_command(host, members, rank, port + i, env or {})
-        results = fleet.map(
-            lambda c: c.run(commands[c.host.name], timeout=GROUP_TIMEOUT_S),
-            hosts=[by_name[n] for n in commands],
-            deadline=GROUP_TIMEOUT_S + 30,
-        )
-        found: dict[Group, GroupResult] = {}
-        for head, group in heads.items():
-            value = results.get(head)
-            if isinstance(value, BaseException) or value is None:
-                found[group] = GroupResult(None, error=str(value)[:300])
-                continue
-            result = parse_result(value.stdout)
-            if result.busbw_gbps is None:
-                tail = " / ".join(value.stdout.strip().splitlines()[-2:])[-300:]
-                result = GroupResult(None, error=f"{result.error} (exit {value.exit_code}: {tail})")
-            found[group] = result
-        return found
-
-    return measure
+def measure(fleet: Fleet, hosts: Sequence[Host], port: int, env: Mapping[str, str] | None = None) -> Measured:
+    """The one launch over ``hosts`` (rank i is ``hosts[i]``), parsed from rank 0's output; when
+    rank 0 left no usable result, the error carries the tail of its output (or of the first node
+    that failed, when rank 0's own says nothing)."""
+    names = [h.name for h in hosts]
+    commands = {
+        h.name: node_command(h, hosts[0], len(hosts), i, port, env or {}) for i, h in enumerate(hosts)
+    }
+    results = fleet.map(
+        lambda c: c.run(commands[c.host.name], timeout=LAUNCH_TIMEOUT_S),
+        hosts=list(hosts),
+        deadline=LAUNCH_TIMEOUT_S + 30,
+    )
+    head = results.get(names[0])
+    if isinstance(head, BaseException) or head is None:
+        return parse_result("", names).with_error(f"rank 0 on {names[0]}: {str(head)[:300]}")
+    measured = parse_result(head.stdout, names)
+    if measured.fleet.busbw_gbps is None:
+        tail = " / ".join(head.stdout.strip().splitlines()[-2:])[-300:]
+        measured = measured.with_error(f"{measured.fleet.error} (exit {head.exit_code}: {tail})")
+    return measured
 
 
 def check(
     fleet: Fleet, hosts: Sequence[Host], port: int, env: Mapping[str, str] | None = None
 ) -> tuple[CollectiveReport, float]:
-    """Install the script, measure the fleet, bisect to the slow node; the report and seconds."""
+    """Install the script, run the one launch, name the slow node or link; the report and seconds."""
     started = time.monotonic()
     errors = install_script(fleet, hosts)
     usable = [h for h in hosts if h.name not in errors]
-    report = locate([h.name for h in usable], measurer(fleet, usable, port, env))
-    return report, time.monotonic() - started
+    names = [h.name for h in usable]
+    measured = measure(fleet, usable, port, env) if len(usable) >= 2 else parse_result("", names)
+    return locate(names, measured), time.monotonic() - started
 
 
 HISTORY_FILES = 500
