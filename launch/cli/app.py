@@ -228,8 +228,8 @@ def doctor(
     Verdict lines are printed for warnings and errors (every check with ``verbose``), then the table.
     ``gpu_diag`` (1, 2 or 3): then DCGM's diagnostic ``dcgmi diag -r N`` on every reachable node
     at once, a line per GPU with a failed test. ``collective``: then an all-reduce and matmul test
-    through torchrun on the hosts a job would get, bisecting to the slow node or link
-    (``launch.run.collective``), kept under the runs folder."""
+    through torchrun on the hosts a job would get, in one launch: the fleet, then a ring of pairs
+    that names the slow node or link (``launch.run.collective``), kept under the runs folder."""
     from launch.reports.doctor_view import print_findings
     from launch.run import doctor as checks
     from launch.transport.ssh import Fleet

@@ -89,7 +89,7 @@ def history_view(results: Sequence[SavedResult], runs: int = HISTORY_RUNS) -> Gr
         )
     if ordered and not nodes.rows:
         nodes.caption = (
-            "no pair figures saved yet (the bisection pairs nodes only when it looks for a slow one)"
+            "no pair figures saved yet (files from before the ring of pairs have only the fleet's)"
         )
     else:
         nodes.caption = f"flagged (yellow) under {HISTORY_RATIO:g}x the median of the last {runs} figures"
