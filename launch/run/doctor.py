@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from paramiko import Channel
 
@@ -356,49 +357,41 @@ HOSTS_FILE = "hosts.json"
 """In the run folder: the hosts a run chose, and every host it left out and why."""
 
 
-def read_exclusions(folder: Path) -> dict[str, str]:
+def _hosts_record(folder: Path) -> dict[str, Any]:
+    """The run's ``hosts.json`` (fleetrun's own file), or an empty record."""
     try:
         data = json.loads((folder / HOSTS_FILE).read_text())
     except (OSError, ValueError):
         return {}
-    excluded = data.get("excluded") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def _save_hosts_record(folder: Path, data: dict[str, Any]) -> None:
+    tmp = folder / (HOSTS_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(folder / HOSTS_FILE)
+
+
+def read_exclusions(folder: Path) -> dict[str, str]:
+    excluded = _hosts_record(folder).get("excluded")
     return {str(k): str(v) for k, v in excluded.items()} if isinstance(excluded, dict) else {}
 
 
 def record_exclusion(folder: Path, name: str, reason: str) -> None:
     """Add ``name`` to the run's excluded hosts (``hosts.json``), for the record and for every
     later attempt of the run (an excluded host is never taken again)."""
-    try:
-        data = json.loads((folder / HOSTS_FILE).read_text())
-    except (OSError, ValueError):
-        data = {}
-    if not isinstance(data, dict):
-        data = {}
+    data = _hosts_record(folder)
     excluded = data.get("excluded")
-    if not isinstance(excluded, dict):
-        excluded = {}
-    excluded[name] = reason[:600]
-    data["excluded"] = excluded
-    tmp = folder / (HOSTS_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(folder / HOSTS_FILE)
+    data["excluded"] = {**(excluded if isinstance(excluded, dict) else {}), name: reason[:600]}
+    _save_hosts_record(folder, data)
 
 
 def record_renewal(folder: Path, renewal: Renewal) -> None:
     """Add a node given a new machine after it was left out (``FleetKind.renew``) to the run's
     ``hosts.json`` (``renewed``): which node, why, and its old and new address. Its name is not
     excluded: the name now stands for the new machine."""
-    try:
-        data = json.loads((folder / HOSTS_FILE).read_text())
-    except (OSError, ValueError):
-        data = {}
-    if not isinstance(data, dict):
-        data = {}
+    data = _hosts_record(folder)
     renewed = data.get("renewed")
-    if not isinstance(renewed, list):
-        renewed = []
-    renewed.append({**renewal.to_json(), "reason": renewal.reason[:600]})
-    data["renewed"] = renewed
-    tmp = folder / (HOSTS_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(folder / HOSTS_FILE)
+    entry = {**renewal.to_json(), "reason": renewal.reason[:600]}
+    data["renewed"] = [*(renewed if isinstance(renewed, list) else []), entry]
+    _save_hosts_record(folder, data)
