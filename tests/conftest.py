@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -132,10 +132,54 @@ def needs_root() -> pytest.MarkDecorator:
     )
 
 
+# Where a session keeps fleetrun's state: one folder per session fleet prefix (so per checkout tag
+# and xdist worker), the same in every session, not under pytest's temporary directory. The local
+# fleet removes only what its record (``$FLEETRUN_HOME/localfleet/<prefix>/created.jsonl``) names,
+# so a session killed before its teardown (a timeout, a closed terminal) leaves fleets that the
+# next session could neither reuse nor remove if their record sat in a fresh temporary folder: the
+# next `make test` on that machine then failed with "will not build over things it did not
+# create" (a CI run did, 2026-11-25). In a stable folder the next session finds the record and
+# takes the fleets down first (``reclaim``).
+STATE_ROOT = Path(os.environ.get("FLEETRUN_TEST_STATE", f"/var/tmp/fleetrun-tests-{os.geteuid()}"))
+
+
+def reclaim(home: Path, say: Callable[[str], None] = lambda _m: None) -> dict[str, dict[str, list[str]]]:
+    """Take down every local fleet recorded under ``home`` (an earlier session's, killed before its
+    teardown); returns what each left behind (empty lists when clean). Only recorded things are
+    removed, as by ``fab local.down``: the record is fleetrun's own state, the one thing trusted."""
+    root = home / "localfleet"
+    if not root.is_dir() or os.geteuid() != 0:
+        return {}
+    old = os.environ.get("FLEETRUN_HOME")
+    os.environ["FLEETRUN_HOME"] = str(home)
+    try:
+        return {
+            record.name: LocalFleet(prefix=record.name).down(say=say)
+            for record in sorted(root.iterdir())
+            if (record / "created.jsonl").is_file()
+        }
+    finally:
+        if old is None:
+            os.environ.pop("FLEETRUN_HOME", None)
+        else:
+            os.environ["FLEETRUN_HOME"] = old
+
+
+def fresh_home(home: Path) -> Path:
+    """``home`` emptied for a new session, after the fleets an earlier one left there are down."""
+    left = {prefix: found for prefix, found in reclaim(home).items() if any(found.values())}
+    if left:
+        raise RuntimeError(f"an earlier test session's fleets under {home} could not be removed: {left}")
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True, mode=0o700)
+    return home
+
+
 @pytest.fixture(scope="session")
-def fleetrun_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Point fleetrun's state (keys, known_hosts, run folders) at a temporary directory."""
-    home = tmp_path_factory.mktemp("fleetrun-home")
+def fleetrun_home() -> Iterator[Path]:
+    """Point fleetrun's state (keys, known_hosts, run folders) at this session's own folder
+    (``STATE_ROOT/<prefix>``), emptied first; it stays after the session for a look at what ran."""
+    home = fresh_home(STATE_ROOT / TEST_PREFIX)
     old = {k: os.environ.get(k) for k in ("FLEETRUN_HOME", "FLEETRUN_RUNS")}
     os.environ["FLEETRUN_HOME"] = str(home)
     os.environ.pop("FLEETRUN_RUNS", None)

@@ -1,0 +1,48 @@
+"""A test session killed before its teardown leaves its fleets; the next session takes them down.
+
+The CI run of 2026-11-25 failed with 31 errors ("will not build over things it did not create"):
+an earlier `make test` on that machine had been killed with its session fleets up, and their record
+lay in that session's temporary folder, out of the next session's reach.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from pathlib import Path
+
+import pytest
+
+from launch.fleets.local import LocalFleet
+from tests.conftest import fleet_prefix, fleet_subnet, fresh_home, needs_root, reclaim
+
+PREFIX = fleet_prefix("r")
+
+
+@needs_root()
+def test_a_killed_sessions_fleet_is_taken_down_by_the_next_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("FLEETRUN_HOME", str(home))
+    fleet = LocalFleet(prefix=PREFIX, subnet=fleet_subnet(10))
+    fleet.up(1, say=lambda _m: None)
+    try:
+        # the session "dies" here: no down; the next one finds the record and the fleet
+        assert fleet.conflicts(1), "the fleet should exist before the next session reclaims it"
+        monkeypatch.delenv("FLEETRUN_HOME")
+        assert fresh_home(home) == home
+        assert list(home.iterdir()) == [], "the folder is handed over empty"
+        assert not fleet.conflicts(1), f"left behind: {fleet.conflicts(1)}"
+        with pytest.raises(KeyError):
+            pwd.getpwnam(fleet.node_name(0))
+        assert os.environ.get("FLEETRUN_HOME") is None, "reclaim restores the environment"
+    finally:
+        monkeypatch.setenv("FLEETRUN_HOME", str(home))
+        fleet.down(say=lambda _m: None)
+
+
+def test_reclaim_touches_nothing_without_a_record(tmp_path: Path) -> None:
+    (tmp_path / "localfleet" / "frzz").mkdir(parents=True)  # a folder but no created.jsonl
+    assert reclaim(tmp_path) == {}
+    assert reclaim(tmp_path / "absent") == {}
