@@ -378,6 +378,8 @@ class FakeFleet:
         """Counted up when a recovery reconnects for its next attempt."""
         self.replaced: list[Host] = []
         """The new machines recovery connected to (a ``Host`` that differs from the lost one)."""
+        self.visited: list[Host] = []
+        """The machines recovery checked before taking them (``outside``), in order."""
         self.nodes = {h.name: FakeNode(self, h) for h in self.hosts}
         self.connections = {h.name: FakeConnection(self.nodes[h.name]) for h in self.hosts}
         self.step = 0
@@ -467,6 +469,20 @@ class FakeFleet:
                 self.connections[host.name] = FakeConnection(self.nodes[host.name])
         self.hosts = list(hosts)
         return self
+
+    def outside(self, hosts: list[Host], known_hosts: Path) -> FakeFleet:
+        """Machines not (yet) the run's (``FleetPort.outside``): a view of this fleet whose nodes
+        are the run's own where the ``Host`` is the same, else fresh ones that are not the run's
+        (a later ``reconnect`` makes its own); each one is kept in ``visited``, in order."""
+        view = copy.copy(self)
+        view.hosts = list(hosts)
+        view.nodes = {}
+        for host in hosts:
+            node = self.nodes.get(host.name)
+            view.nodes[host.name] = node if node is not None and node.host == host else FakeNode(view, host)
+            self.visited.append(host)
+        view.connections = {name: FakeConnection(node) for name, node in view.nodes.items()}
+        return view
 
     def answers(self, host: Host, timeout: float) -> bool:
         """``FleetPort.answers``: no fake node listens on a port; a lost lab host answers again

@@ -417,12 +417,12 @@ def test_ssh_pool_subset_shares_the_open_connections(tmp_path: Path) -> None:
     pool.close()
 
 
-def test_a_spare_bad_at_its_probe_is_never_trained_on(
+def test_a_spare_bad_at_its_check_is_excluded_and_the_next_one_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The spare gets the pre-launch GPU check before any work lands on it: bad from its first
-    boot, it ends the recovery naming it, instead of training on a bad GPU that ``gpu_fault``
-    (which compares with the attempt's own first reading) would never flag."""
+    """A spare gets the pre-launch GPU check before it is taken: bad from its first boot (which
+    ``gpu_fault``, comparing with the attempt's own first reading, would never flag), it is
+    excluded with its reason, said in one line, and the next spare takes the node's place."""
     from tests.fakefleet import fake_hosts
 
     monkeypatch.setattr(
@@ -430,16 +430,92 @@ def test_a_spare_bad_at_its_probe_is_never_trained_on(
     )
     script = gpu_fault_on_n1()
     script.nodes["n2"] = NodeScript(bad_gpu_at_probe=True)
+    reporter = RecordingReporter()
     run = run_on_fake_fleet(
         tmp_path,
         monkeypatch,
         script,
         inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
         recovery=GPU_RECOVERY,
-        spares=(fake_hosts(3)[2],),
+        spares=tuple(fake_hosts(4)[2:]),
+        reporter=reporter,
     )
-    assert run.summary.outcome != "succeeded"
-    assert "n2" in run.summary.reason and "GPU health" in run.summary.reason, run.summary.reason
-    assert "uncorrectable ECC" in run.summary.reason
-    assert run.fleet.nodes["n2"].attempts == []  # nothing was started on it
-    assert not run.fleet.nodes["n2"].launched
+    assert (run.summary.outcome, run.summary.rule) == ("succeeded", "completed"), run.summary.reason
+    first, second = attempts_of(run)
+    assert second["nodes"] == ["n0", "n3"] and first["replaced"] == ["n1"]
+    assert list(first["not_taken"]) == ["n2"] and "uncorrectable ECC" in first["not_taken"]["n2"]
+    excluded = json.loads((run.folder / "hosts.json").read_text())["excluded"]
+    assert set(excluded) == {"n1", "n2"}
+    assert "uncorrectable ECC 0 -> 2" in excluded["n1"] and "uncorrectable ECC 2" in excluded["n2"]
+    skipped = [line for line in reporter.lines if "spare n2: not taken" in line]
+    assert len(skipped) == 1 and "trying the next" in skipped[0], reporter.lines
+    assert any("spare n3 takes its place" in line for line in reporter.lines)
+    assert [h.name for h in run.fleet.visited] == ["n2", "n3"]  # each checked once
+    assert run.fleet.nodes["n3"].attempts == ["2"] and "n2" not in run.fleet.nodes  # never trained on
+
+
+def test_every_spare_bad_and_a_fixed_size_ends_the_run_naming_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lab machines (never renewed), both spares bad, a fixed size: the run ends, its reason
+    naming each spare and why; every one is excluded; nothing was started on them."""
+    from launch.reports.views import attempts_table
+    from tests.fakefleet import fake_hosts
+
+    script = gpu_fault_on_n1()
+    script.nodes["n2"] = NodeScript(bad_gpu_at_probe=True)
+    script.nodes["n3"] = NodeScript(bad_gpu_at_probe=True)
+    run = run_on_fake_fleet(
+        tmp_path, monkeypatch, script, recovery=GPU_RECOVERY, spares=tuple(fake_hosts(4)[2:])
+    )
+    s = run.summary
+    assert (s.outcome, s.rule) == ("failed", "gpu_fault"), s.reason
+    assert "Not recovered: could not replace n1 (n2: GPU check: gpu0: uncorrectable ECC" in s.reason, s.reason
+    assert "; n3: GPU check: gpu0: uncorrectable ECC" in s.reason and "not elastic" in s.reason
+    excluded = json.loads((run.folder / "hosts.json").read_text())["excluded"]
+    assert set(excluded) == {"n1", "n2", "n3"}
+    assert [h.name for h in run.fleet.visited] == ["n2", "n3"]
+    assert "n2" not in run.fleet.nodes and "n3" not in run.fleet.nodes
+    (only,) = attempts_of(run)
+    assert list(only["not_taken"]) == ["n2", "n3"]
+    from rich.console import Console
+
+    console = Console(width=300, record=True)
+    console.print(attempts_table([only]))
+    assert "(not taken: n2, n3)" in console.export_text()
+
+
+def test_a_renewed_machine_bad_again_is_not_renewed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No spare; the kind's new machine fails its GPU check: it is not taken, the kind is not
+    asked again, and the elastic job goes on without the node (both records say why)."""
+    calls: list[Host] = []
+
+    def renew(self: LocalFleetKind, host: Host, say: Any, timeout_s: float, probe: Any = None) -> Host:
+        calls.append(host)
+        return host.model_copy(update={"address": "203.0.113.99"})
+
+    monkeypatch.setattr(LocalFleetKind, "renew", renew)
+    script = gpu_fault_on_n1()
+    script.nodes["n1"].bad_gpu_at_probe = True  # the new machine under n1's name: bad too
+    reporter = RecordingReporter()
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        script,
+        inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
+        recovery=GPU_RECOVERY,
+        min_nodes=1,
+        skip_doctor=True,  # n1's first machine would fail the pre-launch check as well
+        reporter=reporter,
+    )
+    assert (run.summary.outcome, run.summary.rule) == ("succeeded", "completed"), run.summary.reason
+    assert len(calls) == 1
+    first, second = attempts_of(run)
+    assert first["dropped"] == ["n1"] and second["nodes"] == ["n0"]
+    assert list(first["not_taken"]) == ["n1 at 203.0.113.99"]
+    assert [r["new_address"] for r in first["renewed"]] == ["203.0.113.99"]
+    hosts = json.loads((run.folder / "hosts.json").read_text())
+    assert "n1" in hosts["excluded"] and hosts["renewed"][0]["new_address"] == "203.0.113.99"
+    assert any("the new machine 203.0.113.99 not taken" in line for line in reporter.lines), reporter.lines

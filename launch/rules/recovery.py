@@ -435,6 +435,9 @@ class AttemptEnd:
     renewed: tuple[Renewal, ...] = ()
     """Nodes of this attempt left out after it (``gpu_fault``, ``straggler``) that the next one
     runs on a new machine of the same name (no spare was left)."""
+    not_taken: tuple[tuple[str, str], ...] = ()
+    """Machines the recovery after this attempt checked and did not take in a left-out node's
+    place (a spare, or a new machine, whose GPU check failed): each machine and why."""
     energy_kwh: float | None = None
     """The attempt's GPU energy (power over time, ``launch.rules.energy``); None without readings."""
 
@@ -457,6 +460,7 @@ class AttemptEnd:
             "drained": [d.to_json() for d in self.drained],
             "resumed_from": self.resumed_from,
             "renewed": [r.to_json() for r in self.renewed],
+            "not_taken": {machine: why for machine, why in self.not_taken},
             "energy_kwh": self.energy_kwh,
         }
 

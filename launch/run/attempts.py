@@ -196,6 +196,7 @@ def record(
         drained=state.drained,
         resumed_from=resume_story(state.resume_record, summary) if state.ended else None,
         renewed=state.renewed,
+        not_taken=state.not_taken,
         energy_kwh=watcher.rule_state.energy.kwh if watcher is not None else None,
     )
     return replace(
@@ -204,6 +205,7 @@ def record(
         histories=(*state.histories, (state.attempt, history)),
         drained=(),
         renewed=(),
+        not_taken=(),
     )
 
 
@@ -266,13 +268,17 @@ def replace_lost(
     kind = fleet_kind(state.inventory.fleet)
     replaced: dict[str, Host] = {}
     failed: list[str] = []
+    why_not: dict[str, str] = {}
     for name in plan.replace:
         host = next(h for h in state.hosts if h.name == name)
         new: Host | None
         if loss.kind in EXCLUDING_LOSSES:
-            new, renewal = take_spare(ctx, state, host, loss.reason)
-            if renewal is not None:
-                state = replace(state, renewed=(*state.renewed, renewal))
+            taken = take_spare(ctx, state, host, loss.reason, {h.name for h in replaced.values()})
+            new = taken.host
+            renewed = (*state.renewed, taken.renewal) if taken.renewal is not None else state.renewed
+            state = replace(state, renewed=renewed, not_taken=(*state.not_taken, *taken.not_taken))
+            if taken.not_taken:
+                why_not[name] = "; ".join(f"{m}: {why}" for m, why in taken.not_taken)
         else:
             try:
                 new = kind.replace(
@@ -284,6 +290,12 @@ def replace_lost(
             except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
                 say(ctx, f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
                 new = None
+            trouble = gpu_trouble(ctx, state, new) if new is not None else None
+            if new is not None and trouble is not None:
+                say(ctx, f"  {name}: the new machine not taken: its GPU check: {trouble}")
+                state = replace(state, not_taken=(*state.not_taken, (f"{name} at {new.address}", trouble)))
+                why_not[name] = f"the new machine's GPU check: {trouble}"
+                new = None
         if new is None:
             failed.append(name)
         else:
@@ -292,11 +304,8 @@ def replace_lost(
     if failed:
         fallback = without(failed, [h.name for h in state.hosts], state.plan.min_nodes)
         if fallback.stop is not None:
-            return (
-                state,
-                RecoveryPlan(stop=f"could not replace {', '.join(failed)}; {fallback.stop}"),
-                replaced,
-            )
+            named = ", ".join(f"{n} ({clean(why_not[n], 1500)})" if n in why_not else n for n in failed)
+            return state, RecoveryPlan(stop=f"could not replace {named}; {fallback.stop}"), replaced
         return state, RecoveryPlan(replace=tuple(replaced), drop=plan.drop + fallback.drop), replaced
     return state, RecoveryPlan(replace=tuple(replaced), drop=plan.drop), replaced
 
@@ -322,29 +331,53 @@ def drain(ctx: RunContext, state: RunState, noticed: Sequence[Host]) -> RunState
     return replace(current, drained=drained).recovery_timed("drain", ctx.clock.monotonic() - started)
 
 
-def take_spare(
-    ctx: RunContext, state: RunState, host: Host, reason: str
-) -> tuple[Host | None, Renewal | None]:
-    """After a ``gpu_fault`` (or a straggler ``exclude``): the machine behind ``host`` is left out
-    for the rest of the run, and in its place, in this order:
+@dataclass(frozen=True)
+class Taken:
+    """What ``take_spare`` found for one left-out node: the machine in its place (None: none),
+    the renewal made for it, and each machine checked and not taken, with why."""
 
-    1. the first healthy spare of the inventory not yet in use (``RunOptions.spares``); ``host``'s
-       name is then excluded (the run folder's ``hosts.json``);
+    host: Host | None
+    renewal: Renewal | None = None
+    not_taken: tuple[tuple[str, str], ...] = ()
+
+
+def take_spare(
+    ctx: RunContext, state: RunState, host: Host, reason: str, taken: Collection[str] = ()
+) -> Taken:
+    """After a ``gpu_fault`` (or a straggler ``exclude``): the machine behind ``host`` is left out
+    for the rest of the run, and in its place, in this order, the first candidate whose GPU check
+    passes (``gpu_trouble``: the pre-launch check's GPU verdicts, before anything lands on it):
+
+    1. each spare of the inventory not in use, not ``taken`` by another node of this recovery and
+       not excluded (``RunOptions.spares``); ``host``'s name is then excluded (the run folder's
+       ``hosts.json``). A spare found bad is excluded too, with its reason, and the next is tried;
     2. else a new machine from the fleet kind (``FleetKind.renew``: a new instance on a stack, a
        fresh node on the local fleet; never for lab machines), under the same name: recorded as
-       a ``Renewal`` in ``hosts.json`` (``renewed``) and, returned here, in ``attempts.json``;
-    3. else None: the caller goes on without the node when the job is elastic, or ends the run
-       saying why (``without``). The name is excluded.
+       a ``Renewal`` in ``hosts.json`` (``renewed``) and in ``attempts.json``. Asked once: a new
+       machine bad again is not taken (the kind ends it with the fleet), and ``host``'s name is
+       excluded;
+    3. else no machine: the caller goes on without the node when the job is elastic, or ends the
+       run saying why, naming every machine not taken (``without``). The name is excluded.
 
-    Each outcome is said in one line (the kind's own progress lines before it)."""
+    Each candidate is tried at most once. Each machine not taken and the outcome are said in one
+    line each (the kind's own progress lines before them)."""
     name = host.name
-    in_use = {h.name for h in state.hosts}
-    excluded = set(read_exclusions(ctx.folder.path)) | {name}
+    in_use = {h.name for h in state.hosts} | set(taken)
+    not_taken: list[tuple[str, str]] = []
     for spare in ctx.options.spares:
-        if spare.name not in in_use and spare.name not in excluded:
-            record_exclusion(ctx.folder.path, name, reason)
-            say(ctx, f"  {name}: excluded for the rest of the run; spare {spare.name} takes its place")
-            return spare, None
+        if spare.name in in_use or spare.name in read_exclusions(ctx.folder.path) or spare.name == name:
+            continue
+        trouble = gpu_trouble(ctx, state, spare)
+        if trouble is not None:
+            record_exclusion(
+                ctx.folder.path, spare.name, f"spare not taken in {name}'s place: GPU check: {trouble}"
+            )
+            say(ctx, f"  spare {spare.name}: not taken, its GPU check: {trouble}; trying the next")
+            not_taken.append((spare.name, f"GPU check: {trouble}"))
+            continue
+        record_exclusion(ctx.folder.path, name, reason)
+        say(ctx, f"  {name}: excluded for the rest of the run; spare {spare.name} takes its place")
+        return Taken(spare, None, tuple(not_taken))
     kind = fleet_kind(state.inventory.fleet)
     try:
         new = kind.renew(
@@ -356,6 +389,7 @@ def take_spare(
     except Exception as exc:  # noqa: BLE001 - a failed renewal is an answer, not a crash
         say(ctx, f"  {name}: no new machine: {clean(f'{type(exc).__name__}: {exc}', 300)}")
         new = None
+    renewal = None
     if new is not None:
         renewal = Renewal(
             node=name,
@@ -364,18 +398,23 @@ def take_spare(
             new_address=new.address,
             host_key_changed=new.host_key != host.host_key,
         )
-        record_renewal(ctx.folder.path, renewal)
+        record_renewal(ctx.folder.path, renewal)  # made, taken or not: the record says it exists
         ctx.port.connections[name].close()  # the old machine's connection; the next use reconnects
-        key = "new host key" if renewal.host_key_changed else "same host key"
-        say(
-            ctx,
-            f"  {name}: excluded for the rest of the run; no spare left, renewed by "
-            f"{clean(kind.describe(), 120)}: {clean(host.address, 100)} -> {clean(new.address, 100)} ({key})",
-        )
-        return new, renewal
+        trouble = gpu_trouble(ctx, state, new)
+        if trouble is None:
+            key = "new host key" if renewal.host_key_changed else "same host key"
+            say(
+                ctx,
+                f"  {name}: excluded for the rest of the run; no spare left, renewed by "
+                f"{clean(kind.describe(), 120)}: {clean(host.address, 100)} -> {clean(new.address, 100)} ({key})",
+            )
+            return Taken(new, renewal, tuple(not_taken))
+        machine = f"{name} at {clean(new.address, 100)}"
+        say(ctx, f"  {name}: the new machine {clean(new.address, 100)} not taken, its GPU check: {trouble}")
+        not_taken.append((machine, f"GPU check: {trouble}"))
     record_exclusion(ctx.folder.path, name, reason)
     say(ctx, f"  {name}: excluded for the rest of the run; no spare host left and no new machine")
-    return None, None
+    return Taken(None, renewal, tuple(not_taken))
 
 
 def fresh_names(recovery: Recovery) -> frozenset[str]:
@@ -422,20 +461,23 @@ def adopt(ctx: RunContext, state: RunState, recovery: Recovery) -> tuple[RunCont
     return ctx.with_port(port), state
 
 
-def check_new_gpus(ctx: RunContext, new: Sequence[Host]) -> None:
-    """A spare or a renewed machine gets the pre-launch GPU check before any work lands on it:
-    ``gpu_fault`` compares each attempt with its own first reading, so a machine bad from its first
-    boot (an Xid already in its kernel log, a GPU missing) would otherwise be trained on unnoticed.
-    A GPU verdict of ERROR ends the recovery naming node and reason; other checks (rsync, python)
-    are the sync's and setup's to report."""
-    observations = gather(ctx.port, new, "cheap", 0)
-    findings = judge(observations, Job(head=new[0].name, port=0, full=False))
+def gpu_trouble(ctx: RunContext, state: RunState, host: Host) -> str | None:
+    """Why ``host`` (a spare, a new or replaced machine, not the run's yet) must not be trained on:
+    its first GPU verdict of ERROR in the pre-launch check (one probe round trip, over a port of
+    its own: ``FleetPort.outside``), or None. ``gpu_fault`` compares each attempt with its own
+    first reading, so a machine bad from its first boot (an Xid already in its kernel log, a GPU
+    missing) would otherwise be trained on unnoticed. Other checks (rsync, python, an unreachable
+    machine) are the sync's and setup's to report."""
+    inventory = state.inventory.model_copy(update={"hosts": [host]})
+    known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+    port = ctx.port.outside([host], known_hosts)
+    try:
+        observations = gather(port, [host], "cheap", 0)
+    finally:
+        port.close()
+    findings = judge(observations, Job(head=host.name, port=0, full=False))
     bad = [v for v in findings.errors if v.check.startswith("gpu")]
-    if bad:
-        first = bad[0]
-        raise HostError(
-            first.node, f"the new machine's GPU health: {first.check}: {clean(first.message, 400)}"
-        )
+    return f"{clean(bad[0].check, 40)}: {clean(bad[0].message, 400)}" if bad else None
 
 
 def prepare_new_nodes(ctx: RunContext, state: RunState, fresh: Collection[str]) -> RunState:
@@ -444,8 +486,7 @@ def prepare_new_nodes(ctx: RunContext, state: RunState, fresh: Collection[str]) 
     the survivors were. A fresh machine has nothing to stop."""
     started = ctx.clock.monotonic()
     if fresh:
-        new = [h for h in state.hosts if h.name in fresh]
-        check_new_gpus(ctx, new)
+        new = [h for h in state.hosts if h.name in fresh]  # GPUs checked before they were taken
         say(ctx, f"  attempt {state.attempt}: syncing and setting up {', '.join(sorted(fresh))} only")
         state = stages.sync(ctx, state, ctx.port.subset(fresh))
         state = stages.setup(ctx, state, new)
@@ -526,6 +567,7 @@ def attempt_end_from_json(data: object) -> AttemptEnd | None:
     attempt = number("attempt")
     loss = data.get("loss")
     timings = data.get("recovery_s")
+    not_taken = data.get("not_taken")
     if attempt is None or attempt < 1:
         return None
     return AttemptEnd(
@@ -544,6 +586,11 @@ def attempt_end_from_json(data: object) -> AttemptEnd | None:
         dropped=names("dropped"),
         resumed_from=text("resumed_from") or None,
         renewed=renewals(data.get("renewed")),
+        not_taken=tuple(
+            (str(k)[:200], str(v)[:1000])
+            for k, v in list(not_taken.items() if isinstance(not_taken, dict) else ())[:1000]
+            if isinstance(v, str)
+        ),
         recovery_s=tuple(
             (str(k)[:100], float(v))
             for k, v in (timings.items() if isinstance(timings, dict) else ())

@@ -100,6 +100,9 @@ class RunState:
     renewed: tuple[Renewal, ...] = ()
     """Nodes the recovery under way gave a new machine (``FleetKind.renew``), for the record of
     the attempt that just ended."""
+    not_taken: tuple[tuple[str, str], ...] = ()
+    """Machines the recovery under way checked and did not take (a spare or a new machine with a
+    bad GPU), each with why, for the record of the attempt that just ended."""
     lib_current: frozenset[str] = frozenset()
     """Nodes whose copy of the node library is current (the sync skips it there)."""
     started_job: bool = False

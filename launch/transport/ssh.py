@@ -432,6 +432,10 @@ class SshPool:
         self.close()
         return pool
 
+    def outside(self, hosts: list[Host], known_hosts: Path) -> SshPool:
+        """See ``FleetPort.outside``: a pool of its own (its own jump connections)."""
+        return SshPool(hosts, known_hosts, max_parallel=self.max_parallel)
+
     def answers(self, host: Host, timeout: float) -> bool:
         """Whether ``host``'s sshd answers with its banner (through its jump host, over the
         fleet's shared jump connection, when it has one): how recovery re-checks a node and
