@@ -12,7 +12,9 @@ The decisions are pure (``launch.rules.recovery``); this module gathers the evid
 3. Lost nodes are replaced through the fleet kind (``FleetKind.replace``), or left out when the
    job is elastic; a node left out after a ``gpu_fault`` or a straggler gets a spare of the
    inventory, else a new machine from its kind (``FleetKind.renew``), else the same fallback
-   (``take_spare``); the new inventory's host keys are pinned again (a new known_hosts file).
+   (``take_spare``). Every new machine gets the GPU check before it is taken (``gpu_trouble``):
+   a bad one is excluded and the next candidate tried. The new inventory's host keys are pinned
+   again (a new known_hosts file).
 4. Only the new nodes are synced and set up; then the claim (a fresh rendezvous port) and the
    start of every node, with ``attempt`` (``FLEETRUN_ATTEMPT``) in the start bundle, so that
    every rank resumes from the latest checkpoint in ``$FLEETRUN_CHECKPOINT_DIR``.

@@ -113,7 +113,7 @@ class FleetKind(Protocol):
         within ``timeout_s``. The run's processes on ``host`` were stopped already; what is left
         of it is the kind's to end (a cloud instance is terminated by its replacement).
         ``probe`` as for ``replace``. Recovery asks for this only when no spare of the inventory
-        is left (``launch.run.attempts.take_spare``)."""
+        is left, and asks once per recovery (``launch.run.attempts.take_spare``)."""
         ...
 
 
