@@ -72,6 +72,43 @@ def test_a_bad_variant_stops_the_sweep_before_anything_starts(tmp_path: Path) ->
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_allow_local_hooks_is_remembered_once_for_every_variant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fab sweep --allow-local-hooks`` allows the playbook's ``on_end`` as ``fab train`` does
+    (its bytes remembered under ``$FLEETRUN_HOME/allowed-hooks``), once, before any variant
+    starts; without it nothing is remembered. The variants stand in as a Python that exits 0."""
+    import yaml
+
+    from launch.cli import sweep as sweeping
+    from launch.run.hooks import playbook_digest
+    from tests.fakefleet import fake_inventory
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FLEETRUN_HOME", str(home))
+    monkeypatch.setattr(sweeping, "_fab", lambda: [sys.executable, "-c", "pass"])
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    playbook = write_playbook(tmp_path / "job.yaml", workdir, nodes=1, on_end=["echo done"])
+    inventory = tmp_path / "inventory.yaml"
+    hosts = fake_inventory(2).to_yaml_data()["hosts"]
+    inventory.write_text(yaml.safe_dump({"hosts": hosts}, sort_keys=False))
+    allowance = home / "allowed-hooks" / playbook_digest(playbook)
+    said: list[str] = []
+    grid = ["hyperparameters.lr=0.1,0.2"]
+    plain = sweeping.run_sweep(str(playbook), grid, inventory=str(inventory), say=said.append)
+    assert [v.state for v in plain.variants] == ["succeeded", "succeeded"]
+    assert not allowance.exists() and not any("on_end" in line for line in said)
+    said.clear()
+    allowed = sweeping.run_sweep(
+        str(playbook), grid, inventory=str(inventory), allow_local_hooks=True, say=said.append
+    )
+    assert [v.state for v in allowed.variants] == ["succeeded", "succeeded"]
+    assert allowance.read_text().strip() == str(playbook.resolve())
+    (line,) = [line for line in said if "on_end" in line]
+    assert "allowed (--allow-local-hooks, remembered for this file's bytes)" in line, said
+
+
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 

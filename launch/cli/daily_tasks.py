@@ -32,6 +32,7 @@ SET_HELP = (
         "set": "a --set for every variant (as for train)",
         "seed": "seed of --random's draw (default: a new draw each time)",
         "max-failures": "stop the whole sweep (as Ctrl-C does) once this many variants failed (default: no limit)",
+        "allow-local-hooks": "run the playbook's on_end commands on this machine after each variant (as for train)",
     },
 )
 @_friendly
@@ -45,6 +46,7 @@ def sweep(
     set: list[str] | None = None,
     seed: int = -1,
     max_failures: int = 0,
+    allow_local_hooks: bool = False,
 ) -> None:
     """Run variants of a playbook (a grid of --set values), K at a time on disjoint nodes; one sweep id.
 
@@ -63,6 +65,7 @@ def sweep(
         sets=set or (),
         seed=None if seed < 0 else seed,
         max_failures=max_failures,
+        allow_local_hooks=allow_local_hooks,
     )
     if any(v.state != "succeeded" for v in result.variants):
         raise Exit(code=1)

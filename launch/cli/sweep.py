@@ -148,14 +148,20 @@ def run_sweep(
     sets: Sequence[str] = (),
     seed: int | None = None,
     max_failures: int = 0,
+    allow_local_hooks: bool = False,
     say: Any = print,
 ) -> Sweep:
     """Run the sweep; returns what became of each variant (also in the sweep's JSON file).
 
-    ``max_failures``: once that many variants failed, the sweep stops as on Ctrl-C (0: no limit)."""
+    ``max_failures``: once that many variants failed, the sweep stops as on Ctrl-C (0: no limit).
+    ``allow_local_hooks``: the playbook's ``on_end`` may run on this machine, as with ``fab train
+    --allow-local-hooks``: remembered once, before any variant starts, for the playbook's bytes
+    as they are now (``launch.run.hooks``), so every variant's ``fab train`` finds it; a playbook
+    edited during the sweep is another file, not allowed."""
     from launch.fleets.select import load_inventory
     from launch.fleets.teardown import tear_down
     from launch.rules.stoprules import Teardown
+    from launch.run.hooks import local_hooks_verdict
 
     path = resolve_playbook(playbook)
     base = parse_overrides(sets)
@@ -169,6 +175,9 @@ def run_sweep(
     for combo in combos:  # every variant valid before any starts
         load_job_spec(path, (*base, *parse_overrides(combo)))
     inv = load_inventory(inventory)
+    if allow_local_hooks:
+        verdict = local_hooks_verdict(path, spec, allow=True, record=True)
+        say(f"on_end hooks of {verdict.playbook}: {verdict.why}")
     slots = slots_of([h.name for h in inv.hosts], spec.nodes, parallel)
     sweep = Sweep(
         sweep_id=time.strftime("sw-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2),
