@@ -1,5 +1,5 @@
 """A local fleet's helper process by its pid file (``launch.fleets.local.daemon``), shared by the
-fleet's S3 server and its spot notice daemon: started detached and waited for, found again only
+fleet's power daemon, its S3 server and its spot notice daemon: started detached and waited for, found again only
 while the pid file's process still runs the same module, and a helper that dies at once is one
 error line naming its log."""
 
@@ -36,6 +36,10 @@ def test_a_helper_that_answers_is_found_by_its_pid_file(tmp_path: Path) -> None:
         assert os.getsid(proc.pid) == proc.pid, "a session of its own: a Ctrl-C in the terminal misses it"
         assert daemon.pids(tmp_path, "h.pid", "http.server") == [proc.pid]
         assert daemon.pids(tmp_path, "h.pid", "moto.server") == [], "another module: not ours"
+        assert daemon.pids(tmp_path, "h.pid", "http.server", ("--bind", "127.0.0.1")) == [proc.pid]
+        assert daemon.pids(tmp_path, "h.pid", "http.server", ("--bind", "10.0.0.1")) == [], (
+            "other arguments (another fleet's prefix, for the power daemon): not ours"
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -1,4 +1,5 @@
-"""A local fleet's helper process (the S3 server, the spot notice daemon), by its pid file.
+"""A local fleet's helper process (the power daemon, the S3 server, the spot notice daemon), by
+its pid file.
 
 Each runs as the fleet's own process in a session of its own (a Ctrl-C in the terminal that ran
 ``fab local.up`` does not reach it), logs to a file in the fleet's state directory, and leaves its
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launch.errors import LocalFleetError
+from launch.processes import pid_alive
 
 
 def start(
@@ -27,7 +29,8 @@ def start(
     cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` detached, its pid in ``state_dir / pid_file``; returns once ``ready()``, or
-    raises ``LocalFleetError`` naming ``what`` and its log when it ended or ``timeout`` passed."""
+    raises ``LocalFleetError`` naming ``what`` and its log when it ended or ``timeout`` passed
+    (a helper with nothing to wait for passes a ``ready`` that is always true)."""
     log_path = state_dir / log_file
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -47,11 +50,13 @@ def start(
     return proc
 
 
-def pids(state_dir: Path, pid_file: str, module: str) -> list[int]:
-    """The helper whose pid ``pid_file`` holds, when that process runs ``python -m module``."""
+def pids(state_dir: Path, pid_file: str, module: str, args: Sequence[str] = ()) -> list[int]:
+    """The helper whose pid ``pid_file`` holds, when that live process runs ``python -m module``
+    followed by ``args`` (a fleet's prefix: another fleet's helper that took the pid is not it)."""
     try:
         pid = int((state_dir / pid_file).read_text().strip())
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return []
-    return [pid] if argv[1:3] == [b"-m", module.encode()] else []
+    expected = [b"-m", module.encode(), *(a.encode() for a in args)]
+    return [pid] if pid_alive(pid) and argv[1 : 1 + len(expected)] == expected else []

@@ -24,7 +24,6 @@ import pwd
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +35,7 @@ import yaml
 from launch.errors import LocalFleetError
 from launch.fleets.kinds.refs import LocalFleetRef
 from launch.fleets.local import bucket as local_bucket
-from launch.fleets.local import mountns, spot, uplink
+from launch.fleets.local import daemon, mountns, spot, uplink
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.node import Shape, behind_head, make_node, start_sshd
 from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
@@ -44,6 +43,7 @@ from launch.fleets.local.state import Created, StateFile
 from launch.job.inventory import Host, Inventory
 
 POWER_MODULE = "launch.fleets.local.power"
+POWER_PID_FILE = "power.pid"
 Say = Callable[[str], None]
 
 
@@ -332,28 +332,22 @@ class LocalFleet(FleetNames):
 
     # -- power -----------------------------------------------------------------------------------
     def _start_power_daemon(self) -> None:
-        """The root side of the nodes' power-off hook (see ``launch.fleets.local.power``)."""
-        log = open(self.state_dir / "power.log", "ab")  # noqa: SIM115 - handed to the daemon
-        proc = subprocess.Popen(
+        """The root side of the nodes' power-off hook (see ``launch.fleets.local.power``); nothing
+        to wait for: it serves requests as they come."""
+        daemon.start(
+            self.state_dir,
             [sys.executable, "-m", POWER_MODULE, self.prefix, str(self.subnet)],
+            POWER_PID_FILE,
+            "power.log",
+            lambda: True,
+            0.0,
+            "the power daemon",
             cwd=Path(__file__).resolve().parents[3],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
-        log.close()
-        (self.state_dir / "power.pid").write_text(str(proc.pid))
 
     def power_daemon_pids(self) -> list[int]:
         """This fleet's power daemon, found by its pid file and confirmed by its command line."""
-        try:
-            pid = int((self.state_dir / "power.pid").read_text().strip())
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError):
-            return []
-        expected = [POWER_MODULE.encode(), self.prefix.encode()]
-        return [pid] if pid_alive(pid) and argv[2:4] == expected else []
+        return daemon.pids(self.state_dir, POWER_PID_FILE, POWER_MODULE, (self.prefix,))
 
     def helper_pids(self) -> list[tuple[str, int]]:
         """The fleet's S3 server and spot notice daemon, when it has them (pid files, command lines)."""
@@ -450,10 +444,10 @@ class LocalFleet(FleetNames):
     def _kill(self, created: Created, users: list[str]) -> None:
         """SIGKILL the power daemon, everything in the fleet's namespaces and of its users; wait."""
         killed: list[int] = []
-        for daemon in self.power_daemon_pids() + [pid for _name, pid in self.helper_pids()]:
+        for helper in self.power_daemon_pids() + [pid for _name, pid in self.helper_pids()]:
             with contextlib.suppress(OSError):
-                os.kill(daemon, signal.SIGKILL)
-                killed.append(daemon)
+                os.kill(helper, signal.SIGKILL)
+                killed.append(helper)
         existing = set(self.existing_netns())
         for ns in created["netns"]:
             if ns not in existing:
