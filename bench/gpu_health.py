@@ -478,7 +478,7 @@ class PaceSampler:
         self.thread.start()
 
     def paces(self) -> tuple[dict[str, Any], float | None]:
-        from launch.rules.stragglers import NodePace
+        from launch.rules.stragglers import parse_pace
 
         found: dict[str, Any] = {}
         newest = None
@@ -491,7 +491,7 @@ class PaceSampler:
                         json.loads(p.read_text()).get("time", 0) for p in (run_dir / "pace").glob("*.json")
                     ]
                     newest = max(times) if times else None
-            found[user] = NodePace(reading["probe_ms"]) if reading else None
+            found[user] = parse_pace(reading) if reading else None
         return found, newest
 
     def run(self) -> None:
