@@ -559,6 +559,9 @@ def straggler_trial(
     }
     if isinstance(decided, float):
         row["throttle_to_flag_s"] = round(decided - throttled, 2)
+        slow_for = re.search(r" for (\d+) s", summary.get("reason") or "")
+        if slow_for:  # the window's start: the watcher's first reading of the node over the factor
+            row["throttle_to_window_start_s"] = round(decided - throttled - int(slow_for.group(1)), 1)
     after = [(round(t - throttled, 1), round(r, 2)) for t, r in sampler.timeline if t >= throttled - 10]
     shown = [t for t, r in after if t >= 0 and r >= 2.0]
     row["pace_around_throttle"] = after[:60]  # (s after the throttle, slow node / median node)
