@@ -239,3 +239,12 @@ def test_ratios_need_two_nodes_and_the_config_is_checked() -> None:
         StopRules.model_validate({"straggler": {"factor": 0.9}})
     with pytest.raises(ValidationError):
         StopRules.model_validate({"straggler": {"action": "shout"}})
+
+
+def test_the_live_table_shows_a_stalled_node() -> None:
+    nodes = tuple(
+        NodeObservation(f"n{i}", "running", pace=NodePace(1.0, 2.0, 1, 30.0 if i == 3 else 1.0))
+        for i in range(4)
+    )
+    text = render_text(live_table(Observation(now=6.0, started_at=0.0, nodes=nodes)), width=140)
+    assert "stalled" in text and "no pace report from n3 (its ranks stopped stepping)" in text
