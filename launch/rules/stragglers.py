@@ -6,7 +6,8 @@ rank's report is (``fleetrun_node.pace_reading``). In data-parallel training eve
 for the slowest at each all-reduce, so steps/s is the same everywhere and says only that the run
 is slow; the probe says where: a node whose CPU is throttled, starved or stopped runs it slower
 than the others. A node whose ranks stopped reporting while most nodes go on is stalled: it
-counts as slow (infinitely), never drops out of the comparison.
+counts as slow (infinitely), never drops out of the comparison. A node that has not reported
+in this launch yet is left out (unknown), never judged slow.
 
 A node is a straggler once ``window_s`` has passed since its first reading over ``factor`` times
 the median node's and the median of its readings over that window is still over the factor.
@@ -105,10 +106,13 @@ STALE_TIMES = 3.0
 
 
 def stalled(paces: Mapping[str, NodePace | None]) -> set[str]:
-    """Nodes whose ranks stopped reporting (no pace at all, or one much older than the median
-    node's) while more than half of the nodes report: they count as slow. When most nodes are
-    silent (the whole job waits: a checkpoint, a collective, no metrics helper) nobody is."""
-    ages = {n: math.inf if p is None else p.age_s for n, p in paces.items()}
+    """Nodes whose ranks stopped reporting (a pace much older than the median node's) while more
+    than half of the nodes report: they count as slow. When most nodes are silent (the whole job
+    waits: a checkpoint, a collective) nobody is. A node with no pace at all in this launch is
+    unknown, not stalled: its ranks may still be importing torch on a busy machine, or the job
+    may log metrics from some ranks only; a node that hangs is the watcher's heartbeat and
+    hang rules' business, not this comparison's."""
+    ages = {n: p.age_s for n, p in paces.items() if p is not None}
     if len(ages) < 2:
         return set()
     limit = max(STALE_MIN_S, STALE_TIMES * statistics.median(ages.values()))
