@@ -16,6 +16,8 @@ that runs against the real tool. Every row is the real thing, timed from outside
 ``straggler``   a real ``fab train`` on 3 nodes (``straggler: {window_s: 20, action: stop}``);
                 node 2's job processes moved into a cgroup with 3% of a CPU: from the throttle to
                 the decision.
+``straggler_healthy``  the same training, no node throttled, for ``--healthy-s`` (90 s): whether
+                the rule flags a node of a healthy fleet under the machine's load (it must not).
 ``spare``       a real ``fab train`` of 3 nodes on a lab inventory of 4 (one spare),
                 ``recovery.on: [gpu_fault]``; the fault as in ``fault`` on node 1: from the switch
                 to the first step logged by the resumed attempt (the metrics record's own time),
@@ -25,8 +27,9 @@ that runs against the real tool. Every row is the real thing, timed from outside
 The machine is shared (2 cores, other agents' work): the 1-minute load is recorded before and
 after each figure; the figures are upper bounds under that load. Goals are printed, never asserted.
 
-Usage (root): .venv/bin/python bench/gpu_health.py [--only doctor collective fault straggler spare]
-              [--sizes 64 256] [--trials 2] [--out bench/results/gpu_health.json]
+Usage (root): .venv/bin/python bench/gpu_health.py [--only doctor collective fault straggler straggler_healthy spare]
+              [--sizes 64 256] [--trials 2] [--window 20] [--healthy-s 90]
+              [--out bench/results/gpu_health.json]
 Rows not run keep their last figures in the JSON, a re-measured row keeps the ones it replaced
 under its ``earlier`` (oldest first); the figures of the first version of this bench
 (in-process timings and computed latencies) are kept under ``previous``.
@@ -41,6 +44,7 @@ import os
 import platform
 import pwd
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -64,7 +68,7 @@ from launch.nodelib import fleetrun_node  # noqa: E402
 from tests.faultkit import wait_for  # noqa: E402
 from tests.gpustandin import install, write_scenario, xid  # noqa: E402
 
-ROWS = ("doctor", "collective", "collective_healthy", "fault", "straggler", "spare")
+ROWS = ("doctor", "collective", "collective_healthy", "fault", "straggler", "straggler_healthy", "spare")
 TAG = os.environ.get("FLEETRUN_TEST_TAG", "bh")
 BASE = int(os.environ.get("FLEETRUN_TEST_SUBNET_BASE", "160"))
 FAB = str(REPO / ".venv" / "bin" / "fab")
@@ -478,7 +482,7 @@ class PaceSampler:
         self.thread.start()
 
     def paces(self) -> tuple[dict[str, Any], float | None]:
-        from launch.rules.stragglers import NodePace
+        from launch.rules.stragglers import parse_pace
 
         found: dict[str, Any] = {}
         newest = None
@@ -491,7 +495,7 @@ class PaceSampler:
                         json.loads(p.read_text()).get("time", 0) for p in (run_dir / "pace").glob("*.json")
                     ]
                     newest = max(times) if times else None
-            found[user] = NodePace(reading["probe_ms"]) if reading else None
+            found[user] = parse_pace(reading) if reading else None
         return found, newest
 
     def run(self) -> None:
@@ -559,6 +563,9 @@ def straggler_trial(
     }
     if isinstance(decided, float):
         row["throttle_to_flag_s"] = round(decided - throttled, 2)
+        slow_for = re.search(r" for (\d+) s", summary.get("reason") or "")
+        if slow_for:  # the window's start: the watcher's first reading of the node over the factor
+            row["throttle_to_window_start_s"] = round(decided - throttled - int(slow_for.group(1)), 1)
     after = [(round(t - throttled, 1), round(r, 2)) for t, r in sampler.timeline if t >= throttled - 10]
     shown = [t for t, r in after if t >= 0 and r >= 2.0]
     row["pace_around_throttle"] = after[:60]  # (s after the throttle, slow node / median node)
@@ -583,6 +590,56 @@ def straggler_row(
         "median_s": statistics.median(times) if times else None,
         "max_s": max(times) if times else None,
         "goal_s": window + 5,
+        "runs": runs,
+    }
+
+
+def straggler_healthy_trial(
+    fleet: LocalFleet, tmp: Path, env: dict[str, str], trial: int, window: float, seconds: float
+) -> dict[str, Any]:
+    """The straggler bench's job on a healthy fleet for ``seconds``: a false flag stops it."""
+    book = job(
+        tmp,
+        "bench-straggler-healthy",
+        3,
+        "python ckpt_trainer.py --steps 200000 --ckpt-every 10000 --step-sleep 0",
+        stop={"straggler": {"factor": 2.0, "window_s": window, "action": "stop"}},
+    )
+    old = run_dirs(fleet)
+    train = Train(book, str(lab_inventory(fleet, 3, tmp)), env, tmp / f"healthy-{trial}.log")
+    summary: dict[str, Any] = {}
+    try:
+        wait_for(lambda: step_at_least(fleet, old, 20) or not train.running(), 240, "step 20")
+        before, started = load(), time.monotonic()
+        while train.running() and time.monotonic() - started < seconds:
+            time.sleep(1)
+        watched = round(time.monotonic() - started, 1)
+        if train.running():  # Ctrl-C: the run is stopped by the operator, its job with it
+            train.proc.send_signal(signal.SIGINT)
+        summary = train.finish(180)
+    finally:
+        train.kill()
+    row = {
+        "trial": trial,
+        "watched_s": watched,
+        "flagged": summary.get("rule") == "straggler",
+        "rule": summary.get("rule"),
+        "reason": (summary.get("reason") or "")[:300],
+        "load_1m": [before, load()],
+    }
+    say(f"straggler healthy trial {trial}: {row['rule']}, {row['reason'][:80]}")
+    return row
+
+
+def straggler_healthy_row(
+    fleet: LocalFleet, trials: int, env: dict[str, str], tmp: Path, window: float, seconds: float
+) -> dict[str, Any]:
+    runs = [straggler_healthy_trial(fleet, tmp, env, t + 1, window, seconds) for t in range(trials)]
+    return {
+        "what": f"fab train, 3 healthy nodes, straggler factor 2.0 window_s {window:g} action stop, "
+        f"{seconds:g} s watched",
+        "window_s": window,
+        "false_flags": sum(1 for r in runs if r["flagged"]),
         "runs": runs,
     }
 
@@ -732,6 +789,16 @@ def table_rows(rows: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 load_range(s["runs"]),
             )
         )
+    if "straggler_healthy" in rows:
+        h = rows["straggler_healthy"]
+        out.append(
+            (
+                f"straggler on a healthy fleet (window_s {h['window_s']:g}, {h['runs'][0]['watched_s']:.0f} s)",
+                f"{h['false_flags']} false flag(s) in {len(h['runs'])} trials",
+                "0: met" if h["false_flags"] == 0 else "0: MISSED",
+                load_range(h["runs"]),
+            )
+        )
     if "spare" in rows:
         p = rows["spare"]
         shown = (
@@ -760,6 +827,7 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--window", type=float, default=20.0, help="the straggler rule's window_s")
+    parser.add_argument("--healthy-s", type=float, default=90.0, help="straggler_healthy: seconds watched")
     parser.add_argument("--rate", default="20mbit", help="the slowed link's tc tbf rate")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu_health.json")
     args = parser.parse_args()
@@ -789,13 +857,16 @@ def main() -> int:
             keep("collective", collective_row(args.trials, env, args.rate))
         if "collective_healthy" in args.only:
             keep("collective_healthy", collective_row(args.trials, env, ""))
-        training = [r for r in ("fault", "straggler", "spare") if r in args.only]
+        training = [r for r in ("fault", "straggler", "straggler_healthy", "spare") if r in args.only]
         if training:
             with local_fleet(f"{TAG}t", BASE + 2, 4 if "spare" in training else 3) as fleet:
                 if "fault" in training:
                     keep("fault", fault_row(fleet, args.trials, env, tmp))
                 if "straggler" in training:
                     keep("straggler", straggler_row(fleet, args.trials, env, tmp, args.window))
+                if "straggler_healthy" in training:
+                    healthy = straggler_healthy_row(fleet, args.trials, env, tmp, args.window, args.healthy_s)
+                    keep("straggler_healthy", healthy)
                 if "spare" in training:
                     keep("spare", spare_row(fleet, args.trials, env, tmp))
     table = Table(

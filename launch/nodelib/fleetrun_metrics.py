@@ -59,7 +59,9 @@ def _rank() -> int:
 
 
 PACE_PROBE_EVERY_S = 1.0
-PACE_WRITE_S = 5.0
+PACE_WRITE_S = 2.0
+"""Often enough that a throttled rank shows within a few seconds (the straggler rule's window
+starts at its first slow report); the watcher's median over the window smooths the noise."""
 PACE_PROBE_LOOPS = 20000
 
 

@@ -421,22 +421,30 @@ def gpu_reading(now: float | None = None) -> dict | None:
 
 
 PACE_MAX_RANKS = 64
-PACE_FRESH_S = 30.0
-"""A rank's pace file older than this is from an earlier attempt or a rank that stopped logging."""
+PACE_MAX_AGE_S = 1e6
+"""Ages are reported up to this (11 days); a stalled rank's report is kept, never dropped."""
 
 
 def pace_reading(run_dir: str, now: float | None = None) -> dict | None:
     """This node's pace from its ranks' ``pace/<rank>.json`` (``fleetrun_metrics.Pace``): the
-    slowest local rank's probe time and steps/s. Files are the job's: read bounded, and what does
-    not parse is skipped. None when no rank wrote one recently."""
+    slowest local rank's probe time and steps/s, and ``age_s``, how long ago the stalest rank
+    wrote. A rank that stopped stepping keeps its last report, growing old: the watcher counts the
+    node as stalled (``launch.rules.stragglers.stalled``) instead of losing sight of it. Reports
+    older than this launch of the job (``pid``'s time) are an earlier attempt's and skipped. Files
+    are the job's: read bounded, and what does not parse is skipped. None when no rank wrote one."""
     now = time.time() if now is None else now
     folder = os.path.join(run_dir, "pace")
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))[:PACE_MAX_RANKS]
     except OSError:
         return None
+    try:
+        launched = os.stat(os.path.join(run_dir, "pid")).st_mtime - 1.0
+    except OSError:
+        launched = 0.0
     probes: list[float] = []
     rates: list[float] = []
+    ages: list[float] = []
     for name in names:
         data = _read_bounded(os.path.join(folder, name), 1024)
         try:
@@ -446,15 +454,24 @@ def pace_reading(run_dir: str, now: float | None = None) -> dict | None:
         if not isinstance(record, dict):
             continue
         at, probe, rate = record.get("time"), record.get("probe_ms"), record.get("steps_per_s")
-        if not isinstance(at, (int, float)) or not 0 <= now - at <= PACE_FRESH_S:
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
             continue
-        if isinstance(probe, (int, float)) and math.isfinite(probe) and 0 < probe < 1e6:
-            probes.append(float(probe))
+        if at < launched or not isinstance(probe, (int, float)) or isinstance(probe, bool):
+            continue
+        if not (math.isfinite(probe) and 0 < probe < 1e6):
+            continue
+        probes.append(float(probe))
+        ages.append(min(max(0.0, now - at), PACE_MAX_AGE_S))
         if isinstance(rate, (int, float)) and math.isfinite(rate) and 0 <= rate < 1e6:
             rates.append(float(rate))
     if not probes:
         return None
-    return {"probe_ms": max(probes), "steps_per_s": min(rates) if rates else None, "ranks": len(probes)}
+    return {
+        "probe_ms": max(probes),
+        "steps_per_s": min(rates) if rates else None,
+        "ranks": len(probes),
+        "age_s": round(max(ages), 2),
+    }
 
 
 def mean_utilization(reading: dict) -> float | None:

@@ -253,8 +253,8 @@ class PollAnswer:
     the laptop by ``launch.rules.gpu_health.parse_gpu_health``; None without nvidia-smi."""
 
     pace: dict | None = None
-    """The node's pace (``fleetrun_node.pace_reading``: its slowest rank's probe time in ms and
-    steps/s), as read: untrusted, parsed on the laptop (``launch.rules.stragglers``)."""
+    """The node's pace (``fleetrun_node.pace_reading``: its slowest rank's probe time in ms,
+    steps/s and the age of its stalest rank's report), as read: untrusted, parsed on the laptop (``launch.rules.stragglers``)."""
 
     def to_json(self) -> str:
         return encode(

@@ -7,6 +7,7 @@ Everything shown came from a node, already parsed into numbers (``launch.rules.g
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from rich.text import Text
@@ -23,10 +24,12 @@ def pace_cell(node: NodeObservation, ratio: Mapping[str, float], flagged: set[st
     """``1.20 (2.3x)``: the node's own steps/s, and how much slower its probe runs than the median
     node's when that is 1.2x or more (bold red when the straggler rule flags it)."""
     pace = node.pace
+    slow = ratio.get(node.node, 1.0)
+    if math.isinf(slow):  # its ranks stopped reporting while the others go on
+        return Text("stalled", style="bold red" if node.node in flagged else "")
     if pace is None:
         return Text("")
     rate = "-" if pace.steps_per_s is None else f"{pace.steps_per_s:.2f}"
-    slow = ratio.get(node.node, 1.0)
     if node.node in flagged:
         return Text(f"{rate} ({slow:.1f}x)", style="bold red")
     return Text(f"{rate} ({slow:.1f}x)" if slow >= 1.2 else rate)
@@ -59,4 +62,6 @@ def pace_caption(nodes: Sequence[NodeObservation]) -> str:
     if not found:
         return ""
     node, ratio = max(found.items(), key=lambda item: item[1])
+    if math.isinf(ratio):
+        return f"no pace report from {node} (its ranks stopped stepping)"
     return f"slowest/median pace {ratio:.1f}x ({node})"

@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from launch.rules.gpu_health import EnergyMeter, GpuHealth, new_faults
 from launch.rules.metrics_stream import FinalStatus, MetricsSummary
 from launch.rules.pricing import cost_so_far
-from launch.rules.stragglers import NodePace, StragglerRule, describe, slow_nodes
+from launch.rules.stragglers import NodePace, PaceHistory, StragglerRule, describe, slow_nodes
 
 __all__ = [
     "RULES",
@@ -145,7 +145,8 @@ class StopRules(BaseModel):
     """Stop when a running node's GPUs stay idle this long; None = off (needs nvidia-smi)."""
     straggler: StragglerRule | None = None
     """``{factor: 1.3, window_s: 120, action: warn|stop|exclude}``: a node whose ranks' pace is
-    ``factor`` times slower than the median node's for ``window_s``; None = off."""
+    ``factor`` times slower than the median node's (the median of its readings) for ``window_s``,
+    or whose ranks stopped reporting while the others go on; None = off."""
     gpu_fault: bool = True
     """Fail as soon as a node's GPU counters show a new critical Xid, an uncorrectable ECC
     increment or a GPU gone (needs nvidia-smi; ``recovery.on: [gpu_fault]`` replaces the node)."""
@@ -226,11 +227,8 @@ class RuleState:
     plateau_best: float = math.inf
     plateau_best_step: int | None = None
     plateau_best_index: int | None = None
-    slow_since: dict[str, float] = field(default_factory=dict)
-    """Since when each node has been slower than ``straggler.factor`` times the median."""
-    fast_since: dict[str, float] = field(default_factory=dict)
-    """Since when a slow node has been back under the factor (a dip shorter than
-    ``launch.rules.stragglers.DIP_MAX_S`` does not restart its window)."""
+    pace: PaceHistory = field(default_factory=PaceHistory)
+    """The straggler rule's memory: since when each node has been slow, its recent readings."""
     stragglers: list[tuple[str, float, float]] = field(default_factory=list)
     """The nodes the straggler rule flags at this poll (shown in the live table, whatever the action)."""
     gpu_baseline: dict[str, GpuHealth] = field(default_factory=dict)
@@ -265,7 +263,7 @@ class RuleState:
         self._update_plateau(rules, obs.metrics)
         if rules.straggler is not None:
             running = {n.node: n.pace for n in obs.nodes if n.state == "running"}
-            self.stragglers = slow_nodes(rules.straggler, running, obs.now, self.slow_since, self.fast_since)
+            self.stragglers = slow_nodes(rules.straggler, running, obs.now, self.pace)
 
     def _update_plateau(self, rules: StopRules, metrics: MetricsSummary) -> None:
         history = metrics.history

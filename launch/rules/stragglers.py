@@ -1,11 +1,20 @@
 """Stragglers: the node that holds a synchronous job back, named from every rank's pace. Pure.
 
 Every rank's metrics helper (``fleetrun_metrics.Pace``) writes its steps/s and the time of a
-fixed tiny CPU probe; each node's agent reports its slowest rank (``fleetrun_node.pace_reading``).
-In data-parallel training every rank waits for the slowest at each all-reduce, so steps/s is the
-same everywhere and says only that the run is slow; the probe says where: a node whose CPU is
-throttled, starved or stopped runs it slower than the others. A node is a straggler when its
-probe time is ``factor`` times the median node's or more for ``window_s`` (short dips allowed: ``DIP_MAX_S``).
+fixed tiny CPU probe; each node's agent reports its slowest rank and how old that node's stalest
+rank's report is (``fleetrun_node.pace_reading``). In data-parallel training every rank waits
+for the slowest at each all-reduce, so steps/s is the same everywhere and says only that the run
+is slow; the probe says where: a node whose CPU is throttled, starved or stopped runs it slower
+than the others. A node whose ranks stopped reporting while most nodes go on is stalled: it
+counts as slow (infinitely), never drops out of the comparison. A node that has not reported
+in this launch yet is left out (unknown), never judged slow.
+
+A node is a straggler once ``window_s`` has passed since its first reading over ``factor`` times
+the median node's and the median of its readings over that window is still over the factor.
+Under a CPU quota the slow node's ratio swings from 1.5x to 100x between two reports: the median
+rides over the swings (the flag does not wait for a lucky poll), and a dip under the factor
+shorter than ``DIP_MAX_S`` does not start the window over. A healthy fleet that is slow as a
+whole (load, a slow step) is slow everywhere: ratios stay near 1 and nothing is flagged.
 
 ``action``: ``warn`` shows it in the live table (the run goes on), ``stop`` stops the run naming
 the node, ``exclude`` fails the attempt so that ``recovery.on: [straggler]`` goes on without the
@@ -16,13 +25,23 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["NodePace", "StragglerRule", "parse_pace", "pace_ratios", "slow_nodes"]
+__all__ = [
+    "NodePace",
+    "PaceHistory",
+    "StragglerRule",
+    "describe",
+    "pace_ratios",
+    "parse_pace",
+    "slow_nodes",
+    "stalled",
+]
 
 
 class StragglerRule(BaseModel):
@@ -45,6 +64,18 @@ class NodePace:
     """The slowest local rank's mean probe time (ms) over its last few seconds."""
     steps_per_s: float | None = None
     ranks: int = 1
+    age_s: float = 0.0
+    """Seconds since the node's stalest rank last reported (on the node's own clock)."""
+
+
+MAX_AGE_S = 1e7
+"""An age beyond this (115 days) is not a reading's age but garbage."""
+
+
+def _number(value: object, low: float, high: float) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and low <= value < high else None
 
 
 def parse_pace(data: object) -> NodePace | None:
@@ -52,65 +83,147 @@ def parse_pace(data: object) -> NodePace | None:
     if not isinstance(data, dict):
         return None
     probe, rate, ranks = data.get("probe_ms"), data.get("steps_per_s"), data.get("ranks", 1)
-    if isinstance(probe, bool) or not isinstance(probe, (int, float)) or not 0 < probe < 1e6:
+    age = data.get("age_s", 0.0)
+    probe_ms = _number(probe, 0.0, 1e6)
+    if probe_ms is None or probe_ms <= 0:
         return None
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
-        return None
-    if rate is not None and not (math.isfinite(rate) and 0 <= rate < 1e6):
+    steps = None if rate is None else _number(rate, 0.0, 1e6)
+    if rate is not None and steps is None:
         return None
     if isinstance(ranks, bool) or not isinstance(ranks, int) or not 0 < ranks <= 4096:
         return None
-    return NodePace(float(probe), None if rate is None else float(rate), ranks)
+    age_s = _number(age, 0.0, MAX_AGE_S)
+    if age_s is None:
+        return None
+    return NodePace(probe_ms, steps, ranks, age_s)
+
+
+STALE_MIN_S = 10.0
+"""A node's ranks silent this long (and ``STALE_TIMES`` the median node's silence) are stalled.
+Ranks write their pace every ``fleetrun_metrics.PACE_WRITE_S`` (2 s) or at their next step,
+whichever is later; a job whose every step takes longer is silent everywhere alike."""
+STALE_TIMES = 3.0
+
+
+def stalled(paces: Mapping[str, NodePace | None]) -> set[str]:
+    """Nodes whose ranks stopped reporting (a pace much older than the median node's) while more
+    than half of the nodes report: they count as slow. When most nodes are silent (the whole job
+    waits: a checkpoint, a collective) nobody is. A node with no pace at all in this launch is
+    unknown, not stalled: its ranks may still be importing torch on a busy machine, or the job
+    may log metrics from some ranks only; a node that hangs is the watcher's heartbeat and
+    hang rules' business, not this comparison's."""
+    ages = {n: p.age_s for n, p in paces.items() if p is not None}
+    if len(ages) < 2:
+        return set()
+    limit = max(STALE_MIN_S, STALE_TIMES * statistics.median(ages.values()))
+    silent = {n for n, age in ages.items() if age >= limit}
+    return silent if 2 * len(silent) < len(ages) else set()
 
 
 def pace_ratios(paces: Mapping[str, NodePace | None]) -> dict[str, float]:
-    """Each node's probe time over the median node's (1.0 = typical, 2.0 = twice as slow)."""
-    known = {n: p.probe_ms for n, p in paces.items() if p is not None}
+    """Each node's probe time over the median reporting node's (1.0 = typical, 2.0 = twice as
+    slow); ``inf`` for a stalled node (:func:`stalled`)."""
+    silent = stalled(paces)
+    known = {n: p.probe_ms for n, p in paces.items() if p is not None and n not in silent}
     if len(known) < 2:
         return {}
     median = statistics.median(known.values())
-    return {n: v / median for n, v in known.items()} if median > 0 else {}
+    if median <= 0:
+        return {}
+    return {**{n: v / median for n, v in known.items()}, **dict.fromkeys(silent, math.inf)}
 
 
 DIP_MAX_S = 10.0
 """A slow node's pace may dip under the factor for this long (or half of ``window_s``, the
 shorter) without its window starting over: under a CPU quota the slow node's ratio swings
-between 1.5x and 100x from one poll to the next, and one lucky sample (a rank writes its pace
-every 5 s) must not hide it."""
+between 1.5x and 100x from one report to the next, and a lucky report must not hide it."""
+MAX_SAMPLES = 512
+"""Readings kept per slow node (one a poll, the last ``window_s``): bounded whatever the window
+(a longer window at one poll a second is judged on its last 512 s)."""
+
+
+@dataclass
+class PaceHistory:
+    """What the straggler rule remembers between polls (one per watched run)."""
+
+    slow_since: dict[str, float] = field(default_factory=dict)
+    """Since when each node has been slow: its first reading over the factor (the window's start)."""
+    fast_since: dict[str, float] = field(default_factory=dict)
+    """Since when a slow node has been back under the factor (a dip shorter than
+    :data:`DIP_MAX_S` does not restart its window)."""
+    readings: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    """A slow node's ratios since its window began, one a poll, over the last ``window_s``: the
+    flag looks at their median (:func:`held_median`), not at one poll's reading."""
+
+    def forget(self, node: str) -> None:
+        self.slow_since.pop(node, None)
+        self.fast_since.pop(node, None)
+        self.readings.pop(node, None)
+
+
+def held_median(readings: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """The median ratio over ``[start, end]``, each reading holding until the next one (so
+    weighted by how long it held, whatever the polls' spacing); the newest, at ``end``, decides
+    alone only when nothing held before it."""
+    spans: list[tuple[float, float]] = []
+    for (at, ratio), (until, _) in zip(readings, list(readings)[1:], strict=False):
+        if until > start:
+            spans.append((ratio, until - max(at, start)))
+    total = sum(w for _, w in spans)
+    if total <= 0:
+        return readings[-1][1]
+    held, ordered = 0.0, sorted(spans)
+    for ratio, weight in ordered:
+        held += weight
+        if held >= total / 2:
+            return ratio
+    return ordered[-1][0]
 
 
 def slow_nodes(
-    rule: StragglerRule,
-    paces: Mapping[str, NodePace | None],
-    now: float,
-    slow_since: dict[str, float],
-    fast_since: dict[str, float] | None = None,
+    rule: StragglerRule, paces: Mapping[str, NodePace | None], now: float, history: PaceHistory
 ) -> list[tuple[str, float, float]]:
-    """Update ``slow_since`` (and ``fast_since``: since when a slow node has been back under the
-    factor) with this poll; (node, ratio, seconds slow) of every node slow for the whole window.
-    A node back under the factor for longer than the dip allowance starts over; a node is only
-    flagged at a poll where it is over the factor."""
-    fast = {} if fast_since is None else fast_since
+    """Fold this poll into ``history``; (node, median ratio, seconds slow) of every node slow for
+    the whole window, slowest first.
+
+    The window starts at a node's first reading over the factor and ends ``window_s`` later;
+    the node is flagged from then on while the median of its readings over the last ``window_s``
+    is over the factor, whatever this one poll says. Back under the factor for longer than the dip
+    allowance (``min(DIP_MAX_S, window_s / 2)``), or gone from the comparison as long, it starts
+    over."""
     allowance = min(DIP_MAX_S, rule.window_s / 2)
     ratios = pace_ratios(paces)
-    for node in list(slow_since):
-        if ratios.get(node, 0.0) < rule.factor:
-            if now - fast.setdefault(node, now) >= allowance:
-                del slow_since[node]
-                fast.pop(node, None)
-        else:
-            fast.pop(node, None)
-    found = []
     for node, ratio in ratios.items():
         if ratio >= rule.factor:
-            since = slow_since.setdefault(node, now)
-            if now - since >= rule.window_s:
-                found.append((node, ratio, now - since))
+            history.slow_since.setdefault(node, now)
+            history.fast_since.pop(node, None)
+    for node in list(history.slow_since):
+        now_ratio = ratios.get(node)
+        dipped = now_ratio is None or now_ratio < rule.factor
+        if dipped and now - history.fast_since.setdefault(node, now) >= allowance:
+            history.forget(node)
+            continue
+        if now_ratio is not None:
+            recent = history.readings.setdefault(node, deque(maxlen=MAX_SAMPLES))
+            recent.append((now, now_ratio))
+            while len(recent) > 1 and recent[1][0] <= now - rule.window_s:
+                recent.popleft()  # the one reading left before the window still holds at its start
+    found = []
+    for node, since in history.slow_since.items():
+        kept = history.readings.get(node)
+        if now - since < rule.window_s or not kept:
+            continue
+        typical = held_median(kept, now - rule.window_s, now)
+        if typical >= rule.factor:
+            found.append((node, typical, now - since))
     return sorted(found, key=lambda f: -f[1])
 
 
 def describe(found: Sequence[tuple[str, float, float]], rule: StragglerRule) -> str:
     what = ", ".join(
-        f"{node} {ratio:.1f}x the median node's probe time for {dt:.0f} s" for node, ratio, dt in found
+        f"{node} without a pace report (its ranks stopped stepping) for {dt:.0f} s"
+        if math.isinf(ratio)
+        else f"{node} {ratio:.1f}x the median node's probe time for {dt:.0f} s"
+        for node, ratio, dt in found
     )
     return f"straggler: {what} (factor {rule.factor:g}, window {rule.window_s:g} s)"

@@ -160,7 +160,7 @@ class Watcher:
         node.log_tail = answer.log_tail
         node.gpu_util = answer.gpu_util
         node.gpu = gpu_reading(answer.gpu)
-        node.pace = parse_pace(answer.pace)  # None once its ranks stop reporting: no stale verdict
+        node.pace = parse_pace(answer.pace)  # a silent node's old pace, with its age: counted as stalled
         node.state = "vanished" if answer.state == "absent" else answer.state
         node.rc = answer.rc
         node.exited_at = answer.exited_at
