@@ -219,3 +219,16 @@ def test_the_stand_ins_kept_answers_follow_the_scenario(tmp_path: Path) -> None:
     write_scenario(folder, {"count": 2})
     changed = subprocess.run(argv, capture_output=True, text=True)
     assert changed.returncode == 0 and changed.stdout.count("\n") == 2 and changed.stderr == ""
+
+
+def test_the_doctors_fan_out_bound_counts_the_waves() -> None:
+    """256 nodes probed 64 at a time are four waves: each node keeps its own 30 s, so the whole
+    fan-out's bound is four of them (one, for all of them, cut the last wave off at 60 s)."""
+    from types import SimpleNamespace
+
+    from launch.run.doctor import PROBE_TIMEOUT_S, fan_out_deadline
+
+    fleet: Any = SimpleNamespace(max_parallel=64)
+    assert fan_out_deadline(fleet, 64, PROBE_TIMEOUT_S) == PROBE_TIMEOUT_S + 30
+    assert fan_out_deadline(fleet, 256, PROBE_TIMEOUT_S) == 4 * PROBE_TIMEOUT_S + 30
+    assert fan_out_deadline(fleet, 65, 15) == 2 * 15 + 30
