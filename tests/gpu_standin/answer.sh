@@ -21,10 +21,14 @@ new="$kept.$$"
 if ! : 2>/dev/null >"$new.out"; then
     exec python3 "$here/$name.script" "$@"  # a folder this user cannot write in: answer, keep nothing
 fi
-python3 "$here/$name.script" "$@" >"$new.out" 2>"$new.err"
-rc=$?
-echo "$rc" >"$new.rc"
-cat "$new.out"
-cat "$new.err" >&2
-mv -f "$new.out" "$kept.out" && mv -f "$new.err" "$kept.err" && mv -f "$new.rc" "$kept.rc"
-exit "$rc"
+# Rendered and kept by a process of its own, which finishes even when the caller kills this one
+# at its timeout (a loaded machine): the next call gets the answer kept.
+(
+    python3 "$here/$name.script" "$@" >"$new.out" 2>"$new.err"
+    echo "$?" >"$new.rc"
+    mv -f "$new.out" "$kept.out" && mv -f "$new.err" "$kept.err" && mv -f "$new.rc" "$kept.rc"
+) </dev/null >/dev/null 2>&1 &
+wait "$!"
+cat "$kept.out"
+cat "$kept.err" >&2
+exit "$(cat "$kept.rc")"
