@@ -1,6 +1,6 @@
 """GPU health figures (issue 20), measured on real local fleets with the scripted ``nvidia-smi``.
 
-The local fleet has no GPU: ``tests/gpu_standin/nvidia-smi`` and ``dmesg`` are put first on a
+The local fleet has no GPU: the stand-ins of ``tests/gpu_standin`` (``nvidia-smi``, ``dmesg``) are put first on a
 node's ``PATH`` (its ``~/.bashrc``, as the fleet tests do), and the code under test is the reader
 that runs against the real tool. Every row is the real thing, timed from outside:
 
