@@ -2,7 +2,10 @@
 
 The scripts print NVIDIA's documented formats from a scenario file beside them; ``install`` copies
 them into a folder (a node's ``~/fakebin``, or a temporary folder put first on ``PATH``) and
-``scenario`` rewrites the file, which the stand-ins re-read at every call.
+``write_scenario`` rewrites the file, which the stand-ins re-read at every call. ``nvidia-smi`` and
+``dmesg`` are ``answer.sh`` in front of the Python script (``NAME.script``): it renders an answer once
+per arguments and scenario content, since Python's start-up at every call was most of the doctor's
+GPU cost on the shared local fleet.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Any
 
 SOURCE = Path(__file__).resolve().parent / "gpu_standin"
 SCENARIO = "gpu-standin.json"
+FRONTED = ("nvidia-smi", "dmesg")
+"""Installed as ``answer.sh`` (which keeps each answer, see there) in front of ``NAME.script``."""
+ANSWERS = ".answers"
 
 
 def install(
@@ -26,9 +32,14 @@ def install(
     """The stand-ins in ``folder``; ``dcgmi`` too with ``dcgm`` (a node without DCGM otherwise:
     most labs have only the driver's tools)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("nvidia-smi", "dmesg", "dcgmi") if dcgm else ("nvidia-smi", "dmesg"):
-        shutil.copy(SOURCE / name, folder / name)
+    for name in FRONTED:
+        shutil.copy(SOURCE / "answer.sh", folder / name)
+        shutil.copy(SOURCE / f"{name}.script", folder / f"{name}.script")
         (folder / name).chmod(0o755)
+    if dcgm:
+        shutil.copy(SOURCE / "dcgmi", folder / "dcgmi")
+        (folder / "dcgmi").chmod(0o755)
+    shutil.rmtree(folder / ANSWERS, ignore_errors=True)
     write_scenario(folder, scenario or {"count": 8})
     if owner is not None:
         for path in (folder, *folder.iterdir()):

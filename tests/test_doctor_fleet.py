@@ -34,18 +34,19 @@ import yaml
 
 from launch.fleets.local import LocalFleet
 from tests.conftest import fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
+from tests.gpustandin import install
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("k")
 LINE = re.compile(
     r"^(\S+)\s+(ssh|python|torch|rsync|hostname|rdzv-port|interface|clock|disk|gpus)\s+(ok|WARN|ERROR)\s+(.*)$"
 )
-FAKE_SMI = """#!/bin/sh
-case "$*" in
-  *query-gpu*) echo "0, GPU-aaaa-0000, 550.54.15"; echo "1, GPU-bbbb-1111, 550.54.15" ;;
-  *query-compute-apps*) echo "GPU-bbbb-1111, 1, 4000" ;;
-esac
-"""
+BUSY_GPU = {
+    "count": 2,
+    "compute_apps": [{"gpu_uuid": "GPU-5a17e001-7d2c-4f1a-9b3e-000000000001", "pid": 1, "used_memory": 4000}],
+}
+"""The scripted ``nvidia-smi`` (``tests/gpu_standin``) with root's pid 1 on GPU 1: the probe lists
+the GPUs from the health reader's ``--query-gpu``, which a stand-in must answer in NVIDIA's format."""
 
 
 @pytest.fixture(scope="module")
@@ -142,10 +143,8 @@ def test_seeded_faults_are_named_per_node(lab: LocalFleet, fleetrun_home: Path, 
         # node 1: no route to the head, MTU 1400, another user's process on GPU 1
         _netns(lab, 1, "ip", "route", "add", "unreachable", f"{lab.address(0)}/32")
         _netns(lab, 1, "ip", "link", "set", "eth0", "mtu", "1400")
-        fake_bin = homes[1] / "fakebin"
-        fake_bin.mkdir(exist_ok=True)
-        (fake_bin / "nvidia-smi").write_text(FAKE_SMI)
-        (fake_bin / "nvidia-smi").chmod(0o755)
+        owner = pwd.getpwnam(one)
+        install(homes[1] / "fakebin", BUSY_GPU, owner=(owner.pw_uid, owner.pw_gid))
         bashrc_before[1] = _prepend_bashrc(homes[1], 'export PATH="$HOME/fakebin:$PATH"')
         # node 2: hostname on loopback, no torch, no rsync
         hosts_file.write_text(hosts_before.replace(f"{lab.address(2)} {two}", f"127.0.1.1 {two}"))
@@ -281,7 +280,7 @@ def test_bad_gpu_is_named_per_gpu_with_the_nvidia_smi_stand_in(lab: LocalFleet, 
     warns of replays. ``fab doctor --gpu-diag 2`` (the reader sent with the probe, then as the
     diagnostic) prints one line per GPU, each fault once, and exits 1; the nodes without dcgmi
     say so (unknown, a warning)."""
-    from tests.gpustandin import install, xid
+    from tests.gpustandin import xid
 
     one = lab.node_name(1)
     home = lab.home(1)

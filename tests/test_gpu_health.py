@@ -128,8 +128,8 @@ def test_an_unreadable_kernel_log_is_unknown_never_ok(tmp_path: Path) -> None:
 def test_a_driver_without_the_health_fields_leaves_them_unknown(tmp_path: Path) -> None:
     """An old nvidia-smi refuses an unknown field (exit 2): the basic query is asked again."""
     fakebin = install(tmp_path / "fakebin", {"count": 1})
-    smi = (fakebin / "nvidia-smi").read_text()
-    (fakebin / "nvidia-smi").write_text(
+    smi = (fakebin / "nvidia-smi.script").read_text()
+    (fakebin / "nvidia-smi.script").write_text(
         smi.replace('"retired_pages.pending"', '"retired_pages.pending.gone"')
     )
     env = {**os.environ, "PATH": f"{fakebin}:{os.environ['PATH']}"}

@@ -24,6 +24,11 @@ Everything comes from NVIDIA's documented interfaces, through the tools a lab al
 Nothing is judged here: the answer is facts, ``None`` where a fact could not be read; the verdicts
 are made on the laptop (``launch.rules.gpu_health``), which parses the answer as untrusted input.
 The probe (``fab doctor``, the pre-launch check) and the node agent's poll use the same reader.
+
+The reads are independent of each other, and on a real 8-GPU node each ``nvidia-smi`` call takes
+0.1 to over 1 s (it opens every GPU through NVML): :func:`read_health` starts them all at once,
+each in its own thread with its own process and timeout, so a node answers in the time of its
+slowest read instead of their sum, and one hung tool costs its own timeout, not everyone's.
 """
 
 from __future__ import annotations
@@ -35,9 +40,12 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 TOOL_TIMEOUT_S = 8
+DETAILS_TIMEOUT_S = 20
+"""``nvidia-smi -q`` reads everything about every GPU: the slowest of the reads."""
 MAX_GPUS = 64
 MAX_XIDS = 32
 MAX_TEXT = 120
@@ -78,8 +86,10 @@ XID_LINE = re.compile(
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
 
 
-def run_tool(argv, timeout=TOOL_TIMEOUT_S):
-    """(exit code, stdout) of ``argv``; exit None when the tool is missing or hangs."""
+def run_tool(argv, timeout=None):
+    """(exit code, stdout) of ``argv``; exit None when the tool is missing or hangs (past
+    ``timeout``, by default ``TOOL_TIMEOUT_S``)."""
+    timeout = TOOL_TIMEOUT_S if timeout is None else timeout
     if shutil.which(argv[0]) is None:
         return None, ""
     try:
@@ -248,7 +258,7 @@ def nvlinks():
 
 def query_details():
     """``nvidia-smi -q``: (CUDA version, per bus key (fabric state, fabric status))."""
-    code, out = run_tool([SMI, "-q"], timeout=20)
+    code, out = run_tool([SMI, "-q"], timeout=DETAILS_TIMEOUT_S)
     if code != 0:
         return None, {}
     cuda = None
@@ -641,36 +651,77 @@ def read_diag(level):
     return answer
 
 
+def together(reads):
+    """Each of ``reads`` (name: function of no arguments) in its own thread, all at once; per name
+    its result, or the exception it raised. Every read bounds itself (each tool runs with its own
+    timeout, DCGM's too), so the wait is that of the slowest read: no deadline is needed here, and
+    none could stop a thread anyway."""
+    results = {}
+
+    def one(name, read):
+        try:
+            results[name] = (True, read())
+        except Exception as exc:  # noqa: BLE001 - raised again in the caller's thread
+            results[name] = (False, exc)
+
+    threads = [
+        threading.Thread(target=one, args=(name, read), name="fleetrun-gpu-" + name, daemon=True)
+        for name, read in reads.items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 def read_health(full=True):
     """Everything above as one JSON-able dict. ``full`` adds the slower reads (``-q``, NVLink,
-    fabric devices) that the doctor wants and a poll during the run does not."""
+    fabric devices) that the doctor wants and a poll during the run does not.
+
+    All reads start together (:func:`together`): those about the GPUs (row remapping, NVLink,
+    ``-q``) before it is known whether ``--query-gpu`` lists any, and their answers are used only
+    when it does, so the answer is the one the reads would give one after the other; a read that
+    raises makes this raise its error, the first in that order, as it did then."""
     answer = {"smi": shutil.which(SMI) is not None, "gpus": [], "driver": None, "cuda": None}
     if not answer["smi"]:
         return answer  # no NVIDIA tools: a CPU node; its kernel log holds no Xid to look for
-    gpus, driver, health = query_gpus()
+    reads = {"query": query_gpus, "remap": remapped_rows}
+    if full:
+        reads.update({"nvlink": nvlinks, "details": query_details})
+    reads["xids"] = kernel_xids
+    if full:
+        reads["ib"] = fabric_devices
+    reads["dcgm"] = dcgm_health
+    results = together(reads)
+    listed = results["query"][0] and bool(results["query"][1][0])
+    for name in reads:  # in the order they ran one after the other, not the order they ended
+        ok, found = results[name]
+        if not ok and (listed or name not in ("remap", "nvlink", "details")):
+            raise found
+    got = {name: found for name, (_ok, found) in results.items()}
+    gpus, driver, health = got["query"]
     answer["queried"] = gpus is not None
     answer["health_fields"] = health
     answer["gpus"] = gpus or []
     answer["driver"] = driver
     if gpus:
-        remap = remapped_rows()
+        remap = got["remap"]
         for gpu in answer["gpus"]:
             rows = remap.get(gpu["uuid"])
             gpu["remap_unc"], gpu["remap_pending"], gpu["remap_failure"] = rows or (None, None, None)
         if full:
-            links = nvlinks()
-            cuda, fabric = query_details()
+            links = got["nvlink"]
+            cuda, fabric = got["details"]
             answer["cuda"] = cuda
             for gpu in answer["gpus"]:
                 active, inactive = links.get(gpu["index"], (None, None))
                 gpu["nvlink_active"], gpu["nvlink_inactive"] = active, inactive
                 gpu["fabric_state"], gpu["fabric_status"] = fabric.get(gpu["bus_id"], (None, None))
-    xids, source = kernel_xids()
-    answer["xids"] = xids
-    answer["xid_source"] = source
+    answer["xids"], answer["xid_source"] = got["xids"]
     if full:
-        answer["ib_devices"] = fabric_devices()
-    answer["dcgm"] = dcgm_health()
+        answer["ib_devices"] = got["ib"]
+    answer["dcgm"] = got["dcgm"]
     return answer
 
 

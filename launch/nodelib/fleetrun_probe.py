@@ -8,7 +8,9 @@ timeout, so one odd node cannot stall the doctor.
 
 GPU health (ECC, Xid, PCIe, NVLink, throttling, fabric) is read by ``fleetrun_gpu`` (the same
 reader the node agent polls during a run) and reported under ``gpu_health``; the cheap mode skips
-its slower reads (``nvidia-smi -q``, NVLink).
+its slower reads (``nvidia-smi -q``, NVLink). The GPU reads start first, in threads of their own,
+and wait on ``nvidia-smi`` while the rest of the facts are gathered; the GPU list of the full
+mode is the reader's (one ``--query-gpu`` per probe).
 
 It only reports facts; the verdicts are made on the laptop (``launch.rules.preflight``) from the
 answer, which is parsed as untrusted input there (``launch.rules.probe_facts``). ``MODE`` is
@@ -196,19 +198,11 @@ def torch_facts():
     return facts
 
 
-def gpu_facts():
-    """GPUs and the compute processes on them; no ``nvidia-smi`` means no GPUs, not an error."""
+def gpu_processes():
+    """The compute processes on the GPUs (``--query-compute-apps``); None without ``nvidia-smi``."""
     smi = "nvidia-smi"
     if shutil.which(smi) is None:
-        return {"nvidia_smi": False, "driver": None, "gpus": [], "gpu_procs": []}
-    gpus = []
-    driver = None
-    out = tool([smi, "--query-gpu=index,uuid,driver_version", "--format=csv,noheader,nounits"]) or ""
-    for line in out.splitlines()[:MAX_ITEMS]:
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 3 and parts[0].isdigit():
-            gpus.append({"index": int(parts[0]), "uuid": parts[1][:128]})
-            driver = parts[2][:32]
+        return None
     procs = []
     query = "--query-compute-apps=gpu_uuid,pid,used_memory"
     out = tool([smi, query, "--format=csv,noheader,nounits"]) or ""
@@ -218,7 +212,51 @@ def gpu_facts():
             memory = int(parts[2]) if parts[2].isdigit() else None
             pid = int(parts[1][:10])
             procs.append({"gpu": parts[0][:128], "pid": pid, "user": user_of(pid), "mem_mib": memory})
+    return procs
+
+
+def gpu_facts(health, procs):
+    """GPUs and the compute processes on them; no ``nvidia-smi`` means no GPUs, not an error.
+
+    The GPUs are those the health reader listed: ``nvidia-smi --query-gpu`` opens every GPU, so
+    the probe asks it once. Only without the reader's answer (not sent, or it failed) are they
+    asked here."""
+    if procs is None:
+        return {"nvidia_smi": False, "driver": None, "gpus": [], "gpu_procs": []}
+    gpus = []
+    driver = None
+    if isinstance(health, dict) and "queried" in health and "error" not in health:
+        for gpu in health.get("gpus", [])[:MAX_ITEMS]:
+            gpus.append({"index": gpu["index"], "uuid": gpu["uuid"][:128]})
+        driver = health.get("driver")
+        driver = driver[:32] if driver else None
+    else:
+        query = "--query-gpu=index,uuid,driver_version"
+        out = tool(["nvidia-smi", query, "--format=csv,noheader,nounits"]) or ""
+        for line in out.splitlines()[:MAX_ITEMS]:
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) >= 3 and parts[0].isdigit():
+                gpus.append({"index": int(parts[0]), "uuid": parts[1][:128]})
+                driver = parts[2][:32]
     return {"nvidia_smi": True, "driver": driver, "gpus": gpus, "gpu_procs": procs}
+
+
+def started(read, *args):
+    """``read(*args)`` begun now in its own thread; the returned function waits for its answer
+    (None when it raised). The GPU reads wait on ``nvidia-smi`` while the rest of the probe runs."""
+    box = []
+
+    def run():
+        box.append(read(*args))
+
+    thread = threading.Thread(target=run, name="fleetrun-probe", daemon=True)
+    thread.start()
+
+    def answer():
+        thread.join()
+        return box[0] if box else None
+
+    return answer
 
 
 def gpu_health(full):
@@ -233,6 +271,8 @@ def gpu_health(full):
 
 def main(argv):
     mode, private, port, head, lib_dir = argv[1], argv[2], int(argv[3]), argv[4] == "1", argv[5]
+    health = started(gpu_health, mode == "full")
+    procs = started(gpu_processes) if mode == "full" else None
     answer = {"v": 1, "mode": mode, "python": platform.python_version()}
     answer["hostname"] = socket.gethostname()[:255]
     answer["hostname_addrs"] = hostname_addresses(answer["hostname"])
@@ -245,11 +285,12 @@ def main(argv):
     answer["lib"] = library_digest(os.path.join(home, lib_dir))
     if head and port > 0:  # 0: the run takes a free port at launch (rdzv_port: auto)
         answer["port"] = port_facts(port)
-    answer["gpu_health"] = gpu_health(mode == "full")
     if mode == "full":
         answer["iface"], answer["mtu"] = interface_of(private)
         answer.update(torch_facts())
-        answer.update(gpu_facts())
+    answer["gpu_health"] = health()
+    if procs is not None:
+        answer.update(gpu_facts(answer["gpu_health"], procs()))
     answer["time"] = time.time()
     sys.stdout.write(json.dumps(answer) + "\n")
     sys.stdout.flush()

@@ -114,6 +114,15 @@ def probe_command(host: Host, mode: str, head: Host, port: int) -> str:
     return " ".join([shlex.quote(host.python), "-", *map(shlex.quote, args), shlex.quote(LIB_DIR)])
 
 
+def fan_out_deadline(fleet: FleetPort, nodes: int, per_node_s: float) -> float:
+    """The whole fan-out's bound (``FleetPort.map``'s ``deadline``): ``per_node_s`` (each node's
+    own timeout) for every wave of ``max_parallel`` nodes, and 30 s to spare. One node's bound for
+    all of them cut 256 nodes off at 60 s (four waves of 64 on a loaded machine): those of the
+    last wave were reported unreachable though they had only waited for their turn."""
+    waves = -(-nodes // max(1, fleet.max_parallel))
+    return per_node_s * max(1, waves) + 30
+
+
 def run_probe(conn: NodeLink, mode: str, head: Host, port: int, source: bytes) -> ProbeResult:
     """One round trip: the probe's facts, or why there are none; an unreachable node raises."""
     host = conn.host
@@ -145,13 +154,13 @@ def gather(
     port: int,
     on_done: Callable[[str, object], None] | None = None,
 ) -> list[Observation]:
-    """Probe every node in parallel (bounded fan-out, a deadline per node)."""
+    """Probe every node in parallel (bounded fan-out, a timeout per node)."""
     head = hosts[0]
     source = probe_source()
     results = fleet.map(
         lambda c: run_probe(c, mode, head, port, source),
         hosts=hosts,
-        deadline=PROBE_TIMEOUT_S + 30,
+        deadline=fan_out_deadline(fleet, len(hosts), PROBE_TIMEOUT_S),
         on_done=on_done,
     )
     observations = []
@@ -222,7 +231,7 @@ def rendezvous_reach(fleet: Fleet, hosts: Sequence[Host], port: int) -> dict[str
         results = fleet.map(
             lambda c: c.run(f"{shlex.quote(c.host.python)} {probe}", timeout=15),
             hosts=workers,
-            deadline=30,
+            deadline=fan_out_deadline(fleet, len(workers), 15),
         )
     finally:
         with contextlib.suppress(Exception):
