@@ -57,3 +57,13 @@ def write_scenario(folder: Path, scenario: dict[str, Any]) -> None:
 def xid(gpu: int, code: int, at: str, text: str) -> dict[str, Any]:
     """An Xid line of GPU ``gpu`` (its stand-in bus id), as the kernel would log it."""
     return {"bus": f"0000:{0x18 + 0x10 * gpu:02x}:00", "code": code, "at": at, "text": text}
+
+
+def node_path(folder: Path) -> str:
+    """``PATH`` for running the reader in this process as a node would: the stand-ins first, then
+    the system's folders only. A local-fleet node's user has no pyenv shim on its PATH, so the
+    stand-ins start on ``/usr/bin/python3`` (some 20 ms); through root's pyenv shim each start
+    costs some 0.3 s of CPU, and five reads at once on a loaded 2-core machine ran past the
+    reader's 8 s tool timeout (a suite run, 2026-11-25: GPU facts 'unknown' instead of the
+    scripted Xid)."""
+    return f"{folder}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"

@@ -27,7 +27,7 @@ from launch.rules.gpu_diag import judge_diag
 from launch.rules.gpu_health import BAD, OK, UNKNOWN, WARN, GpuHealth, judge_fleet, new_faults
 from launch.rules.preflight import ERROR, Findings, check_gpu_diag
 from launch.transport.port import CommandResult
-from tests.gpustandin import install
+from tests.gpustandin import install, node_path
 
 NODELIB = Path(fleetrun_gpu.__file__).resolve().parent
 ECC_MSG = "Detected 2 volatile double-bit ECC error(s) in GPU 1."
@@ -36,7 +36,7 @@ FAULTY_MSG = "Found 3 faulty memory elements on GPU 1"
 
 
 def env_with(fakebin: Path) -> dict[str, str]:
-    return {**os.environ, "PATH": f"{fakebin}:{os.environ['PATH']}"}
+    return {**os.environ, "PATH": node_path(fakebin)}
 
 
 def read(fakebin: Path, full: bool = True) -> GpuHealth:

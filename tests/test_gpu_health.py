@@ -33,7 +33,7 @@ from launch.rules.gpu_health import (
 from launch.rules.preflight import ERROR, Job, Observation, judge
 from launch.rules.probe_facts import parse_probe_answer
 from launch.run.doctor import probe_source
-from tests.gpustandin import install, xid
+from tests.gpustandin import install, node_path, xid
 
 NODELIB = Path(fleetrun_gpu.__file__).resolve().parent
 XID79 = xid(1, 79, "2026-11-25T14:02:11", "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
@@ -42,7 +42,7 @@ XID79 = xid(1, 79, "2026-11-25T14:02:11", "pid='<unknown>', name=<unknown>, GPU 
 def read(tmp_path: Path, scenario: dict[str, Any], full: bool = True) -> GpuHealth:
     """Run the node's reader in its own Python with the stand-ins first on PATH."""
     fakebin = install(tmp_path / "fakebin", scenario)
-    env = {**os.environ, "PATH": f"{fakebin}:{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": node_path(fakebin)}
     code = f"import sys, json; sys.path.insert(0, {str(NODELIB)!r}); import fleetrun_gpu; print(json.dumps(fleetrun_gpu.read_health({full})))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return parse_gpu_health(json.loads(out.stdout))
@@ -132,7 +132,7 @@ def test_a_driver_without_the_health_fields_leaves_them_unknown(tmp_path: Path) 
     (fakebin / "nvidia-smi.script").write_text(
         smi.replace('"retired_pages.pending"', '"retired_pages.pending.gone"')
     )
-    env = {**os.environ, "PATH": f"{fakebin}:{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": node_path(fakebin)}
     code = f"import sys, json; sys.path.insert(0, {str(NODELIB)!r}); import fleetrun_gpu; print(json.dumps(fleetrun_gpu.read_health()))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     health = parse_gpu_health(json.loads(out.stdout))
@@ -147,7 +147,7 @@ def test_probe_carries_the_reader_and_the_doctor_prints_one_line_per_gpu(tmp_pat
     gpus: list[dict[str, Any]] = [{} for _ in range(2)]
     gpus[1] = {"ecc_volatile": 2}
     fakebin = install(tmp_path / "fakebin", {"gpus": gpus, "xids": [XID79]})
-    env = {**os.environ, "PATH": f"{fakebin}:{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": node_path(fakebin)}
     proc = subprocess.run(
         [sys.executable, "-", "full", "127.0.0.1", "0", "0", ".fleetrun/lib/VERSION"],
         input=probe_source(),
@@ -355,7 +355,7 @@ def test_node_agent_answers_with_the_gpu_reading(tmp_path: Path) -> None:
     fakebin = install(tmp_path / "fakebin", {"count": 2, "gpus": [{"util": 40}, {"util": 60}]})
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    env = {**os.environ, "PATH": f"{fakebin}:{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": node_path(fakebin)}
     agent = NODELIB / "fleetrun_node.py"
     out = subprocess.run(
         [sys.executable, str(agent), "poll", str(run_dir), "0", "--no-heartbeat"],
