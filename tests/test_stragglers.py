@@ -197,13 +197,13 @@ def test_a_stalled_node_counts_as_slow_and_a_fleet_waiting_as_a_whole_does_not()
     assert "n3 without a pace report" in decision.reason  # type: ignore[attr-defined]
     assert t == stragglers.STALE_MIN_S + 20
     assert pace_ratios({"a": NodePace(1.0), "b": NodePace(3.0), "c": NodePace(1.0, age_s=60.0)}) == {
-        "a": 0.5,
-        "b": 1.5,
+        "a": 1 / 3,
+        "b": 3.0,
         "c": math.inf,
     }
     # a node with no report yet in this launch (slow to import torch, or its ranks log nothing)
     # is unknown: left out, never flagged, however long it stays so
-    assert pace_ratios({"a": NodePace(1.0), "b": NodePace(3.0), "c": None}) == {"a": 0.5, "b": 1.5}
+    assert pace_ratios({"a": NodePace(1.0), "b": NodePace(3.0), "c": None}) == {"a": 1 / 3, "b": 3.0}
     state = RuleState()
     for t in range(120):
         assert _stall_poll(rules, state, float(t), [t % 2, t % 2, t % 2, None]) is None
@@ -241,7 +241,16 @@ def test_warn_only_flags_in_the_live_table() -> None:
 
 def test_ratios_need_two_nodes_and_the_config_is_checked() -> None:
     assert pace_ratios({"a": NodePace(1.0)}) == {}
-    assert pace_ratios({"a": NodePace(1.0), "b": NodePace(3.0), "c": None, "d": None}) == {"a": 0.5, "b": 1.5}
+    assert pace_ratios({"a": NodePace(1.0), "b": NodePace(3.0), "c": None, "d": None}) == {
+        "a": 1 / 3,
+        "b": 3.0,
+    }
+    # each node against the others: one slow node of three is 3x, not diluted by its own figure
+    assert pace_ratios({"a": NodePace(1.0), "b": NodePace(1.0), "c": NodePace(3.0)}) == {
+        "a": 0.5,
+        "b": 0.5,
+        "c": 3.0,
+    }
     with pytest.raises(ValidationError):
         StopRules.model_validate({"straggler": {"factor": 0.9}})
     with pytest.raises(ValidationError):
@@ -255,3 +264,21 @@ def test_the_live_table_shows_a_stalled_node() -> None:
     )
     text = render_text(live_table(Observation(now=6.0, started_at=0.0, nodes=nodes)), width=140)
     assert "stalled" in text and "no pace report from n3 (its ranks stopped stepping)" in text
+
+
+def test_a_slow_node_of_two_is_flagged_at_factor_2() -> None:
+    """On two nodes the median of all includes the slow node itself (``a / ((a + b) / 2)`` stays
+    under 2 whatever ``a``): each node is measured against the other, so a node 2.5x slower than
+    its partner is flagged at factor 2, and the fast one never is."""
+    rules = StopRules(straggler=StragglerRule(factor=2.0, window_s=10, action="stop"))
+    state = RuleState()
+    decision = None
+    for t in range(40):
+        nodes = (
+            NodeObservation("n0", "running", pace=NodePace(1.0, 2.0, 1, 0.5)),
+            NodeObservation("n1", "running", pace=NodePace(2.5, 2.0, 1, 0.5)),
+        )
+        decision = evaluate(rules, Observation(now=float(t), started_at=0.0, nodes=nodes), state)
+        if decision is not None:
+            break
+    assert decision is not None and decision.nodes == ("n1",)  # type: ignore[attr-defined]

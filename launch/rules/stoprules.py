@@ -145,7 +145,7 @@ class StopRules(BaseModel):
     """Stop when a running node's GPUs stay idle this long; None = off (needs nvidia-smi)."""
     straggler: StragglerRule | None = None
     """``{factor: 1.3, window_s: 120, action: warn|stop|exclude}``: a node whose ranks' pace is
-    ``factor`` times slower than the median node's (the median of its readings) for ``window_s``,
+    ``factor`` times slower than the other nodes' median (the median of its readings) for ``window_s``,
     or whose ranks stopped reporting while the others go on; None = off."""
     gpu_fault: bool = True
     """Fail as soon as a node's GPU counters show a new critical Xid, an uncorrectable ECC

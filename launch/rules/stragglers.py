@@ -10,7 +10,8 @@ counts as slow (infinitely), never drops out of the comparison. A node that has 
 in this launch yet is left out (unknown), never judged slow.
 
 A node is a straggler once ``window_s`` has passed since its first reading over ``factor`` times
-the median node's and the median of its readings over that window is still over the factor.
+the median of the other nodes' and the median of its readings over that window is still over
+the factor.
 Under a CPU quota the slow node's ratio swings from 1.5x to 100x between two reports: the median
 rides over the swings (the flag does not wait for a lucky poll), and a dip under the factor
 shorter than ``DIP_MAX_S`` does not start the window over. A healthy fleet that is slow as a
@@ -50,7 +51,7 @@ class StragglerRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     factor: float = Field(default=1.3, gt=1.0, le=100.0)
-    """A node is slow when its pace is this many times the median node's."""
+    """A node is slow when its pace is this many times the other nodes' median."""
     window_s: float = Field(default=120.0, gt=0.0, le=86400.0)
     """...and stays that slow for this many seconds (a short hiccup is not a straggler)."""
     action: Literal["warn", "stop", "exclude"] = "warn"
@@ -121,16 +122,24 @@ def stalled(paces: Mapping[str, NodePace | None]) -> set[str]:
 
 
 def pace_ratios(paces: Mapping[str, NodePace | None]) -> dict[str, float]:
-    """Each node's probe time over the median reporting node's (1.0 = typical, 2.0 = twice as
-    slow); ``inf`` for a stalled node (:func:`stalled`)."""
+    """Each node's probe time over the median of the *other* reporting nodes' (1.0 = typical,
+    2.0 = twice as slow); ``inf`` for a stalled node (:func:`stalled`).
+
+    The others', not all nodes': the median of all includes the node itself, so on two nodes a
+    slow one could never reach 2x (``a / ((a + b) / 2) < 2`` whatever ``a``), and a factor of 2
+    would never flag anything on the smallest multi-node job. From three nodes on the two agree
+    for one slow node."""
     silent = stalled(paces)
     known = {n: p.probe_ms for n, p in paces.items() if p is not None and n not in silent}
     if len(known) < 2:
         return {}
-    median = statistics.median(known.values())
-    if median <= 0:
-        return {}
-    return {**{n: v / median for n, v in known.items()}, **dict.fromkeys(silent, math.inf)}
+    ratios = {}
+    for node, value in known.items():
+        median = statistics.median(v for n, v in known.items() if n != node)
+        if median <= 0:
+            return {}
+        ratios[node] = value / median
+    return {**ratios, **dict.fromkeys(silent, math.inf)}
 
 
 DIP_MAX_S = 10.0
