@@ -519,3 +519,35 @@ def test_a_renewed_machine_bad_again_is_not_renewed_again(
     hosts = json.loads((run.folder / "hosts.json").read_text())
     assert "n1" in hosts["excluded"] and hosts["renewed"][0]["new_address"] == "203.0.113.99"
     assert any("the new machine 203.0.113.99 not taken" in line for line in reporter.lines), reporter.lines
+
+
+def test_a_spare_that_does_not_answer_is_not_taken_and_the_next_one_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spare that is down (or whose host key changed) fails its check over SSH before it is
+    taken: excluded with the connection's error, and the next spare takes the node's place, where
+    taking it would have failed the sync and ended the recovery."""
+    from tests.fakefleet import fake_hosts
+
+    script = gpu_fault_on_n1()
+    script.nodes["n2"] = NodeScript(unreachable_from_step=0)
+    reporter = RecordingReporter()
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        script,
+        recovery=GPU_RECOVERY,
+        spares=tuple(fake_hosts(4)[2:]),
+        reporter=reporter,
+    )
+    assert (run.summary.outcome, run.summary.rule) == ("succeeded", "completed"), run.summary.reason
+    first, second = attempts_of(run)
+    assert second["nodes"] == ["n0", "n3"]
+    assert (
+        first["not_taken"]["n2"].startswith("not reachable: ")
+        and "fake link down" in first["not_taken"]["n2"]
+    )
+    excluded = json.loads((run.folder / "hosts.json").read_text())["excluded"]
+    assert "not reachable" in excluded["n2"]
+    assert any("spare n2: not taken, not reachable" in line for line in reporter.lines), reporter.lines
+    assert run.fleet.nodes["n3"].attempts == ["2"] and "n2" not in run.fleet.nodes

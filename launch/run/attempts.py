@@ -12,7 +12,7 @@ The decisions are pure (``launch.rules.recovery``); this module gathers the evid
 3. Lost nodes are replaced through the fleet kind (``FleetKind.replace``), or left out when the
    job is elastic; a node left out after a ``gpu_fault`` or a straggler gets a spare of the
    inventory, else a new machine from its kind (``FleetKind.renew``), else the same fallback
-   (``take_spare``). Every new machine gets the GPU check before it is taken (``gpu_trouble``):
+   (``take_spare``). Every new machine is checked before it is taken (``candidate_trouble``: SSH and GPUs):
    a bad one is excluded and the next candidate tried. The new inventory's host keys are pinned
    again (a new known_hosts file).
 4. Only the new nodes are synced and set up; then the claim (a fresh rendezvous port) and the
@@ -292,11 +292,11 @@ def replace_lost(
             except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
                 say(ctx, f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
                 new = None
-            trouble = gpu_trouble(ctx, state, new) if new is not None else None
+            trouble = candidate_trouble(ctx, state, new, reach=False) if new is not None else None
             if new is not None and trouble is not None:
-                say(ctx, f"  {name}: the new machine not taken: its GPU check: {trouble}")
+                say(ctx, f"  {name}: the new machine not taken: {trouble}")
                 state = replace(state, not_taken=(*state.not_taken, (f"{name} at {new.address}", trouble)))
-                why_not[name] = f"the new machine's GPU check: {trouble}"
+                why_not[name] = f"the new machine: {trouble}"
                 new = None
         if new is None:
             failed.append(name)
@@ -347,8 +347,9 @@ def take_spare(
     ctx: RunContext, state: RunState, host: Host, reason: str, taken: Collection[str] = ()
 ) -> Taken:
     """After a ``gpu_fault`` (or a straggler ``exclude``): the machine behind ``host`` is left out
-    for the rest of the run, and in its place, in this order, the first candidate whose GPU check
-    passes (``gpu_trouble``: the pre-launch check's GPU verdicts, before anything lands on it):
+    for the rest of the run, and in its place, in this order, the first candidate that answers
+    over SSH and passes its GPU check (``candidate_trouble``: the pre-launch check's SSH and GPU
+    verdicts, before anything lands on it):
 
     1. each spare of the inventory not in use, not ``taken`` by another node of this recovery and
        not excluded (``RunOptions.spares``); ``host``'s name is then excluded (the run folder's
@@ -369,13 +370,11 @@ def take_spare(
     for spare in ctx.options.spares:
         if spare.name in in_use or spare.name in read_exclusions(ctx.folder.path) or spare.name == name:
             continue
-        trouble = gpu_trouble(ctx, state, spare)
+        trouble = candidate_trouble(ctx, state, spare)
         if trouble is not None:
-            record_exclusion(
-                ctx.folder.path, spare.name, f"spare not taken in {name}'s place: GPU check: {trouble}"
-            )
-            say(ctx, f"  spare {spare.name}: not taken, its GPU check: {trouble}; trying the next")
-            not_taken.append((spare.name, f"GPU check: {trouble}"))
+            record_exclusion(ctx.folder.path, spare.name, f"spare not taken in {name}'s place: {trouble}")
+            say(ctx, f"  spare {spare.name}: not taken, {trouble}; trying the next")
+            not_taken.append((spare.name, trouble))
             continue
         record_exclusion(ctx.folder.path, name, reason)
         say(ctx, f"  {name}: excluded for the rest of the run; spare {spare.name} takes its place")
@@ -402,7 +401,7 @@ def take_spare(
         )
         record_renewal(ctx.folder.path, renewal)  # made, taken or not: the record says it exists
         ctx.port.connections[name].close()  # the old machine's connection; the next use reconnects
-        trouble = gpu_trouble(ctx, state, new)
+        trouble = candidate_trouble(ctx, state, new)
         if trouble is None:
             key = "new host key" if renewal.host_key_changed else "same host key"
             say(
@@ -412,8 +411,8 @@ def take_spare(
             )
             return Taken(new, renewal, tuple(not_taken))
         machine = f"{name} at {clean(new.address, 100)}"
-        say(ctx, f"  {name}: the new machine {clean(new.address, 100)} not taken, its GPU check: {trouble}")
-        not_taken.append((machine, f"GPU check: {trouble}"))
+        say(ctx, f"  {name}: the new machine {clean(new.address, 100)} not taken, {trouble}")
+        not_taken.append((machine, trouble))
     record_exclusion(ctx.folder.path, name, reason)
     say(ctx, f"  {name}: excluded for the rest of the run; no spare host left and no new machine")
     return Taken(None, renewal, tuple(not_taken))
@@ -463,13 +462,17 @@ def adopt(ctx: RunContext, state: RunState, recovery: Recovery) -> tuple[RunCont
     return ctx.with_port(port), state
 
 
-def gpu_trouble(ctx: RunContext, state: RunState, host: Host) -> str | None:
-    """Why ``host`` (a spare, a new or replaced machine, not the run's yet) must not be trained on:
-    its first GPU verdict of ERROR in the pre-launch check (one probe round trip, over a port of
-    its own: ``FleetPort.outside``), or None. ``gpu_fault`` compares each attempt with its own
-    first reading, so a machine bad from its first boot (an Xid already in its kernel log, a GPU
-    missing) would otherwise be trained on unnoticed. Other checks (rsync, python, an unreachable
-    machine) are the sync's and setup's to report."""
+def candidate_trouble(ctx: RunContext, state: RunState, host: Host, reach: bool = True) -> str | None:
+    """Why ``host`` (a spare, a new or replaced machine, not the run's yet) must not be taken: it
+    does not answer over SSH with its pinned host key, or its first GPU verdict of ERROR in the
+    pre-launch check (one probe round trip, over a port of its own: ``FleetPort.outside``); None
+    when neither. ``gpu_fault`` compares each attempt with its own first reading, so a machine bad
+    from its first boot (an Xid already in its kernel log, a GPU missing) would otherwise be
+    trained on unnoticed; a spare that is down (or whose host key changed) would fail the sync and
+    end the recovery, where the next candidate could have taken its place. ``reach=False`` for a
+    machine from ``FleetKind.replace``, which waited for its answer itself (a lab host that came
+    back, a new instance whose sshd answered): only its GPUs are judged. Other checks (rsync,
+    python) are the sync's and setup's to report."""
     inventory = state.inventory.model_copy(update={"hosts": [host]})
     known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
     port = ctx.port.outside([host], known_hosts)
@@ -478,8 +481,11 @@ def gpu_trouble(ctx: RunContext, state: RunState, host: Host) -> str | None:
     finally:
         port.close()
     findings = judge(observations, Job(head=host.name, port=0, full=False))
+    unreachable = [v for v in findings.errors if v.check == "ssh"] if reach else []
+    if unreachable:
+        return f"not reachable: {clean(unreachable[0].message, 400)}"
     bad = [v for v in findings.errors if v.check.startswith("gpu")]
-    return f"{clean(bad[0].check, 40)}: {clean(bad[0].message, 400)}" if bad else None
+    return f"GPU check: {clean(bad[0].check, 40)}: {clean(bad[0].message, 400)}" if bad else None
 
 
 def prepare_new_nodes(ctx: RunContext, state: RunState, fresh: Collection[str]) -> RunState:
