@@ -354,3 +354,49 @@ def test_a_hostile_confirm_part_is_ignored_outside_the_plan() -> None:
     slow["confirm"] = [[{"ranks": [11, 0], "busbw_gbps": value}] for value in ('"x"',)] + [[]] * 10_000
     report = locate(NODES16, parse_result(MARK + json.dumps(slow), NODES16))
     assert report.slow == [] and len(report.measured) == 18
+
+
+SLOWED_RANK = """
+import os, sys, time
+sys.path.insert(0, os.environ["SCRIPT_DIR"])
+import torch.distributed as dist
+import fleetrun_collective as script
+
+if os.environ.get("RANK") == "3":  # this rank's link stood in for: every large all-reduce waits
+    plain = dist.all_reduce
+
+    def slow(tensor, *args, **kwargs):
+        if tensor.numel() > 4096:
+            time.sleep(0.3)
+        return plain(tensor, *args, **kwargs)
+
+    dist.all_reduce = slow
+sys.exit(script.main())
+"""
+
+
+@pytest.mark.skipif(not IMAGE_PYTHON.exists(), reason="the node image's python (with torch) is not here")
+def test_node_script_remeasures_a_slow_rank_in_the_same_launch(tmp_path: Path) -> None:
+    """Five ranks (gloo), rank 3's all-reduces slowed: rank 0 suspects it from the ring, broadcasts
+    the plan, every rank runs it in the same launch, and the laptop's reading confirms it."""
+    wrapper = tmp_path / "slowed.py"
+    wrapper.write_text(SLOWED_RANK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_", "LOCAL_"))}
+    env.update(
+        FLEETRUN_COLLECTIVE_MB="0.25",
+        FLEETRUN_COLLECTIVE_REPS="2",
+        OMP_NUM_THREADS="1",
+        SCRIPT_DIR=str(ROOT / "launch" / "nodelib"),
+    )
+    argv = [str(IMAGE_PYTHON), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "5"]
+    proc = subprocess.run(
+        [*argv, str(wrapper)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    nodes = [f"r{i}" for i in range(5)]
+    last = json.loads([x for x in proc.stdout.splitlines() if x.startswith(MARK)][-1][len(MARK) :])
+    assert last["version"] == 3 and last["suspects"] == [3], last
+    (pair,) = last["confirm"][0]
+    assert pair["ranks"][0] == 3 and pair["ranks"][1] not in (2, 4) and pair["reps"] >= 2, pair
+    report = locate(nodes, parse_result(proc.stdout, nodes))
+    assert report.suspected == ["r3"] and report.slow == ["r3"], report

@@ -191,7 +191,7 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     size_mb = float(os.environ.get("FLEETRUN_COLLECTIVE_MB", "64" if gpu else "8"))
     reps = int(os.environ.get("FLEETRUN_COLLECTIVE_REPS", "10" if gpu else "4"))
-    confirm_reps = max(2, int(os.environ.get("FLEETRUN_COLLECTIVE_CONFIRM_REPS", str(CONFIRM_REPS))))
+    confirm_reps = max(2, int(float(os.environ.get("FLEETRUN_COLLECTIVE_CONFIRM_REPS", str(CONFIRM_REPS)))))
 
     def barrier() -> None:
         dist.barrier(device_ids=[local]) if gpu else dist.barrier()
