@@ -26,8 +26,9 @@ input (``launch.rules.collective``). Sizes come from the environment (``FLEETRUN
 ``FLEETRUN_COLLECTIVE_REPS``) so a test can keep it short.
 
 Then, in the same launch, the confirmation: rank 0 takes the ring's pair figures, names the
-suspects (``suspected``: the nodes whose pairs were slow because of them) and broadcasts a plan
-(``confirm_rounds``: each suspect paired with a node not suspected); the suspects' pairs are
+suspects (``suspected``: the nodes whose pairs were slow because of them; ``suspected_links``)
+and broadcasts a plan (``remeasure_plan``: each suspect paired with a node not suspected, each
+suspected link the same pair again); the suspects' pairs are
 re-measured, ``CONFIRM_REPS`` repetitions at least two, the best kept, and the line gets a
 ``confirm`` part. Why: on a loaded shared machine CPU contention alone gave a healthy node 0.49x
 in the ring (N/2 pairs at once); the re-measure runs only the suspects' pairs, so contention
@@ -64,6 +65,9 @@ CONFIRM_BUDGET_S = 2.0
 """Repetitions after the second stop once they would pass this (a slow link's are seconds each)."""
 SLOW_RATIO = 0.5
 """A node under this times the median node's figure and its partners' figures elsewhere is suspected."""
+LINK_RATIO = 0.25
+"""A pair under this times the median node's figure, neither node suspected, is a suspected link
+(one figure, so a stricter bound)."""
 
 Node = TypeVar("Node", bound=Hashable)
 
@@ -152,6 +156,44 @@ def confirm_rounds(
             this.append((node, partner))
         rounds.append(this)
     return rounds
+
+
+def suspected_links(
+    nodes: Sequence[Node],
+    pairs: Mapping[tuple[Node, ...], float],
+    suspects: Sequence[Node],
+    ratio: float = LINK_RATIO,
+) -> list[tuple[Node, Node]]:
+    """The ring's pairs under ``ratio`` times the median node's figure whose nodes are not
+    suspected (a suspect's slow pairs are its own): re-measured as they are, the same pair again
+    (a whole contended round once put three healthy pairs at 0.17-0.22x)."""
+    per_node = best_of_pairs(nodes, pairs)
+    if len(per_node) < 3:
+        return []
+    median = statistics.median(per_node.values())
+    return [
+        (g[0], g[1])
+        for g, v in pairs.items()
+        if len(g) == 2 and v < ratio * median and not set(g) & set(suspects)
+    ]
+
+
+def remeasure_plan(
+    nodes: Sequence[Node], pairs: Mapping[tuple[Node, ...], float]
+) -> list[list[tuple[Node, Node]]]:
+    """Every re-measure of one launch: the suspects' rounds (``confirm_rounds``), then the
+    suspected links, packed into rounds of disjoint pairs (in order, each in the first round it
+    fits)."""
+    suspects = suspected(nodes, pairs)
+    rounds = confirm_rounds(nodes, pairs, suspects)
+    links: list[list[tuple[Node, Node]]] = []
+    for link in suspected_links(nodes, pairs, suspects):
+        home = next((r for r in links if not {m for p in r for m in p} & set(link)), None)
+        if home is None:
+            links.append([link])
+        else:
+            home.append(link)
+    return rounds + links
 
 
 def _sync(device) -> None:  # type: ignore[no-untyped-def]
@@ -283,7 +325,7 @@ def main() -> int:
                 if isinstance(f["busbw_gbps"], float) and isinstance(f["ranks"], list):
                     pairs[tuple(f["ranks"])] = f["busbw_gbps"]
         suspects = suspected(list(range(world)), pairs)
-        plan = [confirm_rounds(list(range(world)), pairs, suspects)]
+        plan = [remeasure_plan(list(range(world)), pairs)]
         result["suspects"] = suspects
     dist.broadcast_object_list(plan, src=0)
     confirm: list[list[dict[str, object]]] = []

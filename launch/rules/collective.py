@@ -35,18 +35,17 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from launch.nodelib.fleetrun_collective import (
+    LINK_RATIO,
     MARK,
     SLOW_RATIO,
     best_of_pairs,
     confirm_rounds,
+    remeasure_plan,
     ring_rounds,
     suspected,
+    suspected_links,
 )
 
-LINK_RATIO = 0.25
-"""A slow link rests on one pair's figure (a node's on the better of two), so it must be further
-under the typical: on a loaded 2-core local fleet healthy pairs spread 4x (0.08-0.34 GB/s), a
-20 Mbit/s link is 40x under."""
 MAX_LINE = 4 * 1024**2
 """Rank 0's line holds every group's figure of every round: some 100 bytes a node a round."""
 SAVED_VERSION = 3
@@ -55,7 +54,7 @@ and ``slow_links`` (1: one launch per group)."""
 
 Group = tuple[str, ...]
 
-__all__ = ["MARK", "SLOW_RATIO", "confirm_rounds", "ring_rounds", "suspected"]
+__all__ = ["LINK_RATIO", "MARK", "SLOW_RATIO", "confirm_rounds", "ring_rounds", "suspected"]
 
 
 @dataclass(frozen=True)
@@ -150,9 +149,14 @@ def parse_result(stdout: str, nodes: Sequence[str]) -> Measured:
         measured.rounds.append([(tuple(nodes[r] for r in g), result(index, g, figures)) for g in groups])
     # the re-measure as rank 0 planned it: recomputed here from the same figures, so a group
     # the line claims outside that plan is ignored like any group outside the schedule
-    pairs = {g: v for (index, g), v in figures.items() if index > 0 and v is not None}
+    pairs = {
+        g: v
+        for index, groups in enumerate(expected[1:], start=1)
+        for g in groups
+        if (v := figures.get((index, g))) is not None
+    }
     ranks_order = list(range(len(nodes)))
-    plan = confirm_rounds(ranks_order, pairs, suspected(ranks_order, pairs))
+    plan = remeasure_plan(ranks_order, pairs)
     again: dict[tuple[int, tuple[int, ...]], float | None] = {}
     confirm = data.get("confirm")
     for index, groups in enumerate(confirm[: len(plan)] if isinstance(confirm, list) else []):
@@ -177,6 +181,10 @@ class CollectiveReport:
     """Nodes whose ring pairs were slow because of them (re-measured)."""
     confirm: dict[str, tuple[str, GroupResult]] = field(default_factory=dict)
     """Each suspect's re-measure: (partner, result)."""
+    suspected_links: list[tuple[str, str]] = field(default_factory=list)
+    """The ring's pairs under ``link_ratio`` times the median, neither node suspected (re-measured)."""
+    link_confirm: dict[tuple[str, str], GroupResult] = field(default_factory=dict)
+    """Each suspected link's re-measure (the same pair again)."""
     slow: list[str] = field(default_factory=list)
     """The suspects their re-measure confirmed: the named ones."""
     slow_links: list[tuple[str, str]] = field(default_factory=list)
@@ -198,6 +206,7 @@ class CollectiveReport:
             ],
             "per_node_gbps": dict(self.per_node),
             "suspected": list(self.suspected),
+            "suspected_links": [list(p) for p in self.suspected_links],
             "confirm": [
                 {"node": n, "partner": p, "gbps": r.busbw_gbps, "error": r.error or None}
                 for n, (p, r) in self.confirm.items()
@@ -227,11 +236,14 @@ def locate(
         return report
     report.median_gbps = median = statistics.median(report.per_node.values())
     report.suspected = suspected(nodes, pairs, ratio)
+    report.suspected_links = suspected_links(nodes, pairs, report.suspected, link_ratio)
     for groups in measured.confirm:
         for group, result in groups:
             report.measured.append((group, result))
             if group[0] in report.suspected and group[0] not in report.confirm:
                 report.confirm[group[0]] = (group[1], result)
+            elif (link := (group[0], group[1])) in report.suspected_links:
+                report.link_confirm.setdefault(link, result)
             if result.busbw_gbps is not None:  # a pair like any other: the nodes' best includes it
                 for node in group:
                     report.per_node[node] = max(report.per_node.get(node, 0.0), result.busbw_gbps)
@@ -243,10 +255,13 @@ def locate(
         and (again := report.confirm[n][1].busbw_gbps) is not None
         and again < ratio * median
     ]
+    # a link too: named when the same pair, re-measured without the ring's load, is still slow
     report.slow_links = [
-        (g[0], g[1])
-        for g, v in pairs.items()
-        if v < link_ratio * median and len(g) == 2 and not set(g) & set(report.slow)
+        link
+        for link in report.suspected_links
+        if (redo := report.link_confirm.get(link)) is not None
+        and redo.busbw_gbps is not None
+        and redo.busbw_gbps < link_ratio * median
     ]
     return report
 
