@@ -419,7 +419,9 @@ def test_a_contended_round_suspects_links_that_their_remeasure_clears() -> None:
     report = locate(NODES16, parse_result(line(NODES16, ring, again=remeasure), NODES16))
     assert report.suspected_links == [("n02", "n03"), ("n06", "n07"), ("n14", "n15")]
     assert report.slow == ["n11"] and report.slow_links == []
-    assert [n for n, lv, _m in verdict_lines(report) if lv != "ok"] == ["n11"]
+    lines = {node: (lv, msg) for node, lv, msg in verdict_lines(report)}
+    assert [n for n, (lv, _m) in lines.items() if lv != "ok"] == ["n11"]
+    assert lines["fleet"][1].endswith("confirmed by a re-measure; 3 link(s) suspected, 0 confirmed")
     ring6 = {(0, 1): 0.5, (1, 2): 0.05, (2, 3): 0.5, (3, 4): 0.05, (4, 5): 0.5, (5, 0): 0.5}
     assert remeasure_plan(list(range(6)), ring6) == [[(1, 2), (3, 4)]], "the same pairs, disjoint: one round"
 

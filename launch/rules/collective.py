@@ -49,7 +49,7 @@ from launch.nodelib.fleetrun_collective import (
 MAX_LINE = 4 * 1024**2
 """Rank 0's line holds every group's figure of every round: some 100 bytes a node a round."""
 SAVED_VERSION = 3
-"""The saved result's format: 3 adds ``suspected`` and ``confirm`` (the re-measure), 2 ``rounds``
+"""The saved result's format: 3 adds ``suspected``, ``suspected_links`` and ``confirm`` (the re-measure), 2 ``rounds``
 and ``slow_links`` (1: one launch per group)."""
 
 Group = tuple[str, ...]
@@ -282,6 +282,8 @@ def verdict_lines(report: CollectiveReport) -> list[tuple[str, str, str]]:
             if report.median_gbps is not None
             else ""
         )
+        if report.suspected_links:
+            ring += f"; {len(report.suspected_links)} link(s) suspected, {len(report.slow_links)} confirmed"
         lines.append(
             (
                 "fleet",
