@@ -284,6 +284,8 @@ def collective_row(trials: int, env: dict[str, str], rate: str) -> dict[str, Any
                         "collective_s": record.get("seconds"),
                         "measurements": len(record.get("groups", [])) if record else None,
                         "fleet_gbps": record.get("fleet_gbps"),
+                        "suspected": record.get("suspected"),
+                        "confirmed": record.get("slow"),
                         "per_node_gbps": record.get("per_node_gbps"),
                         "load_1m": [before, load()],
                     }

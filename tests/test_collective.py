@@ -12,15 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from launch.nodelib.fleetrun_collective import MARK
+from launch.nodelib.fleetrun_collective import MARK, remeasure_plan
 from launch.rules.collective import (
     MAX_LINE,
     SAVED_VERSION,
+    confirm_rounds,
     locate,
     parse_result,
     ring_rounds,
     saved_result,
     schedule,
+    suspected,
     verdict_lines,
 )
 
@@ -29,21 +31,38 @@ IMAGE_PYTHON = Path("/opt/fleetrun/image/venv/bin/python")
 
 
 def line(
-    nodes: Sequence[str], bw: Callable[[tuple[str, ...]], float], rounds: int | None = None, **extra: object
+    nodes: Sequence[str],
+    bw: Callable[[tuple[str, ...]], float],
+    rounds: int | None = None,
+    again: Callable[[tuple[str, ...]], float | None] | None = None,
+    **extra: object,
 ) -> str:
-    """Rank 0's result line as the node script writes it, a group's figure from ``bw``."""
+    """Rank 0's result line as the node script writes it, a group's figure from ``bw``; the
+    re-measure planned as rank 0 plans it (``suspected``/``confirm_rounds`` over the ring's
+    figures), a re-measured pair's figure from ``again`` (``bw`` when not given)."""
+    schedule_ = ring_rounds(len(nodes))[:rounds]
     done = [
         [{"ranks": list(g), "seconds": 0.1, "busbw_gbps": bw(tuple(nodes[r] for r in g))} for g in groups]
-        for groups in ring_rounds(len(nodes))[:rounds]
+        for groups in schedule_
+    ]
+    pairs = {tuple(f["ranks"]): f["busbw_gbps"] for groups in done[1:] for f in groups}  # type: ignore[misc]
+    ranks = list(range(len(nodes)))
+    suspects = suspected(ranks, pairs)  # type: ignore[arg-type]
+    remeasure = again or bw
+    confirm = [
+        [{"ranks": [a, b], "seconds": 0.1, "busbw_gbps": remeasure((nodes[a], nodes[b]))} for a, b in groups]
+        for groups in remeasure_plan(ranks, pairs)  # type: ignore[arg-type]
     ]
     data = {
-        "version": 2,
+        "version": 3,
         "backend": "gloo",
         "world": len(nodes),
         "bytes": 8,
         "reps": 1,
         "ranks": [{"host": f"h{i}", "gflops": 10.0 + i} for i in range(len(nodes))],
         "rounds": done,
+        "suspects": suspects,
+        "confirm": confirm,
         **extra,
     }
     return "torch noise\n" + MARK + json.dumps(data) + "\nmore noise\n"
@@ -86,15 +105,21 @@ def test_sixteen_nodes_one_slow_node_named_from_one_launch() -> None:
     measured = parse_result(line(NODES16, slowed({"n11"})), NODES16)
     report = locate(NODES16, measured)
     assert report.slow == ["n11"] and report.slow_links == []
-    assert report.rounds == 3 and len(report.measured) == 1 + 16
+    assert report.rounds == 3 and len(report.measured) == 1 + 16 + 1, "the ring, then one re-measure"
+    assert report.suspected == ["n11"] and report.confirm["n11"][0] == "n00", "a fresh, fast partner"
     assert report.per_node["n11"] == 0.002 and report.per_node["n10"] == 0.2
     assert report.median_gbps == 0.2
     lines = {node: (lv, msg) for node, lv, msg in verdict_lines(report)}
     assert lines["n11"] == (
         "error",
-        "0.002 GB/s in its pair test, under 0.5x the typical 0.200 GB/s: a slow node or link",
+        "0.002 GB/s in its pair test, under 0.5x the typical 0.200 GB/s, confirmed with n00 "
+        "(0.002 GB/s): a slow node or link",
     )
-    assert lines["fleet"] == ("ok", "all-reduce 0.002 GB/s over gloo, matmul 10.0-25.0 GFLOP/s per node")
+    assert lines["fleet"] == (
+        "ok",
+        "all-reduce 0.002 GB/s over gloo, matmul 10.0-25.0 GFLOP/s per node; "
+        "1 suspected in the ring of pairs, 1 confirmed by a re-measure",
+    )
     assert [n for n, (lv, _m) in lines.items() if lv != "ok"] == ["n11"]
 
 
@@ -158,13 +183,17 @@ def test_two_nodes_names_nobody() -> None:
     assert report.per_node == {"a": 0.002, "b": 0.002} and report.slow == []
 
 
-def test_healthy_sixteen_names_nobody_and_saves_a_readable_version_2() -> None:
+def test_healthy_sixteen_names_nobody_and_saves_a_readable_version_3() -> None:
     report = locate(NODES16, parse_result(line(NODES16, slowed()), NODES16))
     assert report.slow == [] and report.slow_links == [] and len(report.per_node) == 16
+    assert report.suspected == [] and len(report.measured) == 17, "nothing suspected, nothing re-measured"
     saved = saved_result(json.dumps({"time": 1.0, "nodes": NODES16, **report.to_json()}))
-    assert saved.version == SAVED_VERSION == 2 and saved.per_node_gbps["n03"] == 0.2
+    assert saved.version == SAVED_VERSION == 3 and saved.per_node_gbps["n03"] == 0.2
     old = saved_result(json.dumps({"time": 1.0, "nodes": ["a"], "fleet_gbps": 0.1, "groups": []}))
-    assert old.version == 1 and old.slow_links == (), "a saved result from before still reads"
+    assert old.version == 1 and old.slow_links == () and old.suspected == (), "a result from before reads"
+    v2 = {"version": 2, "time": 1.0, "nodes": ["a", "b", "c"], "slow": ["c"], "slow_links": [["a", "b"]]}
+    two = saved_result(json.dumps({**v2, "per_node_gbps": {"a": 0.2, "b": 0.2, "c": 0.01}, "rounds": 3}))
+    assert two.version == 2 and two.slow == ("c",) and two.suspected == ()
 
 
 def test_missing_results() -> None:
@@ -233,3 +262,177 @@ def test_node_script_runs_concurrent_pair_groups_under_torchrun(tmp_path: Path) 
         [g for g, r in groups if r.busbw_gbps is not None and r.busbw_gbps > 0] for groups in measured.rounds
     ]
     assert got == [[("r0", "r1"), ("r2", "r3")], [("r1", "r2"), ("r3", "r4")], [("r4", "r0")]], measured
+
+
+# -- the confirmation: suspects re-measured in the same launch --------------------------------------
+# The ring's figures of a healthy 16-node fleet at load over 14 (the false names before the
+# re-measure): n06 at 0.17 in both its pairs against a median of 0.36, its partners fine elsewhere.
+CONTENTION = {("n05", "n06"): 0.17, ("n06", "n07"): 0.17}
+
+
+def contended(group: tuple[str, ...]) -> float:
+    return CONTENTION.get(group, 0.36)
+
+
+def test_a_contention_blip_suspected_but_not_confirmed_is_not_named() -> None:
+    """The ring suspects n06 (0.47x); its re-measure with a node not suspected, the suspects'
+    pairs alone, comes back at the fleet's figure: cleared, nobody named, the counts told."""
+    report = locate(NODES16, parse_result(line(NODES16, contended), NODES16))
+    assert report.suspected == ["n06"] and report.slow == [] and report.slow_links == []
+    partner, again = report.confirm["n06"]
+    assert partner not in ("n05", "n07") and again.busbw_gbps == 0.36
+    assert report.per_node["n06"] == 0.36, "its best pair, the re-measure's included"
+    assert report.ring_per_node["n06"] == 0.17
+    lines = {node: (lv, msg) for node, lv, msg in verdict_lines(report)}
+    assert all(lv == "ok" for lv, _m in lines.values())
+    assert (
+        lines["n06"][1]
+        == f"0.360 GB/s in its pair test: 0.170 GB/s in the ring, cleared by its re-measure with {partner}"
+    )
+    assert lines["fleet"][1].endswith("1 suspected in the ring of pairs, 0 confirmed by a re-measure")
+    saved = saved_result(json.dumps({"time": 1.0, "nodes": NODES16, **report.to_json()}))
+    assert saved.suspected == ("n06",) and saved.slow == ()
+
+
+def test_a_real_slow_link_confirmed_by_its_remeasure_is_named() -> None:
+    """n11 behind a slow link: slow in the ring, slow again with a fresh partner -> named; the
+    contention blip beside it (n06) in the same launch is cleared."""
+
+    def ring(group: tuple[str, ...]) -> float:
+        return 0.004 if "n11" in group else contended(group)
+
+    report = locate(NODES16, parse_result(line(NODES16, ring), NODES16))
+    assert report.suspected == ["n06", "n11"] and report.slow == ["n11"]
+    assert len({report.confirm["n06"][0], report.confirm["n11"][0]}) == 2, "disjoint pairs, one round"
+    lines = {node: (lv, msg) for node, lv, msg in verdict_lines(report)}
+    assert [n for n, (lv, _m) in lines.items() if lv != "ok"] == ["n11"]
+    assert lines["n11"][1].endswith("(0.004 GB/s): a slow node or link")
+    assert lines["fleet"][1].endswith("2 suspected in the ring of pairs, 1 confirmed by a re-measure")
+    # a re-measure barely faster is still a confirmation: under 0.5x the ring's median
+    again = locate(NODES16, parse_result(line(NODES16, ring, again=lambda g: 0.17), NODES16))
+    assert again.slow == ["n06", "n11"]
+
+
+def test_a_suspect_without_a_remeasure_is_a_warning_not_a_name() -> None:
+    """The launch ended before the re-measure (or its figure is bad): not named, but warned."""
+    report = locate(NODES16, parse_result(line(NODES16, slowed({"n11"}), confirm=[]), NODES16))
+    assert report.suspected == ["n11"] and report.slow == []
+    lines = {node: (lv, msg) for node, lv, msg in verdict_lines(report)}
+    assert (
+        lines["n11"][0] == "warn"
+        and "not confirmed: its re-measure with n00 has no figure" in lines["n11"][1]
+    )
+    assert "not measured" in lines["n11"][1]
+    bad = locate(NODES16, parse_result(line(NODES16, slowed({"n11"}), again=lambda g: None), NODES16))
+    assert bad.slow == [] and "no bandwidth" in bad.confirm["n11"][1].error
+
+
+def test_the_remeasure_plan_pairs_every_suspect_with_a_node_not_suspected() -> None:
+    nodes = list(range(6))
+    ring = {(0, 1): 0.01, (1, 2): 0.01, (2, 3): 0.3, (3, 4): 0.2, (4, 5): 0.25, (5, 0): 0.01}
+    assert suspected(nodes, ring) == [0, 1]
+    plan = confirm_rounds(nodes, ring, [0, 1])
+    assert plan == [[(0, 2), (1, 3)]], "the fastest free node, not a ring partner, disjoint"
+    many = confirm_rounds(nodes, ring, [0, 1, 2, 5])  # more suspects than the others: rounds
+    assert [len(r) for r in many] == [2, 2] and all(p in (3, 4) for r in many for _s, p in r)
+    assert confirm_rounds(nodes, ring, nodes) == [], "nobody left to pair with"
+    assert confirm_rounds(nodes, ring, []) == []
+
+
+def test_a_hostile_confirm_part_is_ignored_outside_the_plan() -> None:
+    """The line claims re-measures the ring's figures do not call for, or for the wrong pair:
+    only the plan recomputed from the figures counts (a healthy fleet stays healthy, a slow
+    node's claimed fast re-measure with a partner off the plan does not clear it)."""
+    healthy = json.loads(line(NODES16, slowed()).splitlines()[1][len(MARK) :])
+    healthy["confirm"] = [[{"ranks": [3, 4], "busbw_gbps": 0.0001}], "junk", [{"ranks": [0, True]}]]
+    report = locate(NODES16, parse_result(MARK + json.dumps(healthy), NODES16))
+    assert report.suspected == [] and report.slow == [] and len(report.measured) == 17
+    slow = json.loads(line(NODES16, slowed({"n11"})).splitlines()[1][len(MARK) :])
+    slow["confirm"] = [[{"ranks": [11, 5], "busbw_gbps": 9.0}, {"ranks": [11, 0, 2], "busbw_gbps": 9.0}]]
+    report = locate(NODES16, parse_result(MARK + json.dumps(slow), NODES16))
+    assert report.slow == [] and report.confirm["n11"][1].busbw_gbps is None, "off the plan: no figure"
+    slow["confirm"] = [[{"ranks": [11, 0], "busbw_gbps": value}] for value in ('"x"',)] + [[]] * 10_000
+    report = locate(NODES16, parse_result(MARK + json.dumps(slow), NODES16))
+    assert report.slow == [] and len(report.measured) == 18
+
+
+SLOWED_RANK = """
+import os, sys, time
+sys.path.insert(0, os.environ["SCRIPT_DIR"])
+import torch.distributed as dist
+import fleetrun_collective as script
+
+if os.environ.get("RANK") == "3":  # this rank's link stood in for: every large all-reduce waits
+    plain = dist.all_reduce
+
+    def slow(tensor, *args, **kwargs):
+        if tensor.numel() > 4096:
+            time.sleep(0.3)
+        return plain(tensor, *args, **kwargs)
+
+    dist.all_reduce = slow
+sys.exit(script.main())
+"""
+
+
+@pytest.mark.skipif(not IMAGE_PYTHON.exists(), reason="the node image's python (with torch) is not here")
+def test_node_script_remeasures_a_slow_rank_in_the_same_launch(tmp_path: Path) -> None:
+    """Five ranks (gloo), rank 3's all-reduces slowed: rank 0 suspects it from the ring, broadcasts
+    the plan, every rank runs it in the same launch, and the laptop's reading confirms it."""
+    wrapper = tmp_path / "slowed.py"
+    wrapper.write_text(SLOWED_RANK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_", "LOCAL_"))}
+    env.update(
+        FLEETRUN_COLLECTIVE_MB="0.25",
+        FLEETRUN_COLLECTIVE_REPS="2",
+        OMP_NUM_THREADS="1",
+        SCRIPT_DIR=str(ROOT / "launch" / "nodelib"),
+    )
+    argv = [str(IMAGE_PYTHON), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "5"]
+    proc = subprocess.run(
+        [*argv, str(wrapper)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    nodes = [f"r{i}" for i in range(5)]
+    last = json.loads([x for x in proc.stdout.splitlines() if x.startswith(MARK)][-1][len(MARK) :])
+    assert last["version"] == 3 and 3 in last["suspects"], last
+    pair = next(p for r in last["confirm"] for p in r if p["ranks"][0] == 3)
+    assert pair["ranks"][1] not in (2, 4) and pair["reps"] >= 2, pair
+    report = locate(nodes, parse_result(proc.stdout, nodes))
+    assert report.suspected == [f"r{r}" for r in last["suspects"]], "the laptop's plan is rank 0's"
+    assert "r3" in report.slow and report.confirm["r3"][0] == f"r{pair['ranks'][1]}", report
+
+
+def test_a_contended_round_suspects_links_that_their_remeasure_clears() -> None:
+    """Seen in the bench at load 15 (these figures): round 1 as a whole ran at 0.1-0.2 GB/s,
+    round 2 at 0.55, so three healthy round-1 pairs fell under 0.25x the median: suspected links,
+    re-measured as the same pair again, cleared; the slow node 11 beside them still named. A link
+    whose re-measure is as slow is named."""
+    round1 = {("n02", "n03"): 0.115, ("n06", "n07"): 0.0922, ("n14", "n15"): 0.0945}
+
+    def ring(group: tuple[str, ...]) -> float:
+        return 0.0024 if "n11" in group else round1.get(group, 0.15 if int(group[0][1:]) % 2 == 0 else 0.55)
+
+    def remeasure(group: tuple[str, ...]) -> float:
+        return 0.0024 if "n11" in group else 0.3
+
+    report = locate(NODES16, parse_result(line(NODES16, ring, again=remeasure), NODES16))
+    assert report.suspected_links == [("n02", "n03"), ("n06", "n07"), ("n14", "n15")]
+    assert report.slow == ["n11"] and report.slow_links == []
+    lines = {node: (lv, msg) for node, lv, msg in verdict_lines(report)}
+    assert [n for n, (lv, _m) in lines.items() if lv != "ok"] == ["n11"]
+    assert lines["fleet"][1].endswith("confirmed by a re-measure; 3 link(s) suspected, 0 confirmed")
+    ring6 = {(0, 1): 0.5, (1, 2): 0.05, (2, 3): 0.5, (3, 4): 0.05, (4, 5): 0.5, (5, 0): 0.5}
+    assert remeasure_plan(list(range(6)), ring6) == [[(1, 2), (3, 4)]], "the same pairs, disjoint: one round"
+
+    def still(group: tuple[str, ...]) -> float:
+        return 0.0024 if "n11" in group else (0.1 if group in round1 else 0.5)
+
+    confirmed = locate(NODES16, parse_result(line(NODES16, ring, again=still), NODES16))
+    assert confirmed.slow == ["n11"] and confirmed.slow_links == [
+        ("n02", "n03"),
+        ("n06", "n07"),
+        ("n14", "n15"),
+    ]
+    saved = saved_result(json.dumps({"time": 1.0, "nodes": NODES16, **report.to_json()}))
+    assert saved.slow_links == () and saved.version == 3

@@ -328,7 +328,9 @@ def collective_check(
         return
     console.print(f"collective: all-reduce and matmul on {len(usable)} nodes through torchrun ...")
     sizes = {
-        k: v for k in ("FLEETRUN_COLLECTIVE_MB", "FLEETRUN_COLLECTIVE_REPS") if (v := os.environ.get(k, ""))
+        k: v
+        for k in ("FLEETRUN_COLLECTIVE_MB", "FLEETRUN_COLLECTIVE_REPS", "FLEETRUN_COLLECTIVE_CONFIRM_REPS")
+        if (v := os.environ.get(k, ""))
     }
     sizes = {k: v for k, v in sizes.items() if v.replace(".", "", 1).isdigit() and len(v) < 10}
     report, seconds = test.check(fleet, usable, port, sizes)

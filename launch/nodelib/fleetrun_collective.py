@@ -24,6 +24,17 @@ Rank 0 prints ``FLEETRUN_COLLECTIVE {json}`` after each round with every round s
 that dies in round 2 still leaves round 0 and 1); the laptop reads the last one as untrusted
 input (``launch.rules.collective``). Sizes come from the environment (``FLEETRUN_COLLECTIVE_MB``,
 ``FLEETRUN_COLLECTIVE_REPS``) so a test can keep it short.
+
+Then, in the same launch, the confirmation: rank 0 takes the ring's pair figures, names the
+suspects (``suspected``: the nodes whose pairs were slow because of them; ``suspected_links``)
+and broadcasts a plan (``remeasure_plan``: each suspect paired with a node not suspected, each
+suspected link the same pair again); the suspects' pairs are
+re-measured, ``CONFIRM_REPS`` repetitions at least two, the best kept, and the line gets a
+``confirm`` part. Why: on a loaded shared machine CPU contention alone gave a healthy node 0.49x
+in the ring (N/2 pairs at once); the re-measure runs only the suspects' pairs, so contention
+fades and a slow link stays slow. A second torchrun launch would cost a torch start per node
+(~2.5 CPU-s each), far more than these few seconds. Rank 0 decides on the rounded figures it
+prints, so the laptop recomputes the same plan from the line and trusts only that.
 """
 
 from __future__ import annotations
@@ -32,17 +43,33 @@ import datetime
 import json
 import os
 import socket
+import statistics
 import sys
 import time
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
 MARK = "FLEETRUN_COLLECTIVE "
-VERSION = 2
+VERSION = 3
+"""The result line's format: 3 adds ``suspects`` and ``confirm`` (2: the single launch with rounds,
+1: one launch per group)."""
 BUDGET_S = 1.0
 """A group does no more repetitions after its first than fit in this (none when the first took
 longer): a slow link's one repetition is already a long, exact measurement (a 20 Mbit/s link took
 3.5 s a pair all-reduce of 8 MiB; 4 repetitions and a full-size warm-up in each of 3 rounds were
 about 70 s of a 16-node doctor's 122 s)."""
-"""The result line's format: 2 is the single launch with rounds (1 was one launch per group)."""
+CONFIRM_REPS = 3
+"""A suspect's re-measure: this many repetitions (``FLEETRUN_COLLECTIVE_CONFIRM_REPS``), the best
+kept, as bandwidth tests do; never fewer than two (one figure is what a blip spoils)."""
+CONFIRM_BUDGET_S = 2.0
+"""Repetitions after the second stop once they would pass this (a slow link's are seconds each)."""
+SLOW_RATIO = 0.5
+"""A node under this times the median node's figure and its partners' figures elsewhere is suspected."""
+LINK_RATIO = 0.25
+"""A pair under this times the median node's figure, neither node suspected, is a suspected link
+(one figure, so a stricter bound)."""
+
+Node = TypeVar("Node", bound=Hashable)
 
 
 def ring_rounds(world: int) -> list[list[tuple[int, ...]]]:
@@ -65,6 +92,108 @@ def ring_rounds(world: int) -> list[list[tuple[int, ...]]]:
         else:
             (odd if i % 2 else even).append(pair)
     return rounds + [r for r in (even, odd, last) if r]
+
+
+def best_of_pairs(nodes: Sequence[Node], pairs: Mapping[tuple[Node, ...], float]) -> dict[Node, float]:
+    """Each node's figure: its best pair (nodes in no measured pair left out), in ``nodes`` order."""
+    found: dict[Node, float] = {}
+    for node in nodes:
+        own = [v for g, v in pairs.items() if node in g]
+        if own:
+            found[node] = max(own)
+    return found
+
+
+def suspected(
+    nodes: Sequence[Node], pairs: Mapping[tuple[Node, ...], float], ratio: float = SLOW_RATIO
+) -> list[Node]:
+    """The nodes whose pairs were slow because of them, in ``nodes`` order: the best pair under
+    ``ratio`` times the median node's, and under ``ratio`` times its partners' figures in their
+    other pairs (a partner slow there too left out: its other pair says nothing of this node).
+    Shared by rank 0 (ranks, to plan the re-measure) and the laptop (``launch.rules.collective``)."""
+    per_node = best_of_pairs(nodes, pairs)
+    if len(per_node) < 3:
+        return []
+    median = statistics.median(per_node.values())
+
+    def partners_elsewhere(node: Node) -> float | None:
+        found = []
+        for group in pairs:
+            if node in group:
+                for partner in group:
+                    other = [v for g, v in pairs.items() if partner in g and node not in g]
+                    if partner != node and other and max(other) >= ratio * median:
+                        found.append(max(other))
+        return min(found) if found else None
+
+    return [
+        n
+        for n, v in per_node.items()
+        if v < ratio * median and ((ref := partners_elsewhere(n)) is None or v < ratio * ref)
+    ]
+
+
+def confirm_rounds(
+    nodes: Sequence[Node], pairs: Mapping[tuple[Node, ...], float], suspects: Sequence[Node]
+) -> list[list[tuple[Node, Node]]]:
+    """The re-measure's plan: each suspect (in order) with a node not suspected, the fastest free
+    one by its best pair, not a ring partner of the suspect where one is free (a fresh partner:
+    a slow link to a neighbour is not taken for a slow node); pairs disjoint in a round, rounds
+    until every suspect has its pair (one round while suspects are fewer than the others).
+    None when no node is left unsuspected."""
+    per_node = best_of_pairs(nodes, pairs)
+    healthy = sorted((n for n in per_node if n not in suspects), key=lambda n: -per_node[n])
+    left = [s for s in suspects if s in per_node]
+    rounds: list[list[tuple[Node, Node]]] = []
+    while left and healthy:
+        free = list(healthy)
+        this: list[tuple[Node, Node]] = []
+        while left and free:
+            node = left.pop(0)
+            ring = {m for g in pairs if node in g for m in g}
+            partner = next((h for h in free if h not in ring), free[0])
+            free.remove(partner)
+            this.append((node, partner))
+        rounds.append(this)
+    return rounds
+
+
+def suspected_links(
+    nodes: Sequence[Node],
+    pairs: Mapping[tuple[Node, ...], float],
+    suspects: Sequence[Node],
+    ratio: float = LINK_RATIO,
+) -> list[tuple[Node, Node]]:
+    """The ring's pairs under ``ratio`` times the median node's figure whose nodes are not
+    suspected (a suspect's slow pairs are its own): re-measured as they are, the same pair again
+    (a whole contended round once put three healthy pairs at 0.17-0.22x)."""
+    per_node = best_of_pairs(nodes, pairs)
+    if len(per_node) < 3:
+        return []
+    median = statistics.median(per_node.values())
+    return [
+        (g[0], g[1])
+        for g, v in pairs.items()
+        if len(g) == 2 and v < ratio * median and not set(g) & set(suspects)
+    ]
+
+
+def remeasure_plan(
+    nodes: Sequence[Node], pairs: Mapping[tuple[Node, ...], float]
+) -> list[list[tuple[Node, Node]]]:
+    """Every re-measure of one launch: the suspects' rounds (``confirm_rounds``), then the
+    suspected links, packed into rounds of disjoint pairs (in order, each in the first round it
+    fits)."""
+    suspects = suspected(nodes, pairs)
+    rounds = confirm_rounds(nodes, pairs, suspects)
+    links: list[list[tuple[Node, Node]]] = []
+    for link in suspected_links(nodes, pairs, suspects):
+        home = next((r for r in links if not {m for p in r for m in p} & set(link)), None)
+        if home is None:
+            links.append([link])
+        else:
+            home.append(link)
+    return rounds + links
 
 
 def _sync(device) -> None:  # type: ignore[no-untyped-def]
@@ -104,6 +233,7 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     size_mb = float(os.environ.get("FLEETRUN_COLLECTIVE_MB", "64" if gpu else "8"))
     reps = int(os.environ.get("FLEETRUN_COLLECTIVE_REPS", "10" if gpu else "4"))
+    confirm_reps = max(2, int(float(os.environ.get("FLEETRUN_COLLECTIVE_CONFIRM_REPS", str(CONFIRM_REPS)))))
 
     def barrier() -> None:
         dist.barrier(device_ids=[local]) if gpu else dist.barrier()
@@ -120,8 +250,11 @@ def main() -> int:
     every: list[object] = [None] * world
     dist.all_gather_object(every, {"host": socket.gethostname()[:255], "gflops": round(gflops, 3)})
     ranks_info = every
-    done: list[list[dict[str, object]]] = []
-    for round_groups in groups:
+
+    def run_round(round_groups, most: int, least: int, budget: float) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+        """One round's groups at once, each timed alone: ``least`` repetitions at least, ``most``
+        at most, no more after ``least`` than fit in ``budget`` (the group's slowest first
+        repetition decides, the same on every member); figures on rank 0 only."""
         mine = next(((ranks, pg) for ranks, pg in round_groups if rank in ranks), None)
         if mine is not None:
             dist.all_reduce(small, group=mine[1])  # warm-up: connections / communicator set up
@@ -133,12 +266,12 @@ def main() -> int:
             dist.all_reduce(tensor, group=mine[1])
             _sync(device)
             first = time.perf_counter() - started
-            # the group's slowest first repetition decides how many more, the same on every member
             agreed = torch.tensor([first], dtype=torch.float64, device=device)
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=mine[1])
-            more = max(0, min(reps - 1, int(BUDGET_S / max(float(agreed.item()), 1e-9))))
+            fit = int(budget / max(float(agreed.item()), 1e-9))
+            more = max(least - 1, min(most - 1, fit))
             best = first
-            for _ in range(more):  # each timed alone: the fastest is the link's, the rest is noise
+            for _ in range(more):  # the fastest is the link's, the rest is noise
                 started = time.perf_counter()
                 dist.all_reduce(tensor, group=mine[1])
                 _sync(device)
@@ -146,34 +279,63 @@ def main() -> int:
             timed = (best, 1 + more)
         seconds: list[object] = [None] * world
         dist.all_gather_object(seconds, timed)
+        figures: list[dict[str, object]] = []
         if rank == 0:
-            figures = []
             for ranks, _pg in round_groups:
                 taken = [t for r in ranks if isinstance(t := seconds[r], tuple)]
                 slowest = max(t[0] for t in taken) if len(taken) == len(ranks) else None
-                count = taken[0][1] if taken else 0
                 n = len(ranks)
                 busbw = nbytes / slowest / 1e9 * 2 * (n - 1) / n if slowest and slowest > 0 else None
                 figures.append(
                     {
                         "ranks": list(ranks),
-                        "reps": count,
+                        "reps": taken[0][1] if taken else 0,
                         "seconds": None if slowest is None else round(slowest, 4),
                         "busbw_gbps": None if busbw is None else round(busbw, 4),
                     }
                 )
+        return figures
+
+    result: dict[str, object] = {
+        "version": VERSION,
+        "backend": backend,
+        "world": world,
+        "bytes": nbytes,
+        "reps": reps,
+        "ranks": ranks_info,
+    }
+
+    def report() -> None:
+        sys.stdout.write(MARK + json.dumps(result) + "\n")
+        sys.stdout.flush()
+
+    done: list[list[dict[str, object]]] = []
+    for round_groups in groups:
+        figures = run_round(round_groups, reps, 1, BUDGET_S)
+        if rank == 0:
             done.append(figures)
-            result = {
-                "version": VERSION,
-                "backend": backend,
-                "world": world,
-                "bytes": nbytes,
-                "reps": reps,
-                "ranks": ranks_info,
-                "rounds": done,
-            }
-            sys.stdout.write(MARK + json.dumps(result) + "\n")
-            sys.stdout.flush()
+            result["rounds"] = done
+            report()
+    # the confirmation: rank 0 plans it from the figures it printed, every rank runs the plan
+    plan: list[object] = [[]]
+    if rank == 0:
+        pairs: dict[tuple[int, ...], float] = {}
+        for figures in done[1:]:
+            for f in figures:
+                if isinstance(f["busbw_gbps"], float) and isinstance(f["ranks"], list):
+                    pairs[tuple(f["ranks"])] = f["busbw_gbps"]
+        suspects = suspected(list(range(world)), pairs)
+        plan = [remeasure_plan(list(range(world)), pairs)]
+        result["suspects"] = suspects
+    dist.broadcast_object_list(plan, src=0)
+    confirm: list[list[dict[str, object]]] = []
+    for pair_round in plan[0]:  # type: ignore[attr-defined]
+        round_groups = [(tuple(p), dist.new_group(list(p))) for p in pair_round]
+        figures = run_round(round_groups, confirm_reps, 2, CONFIRM_BUDGET_S)
+        if rank == 0:
+            confirm.append(figures)
+            result["confirm"] = confirm
+            report()
     dist.destroy_process_group()
     return 0
 

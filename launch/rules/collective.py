@@ -8,10 +8,15 @@ laptop round trip between rounds (starting torch is what costs; the measurements
 
 Every node is in two pairs, so:
 
-* a node's figure is its best pair: a node in two slow pairs is slow, named when under ``ratio``
+* a node's figure is its best pair: a node in two slow pairs is *suspected* when under ``ratio``
   times the median node's figure and under ``ratio`` times its partners' figures in their other
   pairs (its pairs were slow because of it, not of them: on a loaded shared machine CPU contention
-  alone spreads healthy pairs 4x);
+  alone spreads healthy pairs 4x; ``suspected`` in the node script, shared);
+* a suspect is *named* only when its re-measure in the same launch (paired with a node not
+  suspected, ``confirm_rounds``, the best of a few repetitions) is under ``ratio`` times the
+  ring's median too: a healthy 16-node fleet at load over 14 had nodes at 0.49x from CPU
+  contention alone (N/2 pairs at once); the re-measure runs the suspects' pairs alone. A suspect
+  whose re-measure is missing is a warning, not a name;
 * a slow pair (under ``link_ratio`` times the median: one figure, so a stricter bound) whose two
   nodes are fine in their other pair is a slow *link* between them.
 
@@ -29,21 +34,27 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from launch.nodelib.fleetrun_collective import MARK, ring_rounds
+from launch.nodelib.fleetrun_collective import (
+    LINK_RATIO,
+    MARK,
+    SLOW_RATIO,
+    best_of_pairs,
+    confirm_rounds,
+    remeasure_plan,
+    ring_rounds,
+    suspected,
+    suspected_links,
+)
 
-SLOW_RATIO = 0.5
-LINK_RATIO = 0.25
-"""A slow link rests on one pair's figure (a node's on the better of two), so it must be further
-under the typical: on a loaded 2-core local fleet healthy pairs spread 4x (0.08-0.34 GB/s), a
-20 Mbit/s link is 40x under."""
 MAX_LINE = 4 * 1024**2
 """Rank 0's line holds every group's figure of every round: some 100 bytes a node a round."""
-SAVED_VERSION = 2
-"""The saved result's format: 2 adds ``rounds`` and ``slow_links`` (1: one launch per group)."""
+SAVED_VERSION = 3
+"""The saved result's format: 3 adds ``suspected``, ``suspected_links`` and ``confirm`` (the re-measure), 2 ``rounds``
+and ``slow_links`` (1: one launch per group)."""
 
 Group = tuple[str, ...]
 
-__all__ = ["MARK", "ring_rounds"]
+__all__ = ["LINK_RATIO", "MARK", "SLOW_RATIO", "confirm_rounds", "ring_rounds", "suspected"]
 
 
 @dataclass(frozen=True)
@@ -61,10 +72,12 @@ class Measured:
 
     fleet: GroupResult
     rounds: list[list[tuple[Group, GroupResult]]] = field(default_factory=list)
+    confirm: list[list[tuple[Group, GroupResult]]] = field(default_factory=list)
+    """The re-measure's rounds, (suspect, partner) each, as planned from the ring's figures."""
 
     def with_error(self, error: str) -> Measured:
         """The same figures, the fleet's error told more precisely (by whoever ran the launch)."""
-        return Measured(GroupResult(None, error=error), self.rounds)
+        return Measured(GroupResult(None, error=error), self.rounds, self.confirm)
 
 
 def schedule(nodes: Sequence[str]) -> list[list[Group]]:
@@ -120,18 +133,39 @@ def parse_result(stdout: str, nodes: Sequence[str]) -> Measured:
             if isinstance(members, list) and all(type(r) is int for r in members[: len(nodes) + 1]):
                 figures[(index, tuple(members))] = _figure(entry.get("busbw_gbps"))
 
-    def result(index: int, ranks: tuple[int, ...]) -> GroupResult:
+    def result(
+        index: int, ranks: tuple[int, ...], got: dict[tuple[int, tuple[int, ...]], float | None]
+    ) -> GroupResult:
         key = (index, ranks)
-        if key not in figures:
+        if key not in got:
             return GroupResult(None, error="not measured (the launch ended before this round)")
-        bw = figures[key]
+        bw = got[key]
         if bw is None:
             return GroupResult(None, error="no bandwidth in the result")
-        return GroupResult(bw, flops if index == 0 else {}, str(backend))
+        return GroupResult(bw, flops if index == 0 and got is figures else {}, str(backend))
 
-    measured = Measured(result(0, expected[0][0]))
+    measured = Measured(result(0, expected[0][0], figures))
     for index, groups in enumerate(expected[1:], start=1):
-        measured.rounds.append([(tuple(nodes[r] for r in g), result(index, g)) for g in groups])
+        measured.rounds.append([(tuple(nodes[r] for r in g), result(index, g, figures)) for g in groups])
+    # the re-measure as rank 0 planned it: recomputed here from the same figures, so a group
+    # the line claims outside that plan is ignored like any group outside the schedule
+    pairs = {
+        g: v
+        for index, groups in enumerate(expected[1:], start=1)
+        for g in groups
+        if (v := figures.get((index, g))) is not None
+    }
+    ranks_order = list(range(len(nodes)))
+    plan = remeasure_plan(ranks_order, pairs)
+    again: dict[tuple[int, tuple[int, ...]], float | None] = {}
+    confirm = data.get("confirm")
+    for index, groups in enumerate(confirm[: len(plan)] if isinstance(confirm, list) else []):
+        for entry in groups[: len(nodes)] if isinstance(groups, list) else []:
+            members = entry.get("ranks") if isinstance(entry, dict) else None
+            if isinstance(members, list) and len(members) == 2 and all(type(r) is int for r in members):
+                again[(index, tuple(members))] = _figure(entry.get("busbw_gbps"))
+    for index, pair_round in enumerate(plan):
+        measured.confirm.append([((nodes[a], nodes[b]), result(index, (a, b), again)) for a, b in pair_round])
     return measured
 
 
@@ -139,14 +173,26 @@ def parse_result(stdout: str, nodes: Sequence[str]) -> Measured:
 class CollectiveReport:
     fleet: GroupResult | None = None
     measured: list[tuple[Group, GroupResult]] = field(default_factory=list)
-    """Every group measured, the fleet's first, in schedule order."""
+    """Every group measured, the fleet's first, in schedule order, then the re-measure's."""
     rounds: int = 0
     per_node: dict[str, float] = field(default_factory=dict)
-    """Each node's figure: its best pair."""
+    """Each node's figure: its best pair, the re-measure's included."""
+    suspected: list[str] = field(default_factory=list)
+    """Nodes whose ring pairs were slow because of them (re-measured)."""
+    confirm: dict[str, tuple[str, GroupResult]] = field(default_factory=dict)
+    """Each suspect's re-measure: (partner, result)."""
+    suspected_links: list[tuple[str, str]] = field(default_factory=list)
+    """The ring's pairs under ``link_ratio`` times the median, neither node suspected (re-measured)."""
+    link_confirm: dict[tuple[str, str], GroupResult] = field(default_factory=dict)
+    """Each suspected link's re-measure (the same pair again)."""
     slow: list[str] = field(default_factory=list)
+    """The suspects their re-measure confirmed: the named ones."""
     slow_links: list[tuple[str, str]] = field(default_factory=list)
     """Slow pairs whose two nodes are fine in their other pair."""
+    ring_per_node: dict[str, float] = field(default_factory=dict)
+    """Each node's best pair in the ring alone (what it was suspected on)."""
     median_gbps: float | None = None
+    """The ring's median node figure (before the re-measure: what the suspects were judged by)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -159,6 +205,12 @@ class CollectiveReport:
                 {"nodes": list(g), "gbps": r.busbw_gbps, "error": r.error or None} for g, r in self.measured
             ],
             "per_node_gbps": dict(self.per_node),
+            "suspected": list(self.suspected),
+            "suspected_links": [list(p) for p in self.suspected_links],
+            "confirm": [
+                {"node": n, "partner": p, "gbps": r.busbw_gbps, "error": r.error or None}
+                for n, (p, r) in self.confirm.items()
+            ],
             "slow": list(self.slow),
             "slow_links": [list(p) for p in self.slow_links],
         }
@@ -178,38 +230,38 @@ def locate(
                 pairs[group] = result.busbw_gbps
     if len(nodes) == 2 and measured.fleet.busbw_gbps is not None:
         report.per_node = {n: measured.fleet.busbw_gbps for n in nodes}  # the world is the pair
-    for node in nodes:
-        own = [v for g, v in pairs.items() if node in g]
-        if own:
-            report.per_node[node] = max(own)
+    report.per_node.update(best_of_pairs(nodes, pairs))
+    report.ring_per_node = dict(report.per_node)
     if len(report.per_node) < 3:
         return report
-    median = statistics.median(report.per_node.values())
-    report.median_gbps = median
-
-    def partners_elsewhere(node: str) -> float | None:
-        """The worst of this node's partners' figures in their other pairs, leaving out a partner
-        slow there too (its other pair says nothing of this node); None: no such figure."""
-        found = []
-        for group in pairs:
-            if node in group:
-                for partner in group:
-                    other = [v for g, v in pairs.items() if partner in g and node not in g]
-                    if partner != node and other and max(other) >= ratio * median:
-                        found.append(max(other))
-        return min(found) if found else None
-
-    # slow: under the median's bound, and its pairs slow because of it, not its partners (each
-    # fine elsewhere): on a loaded shared machine one pair's noise spreads healthy pairs 4x
+    report.median_gbps = median = statistics.median(report.per_node.values())
+    report.suspected = suspected(nodes, pairs, ratio)
+    report.suspected_links = suspected_links(nodes, pairs, report.suspected, link_ratio)
+    for groups in measured.confirm:
+        for group, result in groups:
+            report.measured.append((group, result))
+            if group[0] in report.suspected and group[0] not in report.confirm:
+                report.confirm[group[0]] = (group[1], result)
+            elif (link := (group[0], group[1])) in report.suspected_links:
+                report.link_confirm.setdefault(link, result)
+            if result.busbw_gbps is not None:  # a pair like any other: the nodes' best includes it
+                for node in group:
+                    report.per_node[node] = max(report.per_node.get(node, 0.0), result.busbw_gbps)
+    # named: still slow when its pair runs with a node not suspected and without the ring's load
     report.slow = [
         n
-        for n, v in report.per_node.items()
-        if v < ratio * median and ((ref := partners_elsewhere(n)) is None or v < ratio * ref)
+        for n in report.suspected
+        if n in report.confirm
+        and (again := report.confirm[n][1].busbw_gbps) is not None
+        and again < ratio * median
     ]
+    # a link too: named when the same pair, re-measured without the ring's load, is still slow
     report.slow_links = [
-        (g[0], g[1])
-        for g, v in pairs.items()
-        if v < link_ratio * median and len(g) == 2 and not set(g) & set(report.slow)
+        link
+        for link in report.suspected_links
+        if (redo := report.link_confirm.get(link)) is not None
+        and redo.busbw_gbps is not None
+        and redo.busbw_gbps < link_ratio * median
     ]
     return report
 
@@ -225,19 +277,52 @@ def verdict_lines(report: CollectiveReport) -> list[tuple[str, str, str]]:
     else:
         flops = sorted(fleet.gflops.values())
         matmul = f", matmul {flops[0]:.1f}-{flops[-1]:.1f} GFLOP/s per node" if flops else ""
+        ring = (
+            f"; {len(report.suspected)} suspected in the ring of pairs, {len(report.slow)} confirmed by a re-measure"
+            if report.median_gbps is not None
+            else ""
+        )
+        if report.suspected_links:
+            ring += f"; {len(report.suspected_links)} link(s) suspected, {len(report.slow_links)} confirmed"
         lines.append(
-            ("fleet", "ok", f"all-reduce {fleet.busbw_gbps:.3f} GB/s over {fleet.backend or '?'}{matmul}")
+            (
+                "fleet",
+                "ok",
+                f"all-reduce {fleet.busbw_gbps:.3f} GB/s over {fleet.backend or '?'}{matmul}{ring}",
+            )
         )
     pairs = dict(report.measured)
     for node, figure in report.per_node.items():
         links = [p for p in report.slow_links if node in p]
+        ring_figure = report.ring_per_node.get(node, figure)
+        partner, again = report.confirm.get(node, ("", GroupResult(None, error="no node to pair it with")))
         if node in report.slow and report.median_gbps:
             lines.append(
                 (
                     node,
                     "error",
-                    f"{figure:.3f} GB/s in its pair test, under {SLOW_RATIO:g}x the typical "
-                    f"{report.median_gbps:.3f} GB/s: a slow node or link",
+                    f"{ring_figure:.3f} GB/s in its pair test, under {SLOW_RATIO:g}x the typical "
+                    f"{report.median_gbps:.3f} GB/s, confirmed with {partner} "
+                    f"({_bw(again):.3f} GB/s): a slow node or link",
+                )
+            )
+        elif node in report.suspected and again.busbw_gbps is None and report.median_gbps:
+            lines.append(
+                (
+                    node,
+                    "warn",
+                    f"{ring_figure:.3f} GB/s in its pair test, under {SLOW_RATIO:g}x the typical "
+                    f"{report.median_gbps:.3f} GB/s, not confirmed: its re-measure"
+                    f"{f' with {partner}' if partner else ''} has no figure ({again.error})",
+                )
+            )
+        elif node in report.suspected:
+            lines.append(
+                (
+                    node,
+                    "ok",
+                    f"{figure:.3f} GB/s in its pair test: {ring_figure:.3f} GB/s in the ring, "
+                    f"cleared by its re-measure with {partner}",
                 )
             )
         elif links and report.median_gbps:
@@ -286,7 +371,8 @@ class SavedResult(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     version: int = Field(default=1, ge=1, le=1_000_000)
-    """The format (``SAVED_VERSION``): 1 (no field) the bisection's, 2 the one launch's."""
+    """The format (``SAVED_VERSION``): 1 (no field) the bisection's, 2 the one launch's, 3 with
+    the suspects' re-measure."""
     time: float = Field(ge=0, le=1e11)
     """When the test ran (Unix time)."""
     backend: str | None = Field(default=None, max_length=16)
@@ -300,6 +386,11 @@ class SavedResult(BaseModel):
     )
     """Each node's pair-test figure: its best pair (version 1: only the nodes the bisection paired)."""
     slow: tuple[Annotated[str, Field(max_length=MAX_NAME)], ...] = Field(default=(), max_length=MAX_NODES)
+    """The nodes named slow (version 3: the suspects their re-measure confirmed)."""
+    suspected: tuple[Annotated[str, Field(max_length=MAX_NAME)], ...] = Field(
+        default=(), max_length=MAX_NODES
+    )
+    """The nodes the ring suspected and re-measured (version 3; none before)."""
     slow_links: tuple[
         tuple[Annotated[str, Field(max_length=MAX_NAME)], Annotated[str, Field(max_length=MAX_NAME)]], ...
     ] = Field(default=(), max_length=MAX_NODES)

@@ -6,7 +6,9 @@ The test script (``launch/nodelib/fleetrun_collective.py``) is written to each n
 rendezvous on the first node, one process per node, node i rank i; gloo on CPU, NCCL on GPU). The
 script runs every round of the fixed schedule in that one launch (starting torch on every node is
 what costs, tens of seconds on a loaded fleet, so never twice); rank 0's result line is read back
-and ``launch.rules.collective`` names the slow node or link; this module only runs and collects.
+and ``launch.rules.collective`` names the slow node or link. The suspects' re-measure runs in that
+same launch too (rank 0 plans it from the ring's figures and broadcasts the plan): a node is
+named only when its re-measure confirms it. This module only runs and collects.
 
 Each run's figures are saved as ``collective/<time>.json`` in the runs folder (``save_result``)
 and read back for the comparison over time (``read_history``): fleetrun's own files, still parsed
