@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import shutil
@@ -165,6 +166,27 @@ def reclaim(home: Path, say: Callable[[str], None] = lambda _m: None) -> dict[st
             os.environ["FLEETRUN_HOME"] = old
 
 
+_HELD: list[int] = []
+"""The session's lock on its folder (``hold``): open for the life of the process."""
+
+
+def hold(home: Path) -> None:
+    """Lock ``home``'s slot for this session (an ``flock`` that goes with the process, a killed
+    one included), or fail at once: a second session with the same fleet prefix running now
+    must not take the first one's live fleets down as an earlier session's leftovers."""
+    home.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(home.parent / f"{home.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RuntimeError(
+            f"another test session uses the fleet prefix {home.name} now ({home}): give this one "
+            "its own FLEETRUN_TEST_TAG and FLEETRUN_TEST_SUBNET_BASE"
+        ) from None
+    _HELD.append(fd)
+
+
 def fresh_home(home: Path) -> Path:
     """``home`` emptied for a new session, after the fleets an earlier one left there are down."""
     left = {prefix: found for prefix, found in reclaim(home).items() if any(found.values())}
@@ -179,6 +201,7 @@ def fresh_home(home: Path) -> Path:
 def fleetrun_home() -> Iterator[Path]:
     """Point fleetrun's state (keys, known_hosts, run folders) at this session's own folder
     (``STATE_ROOT/<prefix>``), emptied first; it stays after the session for a look at what ran."""
+    hold(STATE_ROOT / TEST_PREFIX)
     home = fresh_home(STATE_ROOT / TEST_PREFIX)
     old = {k: os.environ.get(k) for k in ("FLEETRUN_HOME", "FLEETRUN_RUNS")}
     os.environ["FLEETRUN_HOME"] = str(home)

@@ -232,7 +232,7 @@ def main() -> int:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     size_mb = float(os.environ.get("FLEETRUN_COLLECTIVE_MB", "64" if gpu else "8"))
-    reps = int(os.environ.get("FLEETRUN_COLLECTIVE_REPS", "10" if gpu else "4"))
+    reps = max(1, int(float(os.environ.get("FLEETRUN_COLLECTIVE_REPS", "10" if gpu else "4"))))
     confirm_reps = max(2, int(float(os.environ.get("FLEETRUN_COLLECTIVE_CONFIRM_REPS", str(CONFIRM_REPS)))))
 
     def barrier() -> None:
