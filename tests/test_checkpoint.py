@@ -2,7 +2,8 @@
 
 Imported the way nodes import it (``~/.fleetrun/lib`` on the path, plain module names). The
 bucket path runs the real ``aws`` CLI against a local S3-compatible server (``tests/s3server.py``);
-one test uses a shell command as its storage to hold an upload back deterministically.
+a few tests use shell commands on a folder as their storage, to hold an upload back
+deterministically or to count the bucket commands.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -230,6 +232,76 @@ def test_save_returns_before_the_upload_finishes(tmp_path: Path) -> None:
     assert (store / "checkpoints" / "step-7" / "weights.bin").read_bytes() == b"seven"
     pointer = json.loads((store / "checkpoints" / "LATEST.json").read_text())
     assert pointer["steps"] == [7] and cp.uploaded_step == 7
+
+
+def logged_bucket(store: Path, log: Path, gate: Path | None = None) -> protocol.BucketCommands:
+    """A bucket in a folder whose every command appends a line to ``log`` (``copy SRC DEST``,
+    ``sync SRC DEST``, ``remove DEST``); ``gate``: each sync waits for that file, then removes it."""
+
+    def sh(kind: str, body: str, *args: str) -> tuple[str, ...]:
+        strip = body.replace("$1", '"${1#file://}"').replace("$2", '"${2#file://}"')
+        return ("sh", "-c", f'echo "{kind} $*" >> {log}; {strip}', "sh", *args)
+
+    wait = f"while [ ! -e {gate} ]; do sleep 0.02; done; rm -f {gate}; " if gate else ""
+    return protocol.BucketCommands(
+        url=f"file://{store}",
+        copy=sh("copy", 'mkdir -p "$(dirname $2)" && cp $1 $2', "{src}", "{dest}"),
+        sync=sh("sync", wait + "mkdir -p $2 && cp -r $1/. $2", "{src}", "{dest}"),
+        remove=sh("remove", "rm -rf $1", "{dest}"),
+    )
+
+
+def test_the_pointer_is_read_from_the_bucket_once_per_process(tmp_path: Path) -> None:
+    """Each bucket command is a CLI process (seconds on a loaded node): after the first upload the
+    helper knows the pointer it wrote, and an earlier attempt's steps still count."""
+    store, log = tmp_path / "store", tmp_path / "bucket.log"
+    earlier = make(tmp_path / "a", bucket=logged_bucket(store, log), keep=3)
+    earlier.save(1, writer(b"one"))
+    assert earlier.wait_uploaded(60), earlier.upload_error
+    log.unlink()
+    cp = make(tmp_path / "b", bucket=logged_bucket(store, log), keep=3)
+    for step in (2, 3, 4):
+        cp.save(step, writer(f"w{step}".encode()))
+        assert cp.wait_uploaded(60), cp.upload_error
+    reads = [line for line in log.read_text().splitlines() if line.startswith(f"copy file://{store}")]
+    assert len(reads) == 1, log.read_text()
+    pointer = json.loads((store / "checkpoints" / "LATEST.json").read_text())
+    assert pointer["steps"] == [4, 3, 2], "step 1 (the earlier attempt's) dropped past keep"
+    assert not (store / "checkpoints" / "step-1").exists()
+    assert (store / "checkpoints" / "step-2" / "weights.bin").read_bytes() == b"w2"
+
+
+def test_a_queued_step_reaches_the_pointer_before_old_steps_are_removed(tmp_path: Path) -> None:
+    """The step saved after a notice, queued behind a periodic step's upload, is not also kept
+    waiting for the removal of the steps past ``keep``: that comes after its pointer."""
+    store, log, gate = tmp_path / "store", tmp_path / "bucket.log", tmp_path / "go"
+    cp = make(tmp_path, bucket=logged_bucket(store, log, gate), keep=1)
+    gate.touch()
+    cp.save(1, writer(b"one"))
+    assert cp.wait_uploaded(60), cp.upload_error
+    cp.save(2, writer(b"two"))  # its sync waits for the gate
+    wait_until(lambda: log.read_text().count("sync ") == 2)
+    cp.save(3, writer(b"three"))  # queued behind step 2
+    gate.touch()
+    wait_until(lambda: not gate.exists())
+    gate.touch()
+    assert cp.wait_uploaded(60), cp.upload_error
+    lines = log.read_text().splitlines()
+    pointer_puts = [
+        i for i, line in enumerate(lines) if line.startswith("copy ") and line.split()[2].startswith("file:")
+    ]
+    removals = [i for i, line in enumerate(lines) if line.startswith("remove ")]
+    assert len(pointer_puts) == 3 and len(removals) == 2, lines
+    assert pointer_puts[-1] < min(removals), f"step 3's pointer waited for the removals: {lines}"
+    assert json.loads((store / "checkpoints" / "LATEST.json").read_text())["steps"] == [3]
+    assert sorted(p.name for p in (store / "checkpoints").glob("step-*")) == ["step-3"]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 # -- the real bucket path: moto's S3 server and the aws CLI ---------------------------------------

@@ -12,6 +12,7 @@ from launch.job.inventory import Host
 from launch.nodelib import fleetrun_preempt
 from launch.nodelib.fleetrun_protocol import PreemptionNotice
 from launch.rules.recovery import AttemptEnd, Drained, DrainVerdict, NoticeState, drain_verdict
+from launch.run.checkpoints import Spread, drained_from_bucket
 from launch.run.drain import MAX_DRAIN_S, copied_through_laptop, drain_noticed, parse_read, read_command
 from tests.conftest import sample_inventory
 
@@ -261,3 +262,35 @@ def test_no_copy_through_the_laptop_once_the_bucket_confirmed_the_step() -> None
         sleep=clock.sleep,
     )
     assert drained.ended == "durable" and asked == []
+
+
+# -- the resume after a drain: the bucket's step outranks an older one on the nodes' disks -------
+
+
+def test_a_drained_step_in_the_bucket_is_resumed_from_over_an_older_one_on_a_disk() -> None:
+    """A second notice, on the head: the worker still holds the step copied to it for attempt 2,
+    the step the drain saw reach the bucket is newer; resuming from the disk recomputed 7 steps."""
+    on_disk = Spread("/home/n1/.fleetrun/runs/r/checkpoints/step-10", "every node holds step 10", "step 10")
+    drained = (Drained(node="n0", ended="durable", notice_s=120.0, used_s=19.0, step=17),)
+    chosen = drained_from_bucket(on_disk, drained, "s3://b/runs/r")
+    assert chosen.resume_from == "s3://b/runs/r/checkpoints/step-17", chosen
+    assert "step 17 from the bucket" in chosen.record and "n0" in chosen.record
+    nothing = Spread(None, "no node holds a checkpoint", "the bucket's newest step, if any")
+    assert drained_from_bucket(nothing, drained, "s3://b/runs/r").resume_from == chosen.resume_from
+
+
+@pytest.mark.parametrize(
+    ("disk_step", "drained", "url"),
+    [
+        (17, (Drained("n0", "durable", 120.0, 19.0, 17),), "s3://b/runs/r"),  # the disk has it too
+        (20, (Drained("n0", "durable", 120.0, 19.0, 17),), "s3://b/runs/r"),  # a newer one on disk
+        (10, (Drained("n0", "deadline", 120.0, 118.0, 17),), "s3://b/runs/r"),  # not confirmed
+        (10, (Drained("n0", "durable", 120.0, 19.0, 17),), None),  # no bucket
+        (10, (), "s3://b/runs/r"),  # no drain
+    ],
+)
+def test_the_disks_choice_stands_otherwise(
+    disk_step: int, drained: tuple[Drained, ...], url: str | None
+) -> None:
+    on_disk = Spread(f"/x/checkpoints/step-{disk_step}", "said", "record")
+    assert drained_from_bucket(on_disk, drained, url) == on_disk

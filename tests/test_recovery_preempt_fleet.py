@@ -7,11 +7,12 @@ The noticed node's watchdog flags every rank, which checkpoints at its next step
 laptop records the attempt as preempted (not failed), keeps the noticed node (processes and
 watchdog) until that checkpoint is in the bucket (the drain, recorded with how much of the notice
 it used), only then replaces it, and the run resumes from that very step: nothing recomputed.
-Once with the notice on a worker, once on the head (rank 0's node, where the checkpoint is made).
+In one run: the notice on a worker, then on the head (rank 0's node, where the checkpoint is made).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,40 +62,70 @@ def bucket_keys(fleet: LocalFleet, prefix: str) -> list[str]:
     return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
 
 
-@pytest.mark.parametrize("noticed", [1, 0], ids=["worker", "head"])
-def test_a_spot_notice_drains_the_node_then_resumes_from_its_checkpoint(
-    fleet: LocalFleet, noticed: int, tmp_path: Path
+def attempt_steps(fleet: LocalFleet, attempt: int, old: set[Path]) -> list[int]:
+    """The steps rank 0 (wherever it runs) logged in ``attempt`` of the run not in ``old``."""
+    steps = []
+    for run_dir in run_dirs(fleet) - old:
+        for path in run_dir.glob("metrics.jsonl"):
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                if "event" not in entry and entry.get("attempt") == attempt and "step" in entry:
+                    steps.append(int(entry["step"]))
+    return steps
+
+
+def test_spot_notices_on_a_worker_then_on_the_head_drain_then_resume_from_their_checkpoints(
+    fleet: LocalFleet, tmp_path: Path
 ) -> None:
+    """One run, three attempts (one launch and wrap-up fewer than a run per notice): a notice on
+    the worker in attempt 1 (rank 0's checkpoint is made and uploaded on the other node), then on
+    the head in attempt 2 (made and uploaded on the noticed node itself, and the bucket already
+    holds attempt 1's pointer, which must not pass for the notice's checkpoint)."""
     book = write_playbook(
         tmp_path / "job.yaml",
         REPO / "tests" / "recovery_job",
-        name=f"t-drain-{noticed}",
+        name="t-drain",
         nodes=2,
-        entrypoint="python ckpt_trainer.py --steps 30 --ckpt-every 5 --step-sleep 0.25",
-        recovery={"max_restarts": 1, "grace_s": 10, "confirm_s": 2},
+        entrypoint="python ckpt_trainer.py --steps 45 --ckpt-every 5 --step-sleep 0.25",
+        recovery={"max_restarts": 2, "grace_s": 10, "confirm_s": 2},
         stop={"watcher_lost_after_s": 300},
     )
     old = run_dirs(fleet)
-    node = fleet.node_name(noticed)
+    worker, head = fleet.node_name(1), fleet.node_name(0)
+    noticed_at: list[int] = []
+    # the bucket's keys once the next attempt runs: later uploads drop steps past keep (3)
+    seen: list[list[str]] = []
 
-    def notice() -> None:
-        wait_for(lambda: step_reached(fleet, 12, old), 120, "step 12")
-        serve_notice(fleet, node, 120)
+    def notices() -> None:
+        wait_for(lambda: step_reached(fleet, 8, old), 120, "step 8")
+        serve_notice(fleet, worker, 120)
+        noticed_at.append(8)
+        # attempt 2 has resumed and trained a few steps: the head's turn
+        wait_for(lambda: len(attempt_steps(fleet, 2, old)) >= 3, 300, "3 steps of attempt 2")
+        seen.append(bucket_keys(fleet, "runs/"))
+        noticed_at.append(max(attempt_steps(fleet, 2, old)))
+        serve_notice(fleet, head, 120)
+        wait_for(lambda: bool(attempt_steps(fleet, 3, old)), 300, "a step of attempt 3")
+        seen.append(bucket_keys(fleet, "runs/"))
 
-    result = run_with_fault(book, fleet, notice)
+    result = run_with_fault(book, fleet, notices)
     assert result.outcome == "succeeded", result.reason
     attempts = attempts_of(result)
-    assert [a["outcome"] for a in attempts] == ["preempted", "succeeded"], attempts
-    assert attempts[0]["loss"] == "preempted" and attempts[0]["replaced"] == [node], attempts[0]
-    (drained,) = attempts[0]["drained"]
-    # the node was kept until the checkpoint the notice asked for was in the bucket, then replaced
-    assert drained["node"] == node and drained["ended"] == "durable", drained
-    step = drained["step"]
-    assert step >= 12, f"a checkpoint made after the notice: {attempts}"
-    assert 100 <= drained["notice_s"] <= 120 and 0 < drained["used_s"] < drained["notice_s"], drained
-    assert "drain" in attempts[1]["recovery_s"], attempts[1]
-    keys = bucket_keys(fleet, f"runs/{result.run_id}/checkpoints/step-{step}/")
-    assert any(k.endswith("MANIFEST.json") for k in keys), keys
-    # the run resumed from that very step: nothing recomputed
-    assert attempts[1]["first_step"] == step + 1 and attempts[1]["steps_recomputed"] == 0, attempts
+    assert [a["outcome"] for a in attempts] == ["preempted", "preempted", "succeeded"], attempts
+    for i, node in enumerate((worker, head)):
+        ended, resumed = attempts[i], attempts[i + 1]
+        assert ended["loss"] == "preempted" and ended["replaced"] == [node], ended
+        (drained,) = ended["drained"]
+        # the node was kept until the checkpoint the notice asked for was in the bucket, then replaced
+        assert drained["node"] == node and drained["ended"] == "durable", drained
+        step = drained["step"]
+        assert step >= noticed_at[i], f"a checkpoint made after the notice: {attempts}"
+        assert 100 <= drained["notice_s"] <= 120 and 0 < drained["used_s"] < drained["notice_s"], drained
+        assert "drain" in resumed["recovery_s"], resumed
+        assert f"runs/{result.run_id}/checkpoints/step-{step}/MANIFEST.json" in seen[i], seen[i]
+        # the run resumed from that very step: nothing recomputed
+        assert resumed["first_step"] == step + 1 and resumed["steps_recomputed"] == 0, attempts
     assert_nothing_running(fleet, nodes=2)

@@ -155,6 +155,8 @@ class Checkpointer(StopSignals, BucketUploads):
         self._queued: int | None = None
         self._busy: int | None = None
         self._thread: threading.Thread | None = None
+        self._pointer_steps: tuple[int, ...] | None = None
+        self._dropping: set[int] = set()
         self._swept = False
         self.uploaded_step: int | None = None
         self.upload_error = ""

@@ -2,6 +2,14 @@
 then the bucket's ``LATEST.json`` pointer, and drops the steps past ``keep``. Standard library
 only; mixed into ``fleetrun_checkpoint.Checkpointer`` (whose attributes these are), shipped
 beside it to ``~/.fleetrun/lib``.
+
+Every bucket command is a CLI process (``aws``: one to three seconds each on a loaded node), and
+the step saved after a preemption notice often waits behind the upload of a periodic one: a rank
+that gives up waiting (``wait_uploaded(timeout)``) and exits leaves the notice's checkpoint out of
+the bucket, and a noticed node that is not rank 0's then waits for it until the cloud takes it.
+So the path to a step's pointer is kept short: the pointer is read from the bucket once (this
+process then knows what it wrote there), and the removal of steps past ``keep`` waits until no
+newer step is queued.
 """
 
 from __future__ import annotations
@@ -37,6 +45,10 @@ class BucketUploads:
     _queued: int | None
     _busy: int | None
     _thread: threading.Thread | None
+    _pointer_steps: tuple[int, ...] | None
+    """The steps of the pointer this process last wrote (None: not yet known, read the bucket's)."""
+    _dropping: set[int]
+    """Steps out of the pointer whose files are still in the bucket (removed when nothing waits)."""
 
     def _own(self, step_dir: str) -> str:
         raise NotImplementedError
@@ -64,6 +76,10 @@ class BucketUploads:
                 step, self._queued, self._busy = self._queued, None, self._queued
             try:
                 self._upload(step)
+                with self._cond:
+                    newer = self._queued is not None
+                if not newer:  # a newer step first: the housekeeping can wait, its pointer not
+                    self._drop_old()
             except Exception as exc:  # noqa: BLE001 - an upload failure must not end training
                 self.upload_error = f"{type(exc).__name__}: {exc}"
                 _log(f"checkpoint step {step}: upload failed: {self.upload_error}")
@@ -79,8 +95,11 @@ class BucketUploads:
             self.upload_error = message
             _log(f"checkpoint step {step}: upload failed: {message}")
             return
-        old = self.bucket.pointer(self.pointer_name)
-        steps = sorted({step, *(old.steps if old else ())}, reverse=True)
+        known = self._pointer_steps
+        if known is None:  # the first upload of this process: an earlier attempt's steps count too
+            old = self.bucket.pointer(self.pointer_name)
+            known = old.steps if old else ()
+        steps = sorted({step, *known}, reverse=True)
         kept, dropped = steps[: self.keep], steps[self.keep :]
         manifest = verify(local, hashes=False) if step == kept[0] else None
         created = None if manifest is None else manifest.created
@@ -92,6 +111,13 @@ class BucketUploads:
             _log(f"checkpoint step {step}: uploaded, but the pointer was not: {message}")
             return
         self.uploaded_step, self.upload_error = step, ""
-        for gone in dropped:
+        self._pointer_steps = tuple(kept)
+        self._dropping = (self._dropping | set(dropped)) - set(kept)
+
+    def _drop_old(self) -> None:
+        """Remove the bucket's copies of the steps the pointer no longer names."""
+        assert self.bucket is not None
+        for gone in sorted(self._dropping):
+            self._dropping.discard(gone)
             if self.bucket.commands.remove:
                 self.bucket.remove(self._own(self.bucket.checkpoints_url(f"step-{gone}")) + "/")

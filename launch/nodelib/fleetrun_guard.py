@@ -342,6 +342,7 @@ def wait_durable(
             stranded = False
             log(f"uploading checkpoint step {found.step} from this node")
             local._upload(found.step)
+            local._drop_old()
             continue
         time.sleep(1.0)
 

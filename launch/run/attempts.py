@@ -54,7 +54,7 @@ from launch.rules.recovery import (
 )
 from launch.rules.stoprules import StopDecision
 from launch.run import stages
-from launch.run.checkpoints import Spread, resume_story
+from launch.run.checkpoints import Spread, drained_from_bucket, resume_story
 from launch.run.doctor import gather, read_exclusions, record_exclusion, record_renewal
 from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
 from launch.run.peer_copies import run_has_bucket
@@ -62,6 +62,7 @@ from launch.run.recheck import recheck
 from launch.run.stages import Watched
 from launch.run.state import RunContext, RunState
 from launch.run.summary import RunSummary
+from launch.run.target import run_prefix
 from launch.run.watch import AGENT, Watcher
 from launch.run.watching import save_traceback
 from launch.transport.port import FleetPort, NodeLink
@@ -524,6 +525,10 @@ def spread_checkpoint(ctx: RunContext, state: RunState) -> RunState:
             bucket=run_has_bucket(state.inventory, state.plan.run_id),
             peers=peers.copied if peers is not None else None,
         )
+        # a drain that saw the notice's checkpoint reach the bucket outranks older steps on disks
+        commands = fleet_kind(state.inventory.fleet).bucket_commands(run_prefix(state.plan.run_id))
+        drained = state.ended[-1].drained if state.ended else ()
+        spread = drained_from_bucket(spread, drained, commands.url if commands is not None else None)
         resume_from, resume_record = spread.resume_from, spread.record
         say(ctx, f"  {spread.said}")
     except HostError as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -31,11 +32,13 @@ from launch.planning import remote_layout as layout
 from launch.planning.launchers.base import CHECKPOINTS
 from launch.reports.safe_text import clean
 from launch.rules.metrics_stream import MetricsSummary
+from launch.rules.recovery import Drained
 from launch.run.artifacts import PULL_MAX_FILE_BYTES, PULL_MAX_TOTAL_BYTES, pull_argv, rsync_error
 from launch.transport.openssh import jump_slot
 from launch.transport.ssh import Fleet, NodeConnection, openssh_command
 
 MAX_STEPS = 1000
+STEP_DIR = re.compile(r"step-(\d{1,18})/?\Z")
 LIST_SCRIPT = r"""
 import hashlib, json, os, stat, sys
 root = os.path.expanduser(sys.argv[1])
@@ -426,6 +429,30 @@ def spread_latest(
         f"checkpoint step {step} copied from {holder} ({kind}) to {names}{refused}",
         origin,
         choice.refused,
+    )
+
+
+def drained_from_bucket(spread: Spread, drained: Sequence[Drained], bucket_url: str | None) -> Spread:
+    """The step a drain saw reach the bucket when no node holds one as new: resume from there.
+
+    A preempted node's drain ends once its post-notice checkpoint is in the bucket (``durable``);
+    the node then goes with its disk. ``spread_latest`` only sees the nodes' disks, where the
+    newest step may be older (a step copied to a node for an earlier attempt): resuming from it
+    would recompute the steps the notice's checkpoint saved. ``bucket_url``: the run's bucket
+    prefix (``<url>`` of ``<url>/checkpoints/step-<N>``), None without a bucket."""
+    steps = [d.step for d in drained if d.ended == "durable" and d.step is not None]
+    if bucket_url is None or not steps:
+        return spread
+    step = max(steps)
+    found = STEP_DIR.search(spread.resume_from or "")
+    if found is not None and int(found.group(1)) >= step:
+        return spread
+    nodes = ", ".join(d.node for d in drained if d.step == step)
+    return Spread(
+        f"{bucket_url}/checkpoints/step-{step}",
+        f"checkpoint step {step} is in the bucket (the drain of {nodes} saw it there): every node resumes from it",
+        f"step {step} from the bucket (drained from {nodes})",
+        spread.refused,
     )
 
 

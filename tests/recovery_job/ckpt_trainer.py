@@ -129,7 +129,9 @@ def main() -> int:
         if stop or step % args.ckpt_every == 0:
             ckpt.save_training_state(step, model, optimizer)
         if stop:
-            checkpoints.wait_uploaded(30)
+            # a notice leaves 120 s (EC2): the upload of the step saved after it may queue behind a
+            # periodic one, each a few aws CLI calls of seconds on a loaded node
+            checkpoints.wait_uploaded(90)
             print(f"rank {rank}: stop requested, checkpointed at step {step}", flush=True)
             sys.stdout.flush()
             os._exit(143)
