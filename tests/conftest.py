@@ -45,7 +45,6 @@ TEST_SUBNET = 1 + SUBNET_BASE
 FILE_SECONDS = {
     "tests/test_recovery_fleet.py": 650,
     "tests/test_faults.py": 460,
-    "tests/test_recovery_preempt_fleet.py": 330,
     "tests/test_shared_fleet.py": 230,
     "tests/test_recovery_network.py": 200,
     "tests/test_train_fleet.py": 200,
@@ -53,6 +52,7 @@ FILE_SECONDS = {
     "tests/test_hostile_fleet.py": 185,
     "tests/test_horovod_fleet.py": 185,
     "tests/test_install.py": 175,
+    "tests/test_recovery_preempt_fleet.py": 165,
     "tests/test_doctor_fleet.py": 165,
     "tests/test_preempt_fleet.py": 130,
     "tests/test_protocol.py": 125,
