@@ -23,6 +23,7 @@ import pytest
 from launch.nodelib import fleetrun_gpu
 from launch.run.doctor import probe_source
 from tests.gpustandin import install, write_scenario, xid
+from tests.gpustandin import node_path as system_path
 
 XID79 = xid(1, 79, "2026-11-25T14:02:11", "pid=4242, GPU has fallen off the bus.")
 FAULTY = {
@@ -86,7 +87,7 @@ def calls(folder: Path) -> list[str]:
 def node_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """This process as a node without DCGM: the stand-ins' folder first on PATH, then the system's."""
     folder = tmp_path / "fakebin"
-    monkeypatch.setenv("PATH", f"{folder}:/usr/local/bin:/usr/bin:/bin")
+    monkeypatch.setenv("PATH", system_path(folder))
     return folder
 
 

@@ -417,13 +417,23 @@ def test_ssh_pool_subset_shares_the_open_connections(tmp_path: Path) -> None:
     pool.close()
 
 
+def run_with_two_spares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: JobScript, **options: Any
+) -> Any:
+    """``run_on_fake_fleet`` with ``gpu_fault`` recovery and two spares (n2, n3) beside n0, n1."""
+    from tests.fakefleet import fake_hosts
+
+    return run_on_fake_fleet(
+        tmp_path, monkeypatch, script, recovery=GPU_RECOVERY, spares=tuple(fake_hosts(4)[2:]), **options
+    )
+
+
 def test_a_spare_bad_at_its_check_is_excluded_and_the_next_one_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A spare gets the pre-launch GPU check before it is taken: bad from its first boot (which
     ``gpu_fault``, comparing with the attempt's own first reading, would never flag), it is
     excluded with its reason, said in one line, and the next spare takes the node's place."""
-    from tests.fakefleet import fake_hosts
 
     monkeypatch.setattr(
         LocalFleetKind, "renew", lambda *a, **k: pytest.fail("renewed while a spare was left")
@@ -431,13 +441,11 @@ def test_a_spare_bad_at_its_check_is_excluded_and_the_next_one_taken(
     script = gpu_fault_on_n1()
     script.nodes["n2"] = NodeScript(bad_gpu_at_probe=True)
     reporter = RecordingReporter()
-    run = run_on_fake_fleet(
+    run = run_with_two_spares(
         tmp_path,
         monkeypatch,
         script,
         inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
-        recovery=GPU_RECOVERY,
-        spares=tuple(fake_hosts(4)[2:]),
         reporter=reporter,
     )
     assert (run.summary.outcome, run.summary.rule) == ("succeeded", "completed"), run.summary.reason
@@ -460,14 +468,11 @@ def test_every_spare_bad_and_a_fixed_size_ends_the_run_naming_each(
     """Lab machines (never renewed), both spares bad, a fixed size: the run ends, its reason
     naming each spare and why; every one is excluded; nothing was started on them."""
     from launch.reports.views import attempts_table
-    from tests.fakefleet import fake_hosts
 
     script = gpu_fault_on_n1()
     script.nodes["n2"] = NodeScript(bad_gpu_at_probe=True)
     script.nodes["n3"] = NodeScript(bad_gpu_at_probe=True)
-    run = run_on_fake_fleet(
-        tmp_path, monkeypatch, script, recovery=GPU_RECOVERY, spares=tuple(fake_hosts(4)[2:])
-    )
+    run = run_with_two_spares(tmp_path, monkeypatch, script)
     s = run.summary
     assert (s.outcome, s.rule) == ("failed", "gpu_fault"), s.reason
     assert "Not recovered: could not replace n1 (n2: GPU check: gpu0: uncorrectable ECC" in s.reason, s.reason
@@ -527,19 +532,11 @@ def test_a_spare_that_does_not_answer_is_not_taken_and_the_next_one_is(
     """A spare that is down (or whose host key changed) fails its check over SSH before it is
     taken: excluded with the connection's error, and the next spare takes the node's place, where
     taking it would have failed the sync and ended the recovery."""
-    from tests.fakefleet import fake_hosts
 
     script = gpu_fault_on_n1()
     script.nodes["n2"] = NodeScript(unreachable_from_step=0)
     reporter = RecordingReporter()
-    run = run_on_fake_fleet(
-        tmp_path,
-        monkeypatch,
-        script,
-        recovery=GPU_RECOVERY,
-        spares=tuple(fake_hosts(4)[2:]),
-        reporter=reporter,
-    )
+    run = run_with_two_spares(tmp_path, monkeypatch, script, reporter=reporter)
     assert (run.summary.outcome, run.summary.rule) == ("succeeded", "completed"), run.summary.reason
     first, second = attempts_of(run)
     assert second["nodes"] == ["n0", "n3"]

@@ -60,6 +60,10 @@ def test_the_agent_reports_the_slowest_local_rank_its_age_and_skips_earlier_laun
     assert fleetrun_node.pace_reading(str(tmp_path / "none"), now) is None
     reading = fleetrun_node.pace_reading(str(tmp_path), now)
     assert parse_pace(reading) == NodePace(6.0, 3.5, 2, 40.0)
+    # the folder is the job's: a FIFO where a report should be is skipped, never waited on (a
+    # plain open() would block the agent's answer until a writer came; this test would hang)
+    os.mkfifo(pace / "6.json")
+    assert fleetrun_node.pace_reading(str(tmp_path), now) == reading
 
 
 def test_parse_pace_refuses_what_is_not_a_pace() -> None:

@@ -40,6 +40,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -77,20 +78,35 @@ def _alive(pid: int) -> bool:
     """True when the process exists and is not a zombie (``kill -0`` says yes to zombies)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-            stat = fh.read(4096)
+            line = fh.read(4096)
     except OSError:
         return False
-    fields = stat.rsplit(")", 1)[-1].split()
+    fields = line.rsplit(")", 1)[-1].split()
     return bool(fields) and fields[0] not in ("Z", "X")
 
 
 def _read_bounded(path: str, limit: int) -> bytes | None:
-    """At most ``limit + 1`` bytes of a file (one more than allowed, so "too big" shows), or None."""
+    """At most ``limit + 1`` bytes of a file (one more than allowed, so "too big" shows), or None.
+
+    Only a regular file is read: the run folder is the job's to write in (its ``pace/`` files,
+    its metrics), and a FIFO put where a file is expected would block a plain ``open`` until a
+    writer came, hanging the agent's answer to every poll. Opened without blocking, then checked.
+    """
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
             return fh.read(limit + 1)
     except OSError:
         return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _read(path: str, limit: int = SMALL_FILE) -> str | None:
