@@ -80,7 +80,8 @@ def test_healthy_dcgm_adds_nothing_but_says_it_was_read(tmp_path: Path) -> None:
     found = lines(health, 2)
     assert found["gpu-health"] == (
         OK,
-        "2 GPU(s) of 2 expected, driver 550.54.15, CUDA 12.4, DCGM health watches read",
+        "2 GPU(s) of 2 expected, driver 550.54.15, CUDA 12.4, DCGM health watches read,"
+        " read through nvidia-smi (pynvml not installed)",
     )
     assert found["gpu0"][0] == OK and found["gpu1"][0] == OK
 
@@ -88,7 +89,10 @@ def test_healthy_dcgm_adds_nothing_but_says_it_was_read(tmp_path: Path) -> None:
 def test_without_dcgmi_the_nvidia_smi_facts_stand_alone(tmp_path: Path) -> None:
     health = read(install(tmp_path / "fakebin", {"count": 1}))
     assert health.dcgm is None
-    assert lines(health, 1)["gpu-health"] == (OK, "1 GPU(s) of 1 expected, driver 550.54.15, CUDA 12.4")
+    assert lines(health, 1)["gpu-health"] == (
+        OK,
+        "1 GPU(s) of 1 expected, driver 550.54.15, CUDA 12.4, read through nvidia-smi (pynvml not installed)",
+    )
 
 
 def test_a_memory_failure_named_by_both_is_said_once_and_one_only_dcgm_sees_is_added(tmp_path: Path) -> None:

@@ -56,7 +56,10 @@ def test_healthy_node_is_ok_on_every_gpu(tmp_path: Path) -> None:
     health = read(tmp_path, {"count": 8, "cuda": "12.4"})
     assert len(health.gpus) == 8 and health.driver == "550.54.15" and health.cuda == "12.4"
     found = lines(health, 8)
-    assert found["gpu-health"] == (OK, "8 GPU(s) of 8 expected, driver 550.54.15, CUDA 12.4")
+    assert found["gpu-health"] == (
+        OK,
+        "8 GPU(s) of 8 expected, driver 550.54.15, CUDA 12.4, read through nvidia-smi (pynvml not installed)",
+    )
     for i in range(8):
         level, message = found[f"gpu{i}"]
         assert level == OK, message
@@ -67,7 +70,10 @@ def test_ecc_and_xid79_on_one_gpu_make_one_bad_line(tmp_path: Path) -> None:
     gpus: list[dict[str, Any]] = [{} for _ in range(4)]
     gpus[1] = {"ecc_volatile": 2, "ecc_aggregate": 2}
     found = lines(read(tmp_path, {"gpus": gpus, "xids": [XID79]}), 4)
-    assert found["gpu1"] == (BAD, "uncorrectable ECC 2 (volatile); Xid 79 at 14:02: fallen off the bus")
+    assert found["gpu1"] == (
+        BAD,
+        "uncorrectable ECC 2 (volatile); Xid 79 at 14:02: GPU has fallen off the bus (drain)",
+    )
     assert all(found[f"gpu{i}"][0] == OK for i in (0, 2, 3))
 
 
@@ -79,7 +85,10 @@ def test_lost_gpu_is_missing_from_the_count_and_named_by_its_xid(tmp_path: Path)
     assert [g.index for g in health.gpus] == [0, 2, 3, 4, 5, 6, 7]
     level, message = lines(health, 8)["gpu-health"]
     assert level == BAD
-    assert message == "7 GPU(s) of 8 expected; GPU at PCI 0000:28:00: Xid 79 at 14:02: fallen off the bus"
+    assert (
+        message
+        == "7 GPU(s) of 8 expected; GPU at PCI 0000:28:00: Xid 79 at 14:02: GPU has fallen off the bus (drain)"
+    )
 
 
 def test_missing_gpu_is_found_against_the_other_nodes_without_an_inventory_count(tmp_path: Path) -> None:
@@ -126,7 +135,8 @@ def test_an_unreadable_kernel_log_is_unknown_never_ok(tmp_path: Path) -> None:
 
 
 def test_a_driver_without_the_health_fields_leaves_them_unknown(tmp_path: Path) -> None:
-    """An old nvidia-smi refuses an unknown field (exit 2): the basic query is asked again."""
+    """An old nvidia-smi refuses an unknown field (exit 2): the query is asked again without it,
+    the other facts are read, and the one it refused is unknown with the field named."""
     fakebin = install(tmp_path / "fakebin", {"count": 1})
     smi = (fakebin / "nvidia-smi.script").read_text()
     (fakebin / "nvidia-smi.script").write_text(
@@ -138,7 +148,10 @@ def test_a_driver_without_the_health_fields_leaves_them_unknown(tmp_path: Path) 
     health = parse_gpu_health(json.loads(out.stdout))
     assert health.queried and not health.health_fields and len(health.gpus) == 1
     level, message = lines(health)["gpu0"]
-    assert level == UNKNOWN and "unknown: health fields (driver too old for the query)" in message
+    assert level == UNKNOWN and message.endswith(
+        "unknown: retired pages (nvidia-smi does not know the field retired_pages.pending)"
+    )
+    assert health.gpus[0].ecc_volatile == 0 and health.gpus[0].throttle == ()
 
 
 def test_probe_carries_the_reader_and_the_doctor_prints_one_line_per_gpu(tmp_path: Path) -> None:
@@ -161,7 +174,10 @@ def test_probe_carries_the_reader_and_the_doctor_prints_one_line_per_gpu(tmp_pat
     obs = Observation("node-a", "me", "10.0.0.1", facts=facts, gpus_expected=2)
     findings = judge([obs], Job(head="node-a", port=0, full=True))
     gpu_lines = {v.check: (v.level, v.message) for v in findings.verdicts if v.check.startswith("gpu")}
-    assert gpu_lines["gpu1"] == (ERROR, "uncorrectable ECC 2 (volatile); Xid 79 at 14:02: fallen off the bus")
+    assert gpu_lines["gpu1"] == (
+        ERROR,
+        "uncorrectable ECC 2 (volatile); Xid 79 at 14:02: GPU has fallen off the bus (drain)",
+    )
     assert gpu_lines["gpu0"][0] == "ok" and gpu_lines["gpu-health"][0] == "ok"
     assert findings.failed
 
@@ -300,7 +316,7 @@ def test_new_faults_name_gpu_and_code(tmp_path: Path) -> None:
     assert new_faults(before, after) == [
         ("gpu3", "GPU 3 (0000:48:00) gone from nvidia-smi's list"),
         ("gpu2", "uncorrectable ECC 0 -> 1 (volatile)"),
-        ("gpu1", "Xid 79 at 14:02: fallen off the bus"),
+        ("gpu1", "Xid 79 at 14:02: GPU has fallen off the bus (drain)"),
     ]
 
 
@@ -328,7 +344,7 @@ def test_gpu_fault_rule_names_node_gpu_and_code_within_one_poll(tmp_path: Path) 
         ("b",),
     )
     assert "b gpu1: GPU 1 (0000:28:00) gone from nvidia-smi's list" in decision.reason
-    assert "b gpu1: Xid 79 at 14:02: fallen off the bus" in decision.reason
+    assert "b gpu1: Xid 79 at 14:02: GPU has fallen off the bus (drain)" in decision.reason
     loss = classify(decision, {}, 5.0)
     assert loss is not None and (loss.kind, loss.nodes) == ("gpu_fault", ("b",))
     off = RuleState()

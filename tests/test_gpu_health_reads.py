@@ -95,13 +95,14 @@ def one_after_the_other(full: bool) -> dict[str, Any]:
     """The answer as the reads gave it one after the other (the reader before they ran at once)."""
     g = fleetrun_gpu
     answer: dict[str, Any] = {"smi": True, "gpus": [], "driver": None, "cuda": None}
+    answer.update(reader="nvidia-smi", reader_note="pynvml not installed")
     gpus, driver, health = g.query_gpus()
     answer.update(queried=gpus is not None, health_fields=health, gpus=gpus or [], driver=driver)
     if gpus:
         remap = g.remapped_rows()
         for gpu in answer["gpus"]:
-            gpu["remap_unc"], gpu["remap_pending"], gpu["remap_failure"] = remap.get(
-                gpu["uuid"], (None, None, None)
+            gpu["remap_unc"], gpu["remap_pending"], gpu["remap_failure"], _state = remap.get(
+                gpu["uuid"], (None, None, None, "ok")
             )
         if full:
             links = g.nvlinks()

@@ -271,7 +271,7 @@ def test_gpu_fault_excludes_the_host_and_the_run_completes_on_the_spare(
     assert isinstance(result, RunResult) and result.outcome == "succeeded", getattr(result, "reason", result)
     attempts = attempts_of(result)
     assert attempts[0]["rule"] == "gpu_fault" and attempts[0]["loss"] == "gpu_fault", attempts[0]
-    assert f"{one} gpu0: Xid 79 at 14:02: fallen off the bus" in attempts[0]["reason"]
+    assert f"{one} gpu0: Xid 79 at 14:02: GPU has fallen off the bus (drain)" in attempts[0]["reason"]
     assert attempts[0]["replaced"] == [one]
     assert one not in attempts[1]["nodes"] and spare in attempts[1]["nodes"], attempts
     assert attempts[1]["first_step"] > EVERY, "the second attempt resumed from a checkpoint"

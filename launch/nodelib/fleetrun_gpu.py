@@ -1,11 +1,19 @@
-"""GPU health read on the node the way NVIDIA's own tools read it. Standard library only (3.8+).
+"""GPU health read on the node the way NVIDIA's own tools read it. Standard library only (3.8+),
+plus NVML's Python bindings where the node has them.
 
-Everything comes from NVIDIA's documented interfaces, through the tools a lab already has:
+Everything comes from NVIDIA's documented interfaces, in this order:
 
-* ``nvidia-smi --query-gpu=FIELDS --format=csv,nounits``: one CSV row per GPU, with its header,
-  so the columns are found by name (a driver that lacks a field fails the query: the basic fields
-  are asked again and the rest stays unknown). Unsupported values read ``[N/A]`` or
-  ``[Not Supported]``, unreadable ones ``[Insufficient Permissions]``: all of them are ``None``.
+* NVML first (``nvidia-ml-py``, module ``pynvml``, imported lazily: :func:`nvml_gpus`): device
+  count and identity, uncorrectable ECC counts (volatile and aggregate), pending page retirement,
+  remapped rows, clock event reasons, PCIe generation and width, NVLink state per link,
+  temperature, power, memory, utilisation. A query NVML answers ``NVML_ERROR_NOT_SUPPORTED`` is a
+  value (the fact is ``unsupported``: a GeForce card has no ECC), any other error leaves the fact
+  unread with NVML's reason. The answer's ``reader`` says which path answered.
+* else ``nvidia-smi --query-gpu=FIELDS --format=csv,nounits``: one CSV row per GPU, read by
+  POSITION for the fields asked (drivers 535+ print ``clocks_throttle_reasons.x`` under its new
+  name ``clocks_event_reasons.x``: see ``ALIASES``). A field the driver refuses is asked again by
+  its alias, else left out and named as the reason its fact is unread. ``[N/A]`` and ``[Not
+  Supported]`` make a fact ``unsupported``; ``[Insufficient Permissions]`` and the like unread.
 * ``nvidia-smi --query-remapped-rows=...``: row remapping pending / failed (A100 and later).
 * ``nvidia-smi nvlink --status``: ``Link N: <inactive>`` per link.
 * ``nvidia-smi -q``: the ``CUDA Version`` line and each GPU's ``Fabric`` section (State and
@@ -33,6 +41,7 @@ slowest read instead of their sum, and one hung tool costs its own timeout, not 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -52,53 +61,74 @@ MAX_TEXT = 120
 SMI = "nvidia-smi"
 
 BASIC_FIELDS = ("index", "uuid", "name", "pci.bus_id", "driver_version")
-HEALTH_FIELDS = (
-    "persistence_mode",
-    "pcie.link.gen.current",
-    "pcie.link.gen.max",
-    "pcie.link.width.current",
-    "pcie.link.width.max",
-    "ecc.errors.uncorrected.volatile.total",
-    "ecc.errors.uncorrected.aggregate.total",
-    "retired_pages.pending",
-    "clocks_throttle_reasons.hw_slowdown",
-    "clocks_throttle_reasons.hw_thermal_slowdown",
-    "clocks_throttle_reasons.hw_power_brake_slowdown",
-    "clocks_throttle_reasons.sw_thermal_slowdown",
-    "clocks_throttle_reasons.sw_power_cap",
-    "temperature.gpu",
-    "power.draw",
-    "memory.used",
-    "memory.total",
-    "utilization.gpu",
-)
-THROTTLE = {
-    "clocks_throttle_reasons.hw_slowdown": "hw_slowdown",
-    "clocks_throttle_reasons.hw_thermal_slowdown": "hw_thermal_slowdown",
-    "clocks_throttle_reasons.hw_power_brake_slowdown": "hw_power_brake_slowdown",
-    "clocks_throttle_reasons.sw_thermal_slowdown": "sw_thermal_slowdown",
-    "clocks_throttle_reasons.sw_power_cap": "sw_power_cap",
+CLOCK_EVENTS = {
+    "clocks_event_reasons.hw_slowdown": "hw_slowdown",
+    "clocks_event_reasons.hw_thermal_slowdown": "hw_thermal_slowdown",
+    "clocks_event_reasons.hw_power_brake_slowdown": "hw_power_brake_slowdown",
+    "clocks_event_reasons.sw_thermal_slowdown": "sw_thermal_slowdown",
+    "clocks_event_reasons.sw_power_cap": "sw_power_cap",
 }
+"""The clock event reasons read, by the names drivers 535 and later print (``--help-query-gpu``)."""
+FACT_FIELDS = {
+    "persistence": ("persistence_mode",),
+    "pcie": ("pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max"),
+    "ecc": ("ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total"),
+    "retired_pages": ("retired_pages.pending",),
+    "clock_events": tuple(CLOCK_EVENTS),
+    "temperature": ("temperature.gpu",),
+    "power": ("power.draw",),
+    "memory": ("memory.used", "memory.total"),
+    "utilization": ("utilization.gpu",),
+}
+"""Each fact and the ``--query-gpu`` fields it is read from: a fact is ``unsupported`` when its
+first field reads ``[N/A]`` or ``[Not Supported]`` (a GeForce card has no ECC), and unread, with
+the reason, when the field was refused or read ``[Insufficient Permissions]``, ``[Unknown Error]``..."""
+HEALTH_FIELDS = tuple(f for fields in FACT_FIELDS.values() for f in fields)
+FACTS = (*FACT_FIELDS, "remapped_rows", "nvlink")
+ALIASES = {
+    **{name: "clocks_throttle_reasons." + name.split(".", 1)[1] for name in CLOCK_EVENTS},
+    "clocks_event_reasons.active": "clocks_throttle_reasons.active",
+    "clocks_event_reasons.supported": "clocks_throttle_reasons.supported",
+    "uuid": "gpu_uuid",
+    "pci.bus_id": "gpu_bus_id",
+}
+"""Field names and their other spelling, from ``nvidia-smi --help-query-gpu`` (``"X" or "Y"``).
+Driver 535 renamed ``clocks_throttle_reasons.*`` to ``clocks_event_reasons.*``, kept the old names
+as aliases, and prints a query for either under the new name in the CSV header: the answer is
+read by position, never by header equality. A driver older than 535 refuses the new names, so a
+refused name is asked again by its alias."""
+CANONICAL = {**{old: new for new, old in ALIASES.items()}}
 REMAP_FIELDS = ("gpu_uuid", "remapped_rows.uncorrectable", "remapped_rows.pending", "remapped_rows.failure")
+REFUSED = re.compile(r'Field "([^"]{1,80})" is not a valid field to query')
+UNSUPPORTED_CELLS = ("[n/a]", "[not supported]", "n/a")
+"""What nvidia-smi prints for a fact the GPU does not have: a value, ``unsupported``."""
 XID_LINE = re.compile(
     r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]{0,40}\): (\d{1,4}), ?(.*)"
 )
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
 
 
-def run_tool(argv, timeout=None):
-    """(exit code, stdout) of ``argv``; exit None when the tool is missing or hangs (past
-    ``timeout``, by default ``TOOL_TIMEOUT_S``)."""
+def run_tool(argv, timeout=None, with_errors=False):
+    """(exit code, stdout) of ``argv``, or (exit code, stdout, stderr) ``with_errors``; exit None
+    when the tool is missing or hangs (past ``timeout``, by default ``TOOL_TIMEOUT_S``)."""
     timeout = TOOL_TIMEOUT_S if timeout is None else timeout
+    nothing = (None, "", "") if with_errors else (None, "")
     if shutil.which(argv[0]) is None:
-        return None, ""
+        return nothing
     try:
         proc = subprocess.run(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=timeout, check=False
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if with_errors else subprocess.DEVNULL,
+            timeout=timeout,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return None, ""
-    return proc.returncode, proc.stdout[: 512 * 1024].decode("utf-8", "replace")
+        return nothing
+    out = proc.stdout[: 512 * 1024].decode("utf-8", "replace")
+    if with_errors:
+        return proc.returncode, out, (proc.stderr or b"")[:4096].decode("utf-8", "replace")
+    return proc.returncode, out
 
 
 def value(text):
@@ -136,21 +166,49 @@ def yes_no(text):
     return None
 
 
+def canonical(name):
+    """A field's name as drivers 535 and later print it (``clocks_throttle_reasons.x`` is
+    ``clocks_event_reasons.x``; ``gpu_uuid`` is ``uuid``)."""
+    return CANONICAL.get(name, name)
+
+
 def parse_csv(text, fields):
-    """Rows of a ``--format=csv,nounits`` answer as dicts keyed by field name (units stripped
-    from the header: ``memory.used [MiB]`` is ``memory.used``); None unless the header names
-    exactly ``fields`` (an error message instead of a table, or another tool's output)."""
+    """Rows of a ``--format=csv,nounits`` answer to a query for ``fields``, as dicts keyed by the
+    ASKED names, each column taken by its POSITION: nvidia-smi answers the fields in the order
+    asked, but prints a field under its current name (a query for ``clocks_throttle_reasons.x``
+    on driver 535+ comes back headed ``clocks_event_reasons.x``), so the header is only checked to
+    hold one column per field. None for anything else (an error message instead of a table,
+    another tool's output)."""
     rows = list(csv.reader(text.splitlines(), skipinitialspace=True))
-    if not rows:
+    if not rows or len(rows[0]) != len(fields):
         return None
     header = [h.split(" [")[0].strip() for h in rows[0]]
-    if header != list(fields):
+    renamed = not all(canonical(h) == canonical(f) or h == f for h, f in zip(header, fields))  # noqa: B905
+    # a name outside the alias table: a renamed field keeps its place, but a table whose first
+    # column is not the first field asked is some other answer
+    if renamed and canonical(header[0]) != canonical(fields[0]):
         return None
     out = []
     for row in rows[1 : MAX_GPUS + 1]:
-        if len(row) == len(header):
-            out.append(dict(zip(header, row)))  # noqa: B905 - nodes may run Python 3.8
+        if len(row) == len(fields):
+            out.append(dict(zip(fields, row)))  # noqa: B905 - nodes may run Python 3.8
     return out
+
+
+def cell_state(text):
+    """``ok``, ``unsupported`` (the GPU has no such thing: ``[N/A]``, ``[Not Supported]``) or the
+    reason it could not be read (``[Insufficient Permissions]``, ``[Unknown Error]``, ``[GPU
+    requires reset]``...), for one CSV cell."""
+    if text is None:
+        return "not asked"
+    low = text.strip().lower()
+    if low in UNSUPPORTED_CELLS:
+        return "unsupported"
+    if low.startswith("[") and low.endswith("]"):
+        return "nvidia-smi said " + text.strip()[:60]
+    if not low:
+        return "nvidia-smi gave no value"
+    return "ok"
 
 
 def bus_key(bus_id):
@@ -165,18 +223,29 @@ def bus_key(bus_id):
     return f"{domain:04x}:{parts[-2]}:{parts[-1].split('.')[0]}"
 
 
-def gpu_from_row(row, health):
+def gpu_from_row(row, refused=None):
+    """One GPU's facts from its row (keyed by the asked names, canonical ones), with per fact
+    ``unsupported`` and ``unread`` (fact: reason); ``refused`` maps a field nvidia-smi would not
+    answer to why."""
+    refused = refused or {}
     gpu = {
         "index": whole(row.get("index", "")),
         "uuid": value(row.get("uuid", "")) or "",
         "name": value(row.get("name", "")),
         "bus_id": bus_key(row.get("pci.bus_id", "")),
     }
-    if not health:
-        return gpu
-    throttle = {}
-    for field, short in THROTTLE.items():
-        throttle[short] = yes_no(row.get(field))
+    unsupported, unread = [], {}
+    for fact, fields in FACT_FIELDS.items():
+        gone = [refused[f] for f in fields if f in refused]
+        if gone:
+            unread[fact] = gone[0]
+            continue
+        state = cell_state(row.get(fields[0]))
+        if state == "unsupported":
+            unsupported.append(fact)
+        elif state != "ok":
+            unread[fact] = state
+    throttle = {short: yes_no(row.get(field)) for field, short in CLOCK_EVENTS.items()}
     gpu.update(
         {
             "persistence": yes_no(row.get("persistence_mode")),
@@ -193,37 +262,69 @@ def gpu_from_row(row, health):
             "mem_used_mib": number(row.get("memory.used")),
             "mem_total_mib": number(row.get("memory.total")),
             "util": number(row.get("utilization.gpu")),
+            "unsupported": unsupported,
+            "unread": unread,
         }
     )
     return gpu
+
+
+def ask_fields(fields):
+    """``nvidia-smi --query-gpu`` for ``fields`` as the driver will answer it: (rows keyed by the
+    asked names, fields refused (name: reason)). A refused field (``Field "x" is not a valid field
+    to query.``, exit 2) is asked again by its alias when it has one (a pre-535 driver knows
+    ``clocks_throttle_reasons.x`` only), else left out and named, and the query sent again; rows
+    None when no table came back at all."""
+    asked = list(fields)
+    refused = {}
+    for _ in range(len(fields) + 2):
+        if not asked:
+            return None, refused
+        _code, out, err = run_tool(
+            [SMI, "--query-gpu=" + ",".join(asked), "--format=csv,nounits"], with_errors=True
+        )
+        rows = parse_csv(out, asked)
+        if rows is not None:
+            keyed = [{canonical(k): v for k, v in row.items()} for row in rows]
+            return keyed, refused
+        match = REFUSED.search(out) or REFUSED.search(err)
+        if not match or match.group(1) not in asked:
+            return None, refused
+        name = match.group(1)
+        i = asked.index(name)
+        other = ALIASES.get(name) or CANONICAL.get(name)
+        if other and other not in asked and canonical(name) not in refused:
+            asked[i] = other
+            refused[canonical(name)] = None  # asked once by its alias: not refused yet
+        else:
+            del asked[i]
+            refused[canonical(name)] = f"nvidia-smi does not know the field {canonical(name)}"
+    return None, refused
 
 
 def query_gpus():
     """(gpus, driver, health fields read?) from ``--query-gpu``; (None, None, False) when the tool
     gives no table at all. A GPU that fell off the bus makes nvidia-smi exit non-zero but still
     list the others: the table counts, not the exit code."""
-    fields = BASIC_FIELDS + HEALTH_FIELDS
-    _code, out = run_tool([SMI, "--query-gpu=" + ",".join(fields), "--format=csv,nounits"])
-    rows = parse_csv(out, fields)
-    health = rows is not None
-    if rows is None:
-        _code, out = run_tool([SMI, "--query-gpu=" + ",".join(BASIC_FIELDS), "--format=csv,nounits"])
-        rows = parse_csv(out, BASIC_FIELDS)
-        if rows is None:
-            return None, None, False
+    rows, refused = ask_fields(BASIC_FIELDS + HEALTH_FIELDS)
+    refused = {k: v for k, v in refused.items() if v}
+    if rows is None or any(f in refused for f in ("index", "uuid")):
+        return None, None, False
     driver = None
     gpus = []
     for row in rows:
-        gpu = gpu_from_row(row, health)
+        gpu = gpu_from_row(row, refused)
         if gpu["index"] is None:
             continue
         driver = value(row.get("driver_version", "")) or driver
         gpus.append(gpu)
+    health = not any(f in refused for f in HEALTH_FIELDS)
     return gpus, driver, health
 
 
 def remapped_rows():
-    """Per GPU uuid: (uncorrectable rows, pending, failure); {} when the query is not supported."""
+    """Per GPU uuid: (uncorrectable rows, pending, failure, cell state); {} when the query is not
+    supported (a GPU before the A100 retires pages instead)."""
     _code, out = run_tool([SMI, "--query-remapped-rows=" + ",".join(REMAP_FIELDS), "--format=csv,nounits"])
     found = {}
     for row in parse_csv(out, REMAP_FIELDS) or []:
@@ -233,8 +334,197 @@ def remapped_rows():
                 whole(row.get("remapped_rows.uncorrectable")),
                 yes_no(row.get("remapped_rows.pending")),
                 yes_no(row.get("remapped_rows.failure")),
+                cell_state(row.get("remapped_rows.pending")),
             )
     return found
+
+
+# -- NVML (``nvidia-ml-py``, module ``pynvml``) ---------------------------------------------------
+
+NVML_NOT_SUPPORTED = 3
+"""``NVML_ERROR_NOT_SUPPORTED`` (``nvml.h``): the device has no such thing; a value, not a failure."""
+NVML_ECC_UNCORRECTED = 1
+"""``NVML_MEMORY_ERROR_TYPE_UNCORRECTED``."""
+NVML_VOLATILE, NVML_AGGREGATE = 0, 1
+"""``NVML_VOLATILE_ECC`` (since the driver loaded), ``NVML_AGGREGATE_ECC`` (the GPU's lifetime)."""
+NVML_TEMPERATURE_GPU = 0
+NVML_MAX_LINKS = 18
+"""``NVML_NVLINK_MAX_LINKS`` (18 since the H100)."""
+NVML_EVENT_BITS = {
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
+"""``nvmlClocksEventReason*`` bits (``nvml.h``; ``nvmlClocksThrottleReason*`` before 535)."""
+
+
+class NvmlUnsupported(Exception):
+    """One NVML query answered NVML_ERROR_NOT_SUPPORTED."""
+
+
+def _nvml_text(found):
+    if isinstance(found, bytes):
+        found = found.decode("utf-8", "replace")
+    return str(found)[:MAX_TEXT]
+
+
+def _nvml_error(nvml, exc):
+    """Why a call failed, in NVML's words (``nvmlErrorString``)."""
+    try:
+        return _nvml_text(nvml.nvmlErrorString(exc.value))
+    except Exception:  # noqa: BLE001 - any binding may lack the call: the exception's own text
+        return _nvml_text(exc)
+
+
+def _nvml_call(nvml, fn, *args):
+    """``fn(*args)``; raises :class:`NvmlUnsupported` for NVML_ERROR_NOT_SUPPORTED."""
+    try:
+        return fn(*args)
+    except nvml.NVMLError as exc:
+        if getattr(exc, "value", None) == NVML_NOT_SUPPORTED:
+            raise NvmlUnsupported() from exc
+        raise
+
+
+def _nvml_gpu(nvml, index):
+    """One GPU's facts through NVML, in the same shape as :func:`gpu_from_row`'s."""
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    pci = nvml.nvmlDeviceGetPciInfo(handle)
+    gpu = {
+        "index": index,
+        "uuid": _nvml_text(nvml.nvmlDeviceGetUUID(handle)),
+        "name": _nvml_text(nvml.nvmlDeviceGetName(handle)),
+        "bus_id": bus_key(_nvml_text(pci.busId)),
+        "throttle": {short: None for short in NVML_EVENT_BITS},
+    }
+    unsupported, unread = [], {}
+
+    def read(fact, reader):
+        try:
+            reader()
+        except NvmlUnsupported:
+            if fact not in unsupported:
+                unsupported.append(fact)
+        except nvml.NVMLError as exc:
+            unread.setdefault(fact, "NVML: " + _nvml_error(nvml, exc))
+
+    def persistence():
+        gpu["persistence"] = _nvml_call(nvml, nvml.nvmlDeviceGetPersistenceMode, handle) == 1
+
+    def pcie():
+        gpu["pcie_gen"] = _nvml_call(nvml, nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
+        gpu["pcie_gen_max"] = _nvml_call(nvml, nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
+        gpu["pcie_width"] = _nvml_call(nvml, nvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
+        gpu["pcie_width_max"] = _nvml_call(nvml, nvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
+
+    def ecc():
+        total = nvml.nvmlDeviceGetTotalEccErrors
+        gpu["ecc_volatile"] = _nvml_call(nvml, total, handle, NVML_ECC_UNCORRECTED, NVML_VOLATILE)
+        gpu["ecc_aggregate"] = _nvml_call(nvml, total, handle, NVML_ECC_UNCORRECTED, NVML_AGGREGATE)
+
+    def retired():
+        gpu["retired_pending"] = _nvml_call(nvml, nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle) == 1
+
+    def remapped():
+        _corr, unc, pending, failure = _nvml_call(nvml, nvml.nvmlDeviceGetRemappedRows, handle)
+        gpu["remap_unc"], gpu["remap_pending"], gpu["remap_failure"] = unc, bool(pending), bool(failure)
+
+    def events():
+        get = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        get = get or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        mask = _nvml_call(nvml, get, handle)
+        gpu["throttle"] = {short: bool(mask & bit) for short, bit in NVML_EVENT_BITS.items()}
+
+    def temperature():
+        gpu["temp_c"] = float(_nvml_call(nvml, nvml.nvmlDeviceGetTemperature, handle, NVML_TEMPERATURE_GPU))
+
+    def power():
+        gpu["power_w"] = _nvml_call(nvml, nvml.nvmlDeviceGetPowerUsage, handle) / 1000.0
+
+    def memory():
+        info = _nvml_call(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+        gpu["mem_used_mib"], gpu["mem_total_mib"] = info.used / 1048576.0, info.total / 1048576.0
+
+    def utilization():
+        gpu["util"] = float(_nvml_call(nvml, nvml.nvmlDeviceGetUtilizationRates, handle).gpu)
+
+    def nvlink():
+        active = inactive = 0
+        for link in range(NVML_MAX_LINKS):
+            try:
+                state = _nvml_call(nvml, nvml.nvmlDeviceGetNvLinkState, handle, link)
+            except NvmlUnsupported:
+                if link == 0:
+                    raise
+                break  # past this GPU's last link
+            except nvml.NVMLError as exc:
+                if link == 0:
+                    raise
+                if getattr(exc, "value", None) == 2:  # NVML_ERROR_INVALID_ARGUMENT: no such link
+                    break
+                raise
+            if state == 1:
+                active += 1
+            else:
+                inactive += 1
+        gpu["nvlink_active"], gpu["nvlink_inactive"] = active, inactive
+
+    for fact, reader in (
+        ("persistence", persistence),
+        ("pcie", pcie),
+        ("ecc", ecc),
+        ("retired_pages", retired),
+        ("remapped_rows", remapped),
+        ("clock_events", events),
+        ("temperature", temperature),
+        ("power", power),
+        ("memory", memory),
+        ("utilization", utilization),
+        ("nvlink", nvlink),
+    ):
+        read(fact, reader)
+    gpu["unsupported"], gpu["unread"] = unsupported, unread
+    return gpu
+
+
+def nvml_gpus():
+    """(gpus, driver, CUDA version, why not) through NVML: NVIDIA's own library, the one every tool
+    (nvidia-smi too) reads through, with a stable API across drivers. ``pynvml`` (the
+    ``nvidia-ml-py`` package) is imported here, not at the top: a node without it, or without a
+    loadable ``libnvidia-ml.so``, answers (None, None, None, the reason) and the reader falls back
+    to nvidia-smi. A GPU NVML cannot open (fallen off the bus) is missing from the list, as it is
+    from nvidia-smi's. Xid events: NVML reports only those that happen while a process waits on
+    an event set, so a one-shot read keeps taking them from the kernel log."""
+    try:
+        import pynvml as nvml  # noqa: PLC0415 - optional on nodes: the fallback is nvidia-smi
+    except ImportError:
+        return None, None, None, "pynvml not installed"
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return None, None, None, "NVML did not load: " + _nvml_text(exc)[:80]
+    try:
+        driver = _nvml_text(nvml.nvmlSystemGetDriverVersion())
+        cuda = None
+        try:
+            found = int(nvml.nvmlSystemGetCudaDriverVersion())
+            cuda = f"{found // 1000}.{found % 1000 // 10}"
+        except Exception:  # noqa: BLE001 - the CUDA version is a courtesy; -q reads it too
+            cuda = None
+        gpus = []
+        for index in range(min(int(nvml.nvmlDeviceGetCount()), MAX_GPUS)):
+            try:
+                gpus.append(_nvml_gpu(nvml, index))
+            except nvml.NVMLError:
+                continue  # NVML_ERROR_GPU_IS_LOST and the like: not listed, as nvidia-smi does
+        return gpus, driver, cuda, None
+    except Exception as exc:  # noqa: BLE001 - a broken binding: nvidia-smi still answers
+        return None, None, None, "NVML failed: " + _nvml_text(exc)[:80]
+    finally:
+        with contextlib.suppress(Exception):  # nothing to do about a failed shutdown
+            nvml.nvmlShutdown()
 
 
 def nvlinks():
@@ -679,45 +969,64 @@ def read_health(full=True):
     """Everything above as one JSON-able dict. ``full`` adds the slower reads (``-q``, NVLink,
     fabric devices) that the doctor wants and a poll during the run does not.
 
-    All reads start together (:func:`together`): those about the GPUs (row remapping, NVLink,
-    ``-q``) before it is known whether ``--query-gpu`` lists any, and their answers are used only
-    when it does, so the answer is the one the reads would give one after the other; a read that
-    raises makes this raise its error, the first in that order, as it did then."""
-    answer = {"smi": shutil.which(SMI) is not None, "gpus": [], "driver": None, "cuda": None}
+    The GPUs are read through NVML when ``pynvml`` loads (``reader`` "nvml"), else through
+    nvidia-smi's query interface (``reader`` "nvidia-smi", ``reader_note`` says why not NVML).
+    The other reads start together (:func:`together`): those about the GPUs (row remapping,
+    NVLink, ``-q``) before it is known whether ``--query-gpu`` lists any, and their answers are
+    used only when it does, so the answer is the one the reads would give one after the other; a
+    read that raises makes this raise its error, the first in that order, as it did then."""
+    nv_gpus, nv_driver, nv_cuda, why_not = nvml_gpus()
+    has_smi = shutil.which(SMI) is not None
+    answer = {"smi": has_smi or nv_gpus is not None, "gpus": [], "driver": None, "cuda": None}
     if not answer["smi"]:
         return answer  # no NVIDIA tools: a CPU node; its kernel log holds no Xid to look for
-    reads = {"query": query_gpus, "remap": remapped_rows}
-    if full:
-        reads.update({"nvlink": nvlinks, "details": query_details})
+    by_nvml = nv_gpus is not None
+    answer["reader"] = "nvml" if by_nvml else "nvidia-smi"
+    answer["reader_note"] = why_not
+    reads = {} if by_nvml else {"query": query_gpus, "remap": remapped_rows}
+    if full and not by_nvml:
+        reads["nvlink"] = nvlinks
+    if full and has_smi:
+        reads["details"] = query_details
     reads["xids"] = kernel_xids
     if full:
         reads["ib"] = fabric_devices
     reads["dcgm"] = dcgm_health
     results = together(reads)
-    listed = results["query"][0] and bool(results["query"][1][0])
+    listed = bool(nv_gpus) if by_nvml else results["query"][0] and bool(results["query"][1][0])
     for name in reads:  # in the order they ran one after the other, not the order they ended
         ok, found = results[name]
         if not ok and (listed or name not in ("remap", "nvlink", "details")):
             raise found
     got = {name: found for name, (_ok, found) in results.items()}
-    gpus, driver, health = got["query"]
+    if by_nvml:
+        gpus, driver, health = nv_gpus, nv_driver, True
+    else:
+        gpus, driver, health = got["query"]
     answer["queried"] = gpus is not None
     answer["health_fields"] = health
     answer["gpus"] = gpus or []
     answer["driver"] = driver
-    if gpus:
+    answer["cuda"] = nv_cuda
+    if gpus and not by_nvml:
         remap = got["remap"]
         for gpu in answer["gpus"]:
             rows = remap.get(gpu["uuid"])
-            gpu["remap_unc"], gpu["remap_pending"], gpu["remap_failure"] = rows or (None, None, None)
+            gpu["remap_unc"], gpu["remap_pending"], gpu["remap_failure"], state = rows or (None,) * 3 + (
+                "ok",
+            )
+            if state == "unsupported":
+                gpu["unsupported"].append("remapped_rows")
         if full:
             links = got["nvlink"]
-            cuda, fabric = got["details"]
-            answer["cuda"] = cuda
             for gpu in answer["gpus"]:
                 active, inactive = links.get(gpu["index"], (None, None))
                 gpu["nvlink_active"], gpu["nvlink_inactive"] = active, inactive
-                gpu["fabric_state"], gpu["fabric_status"] = fabric.get(gpu["bus_id"], (None, None))
+    if gpus and "details" in got:
+        cuda, fabric = got["details"]
+        answer["cuda"] = answer["cuda"] or cuda
+        for gpu in answer["gpus"]:
+            gpu["fabric_state"], gpu["fabric_status"] = fabric.get(gpu["bus_id"], (None, None))
     answer["xids"], answer["xid_source"] = got["xids"]
     if full:
         answer["ib_devices"] = got["ib"]

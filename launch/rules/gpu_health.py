@@ -6,11 +6,12 @@ the pre-launch check) and the node agent's poll (during a run). They are untrust
 within bounds into typed facts, and a malformed answer is a ``ProtocolError`` naming the field.
 
 Levels: ``bad`` (a job on this GPU fails, hangs or corrupts: uncorrectable ECC since the driver
-loaded, a critical Xid, a GPU missing, row remapping pending or failed, NVLinks down, the NVSwitch
+loaded, an Xid NVIDIA's catalogue says needs a reset, a drain or a repair (``launch.rules.xid_catalog``), a GPU missing, row remapping pending or failed, NVLinks down, the NVSwitch
 fabric not trained), ``warn`` (it runs, slower or at risk: PCIe narrower than the GPU's maximum,
 hardware or thermal slowdown, persistence mode off, uncorrectable ECC in the lifetime count only),
-``unknown`` (something that matters could not be read here, typically the kernel log without root:
-never reported as healthy) and ``ok``. Why these: they are the faults Meta's Llama 3 report and
+``unknown`` (something that matters could not be read here, typically the kernel log without root,
+or a read that failed: always with the reason, never reported as healthy) and ``ok``. A fact the
+GPU does not have (``unsupported``: no ECC on a GeForce card) is healthy on that fact. Why these: they are the faults Meta's Llama 3 report and
 NVIDIA's own Xid catalogue put first, and the ones DCGM's health watches look at.
 
 Where DCGM is installed, its health watches (``dcgmi health``) add their incidents to the same
@@ -32,10 +33,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from launch.nodelib.fleetrun_wire import ProtocolError, _Fields
+from launch.rules.xid_catalog import XidMeaning, xid_meaning
 
 __all__ = [
     "BAD",
-    "CRITICAL_XIDS",
+    "FACTS",
     "DcgmHealth",
     "DcgmIncident",
     "OK",
@@ -55,6 +57,7 @@ __all__ = [
     "parse_gpu_health",
     "printable",
     "xid_name",
+    "xid_meaning",
 ]
 
 OK, WARN, BAD, UNKNOWN = "ok", "warn", "bad", "unknown"
@@ -63,38 +66,23 @@ MAX_GPUS = 64
 MAX_XIDS = 32
 MAX_TEXT = 120
 
-XID_NAMES: Mapping[int, str] = {
-    13: "graphics engine exception",
-    31: "GPU memory page fault",
-    32: "invalid or corrupted push buffer stream",
-    38: "driver firmware error",
-    43: "GPU stopped processing",
-    45: "preemptive cleanup",
-    48: "double-bit ECC error",
-    56: "display engine error",
-    57: "error programming video memory interface",
-    61: "internal micro-controller breakpoint/warning",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remapping recorded",
-    64: "ECC page retirement or row remapping failed",
-    68: "video processor exception",
-    69: "graphics engine class error",
-    74: "NVLink error",
-    79: "fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    121: "C2C link error",
-    140: "unrecovered ECC error",
-    143: "GPU initialization failure",
-    154: "GPU recovery action changed",
-}
-"""Names from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors)."""
-CRITICAL_XIDS = frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 121, 140, 143, 154})
-"""Xids that mean the GPU (not the application) is at fault: the node is bad until reset or
-repaired. 13, 31, 43 and 45 are usually the application's own doing, so only a warning."""
+FACTS = (
+    "persistence",
+    "pcie",
+    "ecc",
+    "retired_pages",
+    "clock_events",
+    "temperature",
+    "power",
+    "memory",
+    "utilization",
+    "remapped_rows",
+    "nvlink",
+)
+"""The facts the reader reads per GPU; each may be ``unsupported`` (the GPU has no such thing:
+a value, judged healthy) or unread (with the reason: judged unknown)."""
+READERS = ("nvml", "nvidia-smi")
+READER_NAMES = {"nvml": "NVML", "nvidia-smi": "nvidia-smi"}
 
 HW_THROTTLE = {
     "hw_slowdown": "HW slowdown",
@@ -152,10 +140,18 @@ class GpuFacts:
     nvlink_inactive: int | None = None
     fabric_state: str | None = None
     fabric_status: str | None = None
+    unsupported: tuple[str, ...] = ()
+    """Facts this GPU does not have (NVML's NOT_SUPPORTED, nvidia-smi's ``[N/A]``): a GeForce
+    card's ECC, a PCIe card's NVLinks."""
+    unread: tuple[tuple[str, str], ...] = ()
+    """(fact, why) for each fact a read of failed: the only source of "unknown" for a GPU."""
 
     @property
     def label(self) -> str:
         return f"gpu{self.index}"
+
+    def why_unread(self, fact: str) -> str | None:
+        return next((why for name, why in self.unread if name == fact), None)
 
 
 @dataclass(frozen=True)
@@ -248,6 +244,26 @@ class GpuHealth:
     ib_devices: tuple[str, ...] | None = None
     dcgm: DcgmHealth | None = None
     """None: no ``dcgmi`` on the node (DCGM is optional; nvidia-smi's facts stand alone)."""
+    reader: str | None = None
+    """Which path read the GPUs: ``nvml`` or ``nvidia-smi`` (None: an older reader)."""
+    reader_note: str | None = None
+    """Why not NVML, when nvidia-smi read them (``pynvml (nvidia-ml-py) not installed``)."""
+
+    @property
+    def readers(self) -> str:
+        """``NVML``, ``nvidia-smi (pynvml not installed)``: what read the GPUs."""
+        name = READER_NAMES.get(self.reader or "", "nvidia-smi") if self.queried else "none"
+        if self.reader == "nvidia-smi" and self.reader_note:
+            name += f" ({self.reader_note})"
+        return name
+
+    @property
+    def answered(self) -> str:
+        """Every reader that answered: ``NVML + DCGM``, ``nvidia-smi``, ``none``."""
+        names = [READER_NAMES.get(self.reader or "", "nvidia-smi")] if self.queried else []
+        if self.dcgm is not None and self.dcgm.state == "ok":
+            names.append("DCGM")
+        return " + ".join(names) or "none"
 
 
 @dataclass(frozen=True)
@@ -314,7 +330,36 @@ def _gpu(fields: _Fields) -> GpuFacts:
         nvlink_inactive=fields.optional_integer("nvlink_inactive", 0, 1024),
         fabric_state=_opt_text(fields, "fabric_state", 40),
         fabric_status=_opt_text(fields, "fabric_status", 40),
+        unsupported=_facts_unsupported(fields),
+        unread=_facts_unread(fields),
     )
+
+
+def _fact(value: object, key: str) -> str:
+    if not isinstance(value, str) or value not in FACTS:
+        raise ProtocolError(f"field {key!r}: expected one of {', '.join(FACTS)}")
+    return value
+
+
+def _facts_unsupported(fields: _Fields) -> tuple[str, ...]:
+    if fields.data.get("unsupported") is None:
+        return ()
+    return tuple(fields.strings("unsupported", len(FACTS), _fact))
+
+
+def _facts_unread(fields: _Fields) -> tuple[tuple[str, str], ...]:
+    raw = fields.data.get("unread")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or len(raw) > len(FACTS):
+        raise ProtocolError(f"{fields.what}: field 'unread': expected an object of facts")
+    found = []
+    for fact, why in raw.items():
+        _fact(fact, "unread")
+        if not isinstance(why, str):
+            raise ProtocolError(f"{fields.what}: field 'unread.{fact}': expected a reason")
+        found.append((fact, printable(why[:MAX_TEXT])))
+    return tuple(found)
 
 
 def _items(fields: _Fields, key: str, limit: int) -> list[_Fields] | None:
@@ -393,7 +438,18 @@ def parse_gpu_health(data: object, what: str = "gpu health") -> GpuHealth:
         xid_source=_opt_text(fields, "xid_source", 20),
         ib_devices=None if ib is None else fields.strings("ib_devices", MAX_GPUS, _device),
         dcgm=parse_dcgm(fields.data.get("dcgm"), f"{what} dcgm"),
+        reader=_reader(fields),
+        reader_note=None
+        if fields.data.get("reader_note") is None
+        else printable(fields.text("reader_note", 120)),
     )
+
+
+def _reader(fields: _Fields) -> str | None:
+    reader = _opt_text(fields, "reader", 20)
+    if reader is not None and reader not in READERS:
+        raise ProtocolError(f"{fields.what}: field 'reader': expected one of {', '.join(READERS)}")
+    return reader
 
 
 def _device(value: object, key: str) -> str:
@@ -406,7 +462,12 @@ def _device(value: object, key: str) -> str:
 
 
 def xid_name(code: int) -> str:
-    return XID_NAMES.get(code, "see NVIDIA's Xid catalogue")
+    return xid_meaning(code).name
+
+
+def xid_judged(xid: XidEvent) -> XidMeaning:
+    """The Xid's meaning in NVIDIA's catalogue, its own line deciding where the catalogue says so."""
+    return xid_meaning(xid.code, xid.text)
 
 
 def _clock(at: str | None) -> str:
@@ -417,7 +478,15 @@ def _clock(at: str | None) -> str:
 
 
 def _xid_text(xid: XidEvent) -> str:
-    return f"Xid {xid.code}{_clock(xid.at)}: {xid_name(xid.code)}"
+    meaning = xid_judged(xid)
+    if not meaning.known:
+        return f"Xid {xid.code}{_clock(xid.at)}: not in NVIDIA's Xid catalogue ({printable(xid.text[:60])})"
+    action = "" if meaning.action == "none" else f" ({meaning.action})"
+    return f"Xid {xid.code}{_clock(xid.at)}: {meaning.name}{action}"
+
+
+def _xid_bad(xid: XidEvent) -> bool:
+    return xid_judged(xid).level == BAD
 
 
 SAME_FAULT: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -469,8 +538,12 @@ def judge_gpu(
         bad.append(f"uncorrectable ECC {gpu.ecc_volatile} (volatile)")
     elif gpu.ecc_aggregate:
         warn.append(f"uncorrectable ECC {gpu.ecc_aggregate} (aggregate, lifetime)")
-    if gpu.ecc_volatile is None and gpu.ecc_aggregate is None:
-        unknown.append("ECC" if health_fields else "health fields (driver too old for the query)")
+    if gpu.ecc_volatile is None and gpu.ecc_aggregate is None and "ecc" not in gpu.unsupported:
+        why = gpu.why_unread("ecc") or ("not read" if health_fields else "the driver refused the query")
+        unknown.append(f"ECC ({why})")
+    for fact in ("retired_pages", "remapped_rows", "clock_events", "pcie"):
+        if (why := gpu.why_unread(fact)) is not None:
+            unknown.append(f"{fact.replace('_', ' ')} ({why})")
     if gpu.remap_failure:
         bad.append("row remapping failed (the GPU needs repair)")
     if gpu.remap_pending:
@@ -478,7 +551,7 @@ def judge_gpu(
     if gpu.retired_pending:
         bad.append("page retirement pending (reset the GPU)")
     for xid in xids or ():
-        (bad if xid.code in CRITICAL_XIDS else warn).append(_xid_text(xid))
+        (bad if _xid_bad(xid) else warn).append(_xid_text(xid))
     if gpu.nvlink_inactive and gpu.nvlink_active is not None:
         total = gpu.nvlink_active + gpu.nvlink_inactive
         bad.append(f"{gpu.nvlink_inactive} of {total} NVLinks inactive")
@@ -530,6 +603,8 @@ def _summary(gpu: GpuFacts) -> str:
         bits.append(f"PCIe {gen} x{gpu.pcie_width}".replace("  ", " "))
     if gpu.ecc_volatile is not None:
         bits.append("no uncorrectable ECC")
+    elif "ecc" in gpu.unsupported:
+        bits.append("no ECC on this card")
     if gpu.nvlink_active:
         bits.append(f"{gpu.nvlink_active} NVLinks")
     if gpu.temp_c is not None:
@@ -588,7 +663,7 @@ def judge_node(
     known_buses = {g.bus_id for g in health.gpus}
     for bus, events in by_bus.items():
         if bus not in known_buses:  # a GPU gone from the list leaves only its Xids behind
-            node_bad.extend(f"GPU at PCI {bus}: {_xid_text(x)}" for x in events if x.code in CRITICAL_XIDS)
+            node_bad.extend(f"GPU at PCI {bus}: {_xid_text(x)}" for x in events if _xid_bad(x))
     if health.ib_devices is not None and fabric_devices and len(health.ib_devices) < fabric_devices:
         node_bad.append(f"{len(health.ib_devices)} EFA/InfiniBand device(s) of {fabric_devices} expected")
     # DCGM's incidents on a GPU go to that GPU's line; those on an NVSwitch, a link, a ConnectX
@@ -622,6 +697,7 @@ def judge_node(
             health.driver and f"driver {health.driver}",
             health.cuda and f"CUDA {health.cuda}",
             dcgm is not None and dcgm.state == "ok" and "DCGM health watches read",
+            health.reader and f"read through {health.readers}",
         )
         line = count + "".join(f", {v}" for v in known if v)
         level = WARN if node_warn else UNKNOWN if unknowns else OK
@@ -718,7 +794,7 @@ def new_faults(baseline: GpuHealth, now: GpuHealth) -> list[tuple[str, str]]:
                 break
     seen = {x.key for x in baseline.xids or ()}
     for xid in now.xids or ():
-        if xid.key not in seen and xid.code in CRITICAL_XIDS:
+        if xid.key not in seen and _xid_bad(xid):
             faults.append((bus_label.get(xid.bus_id, f"PCI {xid.bus_id}"), _xid_text(xid)))
     # a DCGM failure new since the first reading (the same system on the same entity failing
     # already then is not new; a DCGM that answered nothing then compares with nothing)
