@@ -329,7 +329,10 @@ def test_bad_gpu_is_named_per_gpu_with_the_nvidia_smi_stand_in(lab: LocalFleet, 
     gpu_line = re.compile(r"^(\S+)\s+(gpu\d+|gpu-health|gpu-diag)\s+(ok|WARN|ERROR)\s+(.*)$")
     found = [(m.group(1, 2), m.group(3, 4)) for m in map(gpu_line.match, proc.stdout.splitlines()) if m]
     mine = [(check, verdict) for (node, check), verdict in found if node == one]
-    assert ("gpu1", ("ERROR", "uncorrectable ECC 2 (volatile); Xid 79 at 14:02: GPU has fallen off the bus (drain)")) in mine
+    assert (
+        "gpu1",
+        ("ERROR", "uncorrectable ECC 2 (volatile); Xid 79 at 14:02: GPU has fallen off the bus (drain)"),
+    ) in mine
     assert (
         "gpu1",
         ("ERROR", "dcgm diag: Memory test failed: Found 3 faulty memory elements on GPU 1"),

@@ -103,8 +103,9 @@ REFUSED = re.compile(r'Field "([^"]{1,80})" is not a valid field to query')
 UNSUPPORTED_CELLS = ("[n/a]", "[not supported]", "n/a")
 """What nvidia-smi prints for a fact the GPU does not have: a value, ``unsupported``."""
 XID_LINE = re.compile(
-    r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]{0,40}\): (\d{1,4}), ?(.*)"
+    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]{0,40}\): (\d{1,4}),? ?(.*)"
 )
+"""The driver's Xid line; drivers before about 2019 printed the bus without ``PCI:``."""
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
 
 
@@ -546,41 +547,169 @@ def nvlinks():
     return {k: tuple(v) for k, v in found.items()}
 
 
-def query_details():
-    """``nvidia-smi -q``: (CUDA version, per bus key (fabric state, fabric status))."""
-    code, out = run_tool([SMI, "-q"], timeout=DETAILS_TIMEOUT_S)
-    if code != 0:
-        return None, {}
-    cuda = None
-    fabric = {}
-    bus = None
-    section = None
-    for line in out.splitlines()[:100000]:
-        match = re.match(r"^CUDA Version\s*:\s*(\S+)", line)
+def report_blocks(text):
+    """``nvidia-smi -q`` as (driver, CUDA version, per GPU: its bus key and its ``path: value``
+    lines). A section is a line without a colon; a key's path is the sections above it that are
+    less indented (``Clocks Event Reasons/HW Thermal Slowdown``, ``ECC Errors/Volatile/DRAM
+    Uncorrectable``), so a key indented under another key (HW Thermal Slowdown under HW
+    Slowdown) still belongs to the section."""
+    driver = cuda = None
+    gpus = []
+    stack = []
+    for line in text.splitlines()[:100000]:
+        match = re.match(r"^(Driver Version|CUDA Version)\s*:\s*(\S+)", line)
         if match:
-            cuda = value(match.group(1))
+            if match.group(1) == "Driver Version":
+                driver = value(match.group(2))
+            else:
+                cuda = value(match.group(2))
             continue
         match = re.match(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*$", line)
         if match:
-            bus, section = bus_key(match.group(1)), None
+            if len(gpus) < MAX_GPUS:
+                gpus.append((bus_key(match.group(1)), {}))
+            stack = []
             continue
         stripped = line.strip()
+        if not gpus or not stripped or not line.startswith(" "):
+            continue
         indent = len(line) - len(line.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
         if ":" not in stripped:
-            if indent <= 4:
-                section = stripped
-            continue
-        if indent <= 4:
-            section = None  # a key of the GPU itself ends the section before it
-            continue
-        if bus is None or section != "Fabric":
+            stack.append((indent, stripped[:60]))
             continue
         key, _, raw = stripped.partition(":")
-        key = key.strip()
-        if key in ("State", "Status"):
-            state, status = fabric.get(bus, (None, None))
-            fabric[bus] = (value(raw), status) if key == "State" else (state, value(raw))
-    return cuda, fabric
+        path = "/".join([name for _, name in stack] + [key.strip()[:60]])
+        gpus[-1][1].setdefault(path, raw.strip()[:MAX_TEXT])
+    return driver, cuda, gpus
+
+
+REPORT_EVENTS = {
+    "SW Power Cap": "sw_power_cap",
+    "HW Slowdown": "hw_slowdown",
+    "HW Thermal Slowdown": "hw_thermal_slowdown",
+    "HW Power Brake Slowdown": "hw_power_brake_slowdown",
+    "SW Thermal Slowdown": "sw_thermal_slowdown",
+}
+"""``-q``'s clock event reasons (``Clocks Event Reasons`` since 535, ``Clocks Throttle Reasons``
+before) by the names the reader uses."""
+
+
+def _report_ecc(lines, timescale):
+    """The uncorrectable ECC count of one timescale (``Volatile``, ``Aggregate``) and its state:
+    the sum of every ``... Uncorrectable ...`` counter (``SRAM Uncorrectable``, ``DRAM
+    Uncorrectable``; 550+ splits SRAM into ``Parity`` and ``SEC-DED``), or before them ``Double
+    Bit/Total``. All ``N/A``: the card has no ECC (``unsupported``)."""
+    cells = [
+        v for p, v in lines.items() if p.startswith("ECC Errors/" + timescale + "/") and "Uncorrectable" in p
+    ]
+    if not cells:
+        cells = [v for p, v in lines.items() if p == "ECC Errors/" + timescale + "/Double Bit/Total"]
+    if not cells:
+        return None, "not in the report"
+    states = [cell_state(c) for c in cells]
+    if all(s == "unsupported" for s in states):
+        return None, "unsupported"
+    bad = [s for s in states if s not in ("ok", "unsupported")]
+    if bad:
+        return None, bad[0]
+    return sum(whole(c) or 0 for c, s in zip(cells, states) if s == "ok"), "ok"  # noqa: B905
+
+
+def gpu_from_report(index, bus, lines):
+    """One GPU of ``nvidia-smi -q`` in the shape of :func:`gpu_from_row`."""
+
+    def get(*paths):
+        for path in paths:
+            if path in lines:
+                return lines[path]
+        return None
+
+    unsupported, unread = [], {}
+
+    def state(fact, cell):
+        found = cell_state(cell)
+        if found == "unsupported":
+            unsupported.append(fact)
+        elif found == "not asked":
+            unread[fact] = "not in nvidia-smi -q's report"
+        elif found != "ok":
+            unread[fact] = found
+
+    gpu = {
+        "index": index,
+        "uuid": value(get("GPU UUID") or "") or "",
+        "name": value(get("Product Name") or ""),
+        "bus_id": bus,
+    }
+    persistence = get("Persistence Mode")
+    state("persistence", persistence)
+    link = "PCI/GPU Link Info/"
+    gen, width = get(link + "PCIe Generation/Current"), get(link + "Link Width/Current")
+    state("pcie", width)
+    volatile, v_state = _report_ecc(lines, "Volatile")
+    aggregate, _a_state = _report_ecc(lines, "Aggregate")
+    if v_state == "unsupported":
+        unsupported.append("ecc")
+    elif v_state != "ok":
+        unread["ecc"] = v_state if v_state != "not in the report" else "not in nvidia-smi -q's report"
+    retired = get("Retired Pages/Pending Page Blacklist", "Retired Pages/Pending Page Retirement")
+    state("retired_pages", retired)
+    events = {}
+    for section in ("Clocks Event Reasons", "Clocks Throttle Reasons"):
+        for label, short in REPORT_EVENTS.items():
+            found = lines.get(section + "/" + label)
+            if found is not None:
+                events[short] = yes_no(found)
+    state("clock_events", get("Clocks Event Reasons/HW Slowdown", "Clocks Throttle Reasons/HW Slowdown"))
+    remap = get("Remapped Rows")
+    if remap is not None:
+        state("remapped_rows", remap)
+    temp = get("Temperature/GPU Current Temp")
+    state("temperature", temp)
+    power = get("GPU Power Readings/Power Draw", "Power Readings/Power Draw")
+    state("power", power)
+    used, total = get("FB Memory Usage/Used"), get("FB Memory Usage/Total")
+    util = get("Utilization/Gpu")
+    gpu.update(
+        {
+            "persistence": yes_no(persistence),
+            "pcie_gen": whole(gen),
+            "pcie_gen_max": whole(get(link + "PCIe Generation/Max")),
+            "pcie_width": whole((width or "").replace("x", " ")),
+            "pcie_width_max": whole((get(link + "Link Width/Max") or "").replace("x", " ")),
+            "ecc_volatile": volatile,
+            "ecc_aggregate": aggregate,
+            "retired_pending": yes_no(retired),
+            "throttle": {short: events.get(short) for short in REPORT_EVENTS.values()},
+            "remap_unc": whole(get("Remapped Rows/Uncorrectable Error")),
+            "remap_pending": yes_no(get("Remapped Rows/Pending")),
+            "remap_failure": yes_no(get("Remapped Rows/Remapping Failure Occurred")),
+            "temp_c": number(temp),
+            "power_w": number(power),
+            "mem_used_mib": number(used),
+            "mem_total_mib": number(total),
+            "util": number(util),
+            "fabric_state": value(get("Fabric/State") or ""),
+            "fabric_status": value(get("Fabric/Status") or ""),
+            "unsupported": unsupported,
+            "unread": unread,
+        }
+    )
+    return gpu
+
+
+def query_details():
+    """``nvidia-smi -q``: (CUDA version, per bus key (fabric state, fabric status), driver, the
+    GPUs as the report lists them (the reader's last resort when ``--query-gpu`` gives no table))."""
+    code, out = run_tool([SMI, "-q"], timeout=DETAILS_TIMEOUT_S)
+    if code != 0:
+        return None, {}, None, []
+    driver, cuda, blocks = report_blocks(out)
+    gpus = [gpu_from_report(i, bus, lines) for i, (bus, lines) in enumerate(blocks)]
+    fabric = {g["bus_id"]: (g["fabric_state"], g["fabric_status"]) for g in gpus}
+    return cuda, fabric, driver, gpus
 
 
 def kernel_xids():
@@ -593,8 +722,15 @@ def kernel_xids():
         source = "journalctl"
         if code != 0 or not out.strip():
             return None, None
+    return parse_xids(out), source
+
+
+def parse_xids(text):
+    """The Xid lines of a kernel log (``dmesg``'s or ``journalctl``'s, any time format), newest
+    last, at most ``MAX_XIDS``; ``at`` is the line's ISO time when it starts with one (``dmesg
+    --time-format iso``, ``journalctl -o short-iso``), else None."""
     events = []
-    for line in out.splitlines():
+    for line in text.splitlines():
         match = XID_LINE.search(line)
         if not match:
             continue
@@ -607,7 +743,7 @@ def kernel_xids():
                 "text": match.group(3).strip()[:MAX_TEXT],
             }
         )
-    return events[-MAX_XIDS:], source
+    return events[-MAX_XIDS:]
 
 
 def fabric_devices():
@@ -1003,12 +1139,17 @@ def read_health(full=True):
         gpus, driver, health = nv_gpus, nv_driver, True
     else:
         gpus, driver, health = got["query"]
+        if gpus is None and "details" in got and got["details"][3]:
+            # no --query-gpu table, but -q lists the GPUs: its report is the answer
+            _cuda, _fabric, driver, gpus = got["details"]
+            health = True
+            answer["reader"] = "nvidia-smi -q"
     answer["queried"] = gpus is not None
     answer["health_fields"] = health
     answer["gpus"] = gpus or []
     answer["driver"] = driver
     answer["cuda"] = nv_cuda
-    if gpus and not by_nvml:
+    if gpus and answer["reader"] == "nvidia-smi":
         remap = got["remap"]
         for gpu in answer["gpus"]:
             rows = remap.get(gpu["uuid"])
@@ -1017,13 +1158,13 @@ def read_health(full=True):
             )
             if state == "unsupported":
                 gpu["unsupported"].append("remapped_rows")
-        if full:
-            links = got["nvlink"]
-            for gpu in answer["gpus"]:
-                active, inactive = links.get(gpu["index"], (None, None))
-                gpu["nvlink_active"], gpu["nvlink_inactive"] = active, inactive
+    if gpus and not by_nvml and full:
+        links = got["nvlink"]
+        for gpu in answer["gpus"]:
+            active, inactive = links.get(gpu["index"], (None, None))
+            gpu["nvlink_active"], gpu["nvlink_inactive"] = active, inactive
     if gpus and "details" in got:
-        cuda, fabric = got["details"]
+        cuda, fabric = got["details"][:2]
         answer["cuda"] = answer["cuda"] or cuda
         for gpu in answer["gpus"]:
             gpu["fabric_state"], gpu["fabric_status"] = fabric.get(gpu["bus_id"], (None, None))

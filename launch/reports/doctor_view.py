@@ -43,10 +43,15 @@ def print_findings(console: Console, findings: Findings, nodes: Sequence[str], v
     for check in used:
         header = HEADER.get(check, check)
         table.add_column(header, no_wrap=True, min_width=len(header))
+    readers = findings.gpu_readers
+    if readers:
+        table.add_column("gpu read by", no_wrap=True)
     for node, cells in rows:
+        reader = [safe_text(readers.get(node, "-"), limit=40)] if readers else []
         table.add_row(
             safe_text(node, limit=64),
             *(Text(LABEL[cells[c]], style=STYLE[cells[c]]) if c in cells else Text("-") for c in used),
+            *reader,
         )
     console.print(table)
     errors = len(findings.errors)

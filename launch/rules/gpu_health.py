@@ -81,8 +81,8 @@ FACTS = (
 )
 """The facts the reader reads per GPU; each may be ``unsupported`` (the GPU has no such thing:
 a value, judged healthy) or unread (with the reason: judged unknown)."""
-READERS = ("nvml", "nvidia-smi")
-READER_NAMES = {"nvml": "NVML", "nvidia-smi": "nvidia-smi"}
+READERS = ("nvml", "nvidia-smi", "nvidia-smi -q")
+READER_NAMES = {"nvml": "NVML", "nvidia-smi": "nvidia-smi", "nvidia-smi -q": "nvidia-smi -q"}
 
 HW_THROTTLE = {
     "hw_slowdown": "HW slowdown",
@@ -253,7 +253,7 @@ class GpuHealth:
     def readers(self) -> str:
         """``NVML``, ``nvidia-smi (pynvml not installed)``: what read the GPUs."""
         name = READER_NAMES.get(self.reader or "", "nvidia-smi") if self.queried else "none"
-        if self.reader == "nvidia-smi" and self.reader_note:
+        if self.reader in ("nvidia-smi", "nvidia-smi -q") and self.reader_note:
             name += f" ({self.reader_note})"
         return name
 
@@ -539,8 +539,8 @@ def judge_gpu(
     elif gpu.ecc_aggregate:
         warn.append(f"uncorrectable ECC {gpu.ecc_aggregate} (aggregate, lifetime)")
     if gpu.ecc_volatile is None and gpu.ecc_aggregate is None and "ecc" not in gpu.unsupported:
-        why = gpu.why_unread("ecc") or ("not read" if health_fields else "the driver refused the query")
-        unknown.append(f"ECC ({why})")
+        ecc_why = gpu.why_unread("ecc") or ("not read" if health_fields else "the driver refused the query")
+        unknown.append(f"ECC ({ecc_why})")
     for fact in ("retired_pages", "remapped_rows", "clock_events", "pcie"):
         if (why := gpu.why_unread(fact)) is not None:
             unknown.append(f"{fact.replace('_', ' ')} ({why})")

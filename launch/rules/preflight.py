@@ -107,6 +107,8 @@ class Job:
 @dataclass
 class Findings:
     verdicts: list[Verdict] = field(default_factory=list)
+    gpu_readers: dict[str, str] = field(default_factory=dict)
+    """Per node, what read its GPUs (``NVML + DCGM``, ``nvidia-smi``): the doctor's table says it."""
 
     def add(self, node: str, check: str, level: str, message: str) -> None:
         self.verdicts.append(Verdict(node, check, level, message))
@@ -277,6 +279,9 @@ def check_gpu_health(findings: Findings, nodes: Sequence[Observation]) -> None:
     for node, found in verdicts.items():
         for verdict in found:
             findings.add(node, verdict.label, GPU_LEVEL[verdict.level], verdict.message)
+    for node, obs in probed.items():
+        if obs.facts and obs.facts.gpu_health and obs.facts.gpu_health.smi:
+            findings.gpu_readers[node] = obs.facts.gpu_health.answered
 
 
 def check_gpu_diag(
