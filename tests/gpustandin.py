@@ -10,6 +10,7 @@ GPU cost on the shared local fleet.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -45,6 +46,27 @@ def install(
         for path in (folder, *folder.iterdir()):
             os.chown(path, *owner)
     return folder
+
+
+CAPTURES = Path(__file__).resolve().parent / "gpu_captures"
+
+
+def replay(folder: Path, q: str | None = None, text: str | None = None) -> dict[str, Any]:
+    """A scenario that answers ``nvidia-smi -q`` with a real capture (``q``: its folder under
+    ``tests/gpu_captures``, e.g. ``smi-q/h100-sxm-565.57.01``), copied beside the stand-in; with
+    ``text``, that text instead of the capture's, for a derived fault (the caller marks it so).
+    Every other nvidia-smi command is refused (no capture answers it), and the kernel log holds no
+    Xid line."""
+    replayed: dict[str, Any] = {}
+    folder.mkdir(parents=True, exist_ok=True)
+    if q is not None:
+        body = text if text is not None else (CAPTURES / q / "output.txt").read_text()
+        # named by its content: the scenario changes with it, so no answer kept for another is given
+        name = f"capture-q-{hashlib.sha256(body.encode()).hexdigest()[:16]}.txt"
+        (folder / name).write_text(body)
+        (folder / name).chmod(0o644)
+        replayed["q"] = name
+    return {"replay": replayed}
 
 
 def write_scenario(folder: Path, scenario: dict[str, Any]) -> None:
