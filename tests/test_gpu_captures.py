@@ -313,7 +313,7 @@ def test_nvml_reads_the_h100_report_as_healthy(nvml: Any) -> None:
         0,
         False,
         5,
-        100.889,
+        100.89,
     )
     assert set(gpu.unsupported) == {"retired_pages", "nvlink"}  # N/A in the report; no links in -q
     found = verdicts(health)
