@@ -34,7 +34,7 @@ import yaml
 
 from launch.fleets.local import LocalFleet
 from tests.conftest import fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
-from tests.gpustandin import install
+from tests.gpustandin import install, replay
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("k")
@@ -344,6 +344,49 @@ def test_bad_gpu_is_named_per_gpu_with_the_nvidia_smi_stand_in(lab: LocalFleet, 
         for (node, check), verdict in found
         if node != one
     ), "nodes without nvidia-smi have no GPU lines, only the diagnostic's unknown"
+
+
+def test_a_real_h100_report_is_ok_and_an_uncorrectable_ecc_error_in_it_is_an_error(
+    lab: LocalFleet, fleetrun_home: Path
+) -> None:
+    """Node 1's PATH serves a REAL ``nvidia-smi -q`` capture (an H100 SXM on driver 565,
+    ``tests/gpu_captures/smi-q/h100-sxm-565.57.01``) verbatim, refusing every command no capture
+    answers: the doctor reads the GPU from the report, says so, and finds it healthy. Then the
+    same report DERIVED with one volatile uncorrectable DRAM error: ERROR on that GPU, exit 1."""
+    from tests.test_gpu_captures import H100, h100_with_ecc
+
+    one = lab.node_name(1)
+    home = lab.home(1)
+    user = pwd.getpwnam(one)
+    fakebin = home / "fakebin"
+    gpu_line = re.compile(r"^(\S+)\s+(gpu\d+|gpu-health)\s+(ok|WARN|ERROR)\s+(.*)$")
+
+    def doctor(text: str | None) -> tuple[int, dict[str, tuple[str, str]]]:
+        install(fakebin, replay(fakebin, q=H100, text=text), owner=(user.pw_uid, user.pw_gid))
+        proc = fab(
+            "doctor", "--verbose", "--inventory", f"local:{PREFIX}", "--port", "29500", home=fleetrun_home
+        )
+        lines = [m for m in map(gpu_line.match, proc.stdout.splitlines()) if m and m.group(1) == one]
+        return proc.returncode, {m.group(2): (m.group(3), m.group(4)) for m in lines}
+
+    before = _prepend_bashrc(home, 'export PATH="$HOME/fakebin:$PATH"')
+    try:
+        healthy_code, healthy = doctor(None)
+        faulty_code, faulty = doctor(h100_with_ecc(1))
+    finally:
+        (home / ".bashrc").write_text(before)
+        shutil.rmtree(fakebin)
+    assert healthy_code == 0, healthy
+    assert healthy["gpu0"] == (
+        "ok",
+        "NVIDIA H100 80GB HBM3, PCIe gen5 x16, no uncorrectable ECC, 30 C, 101 W",
+    )
+    assert healthy["gpu-health"] == (
+        "ok",
+        "1 GPU(s), driver 565.57.01, CUDA 12.7, read through nvidia-smi -q (pynvml not installed)",
+    )
+    assert faulty_code == 1, faulty
+    assert faulty["gpu0"] == ("ERROR", "uncorrectable ECC 1 (volatile)")
 
 
 def test_collective_names_the_node_behind_a_slow_link(lab: LocalFleet, fleetrun_home: Path) -> None:
