@@ -256,8 +256,8 @@ GPU 00000000:2A:00.0
         Idle                              : Active
 """
     monkeypatch.setattr(fleetrun_gpu, "run_tool", lambda argv, timeout=8: (0, report))
-    cuda, fabric = fleetrun_gpu.query_details()
-    assert cuda == "12.2"
+    cuda, fabric, driver, gpus = fleetrun_gpu.query_details()
+    assert cuda == "12.2" and driver == "535.104.05" and [g["persistence"] for g in gpus] == [True, None]
     assert fabric == {"0000:18:00": ("Completed", "Success"), "0000:2a:00": ("In Progress", None)}
 
 

@@ -106,7 +106,7 @@ def one_after_the_other(full: bool) -> dict[str, Any]:
             )
         if full:
             links = g.nvlinks()
-            answer["cuda"], fabric = g.query_details()
+            answer["cuda"], fabric, _driver, _listed = g.query_details()
             for gpu in answer["gpus"]:
                 gpu["nvlink_active"], gpu["nvlink_inactive"] = links.get(gpu["index"], (None, None))
                 gpu["fabric_state"], gpu["fabric_status"] = fabric.get(gpu["bus_id"], (None, None))

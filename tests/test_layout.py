@@ -27,8 +27,15 @@ LAUNCH = REPO / "launch"
 PURE_PACKAGES = ("launch.job", "launch.planning", "launch.rules", "launch.reports")
 FORBIDDEN = ("paramiko", "fabric", "invoke", "pulumi", "pulumi_aws", "pulumi_gcp", "subprocess")
 MAX_LINES = 800
-LONG_MODULES: dict[str, str] = {}
-"""Modules over ``MAX_LINES``, each with why it is one module (none now)."""
+LONG_MODULES: dict[str, str] = {
+    "launch/nodelib/fleetrun_gpu.py": "the node's GPU reader is sent as ONE file (the probe execs its "
+    "source from stdin, `python - diag N` runs it) to nodes that have only the standard library: "
+    "its reads (NVML, nvidia-smi's query and -q report, the kernel log, DCGM) are one program there",
+    "launch/rules/gpu_health.py": "the reader's answer as typed facts and every verdict on them "
+    "(per GPU, per node, new faults during a run): one vocabulary the parser, the doctor and the "
+    "gpu_fault rule share; NVIDIA's Xid catalogue is apart (xid_catalog.py)",
+}
+"""Modules over ``MAX_LINES``, each with why it is one module."""
 
 
 def module_name(path: Path) -> str:
