@@ -99,6 +99,12 @@ if [ -n "$py" ]; then
         echo "PATH=\"$bindir:${current:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}\"" >> /etc/environment
     fi
     status python "$py torch=$("$py" -c 'import torch; print(torch.__version__)')"
+    # NVML's Python bindings (nvidia-ml-py, pure Python): the GPU health reader reads through NVML
+    # first and falls back to nvidia-smi without them (fab doctor says which answered).
+    if ! "$py" -c 'import pynvml' 2> /dev/null; then
+        "$py" -m pip install -q 'nvidia-ml-py>=12.535' > /dev/null 2>&1 || true
+    fi
+    if "$py" -c 'import pynvml' 2> /dev/null; then status nvml pynvml; else status nvml MISSING; fi
 else
     status python MISSING
 fi

@@ -40,6 +40,11 @@ if [ -z "$found" ]; then
 fi
 echo "torch python: $found"
 
+# NVML's Python bindings for the GPU health reader (NVML first, nvidia-smi its fallback).
+if ! "$found" -c 'import pynvml' 2> /dev/null; then
+    "$found" -m pip install -q 'nvidia-ml-py>=12.535'
+fi
+
 # No host keys and no cloud-init state in the image: each instance gets its own.
 rm -f /etc/ssh/ssh_host_*
 cloud-init clean --logs
