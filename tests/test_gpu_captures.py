@@ -357,3 +357,63 @@ def test_without_pynvml_the_reader_says_why_and_reads_nvidia_smi(tmp_path: Path)
     health = read_node(folder, {"count": 1}, full=False)
     assert (health.reader, health.reader_note) == ("nvidia-smi", "pynvml not installed")
     assert health.readers == "nvidia-smi (pynvml not installed)"
+
+
+def test_a_pre_535_driver_gets_the_old_names_in_one_more_call(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The stand-in as driver 470 (it knows only ``clocks_throttle_reasons.*``, as drivers before
+    535 did): the first refusal switches the whole family to the old names, one call more."""
+    folder = tmp_path / "fakebin"
+    install(folder, {"count": 1, "driver": "470.103.01", "gpus": [{"throttle": ["hw_slowdown"]}]})
+    monkeypatch.setenv("PATH", node_path(folder))
+    calls: list[list[str]] = []
+    real = fleetrun_gpu.run_tool
+
+    def counted(argv: list[str], timeout: float | None = None, with_errors: bool = False) -> Any:
+        calls.append(argv)
+        return real(argv, timeout, with_errors)
+
+    monkeypatch.setattr(fleetrun_gpu, "run_tool", counted)
+    gpus, driver, health = fleetrun_gpu.query_gpus()
+    assert driver == "470.103.01" and health is True and len(calls) == 2
+    assert gpus is not None and gpus[0]["throttle"]["hw_slowdown"] is True
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"reader": "nvidia-smi; rm -rf /"}, "reader"),
+        (
+            {"gpus": [{"index": 0, "uuid": "GPU-x", "bus_id": "0000:01:00", "unsupported": ["ecc", "root"]}]},
+            "unsupported",
+        ),
+        (
+            {"gpus": [{"index": 0, "uuid": "GPU-x", "bus_id": "0000:01:00", "unread": {"ecc": 7}}]},
+            "unread.ecc",
+        ),
+        ({"gpus": [{"index": 0, "uuid": "GPU-x", "bus_id": "0000:01:00", "unread": ["ecc"]}]}, "unread"),
+    ],
+)
+def test_a_malformed_reader_part_is_refused_naming_the_field(bad: dict[str, Any], field: str) -> None:
+    from launch.nodelib.fleetrun_wire import ProtocolError
+
+    with pytest.raises(ProtocolError, match=field):
+        parse_gpu_health({"smi": True, "queried": True, **bad})
+
+
+def test_a_reason_from_the_node_is_shown_not_obeyed() -> None:
+    health = parse_gpu_health(
+        {
+            "smi": True,
+            "queried": True,
+            "reader": "nvidia-smi",
+            "reader_note": "no \x1b[31mpynvml",
+            "gpus": [
+                {"index": 0, "uuid": "GPU-x", "bus_id": "0000:01:00", "unread": {"ecc": "x\x1b[2Jy" * 100}}
+            ],
+        }
+    )
+    assert "\x1b" not in health.readers and "\\x1b" in health.readers
+    why = health.gpus[0].why_unread("ecc")
+    assert why is not None and "\x1b" not in why and len(why) <= 4 * fleetrun_gpu.MAX_TEXT

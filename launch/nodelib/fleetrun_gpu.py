@@ -295,8 +295,21 @@ def ask_fields(fields):
         i = asked.index(name)
         other = ALIASES.get(name) or CANONICAL.get(name)
         if other and other not in asked and canonical(name) not in refused:
+            # a driver that lacks one name of a family (clocks_event_reasons.*) lacks them all:
+            # the whole family is asked by its other spelling at once, one call instead of five
+            family = name.split(".", 1)[0] + "."
+            for j, field in enumerate(asked):
+                spelled = ALIASES.get(field) or CANONICAL.get(field)
+                if (
+                    field.startswith(family)
+                    and spelled
+                    and spelled not in asked
+                    and canonical(field) not in refused
+                ):
+                    asked[j] = spelled
+                    refused[canonical(field)] = None  # asked once by its alias: not refused yet
             asked[i] = other
-            refused[canonical(name)] = None  # asked once by its alias: not refused yet
+            refused[canonical(name)] = None
         else:
             del asked[i]
             refused[canonical(name)] = f"nvidia-smi does not know the field {canonical(name)}"
