@@ -295,6 +295,8 @@ def nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     empty = tmp_path / "bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
+    # the reader keeps NVML open for its process: this test's fake, and none after it
+    monkeypatch.setitem(fleetrun_gpu._nvml_open, "module", None)
     yield module
     sys.modules.pop("pynvml", None)
 
@@ -335,6 +337,14 @@ def test_an_nvml_read_that_fails_is_unknown_with_nvmls_reason(nvml: Any) -> None
     assert health.gpus[0].unread == (("ecc", "NVML: Unknown Error"),)
     level, message = verdicts(health)["gpu0"]
     assert level == UNKNOWN and message.endswith("unknown: ECC (NVML: Unknown Error)")
+
+
+def test_nvml_is_initialised_once_for_the_process(nvml: Any) -> None:
+    """The node agent reads every second: NVML is opened at the first read and kept."""
+    nvml.CALLS.clear()
+    for _ in range(3):
+        nvml_read(nvml, (CAPTURES / H100 / "output.txt").read_text())
+    assert nvml.CALLS == ["nvmlInit"]
 
 
 def test_gpu_fault_fires_on_ecc_0_to_1_read_through_nvml(nvml: Any) -> None:

@@ -503,6 +503,11 @@ def _nvml_gpu(nvml, index):
     return gpu
 
 
+_nvml_open = {"module": None}
+"""NVML stays initialised for the life of the process once it loaded: the node agent reads every
+second, and ``nvmlInit`` opens every GPU (as each nvidia-smi call does)."""
+
+
 def nvml_gpus():
     """(gpus, driver, CUDA version, why not) through NVML: NVIDIA's own library, the one every tool
     (nvidia-smi too) reads through, with a stable API across drivers. ``pynvml`` (the
@@ -511,14 +516,17 @@ def nvml_gpus():
     to nvidia-smi. A GPU NVML cannot open (fallen off the bus) is missing from the list, as it is
     from nvidia-smi's. Xid events: NVML reports only those that happen while a process waits on
     an event set, so a one-shot read keeps taking them from the kernel log."""
-    try:
-        import pynvml as nvml  # noqa: PLC0415 - optional on nodes: the fallback is nvidia-smi
-    except ImportError:
-        return None, None, None, "pynvml not installed"
-    try:
-        nvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return None, None, None, "NVML did not load: " + _nvml_text(exc)[:80]
+    nvml = _nvml_open.get("module")
+    if nvml is None:
+        try:
+            import pynvml as nvml  # noqa: PLC0415 - optional on nodes: the fallback is nvidia-smi
+        except ImportError:
+            return None, None, None, "pynvml not installed"
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            return None, None, None, "NVML did not load: " + _nvml_text(exc)[:80]
+        _nvml_open["module"] = nvml
     try:
         driver = _nvml_text(nvml.nvmlSystemGetDriverVersion())
         cuda = None
@@ -535,10 +543,10 @@ def nvml_gpus():
                 continue  # NVML_ERROR_GPU_IS_LOST and the like: not listed, as nvidia-smi does
         return gpus, driver, cuda, None
     except Exception as exc:  # noqa: BLE001 - a broken binding: nvidia-smi still answers
-        return None, None, None, "NVML failed: " + _nvml_text(exc)[:80]
-    finally:
-        with contextlib.suppress(Exception):  # nothing to do about a failed shutdown
+        _nvml_open["module"] = None  # initialised again at the next read
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
+        return None, None, None, "NVML failed: " + _nvml_text(exc)[:80]
 
 
 def nvlinks():
