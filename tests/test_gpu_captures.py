@@ -427,3 +427,44 @@ def test_a_reason_from_the_node_is_shown_not_obeyed() -> None:
     assert "\x1b" not in health.readers and "\\x1b" in health.readers
     why = health.gpus[0].why_unread("ecc")
     assert why is not None and "\x1b" not in why and len(why) <= 4 * fleetrun_gpu.MAX_TEXT
+
+
+NVLINK = CAPTURES / "nvlink" / "h100-pcie-bridged" / "output.txt"
+
+
+def nvlink_health(text: str, monkeypatch: pytest.MonkeyPatch) -> GpuHealth:
+    """Two H100 PCIe GPUs, their NVLinks as ``nvlink --status`` printed them (``text``)."""
+    monkeypatch.setattr(fleetrun_gpu, "run_tool", lambda argv, timeout=None: (0, text))
+    links = fleetrun_gpu.nvlinks()
+    gpus = tuple(
+        GpuFacts(
+            i,
+            f"GPU-{i}",
+            f"0000:0{i}:00",
+            name="NVIDIA H100 PCIe",
+            ecc_volatile=0,
+            ecc_aggregate=0,
+            nvlink_active=links[i][0],
+            nvlink_inactive=links[i][1],
+        )
+        for i in (0, 1)
+    )
+    return GpuHealth(smi=True, queried=True, health_fields=True, gpus=gpus, xids=())
+
+
+def test_bridged_h100_pcie_with_12_of_18_links_on_every_gpu_is_healthy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    found = verdicts(nvlink_health(NVLINK.read_text(), monkeypatch))
+    assert found["gpu0"] == (OK, "NVIDIA H100 PCIe, no uncorrectable ECC, 12 of 18 NVLinks")
+    assert found["gpu1"][0] == OK
+
+
+def test_a_gpu_with_fewer_active_links_than_its_peer_is_bad(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DERIVED from the capture: GPU 1's link 0 down."""
+    text = NVLINK.read_text()
+    at = text.index("GPU 1:")
+    text = text[:at] + text[at:].replace("Link 0: 26.562 GB/s", "Link 0: <inactive>", 1)
+    found = verdicts(nvlink_health(text, monkeypatch))
+    assert found["gpu0"][0] == OK
+    assert found["gpu1"] == (BAD, "7 of 18 NVLinks inactive (the node's other GPUs have 12 active)")

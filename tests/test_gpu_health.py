@@ -118,7 +118,7 @@ def test_row_remapping_nvlink_and_fabric_faults_are_bad(tmp_path: Path) -> None:
     gpus[2] = {"fabric_state": "In Progress", "fabric_status": "N/A"}
     found = lines(read(tmp_path, {"gpus": gpus}))
     assert found["gpu0"] == (BAD, "row remapping pending (reset the GPU)")
-    assert found["gpu1"] == (BAD, "2 of 18 NVLinks inactive")
+    assert found["gpu1"] == (BAD, "2 of 18 NVLinks inactive (the node's other GPUs have 18 active)")
     assert found["gpu2"] == (BAD, "NVSwitch fabric In Progress/? (is nvidia-fabricmanager running?)")
 
 

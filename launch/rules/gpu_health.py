@@ -529,8 +529,14 @@ def judge_gpu(
     xids: Sequence[XidEvent] | None,
     health_fields: bool,
     incidents: Sequence[DcgmIncident] = (),
+    usual_links: int | None = None,
 ) -> GpuVerdict:
-    """One GPU: the worst level found and every reason, in one line (DCGM's incidents merged in)."""
+    """One GPU: the worst level found and every reason, in one line (DCGM's incidents merged in).
+
+    ``usual_links``: the active NVLinks most of the node's GPUs have. nvidia-smi and NVML list
+    every link slot of the chip (18 on an H100), and a product uses fewer (an H100 PCIe's bridges
+    train 12): inactive links are a fault when this GPU has fewer active than its peers. None: no
+    peers to compare with, every inactive link is named."""
     bad: list[str] = []
     warn: list[str] = []
     unknown: list[str] = []
@@ -554,7 +560,12 @@ def judge_gpu(
         (bad if _xid_bad(xid) else warn).append(_xid_text(xid))
     if gpu.nvlink_inactive and gpu.nvlink_active is not None:
         total = gpu.nvlink_active + gpu.nvlink_inactive
-        bad.append(f"{gpu.nvlink_inactive} of {total} NVLinks inactive")
+        if usual_links is None:
+            bad.append(f"{gpu.nvlink_inactive} of {total} NVLinks inactive")
+        elif gpu.nvlink_active < usual_links:
+            bad.append(
+                f"{gpu.nvlink_inactive} of {total} NVLinks inactive (the node's other GPUs have {usual_links} active)"
+            )
     if gpu.fabric_state is not None and (
         gpu.fabric_state != "Completed" or gpu.fabric_status not in (None, "Success")
     ):
@@ -606,7 +617,8 @@ def _summary(gpu: GpuFacts) -> str:
     elif "ecc" in gpu.unsupported:
         bits.append("no ECC on this card")
     if gpu.nvlink_active:
-        bits.append(f"{gpu.nvlink_active} NVLinks")
+        of = f" of {gpu.nvlink_active + gpu.nvlink_inactive}" if gpu.nvlink_inactive else ""
+        bits.append(f"{gpu.nvlink_active}{of} NVLinks")
     if gpu.temp_c is not None:
         bits.append(f"{gpu.temp_c:.0f} C")
     if gpu.power_w is not None:
@@ -702,6 +714,9 @@ def judge_node(
         line = count + "".join(f", {v}" for v in known if v)
         level = WARN if node_warn else UNKNOWN if unknowns else OK
         out.append(GpuVerdict(None, level, "; ".join([line, *node_warn, *no_read])))
+    links = [g.nvlink_active for g in health.gpus if g.nvlink_active is not None]
+    # the most common count, a tie to the larger: of two GPUs with 16 and 18, the 16 is the fault
+    usual_links = max(set(links), key=lambda n: (links.count(n), n)) if len(links) > 1 else None
     for gpu in health.gpus:
         if indices is not None and gpu.index not in indices:
             continue
@@ -711,6 +726,7 @@ def judge_node(
                 None if health.xids is None else by_bus.get(gpu.bus_id, []),
                 health.health_fields,
                 by_gpu.get(gpu.index, ()),
+                usual_links,
             )
         )
     return out
