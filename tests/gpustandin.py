@@ -5,7 +5,8 @@ them into a folder (a node's ``~/fakebin``, or a temporary folder put first on `
 ``write_scenario`` rewrites the file, which the stand-ins re-read at every call. ``nvidia-smi`` and
 ``dmesg`` are ``answer.sh`` in front of the Python script (``NAME.script``): it renders an answer once
 per arguments and scenario content, since Python's start-up at every call was most of the doctor's
-GPU cost on the shared local fleet.
+GPU cost on the shared local fleet. ``replay`` makes a scenario that answers with a real capture
+from ``tests/gpu_captures`` instead of the scripted rendering.
 """
 
 from __future__ import annotations
