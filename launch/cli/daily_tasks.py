@@ -27,11 +27,11 @@ SET_HELP = (
         "playbook": "job file, or a built-in playbook's name",
         "grid": "a field and its values, name=v1,v2 (repeatable; every combination runs), e.g. hyperparameters.lr=0.1,0.01",
         "inventory": "as for train",
-        "random": "run this many of the combinations, drawn at random, instead of all",
+        "random": "run this many (1 or more) of the combinations, drawn at random, instead of all",
         "parallel": "variants at once, each on its own nodes of the inventory (default 1: one after another)",
         "set": "a --set for every variant (as for train)",
         "seed": "seed of --random's draw (default: a new draw each time)",
-        "max-failures": "stop the whole sweep (as Ctrl-C does) once this many variants failed (default: no limit)",
+        "max-failures": "stop the whole sweep (as Ctrl-C does) once this many variants failed or stopped (default 0: no limit)",
         "allow-local-hooks": "run the playbook's on_end commands on this machine after each variant (as for train)",
     },
 )
@@ -41,7 +41,7 @@ def sweep(
     playbook: str,
     grid: list[str] | None = None,
     inventory: str = "local",
-    random: int = 0,
+    random: str | None = None,  # checked as a count by launch.planning.sweep_plan (None: not given)
     parallel: int = 1,
     set: list[str] | None = None,
     seed: int = -1,
