@@ -87,7 +87,7 @@ ACCESS_TARGET_HELP = (
 def ssh(c: Any, target: str, node: str = "", command: str = "") -> None:
     """A shell (or one command) on a run's node, with the pinned host keys and the jump host.
 
-    Example: fab ssh last --node fr-n1 --command 'tail -n 20 ~/.fleetrun/runs/*/node.log'
+    Example: fab ssh last --node frnode1 --command 'tail -n 20 ~/.fleetrun/runs/*/node.log'
     (fab keeps its own meaning for '-- CMD', so the command goes in --command)
     """
     from launch.cli import access
@@ -142,7 +142,7 @@ def ssh_config(c: Any, target: str, output: str = "", prefix: str = "fleetrun-")
 def queue(c: Any, inventory: str = "local") -> None:
     """Show who holds and who waits for each machine (fab train --wait queues in arrival order).
 
-    Example: fab queue lab.yaml
+    Example: fab queue --inventory lab.yaml
     """
     from launch.cli import queue as queueing
     from launch.fleets.select import load_inventory

@@ -33,17 +33,8 @@ from typing import Any
 
 from launch.job.builtin import resolve_playbook
 from launch.job.overrides import overrides_record, parse_overrides
-from launch.job.spec import load_job_spec
 from launch.paths import fleetrun_home
-from launch.planning.sweep_plan import (
-    check_parallel_grid,
-    failure_budget,
-    parse_grid,
-    sample_size,
-    slots_of,
-    variant_outcome,
-    variants_of,
-)
+from launch.planning.sweep_plan import plan_sweep, slots_of, variant_outcome
 from launch.reports.safe_text import clean
 
 
@@ -132,16 +123,12 @@ def run_sweep(
     from launch.run.hooks import local_hooks_verdict
 
     path = resolve_playbook(playbook)
-    base = parse_overrides(sets)
-    max_failures = failure_budget(max_failures)
-    grid = parse_grid(grid_items)
-    combos = variants_of(grid, sample_size(sample), seed)
-    check_parallel_grid(grid, parallel)
-    for line in grid.repeated:
+    planned = plan_sweep(
+        path, grid_items, sets, sample=sample, seed=seed, parallel=parallel, max_failures=max_failures
+    )  # every variant valid before any starts
+    spec = planned.spec
+    for line in planned.repeated:
         say(f"warning: {line}")
-    spec = load_job_spec(path, base)
-    for combo in combos:  # every variant valid before any starts
-        load_job_spec(path, (*base, *parse_overrides(combo)))
     inv = load_inventory(inventory)
     if allow_local_hooks:
         verdict = local_hooks_verdict(path, spec, allow=True, record=True)
@@ -150,7 +137,7 @@ def run_sweep(
     sweep = Sweep(
         sweep_id=time.strftime("sw-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2),
         playbook=str(path),
-        variants=[Variant(i, [*sets, *combo]) for i, combo in enumerate(combos)],
+        variants=[Variant(i, items) for i, items in enumerate(planned.variants)],
         slots=slots,
     )
     folder = fleetrun_home() / "sweeps" / sweep.sweep_id
@@ -234,7 +221,7 @@ def run_sweep(
                 stop_all("stopped")
 
     say(
-        f"sweep {sweep.sweep_id}: {len(combos)} variant(s) of {clean(spec.name, 100)}, {parallel} at a time "
+        f"sweep {sweep.sweep_id}: {len(sweep.variants)} variant(s) of {clean(spec.name, 100)}, {parallel} at a time "
         f"on {len(slots)} slot(s) of {spec.nodes} node(s); fab runs --sweep {sweep.sweep_id}"
     )
     save()

@@ -16,9 +16,11 @@ import random
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from launch.errors import SpecError
-from launch.job.overrides import parse_override
+from launch.job.overrides import parse_override, parse_overrides
+from launch.job.spec import JobSpec, load_job_spec
 from launch.job.validation import printable
 
 MAX_VARIANTS = 1000
@@ -142,6 +144,42 @@ def check_parallel_grid(grid: Grid, parallel: int) -> None:
         raise SpecError(
             "--grid nodes=... with --parallel: slots are cut by the playbook's nodes; run it sequentially"
         )
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A sweep checked before anything starts: the playbook as every variant shares it, each
+    variant's ``--set`` items (the sweep's own ``--set`` first), and the grid's repeated values."""
+
+    spec: JobSpec
+    variants: list[list[str]]
+    repeated: tuple[str, ...]
+
+
+def plan_sweep(
+    playbook: Path,
+    grid_items: Sequence[str],
+    sets: Sequence[str] = (),
+    *,
+    sample: str | int | None = None,
+    seed: int | None = None,
+    parallel: int = 1,
+    max_failures: int = 0,
+) -> SweepPlan:
+    """Every option of ``fab sweep`` checked, and every variant validated against the playbook
+    (the same one-line error ``fab train --set`` gives), before any variant starts or any host
+    is reached: the hosts (``slots_of``) are the inventory's business, checked after."""
+    base = parse_overrides(sets)
+    failure_budget(max_failures)
+    grid = parse_grid(grid_items)
+    combos = variants_of(grid, sample_size(sample), seed)
+    check_parallel_grid(grid, parallel)
+    if parallel < 1:
+        raise SpecError(f"--parallel {parallel}: expected 1 or more")
+    spec = load_job_spec(playbook, base)
+    for combo in combos:
+        load_job_spec(playbook, (*base, *parse_overrides(combo)))
+    return SweepPlan(spec, [[*sets, *combo] for combo in combos], grid.repeated)
 
 
 def slots_of(host_names: Sequence[str], nodes: int, parallel: int) -> list[list[str]]:
