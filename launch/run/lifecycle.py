@@ -48,6 +48,7 @@ from launch.run.summary import RunSummary, TeardownAction, decide_teardown
 from launch.run.target import WatchTarget
 from launch.run.transfers import Transfers
 from launch.run.watch import Watcher
+from launch.run.watchdog_files import fetch_watchdog_files
 from launch.run.watching import build_watcher, crash_decision, watch_safely
 from launch.run.wrapup import wrap_up, write_reports
 from launch.transport.port import FleetPort
@@ -379,6 +380,8 @@ def pull_again(records: RunRecords, record: RunRecord, reporter: Reporter) -> Pu
     transfers = Transfers()
     with SshPool(target.inventory.hosts, known_hosts) as port:
         errors = transfers.pull(port, target.run_id, folder, known_hosts, reporter.console)
+    if errors:  # a node its watchdog powered off: what it wrote before going is in the bucket
+        fetch_watchdog_files(target.inventory, target.run_id, folder, sorted(errors), reporter.say)
     folder.collect_rank0_files()
     write_reports(folder, reporter, record.hyperparameters)
     decided = decide_teardown(target.teardown, record.state, errors, {})
