@@ -223,8 +223,9 @@ def test_pull_failure_blocks_teardown(fresh_fleet: LocalFleet, tmp_path: Path) -
     for i in range(2):
         for ckpt in Path(f"/home/{fresh_fleet.node_name(i)}/.fleetrun/runs").glob("*/outputs/checkpoint.pt"):
             ckpt.chmod(0o644)
-    teardown = history.pull_again(result.run_id, quiet())
-    assert teardown.state is TeardownState.DONE, teardown
+    again = history.pull_again(result.run_id, quiet())
+    teardown = again.teardown
+    assert again.ok and again.pull_errors == {} and teardown.state is TeardownState.DONE, again
     assert teardown.message.startswith(f"local fleet {PREFIX} removed"), teardown
     assert sorted(p.read_text() for p in result.folder.glob("nodes/*/outputs/checkpoint.pt")) == [
         "weights",

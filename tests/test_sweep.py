@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.cli.sweep import parse_grid, slots_of, variants_of
 from launch.errors import SpecError
+from launch.planning.sweep_plan import parse_grid, sample_size, slots_of, variants_of
 from launch.run.records import RunRecords
 from tests.conftest import REPO, TEST_PREFIX, assert_nothing_running, fab, needs_root, write_playbook
 
@@ -29,6 +29,79 @@ def test_the_grid_makes_every_combination_or_a_random_few() -> None:
     assert len(drawn) == 4 and len({tuple(c) for c in drawn}) == 4 and all(c in combos for c in drawn)
     assert drawn == variants_of(grid, sample=4, seed=7), "a seed repeats the draw"
     assert len(variants_of(grid, sample=50)) == 6
+
+
+def test_a_value_given_twice_runs_once_with_a_warning() -> None:
+    """``--grid hyperparameters.lr=0.1,0.1`` ran the same variant twice without a word; values
+    are compared as read (``0.10`` is ``0.1``; ``1`` and ``1.0`` are not the same value)."""
+    grid = parse_grid(["hyperparameters.lr=0.1,0.1,0.10,0.2", "hyperparameters.width=1,1.0"])
+    assert variants_of(grid) == [
+        ["hyperparameters.lr=0.1", "hyperparameters.width=1"],
+        ["hyperparameters.lr=0.1", "hyperparameters.width=1.0"],
+        ["hyperparameters.lr=0.2", "hyperparameters.width=1"],
+        ["hyperparameters.lr=0.2", "hyperparameters.width=1.0"],
+    ]
+    assert grid.repeated == (
+        "--grid hyperparameters.lr: 0.1 is the same value as 0.1; that variant runs once",
+        "--grid hyperparameters.lr: 0.10 is the same value as 0.1; that variant runs once",
+    )
+
+
+def test_random_on_a_huge_grid_draws_without_building_every_combination() -> None:
+    """``--random 2`` over 10^8 combinations built all of them first (MemoryError). In a process
+    limited to 1 GiB of address space: a draw from 10^8, and from 100^12 (past a machine integer),
+    repeatable with the seed, distinct, and each a real combination of the grid."""
+    code = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from launch.planning.sweep_plan import parse_grid, variants_of
+small = parse_grid([f"hyperparameters.k{i}=" + ",".join(str(v) for v in range(10)) for i in range(8)])
+assert small.size == 10**8
+drawn = variants_of(small, 2, seed=5)
+assert drawn == variants_of(small, 2, seed=5) and drawn[0] != drawn[1], drawn
+assert all(len(c) == 8 and c[i].startswith(f"hyperparameters.k{i}=") for c in drawn for i in range(8)), drawn
+huge = parse_grid([f"hyperparameters.h{i}=" + ",".join(str(v) for v in range(100)) for i in range(12)])
+assert huge.size == 100**12
+many = variants_of(huge, 1000, seed=1)
+assert len({tuple(c) for c in many}) == 1000 and many == variants_of(huge, 1000, seed=1)
+print("OK", drawn)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.startswith("OK"), proc.stdout + proc.stderr[-2000:]
+
+
+def test_the_grid_decodes_an_index_as_the_product_orders_it() -> None:
+    grid = parse_grid(["a=1,2", "b=x,y,z"])
+    every = [grid.combination(i) for i in range(grid.size)]
+    assert every == [[f"a={a}", f"b={b}"] for a in ("1", "2") for b in ("x", "y", "z")]
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--random", "0"], "fleetrun: error: --random 0: expected a number of variants >= 1"),
+        (["--random", "-1"], "fleetrun: error: --random -1: expected a number of variants >= 1"),
+        (["--random", "two"], "fleetrun: error: --random 'two': expected a whole number of variants >= 1"),
+        (["--max-failures", "-1"], "fleetrun: error: --max-failures -1: expected 0 (no limit) or more"),
+    ],
+)
+def test_random_zero_and_negative_max_failures_are_refused(
+    tmp_path: Path, option: list[str], message: str
+) -> None:
+    """``--random 0`` ran every combination (and connected to the hosts); ``--max-failures -1``
+    read as no limit. Both are one line and exit code 2 before anything is read or reached."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    playbook = write_playbook(tmp_path / "job.yaml", workdir, nodes=1)
+    proc = fab(
+        "sweep", str(playbook), "--grid", "hyperparameters.lr=0.1,0.2", "--inventory",
+        str(tmp_path / "no-such-inventory.yaml"), *option, home=tmp_path / "home",
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip() == message, proc.stderr
+    assert sample_size(None) is None and sample_size("3") == 3
 
 
 @pytest.mark.parametrize(
@@ -190,12 +263,13 @@ def test_ctrl_c_stops_the_whole_sweep_and_records_it(
     assert "interrupted: no new variant starts" in out
     final = json.loads((sweeps / state["sweep_id"] / "sweep.json").read_text())
     assert final["state"] == "interrupted"
-    assert sorted(v["state"] for v in final["variants"]) == ["failed", "failed", "not started", "not started"]
     with RunRecords(fleetrun_home / "runs.db") as records:
         mine = [r for r in records.list(limit=1000) if r.sweep_id == final["sweep_id"]]
     assert len(mine) == 2 and all(r.state in ("stopped", "interrupted", "failed") for r in mine), [
         (r.state, r.stop_rule) for r in mine
     ]
+    states = sorted(v["state"] for v in final["variants"])
+    assert states == sorted([r.state for r in mine] + ["not started", "not started"]), "as the records say"
     assert all(r.ended_at is not None or r.state == "interrupted" for r in mine)
     assert_nothing_running(fleet)  # type: ignore[arg-type]
 
@@ -233,10 +307,11 @@ def test_a_failure_budget_stops_the_sweep(tmp_path: Path, monkeypatch: pytest.Mo
     inventory.write_text(json.dumps({"hosts": hosts}))
     said: list[str] = []
     result = sweeping.run_sweep(
-        str(playbook), ["hyperparameters.lr=0.2,0.1,0.05,0.02,0.01"], inventory=str(inventory),
+        str(playbook), ["hyperparameters.lr=0.2,0.2,0.1,0.05,0.02,0.01"], inventory=str(inventory),
         max_failures=2, say=said.append,
     )  # fmt: skip
     assert result.state == "stopped" and any("--max-failures 2" in line for line in said)
+    assert "warning: --grid hyperparameters.lr: 0.2 is the same value as 0.2; that variant runs once" in said
     states = [v.state for v in result.variants]
     assert states == ["failed", "failed", "not started", "not started", "not started"], states
     calls = (tmp_path / "fake_train.py.calls").read_text().splitlines()
@@ -246,11 +321,21 @@ def test_a_failure_budget_stops_the_sweep(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 SLOW_TRAIN = """
-import signal, sys, time
+import os, signal, sys, time
+from pathlib import Path
+from launch.job.overrides import overrides_record, parse_overrides
+from launch.run.records import RunRecords
+args = sys.argv[1:]
+sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+db = Path(os.environ["FLEETRUN_HOME"]) / "runs.db"
+with RunRecords(db) as records:  # as fab train records its run
+    run = records.start(sweep_id=args[args.index("--sweep-id") + 1], overrides=overrides_record(parse_overrides(sets)))
 with open(sys.argv[0] + ".started", "a") as out:
     out.write("x\\n")
 def interrupted(*_args):
     time.sleep(1)  # wrapping up
+    with RunRecords(db) as records:
+        records.finish(run.id, state="stopped", stop_rule="interrupt")
     with open(sys.argv[0] + ".wrapped", "a") as out:
         out.write("x\\n")
     sys.exit(1)
@@ -268,9 +353,10 @@ print("STATES", ",".join(v.state for v in result.variants), result.state)
 
 
 def test_ctrl_c_waits_for_every_running_variant_to_wrap_up(tmp_path: Path) -> None:
-    """The orchestration alone: Ctrl-C while two stand-ins for ``fab train`` run; the sweep passes
-    it on and ends only after both wrapped up (a Ctrl-C landing in ``Thread.join`` once let it end
-    with a variant still running)."""
+    """The orchestration alone: Ctrl-C while two stand-ins for ``fab train`` run (each records its
+    run, and records it ``stopped`` when interrupted, as ``fab train`` does); the sweep passes it on
+    and ends only after both wrapped up (a Ctrl-C landing in ``Thread.join`` once let it end with
+    a variant still running), and ``sweep.json`` says what their records say (it said ``failed``)."""
     from tests.conftest import SAMPLE_HOST_KEYS
 
     fake = tmp_path / "slow_train.py"
@@ -286,7 +372,7 @@ def test_ctrl_c_waits_for_every_running_variant_to_wrap_up(tmp_path: Path) -> No
     ]
     inventory = tmp_path / "lab.yaml"
     inventory.write_text(json.dumps({"hosts": hosts}))
-    env = {**os.environ, "FLEETRUN_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "FLEETRUN_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, str(driver), str(fake), str(playbook), str(inventory)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -297,5 +383,8 @@ def test_ctrl_c_waits_for_every_running_variant_to_wrap_up(tmp_path: Path) -> No
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
-    assert "STATES failed,failed,not started,not started interrupted" in out, out
+    assert "STATES stopped,stopped,not started,not started interrupted" in out, out
     assert len((tmp_path / "slow_train.py.wrapped").read_text().split()) == 2, "both wrapped up first"
+    (saved,) = (tmp_path / "home" / "sweeps").glob("*/sweep.json")
+    states = [v["state"] for v in json.loads(saved.read_text())["variants"]]
+    assert states == ["stopped", "stopped", "not started", "not started"], states

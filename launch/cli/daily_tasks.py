@@ -27,11 +27,11 @@ SET_HELP = (
         "playbook": "job file, or a built-in playbook's name",
         "grid": "a field and its values, name=v1,v2 (repeatable; every combination runs), e.g. hyperparameters.lr=0.1,0.01",
         "inventory": "as for train",
-        "random": "run this many of the combinations, drawn at random, instead of all",
+        "random": "run this many (1 or more) of the combinations, drawn at random, instead of all",
         "parallel": "variants at once, each on its own nodes of the inventory (default 1: one after another)",
         "set": "a --set for every variant (as for train)",
         "seed": "seed of --random's draw (default: a new draw each time)",
-        "max-failures": "stop the whole sweep (as Ctrl-C does) once this many variants failed (default: no limit)",
+        "max-failures": "stop the whole sweep (as Ctrl-C does) once this many variants failed or stopped (default 0: no limit)",
         "allow-local-hooks": "run the playbook's on_end commands on this machine after each variant (as for train)",
     },
 )
@@ -41,7 +41,7 @@ def sweep(
     playbook: str,
     grid: list[str] | None = None,
     inventory: str = "local",
-    random: int = 0,
+    random: str | None = None,  # checked as a count by launch.planning.sweep_plan (None: not given)
     parallel: int = 1,
     set: list[str] | None = None,
     seed: int = -1,
@@ -87,7 +87,7 @@ ACCESS_TARGET_HELP = (
 def ssh(c: Any, target: str, node: str = "", command: str = "") -> None:
     """A shell (or one command) on a run's node, with the pinned host keys and the jump host.
 
-    Example: fab ssh last --node fr-n1 --command 'tail -n 20 ~/.fleetrun/runs/*/node.log'
+    Example: fab ssh last --node frnode1 --command 'tail -n 20 ~/.fleetrun/runs/*/node.log'
     (fab keeps its own meaning for '-- CMD', so the command goes in --command)
     """
     from launch.cli import access
@@ -142,7 +142,7 @@ def ssh_config(c: Any, target: str, output: str = "", prefix: str = "fleetrun-")
 def queue(c: Any, inventory: str = "local") -> None:
     """Show who holds and who waits for each machine (fab train --wait queues in arrival order).
 
-    Example: fab queue lab.yaml
+    Example: fab queue --inventory lab.yaml
     """
     from launch.cli import queue as queueing
     from launch.fleets.select import load_inventory

@@ -18,7 +18,6 @@ from pathlib import Path
 from rich.console import Console
 
 from launch.errors import FleetrunError
-from launch.fleets.teardown import TeardownOutcome
 from launch.paths import fleetrun_home, known_hosts_file
 from launch.planning import remote_layout as layout
 from launch.reports import log_follow
@@ -199,8 +198,8 @@ def reattach(run: str, console: Console, poll_interval: float = 1.0) -> RunSumma
         return lifecycle.reattach(records, record, RichReporter(console), poll_interval)
 
 
-def pull_again(run: str, console: Console) -> TeardownOutcome:
+def pull_again(run: str, console: Console) -> lifecycle.PulledAgain:
     """Pull a finished run's artifacts again (after a failed pull blocked its teardown), then apply
-    the playbook's teardown if every node's run directory is now safe. Returns the teardown outcome."""
+    the playbook's teardown if every node's run directory is now safe."""
     with open_records() as records:
         return lifecycle.pull_again(records, find_run(records, run), RichReporter(console))

@@ -19,9 +19,7 @@ and the sweep's own file says which variants never started.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
-import random
 import secrets
 import signal
 import subprocess
@@ -33,15 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launch.errors import SpecError
 from launch.job.builtin import resolve_playbook
-from launch.job.overrides import parse_override, parse_overrides
-from launch.job.spec import load_job_spec
+from launch.job.overrides import overrides_record, parse_overrides
 from launch.paths import fleetrun_home
+from launch.planning.sweep_plan import plan_sweep, slots_of, variant_outcome
 from launch.reports.safe_text import clean
-
-MAX_VARIANTS = 1000
-MAX_GRID_VALUES = 100
 
 
 @dataclass
@@ -51,7 +45,9 @@ class Variant:
     index: int
     sets: list[str]
     slot: int | None = None
-    state: str = "pending"  # pending, running, succeeded, failed, not started
+    state: str = (
+        "pending"  # pending, running, not started, or its run's: succeeded, failed, stopped, interrupted
+    )
     exit_code: int | None = None
     log: str = ""
 
@@ -78,58 +74,6 @@ class Sweep:
         }
 
 
-def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """``name=v1,v2`` items as (key, values); each value is checked as a ``--set`` would be."""
-    grid: list[tuple[str, list[str]]] = []
-    for item in items:
-        key, sep, values = item.partition("=")
-        parts = [v.strip() for v in values.split(",")] if sep else []
-        if not sep or not key.strip() or not all(parts):
-            raise SpecError(
-                f"--grid {clean(item, 120)!r}: expected name=v1,v2,... e.g. --grid hyperparameters.lr=0.1,0.01"
-            )
-        if len(parts) > MAX_GRID_VALUES:
-            raise SpecError(f"--grid {clean(key, 100)}: at most {MAX_GRID_VALUES} values")
-        for value in parts:
-            parse_override(f"{key.strip()}={value}")
-        if any(key.strip() == k for k, _ in grid):
-            raise SpecError(f"--grid {clean(key, 100)}: given twice; list its values in one --grid")
-        grid.append((key.strip(), parts))
-    if not grid:
-        raise SpecError("fab sweep needs at least one --grid name=v1,v2")
-    return grid
-
-
-def variants_of(
-    grid: list[tuple[str, list[str]]], sample: int = 0, seed: int | None = None
-) -> list[list[str]]:
-    """Every combination of the grid (its first key varies slowest), or ``sample`` of them at random."""
-    total = 1
-    for _key, values in grid:
-        total *= len(values)
-    if sample < 0:
-        raise SpecError(f"--random {sample}: expected a number of variants >= 1")
-    count = min(sample, total) if sample else total
-    if count > MAX_VARIANTS:
-        raise SpecError(f"the grid makes {total} variants; at most {MAX_VARIANTS} (use --random N)")
-    combos = [list(c) for c in itertools.product(*[[f"{k}={v}" for v in values] for k, values in grid])]
-    if sample:
-        combos = random.Random(seed).sample(combos, count)
-    return combos
-
-
-def slots_of(host_names: Sequence[str], nodes: int, parallel: int) -> list[list[str]]:
-    """``parallel`` disjoint groups of ``nodes`` hosts, in inventory order."""
-    if parallel < 1:
-        raise SpecError(f"--parallel {parallel}: expected 1 or more")
-    if nodes * parallel > len(host_names):
-        raise SpecError(
-            f"--parallel {parallel}: {parallel} variants of {nodes} node(s) at once need {nodes * parallel} "
-            f"hosts; the inventory has {len(host_names)}"
-        )
-    return [list(host_names[i * nodes : (i + 1) * nodes]) for i in range(parallel)]
-
-
 def _fab() -> list[str]:
     """How to run one variant: this program's ``train`` (``fab`` in a checkout, or ``fleetrun``)."""
     here = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("fab")
@@ -138,12 +82,25 @@ def _fab() -> list[str]:
     return [sys.executable, "-m", "launch.cli.main"]
 
 
+def recorded_state(sweep_id: str, sets: Sequence[str]) -> str | None:
+    """The state in the record of the sweep's run made with these ``--set`` items (each variant's
+    are its own), or None when its ``fab train`` wrote no record (refused before it started)."""
+    from launch.run.records import RunRecords
+
+    wanted = json.dumps(overrides_record(parse_overrides(sets)), sort_keys=True, default=repr)
+    with RunRecords(fleetrun_home() / "runs.db") as records:
+        for record in records.of_sweep(sweep_id):
+            if json.dumps(record.overrides, sort_keys=True, default=repr) == wanted:
+                return record.state
+    return None
+
+
 def run_sweep(
     playbook: str,
     grid_items: Sequence[str],
     *,
     inventory: str = "local",
-    sample: int = 0,
+    sample: str | int | None = None,
     parallel: int = 1,
     sets: Sequence[str] = (),
     seed: int | None = None,
@@ -153,7 +110,9 @@ def run_sweep(
 ) -> Sweep:
     """Run the sweep; returns what became of each variant (also in the sweep's JSON file).
 
-    ``max_failures``: once that many variants failed, the sweep stops as on Ctrl-C (0: no limit).
+    ``sample``: ``--random``, how many combinations to draw (None: every one).
+    ``max_failures``: once that many variants ended without succeeding, the sweep stops as on
+    Ctrl-C (0: no limit).
     ``allow_local_hooks``: the playbook's ``on_end`` may run on this machine, as with ``fab train
     --allow-local-hooks``: remembered once, before any variant starts, for the playbook's bytes
     as they are now (``launch.run.hooks``), so every variant's ``fab train`` finds it; a playbook
@@ -164,16 +123,12 @@ def run_sweep(
     from launch.run.hooks import local_hooks_verdict
 
     path = resolve_playbook(playbook)
-    base = parse_overrides(sets)
-    grid = parse_grid(grid_items)
-    combos = variants_of(grid, sample, seed)
-    if any(k == "nodes" for k, _ in grid) and parallel > 1:
-        raise SpecError(
-            "--grid nodes=... with --parallel: slots are cut by the playbook's nodes; run it sequentially"
-        )
-    spec = load_job_spec(path, base)
-    for combo in combos:  # every variant valid before any starts
-        load_job_spec(path, (*base, *parse_overrides(combo)))
+    planned = plan_sweep(
+        path, grid_items, sets, sample=sample, seed=seed, parallel=parallel, max_failures=max_failures
+    )  # every variant valid before any starts
+    spec = planned.spec
+    for line in planned.repeated:
+        say(f"warning: {line}")
     inv = load_inventory(inventory)
     if allow_local_hooks:
         verdict = local_hooks_verdict(path, spec, allow=True, record=True)
@@ -182,7 +137,7 @@ def run_sweep(
     sweep = Sweep(
         sweep_id=time.strftime("sw-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2),
         playbook=str(path),
-        variants=[Variant(i, [*sets, *combo]) for i, combo in enumerate(combos)],
+        variants=[Variant(i, items) for i, items in enumerate(planned.variants)],
         slots=slots,
     )
     folder = fleetrun_home() / "sweeps" / sweep.sweep_id
@@ -254,17 +209,19 @@ def run_sweep(
             with guard:
                 children.pop(variant.index, None)
                 variant.exit_code = code
-                variant.state = "succeeded" if code == 0 else "failed"
+                variant.state = variant_outcome(code, recorded_state(sweep.sweep_id, variant.sets))
                 save()
-                failed = sum(v.state == "failed" for v in sweep.variants)
+                failed = sum(v.state in ("failed", "stopped", "interrupted") for v in sweep.variants)
                 over_budget = max_failures > 0 and failed >= max_failures and not stopping.is_set()
             say(f"  variant {variant.index}: {variant.state} (log {log})")
             if over_budget:
-                say(f"{failed} variant(s) failed (--max-failures {max_failures}): stopping the sweep")
+                say(
+                    f"{failed} variant(s) did not succeed (--max-failures {max_failures}): stopping the sweep"
+                )
                 stop_all("stopped")
 
     say(
-        f"sweep {sweep.sweep_id}: {len(combos)} variant(s) of {clean(spec.name, 100)}, {parallel} at a time "
+        f"sweep {sweep.sweep_id}: {len(sweep.variants)} variant(s) of {clean(spec.name, 100)}, {parallel} at a time "
         f"on {len(slots)} slot(s) of {spec.nodes} node(s); fab runs --sweep {sweep.sweep_id}"
     )
     save()

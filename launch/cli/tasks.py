@@ -430,8 +430,7 @@ def pull(c: Any, run: str) -> None:
 
     from launch.cli import runs as history
 
-    teardown = history.pull_again(run, Console())
-    if teardown.blocked:
+    if not history.pull_again(run, Console()).ok:  # a node's pull failed, or the teardown waits
         raise Exit(code=1)
 
 

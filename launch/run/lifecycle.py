@@ -48,12 +48,13 @@ from launch.run.summary import RunSummary, TeardownAction, decide_teardown
 from launch.run.target import WatchTarget
 from launch.run.transfers import Transfers
 from launch.run.watch import Watcher
+from launch.run.watchdog_files import fetch_watchdog_files
 from launch.run.watching import build_watcher, crash_decision, watch_safely
 from launch.run.wrapup import wrap_up, write_reports
 from launch.transport.port import FleetPort
 from launch.transport.ssh import SshPool
 
-__all__ = ["Progress", "execute", "follow", "pull_again", "reattach", "start_run", "state_for"]
+__all__ = ["Progress", "PulledAgain", "execute", "follow", "pull_again", "reattach", "start_run", "state_for"]
 
 
 @dataclass
@@ -354,10 +355,23 @@ def reattach(
 
 
 # -- pulling again --------------------------------------------------------------------------------
-def pull_again(records: RunRecords, record: RunRecord, reporter: Reporter) -> TeardownOutcome:
+@dataclass(frozen=True)
+class PulledAgain:
+    """What ``fab pull RUN`` did: each node's pull error (none: every run directory is here) and
+    the teardown. ``ok`` only when both went through (its exit code, 0 or 1)."""
+
+    pull_errors: dict[str, str]
+    teardown: TeardownOutcome
+
+    @property
+    def ok(self) -> bool:
+        return not self.pull_errors and not self.teardown.blocked
+
+
+def pull_again(records: RunRecords, record: RunRecord, reporter: Reporter) -> PulledAgain:
     """``fab pull RUN``: the wrap-up's pull, reports and teardown for a run that ended (after a
     failed pull blocked its teardown); the teardown runs when every node's run directory is now
-    safe. Returns the teardown outcome."""
+    safe."""
     if record.state not in FINAL_STATES:
         raise FleetrunError(f"run {record.id} is {record.state}: use 'fab watch {record.id}' first")
     folder = RunFolder(Path(record.run_dir or ""))
@@ -366,6 +380,8 @@ def pull_again(records: RunRecords, record: RunRecord, reporter: Reporter) -> Te
     transfers = Transfers()
     with SshPool(target.inventory.hosts, known_hosts) as port:
         errors = transfers.pull(port, target.run_id, folder, known_hosts, reporter.console)
+    if errors:  # a node its watchdog powered off: what it wrote before going is in the bucket
+        fetch_watchdog_files(target.inventory, target.run_id, folder, sorted(errors), reporter.say)
     folder.collect_rank0_files()
     write_reports(folder, reporter, record.hyperparameters)
     decided = decide_teardown(target.teardown, record.state, errors, {})
@@ -379,4 +395,4 @@ def pull_again(records: RunRecords, record: RunRecord, reporter: Reporter) -> Te
     folder.write_json("summary.json", summary)
     records.update(record.id, artifacts=folder.artifacts())
     reporter.say(f"  teardown: {teardown}")
-    return teardown
+    return PulledAgain(dict(errors), teardown)

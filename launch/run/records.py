@@ -352,6 +352,11 @@ class RunRecords:
         rows = self._db.execute(query + " ORDER BY started_at DESC, id DESC LIMIT ?", (*args, limit))
         return [_row_to_record(r) for r in rows]
 
+    def of_sweep(self, sweep_id: str) -> builtins.list[RunRecord]:
+        """The runs of one ``fab sweep`` (its variants), in the order they started."""
+        rows = self._db.execute("SELECT * FROM runs WHERE sweep_id = ? ORDER BY started_at, id", (sweep_id,))
+        return [_row_to_record(r) for r in rows]
+
     def mark_stale_as_interrupted(
         self,
         now: float,

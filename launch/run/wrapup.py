@@ -39,6 +39,7 @@ from launch.run.summary import TRACEBACK_FILE, RunResult, RunSummary, TeardownAc
 from launch.run.target import WatchTarget
 from launch.run.transfers import Transfers
 from launch.run.watch import Watcher
+from launch.run.watchdog_files import fetch_watchdog_files
 from launch.run.watching import save_traceback
 from launch.transport.port import FleetPort, NodeLink
 
@@ -288,6 +289,14 @@ def secure_artifacts(
                 )
             secured.stop_errors = stop_errors | lost
             secured.pull_errors = pull_errors | lost
+            if secured.pull_errors:  # a node its watchdog powered off: its last words are in the bucket
+                steps.run(
+                    "fetching the watchdog's files from the bucket",
+                    lambda: fetch_watchdog_files(
+                        target.inventory, target.run_id, folder, sorted(secured.pull_errors), reporter.say
+                    ),
+                    lambda _m: {},
+                )
             reach = without(fleet, lost)
             secured.uploads = steps.run(
                 "uploading to the bucket",
