@@ -18,6 +18,11 @@
 #   SM_TRAINING_ENV                 SageMaker's JSON of all of it (fleetrun_sagemaker, which also
 #                                   writes hyperparameters.json & co. into $SM_INPUT_CONFIG_DIR)
 #
+# The pod's command passes the SM_* variables whose names are no shell identifier (SM_HP_BATCH-SIZE,
+# SM_CHANNEL_TRAIN-SET) as its own arguments, NAME=VALUE each: dash, the image's /bin/sh, drops
+# such names from its environment before anything runs, so they reach Python only through `env "$@"`
+# (here, and on the command's final exec). Sourcing keeps the command's arguments as "$@".
+#
 # A pod that cannot tell its rank stops here with one line on stderr (exit 2), rather than run as
 # a second rank 0.
 
@@ -94,6 +99,6 @@ SM_NETWORK_INTERFACE_NAME=${SM_NETWORK_INTERFACE_NAME:-eth0}
 export SM_NETWORK_INTERFACE_NAME
 
 if [ -n "${SM_OUTPUT_DATA_DIR:-}" ]; then mkdir -p "$SM_OUTPUT_DATA_DIR"; fi
-SM_TRAINING_ENV=$(python -m fleetrun_sagemaker) || _fr_fail "python -m fleetrun_sagemaker failed (is the image's PYTHONPATH $PYTHONPATH?)"
+SM_TRAINING_ENV=$(env "$@" python -m fleetrun_sagemaker) || _fr_fail "python -m fleetrun_sagemaker failed (is the image's PYTHONPATH $PYTHONPATH?)"
 export SM_TRAINING_ENV
 unset _fr_host _fr_index _fr_rank _fr_nodes _fr_head _fr_hosts _fr_i _fr_if
