@@ -297,6 +297,10 @@ def evaluate_wrapper(
     return proc.returncode, seen, proc.stderr
 
 
+def config_dir(seen: dict[str, str]) -> Path:
+    return Path(seen["SM_INPUT_CONFIG_DIR"])
+
+
 def operator_env(job: str, replica: str, index: int, nodes: int, procs: int = 1) -> dict[str, str]:
     """What the Training Operator (kubeflow.org/v1, with ``nprocPerNode``) sets in a fixed job's pod."""
     rank = index + (1 if replica == "worker" else 0)
@@ -344,7 +348,21 @@ def test_a_sagemaker_playbook_exports_pods_that_know_who_they_are(tmp_path: Path
     assert ranks == ["0", "1", "2"] and hosts == ["algo-1", "algo-2", "algo-3"]
     for seen in seen_by.values():
         assert json.loads(seen["SM_HOSTS"]) == ["algo-1", "algo-2", "algo-3"]
-        assert json.loads(seen["SM_RESOURCE_CONFIG"])["current_host"] == seen["SM_CURRENT_HOST"]
+        resource = json.loads(seen["SM_RESOURCE_CONFIG"])
+        assert resource["current_host"] == seen["SM_CURRENT_HOST"]
+        assert (resource["current_instance_type"], resource["current_group_name"]) == (
+            "local",
+            "homogeneousCluster",
+        )
+        assert resource["instance_groups"] == [
+            {
+                "hosts": ["algo-1", "algo-2", "algo-3"],
+                "instance_group_name": "homogeneousCluster",
+                "instance_type": "local",
+            }
+        ]
+        written = json.loads((config_dir(seen) / "resourceconfig.json").read_text())
+        assert written == {**resource, "network_interface_name": seen["SM_NETWORK_INTERFACE_NAME"]}
         assert int(seen["SM_NUM_CPUS"]) >= 1 and seen["SM_NUM_GPUS"] == "0"
         assert seen["FLEETRUN_HEAD_IP"] == "smexport-master-0" and seen["NNODES"] == "3"
         training = json.loads(seen["SM_TRAINING_ENV"])
