@@ -224,3 +224,33 @@ def test_the_aip_folders_exist_when_the_trainer_starts(tmp_path: Path) -> None:
     made = json.loads(proc.stdout.strip().splitlines()[-1])
     assert made == {"AIP_MODEL_DIR": True, "AIP_CHECKPOINT_DIR": True, "AIP_TENSORBOARD_LOG_DIR": False}
     assert not (tmp_path / "gs:").exists() and not (home / "gs:").exists()
+
+
+def tf2_validate(tf: dict) -> None:
+    """TensorFlow 2's check of ``TF_CONFIG`` before ``MultiWorkerMirroredStrategy`` starts
+    (``tensorflow/python/distribute/multi_worker_util.py``, ``_validate_cluster_spec``)."""
+    task_type, task_id, cluster = tf["task"]["type"], tf["task"]["index"], tf["cluster"]
+    if task_type not in ("chief", "worker", "evaluator", "ps"):
+        raise ValueError(f"Unrecognized task_type: {task_type!r}")
+    if task_type not in cluster:
+        raise ValueError(f"`task_type` {task_type!r} not found in cluster_spec.")
+    if len(cluster.get("chief", [])) > 1:
+        raise ValueError("There must be at most one 'chief' job.")
+    if task_id >= len(cluster[task_type]):
+        raise ValueError(f"The `task_id` {task_id} exceeds the maximum id of {task_type}.")
+
+
+def test_the_docs_say_which_layout_a_tf2_trainer_wants(tmp_path: Path) -> None:
+    """Issue 32 item 9: TF 2's strategy refuses ``master`` on node 0 and takes ``chief`` and
+    ``workers``; the migration page says so, and that a TF 2 trainer wants ``tf_config: chief``."""
+    refused = {}
+    for layout in ("workers", "chief", "master"):
+        for tf in tf_configs(plan_for(tmp_path / layout, tf_config=layout)):
+            try:
+                tf2_validate(tf)
+            except ValueError as exc:
+                refused.setdefault(layout, str(exc))
+    assert refused == {"master": "Unrecognized task_type: 'master'"}
+    page = " ".join((REPO / "docs" / "migration-cloudml.md").read_text().split())
+    assert "A TensorFlow 2 trainer wants `tf_config: chief`." in page
+    assert "`MultiWorkerMirroredStrategy` refuses `master`" in page
