@@ -18,7 +18,8 @@ setup: system-deps $(STAMP)
 
 # openssh-server, rsync and iproute2 for the local fleet (nodes are namespaces running real sshd);
 # pdsh only as bench/scale.py's baseline (its smoke test runs in `make test`); shellcheck for the
-# lint test of images/ scripts (tests/infra/test_bootstrap.py), which a machine without it skips.
+# lint test of images/ scripts (tests/infra/test_bootstrap.py), which a machine without it skips;
+# dash, the /bin/sh of Debian-based images, to run an exported pod's command as a pod runs it.
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -28,6 +29,7 @@ system-deps:
 	command -v pgrep >/dev/null || missing="$$missing procps"; \
 	command -v pdsh >/dev/null || missing="$$missing pdsh"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	command -v dash >/dev/null || missing="$$missing dash"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,10 +22,11 @@ import yaml
 
 from launch.errors import SpecError
 from launch.job.spec import load_job_spec
+from launch.planning.launchers.base import RDZV_PORT_FILE
 from launch.planning.launchers.horovod import HorovodLauncher
 from launch.planning.launchers.torchrun import TorchrunLauncher
 from launch.planning.plan import LaunchPlan
-from tests.conftest import sample_inventory
+from tests.conftest import REPO, sample_inventory
 
 IPS = ["10.0.0.1:2222", "10.0.0.2:2222", "10.0.0.3:2222"]
 
@@ -185,3 +188,69 @@ def test_the_scratch_folder_is_the_layouts() -> None:
     from launch.planning import remote_layout
 
     assert SCRATCH == remote_layout.RUN_TMP
+
+
+def test_the_aip_folders_exist_when_the_trainer_starts(tmp_path: Path) -> None:
+    """Issue 32 item 8: on Vertex ``AIP_CHECKPOINT_DIR`` and ``AIP_TENSORBOARD_LOG_DIR`` are bucket
+    prefixes a trainer writes into at once; here they are folders, made before it starts, as
+    ``AIP_MODEL_DIR`` is. The head's launch script runs in a stand-in home, its last line (the
+    ``exec`` of torchrun) replaced by a look at the folders; a URL the playbook sets is left alone."""
+    plan = plan_for(tmp_path, tf_config="chief", env={"AIP_TENSORBOARD_LOG_DIR": "gs://lab/tb"})
+    home = tmp_path / "home"
+    (home / ".fleetrun" / "work" / "tfjob").mkdir(parents=True)
+    run_dir = home / ".fleetrun" / "runs" / "run-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / RDZV_PORT_FILE).write_text("29500\n")  # what the laptop sends with the script
+    venv = home / ".fleetrun" / "envs" / "tfjob" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "activate").write_text("")
+    shutil.copytree(REPO / "launch" / "nodelib", home / ".fleetrun" / "lib")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    lines = (plan.nodes[0].launch_script or "").splitlines()
+    assert lines[-1].startswith("exec ")
+    look = "import json, os; print(json.dumps({k: os.path.isdir(os.environ[k]) for k in os.environ if k.startswith('AIP_')}))"
+    script = "\n".join([*lines[:-1], f"exec python -c {shlex.quote(look)}"]) + "\n"
+    proc = subprocess.run(
+        ["sh", "-c", script],
+        env={"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    made = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert made == {"AIP_MODEL_DIR": True, "AIP_CHECKPOINT_DIR": True, "AIP_TENSORBOARD_LOG_DIR": False}
+    assert not (tmp_path / "gs:").exists() and not (home / "gs:").exists()
+
+
+def tf2_validate(tf: dict) -> None:
+    """TensorFlow 2's check of ``TF_CONFIG`` before ``MultiWorkerMirroredStrategy`` starts
+    (``tensorflow/python/distribute/multi_worker_util.py``, ``_validate_cluster_spec``)."""
+    task_type, task_id, cluster = tf["task"]["type"], tf["task"]["index"], tf["cluster"]
+    if task_type not in ("chief", "worker", "evaluator", "ps"):
+        raise ValueError(f"Unrecognized task_type: {task_type!r}")
+    if task_type not in cluster:
+        raise ValueError(f"`task_type` {task_type!r} not found in cluster_spec.")
+    if len(cluster.get("chief", [])) > 1:
+        raise ValueError("There must be at most one 'chief' job.")
+    if task_id >= len(cluster[task_type]):
+        raise ValueError(f"The `task_id` {task_id} exceeds the maximum id of {task_type}.")
+
+
+def test_the_docs_say_which_layout_a_tf2_trainer_wants(tmp_path: Path) -> None:
+    """Issue 32 item 9: TF 2's strategy refuses ``master`` on node 0 and takes ``chief`` and
+    ``workers``; the migration page says so, and that a TF 2 trainer wants ``tf_config: chief``."""
+    refused = {}
+    for layout in ("workers", "chief", "master"):
+        for tf in tf_configs(plan_for(tmp_path / layout, tf_config=layout)):
+            try:
+                tf2_validate(tf)
+            except ValueError as exc:
+                refused.setdefault(layout, str(exc))
+    assert refused == {"master": "Unrecognized task_type: 'master'"}
+    page = " ".join((REPO / "docs" / "migration-cloudml.md").read_text().split())
+    assert "A TensorFlow 2 trainer wants `tf_config: chief`." in page
+    assert "`MultiWorkerMirroredStrategy` refuses `master`" in page

@@ -77,9 +77,16 @@ def check_against_plan(job: KubeflowOrgV1PyTorchJob, export: ex.PyTorchJobExport
         assert words[-len(shlex.split(entrypoint_tail(spec.entrypoint))) :] == shlex.split(
             entrypoint_tail(spec.entrypoint)
         )
-        assert ["python", "-m", "torch.distributed.run", f"--max-restarts={spec.max_restarts}"] == words[
-            words.index("exec") + 1 : words.index("exec") + 5
-        ]
+        start = words.index("exec") + 1
+        assert words[start : start + 6] == [
+            "env",
+            "$@",
+            "python",
+            "-m",
+            "torch.distributed.run",
+            f"--max-restarts={spec.max_restarts}",
+        ], "the odd SM_* names (the script's arguments) are given to env on the exec"
+        assert container.command[3] == ex.POD_ARGV0
         env = {e.name: e.value for e in container.env}
         run_dir = f"$HOME/.fleetrun/runs/{plan.run_id}"
         workdir = f"$HOME/.fleetrun/work/{plan.job}"  # SM_MODULE_DIR: the code is in the image
@@ -94,8 +101,8 @@ def check_against_plan(job: KubeflowOrgV1PyTorchJob, export: ex.PyTorchJobExport
         assert env["PYTHONPATH"] == ex.POD_LIB
         # what the entry wrapper needs besides the operator's variables (issue 23 item 1)
         pod_only = {"PYTHONPATH", "SM_NUM_GPUS", "FLEETRUN_WORKER_RANK_OFFSET"}
-        odd = {k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)}
-        assert set(env) - odd == (set(plan.head.env) - left_out) | pod_only
+        assert not [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)], "sh drops them"
+        assert set(env) == (set(plan.head.env) - left_out) | pod_only
         for key, value in spec.env.items():
             assert env[key] == value
     assert job.spec.run_policy.active_deadline_seconds == int(spec.stop.max_wall_time_s or 0) or (
@@ -164,7 +171,8 @@ def test_an_elastic_playbook_gets_workers_and_an_elastic_policy(tmp_path: Path) 
     assert job.spec.pytorch_replica_specs["Worker"].replicas == 4
     policy = job.spec.elastic_policy
     assert (policy.min_replicas, policy.max_replicas, policy.rdzv_backend) == (2, 4, "c10d")
-    assert policy.max_restarts == 2 and policy.n_proc_per_node == 2
+    assert policy.max_restarts == 2 and job.spec.nproc_per_node == "2"
+    assert policy.n_proc_per_node is None, "issue 32 item 1: the webhook refuses it beside spec.nprocPerNode"
 
 
 def test_a_fixed_node_count_is_not_elastic(tmp_path: Path) -> None:
@@ -278,7 +286,7 @@ def evaluate_wrapper(
         "PYTHONPATH": str(REPO / "launch" / "nodelib"),
     }
     proc = subprocess.run(
-        ["sh", "-c", f'. "{WRAPPER}" && env'],
+        ["sh", "-c", f'. "{WRAPPER}" && env', *container.command[3:]],
         env=env,
         capture_output=True,
         text=True,
@@ -287,6 +295,10 @@ def evaluate_wrapper(
     )
     seen = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     return proc.returncode, seen, proc.stderr
+
+
+def config_dir(seen: dict[str, str]) -> Path:
+    return Path(seen["SM_INPUT_CONFIG_DIR"])
 
 
 def operator_env(job: str, replica: str, index: int, nodes: int, procs: int = 1) -> dict[str, str]:
@@ -318,7 +330,8 @@ def test_a_sagemaker_playbook_exports_pods_that_know_who_they_are(tmp_path: Path
     for per_node in ("SM_CURRENT_HOST", "SM_HOSTS", "SM_RESOURCE_CONFIG", "FLEETRUN_NODE_RANK", "TF_CONFIG"):
         assert per_node not in env, f"{per_node} is the pod's own, not the head's"
     assert container.command[2].startswith(f". {ex.POD_ENV_SCRIPT} && ")
-    assert env["SM_HP_BATCH-SIZE"] == "32", "Kubernetes takes the names sh cannot export"
+    assert "SM_HP_BATCH-SIZE" not in env, "dash would drop it: it is the command's argument instead"
+    assert "SM_HP_BATCH-SIZE=32" in container.command[4:]
     assert not [k for k, v in env.items() if "$HOME" in v], "Kubernetes does not expand $HOME"
 
     # every replica, evaluated with the operator's variables: its own rank and host, one leader
@@ -335,7 +348,21 @@ def test_a_sagemaker_playbook_exports_pods_that_know_who_they_are(tmp_path: Path
     assert ranks == ["0", "1", "2"] and hosts == ["algo-1", "algo-2", "algo-3"]
     for seen in seen_by.values():
         assert json.loads(seen["SM_HOSTS"]) == ["algo-1", "algo-2", "algo-3"]
-        assert json.loads(seen["SM_RESOURCE_CONFIG"])["current_host"] == seen["SM_CURRENT_HOST"]
+        resource = json.loads(seen["SM_RESOURCE_CONFIG"])
+        assert resource["current_host"] == seen["SM_CURRENT_HOST"]
+        assert (resource["current_instance_type"], resource["current_group_name"]) == (
+            "local",
+            "homogeneousCluster",
+        )
+        assert resource["instance_groups"] == [
+            {
+                "hosts": ["algo-1", "algo-2", "algo-3"],
+                "instance_group_name": "homogeneousCluster",
+                "instance_type": "local",
+            }
+        ]
+        written = json.loads((config_dir(seen) / "resourceconfig.json").read_text())
+        assert written == {**resource, "network_interface_name": seen["SM_NETWORK_INTERFACE_NAME"]}
         assert int(seen["SM_NUM_CPUS"]) >= 1 and seen["SM_NUM_GPUS"] == "0"
         assert seen["FLEETRUN_HEAD_IP"] == "smexport-master-0" and seen["NNODES"] == "3"
         training = json.loads(seen["SM_TRAINING_ENV"])
@@ -354,7 +381,8 @@ def test_a_sagemaker_playbook_exports_pods_that_know_who_they_are(tmp_path: Path
     assert (
         mounts["channel-validation"].mount_path == env["SM_CHANNEL_VALIDATION"] == "/fleetrun/data/validation"
     )
-    assert mounts["channel-test-set"].mount_path == env["SM_CHANNEL_TEST-SET"] == "/fleetrun/data/test-set"
+    assert mounts["channel-test-set"].mount_path == "/fleetrun/data/test-set"
+    assert "SM_CHANNEL_TEST-SET=/fleetrun/data/test-set" in container.command[4:]
     assert claims["channel-test-set"] == "smexport-test-set"
     for name, claim in claims.items():
         assert any(claim in n and "PersistentVolumeClaim" in n for n in export.notes), name
@@ -485,6 +513,9 @@ def test_fab_export_refuses_in_one_line(tmp_path: Path) -> None:
     for args, message in (
         (["--image", IMAGE, "--nodes", "1"], "--nodes 1: the playbook says nodes: 2:3"),
         (["--image", IMAGE, "--nodes", "0"], "--nodes: expected 1 to 4096, got 0"),
+        (["--image", IMAGE, "--nodes", "-1"], "--nodes: expected 1 to 4096, got -1"),  # issue 32 item 5
+        (["--image", IMAGE, "--nodes", "two"], "--nodes: expected a whole number from 1 to 4096"),
+        (["--image", IMAGE, "--gpus", "-1"], "--gpus: expected 0 to 1024, got -1"),
         (["--image", "ghcr.io/Lab/Digits:1"], "--image: the repository path must be lowercase"),
     ):
         proc = subprocess.run(

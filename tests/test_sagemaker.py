@@ -125,6 +125,41 @@ def test_data_dir_is_the_training_channel(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ the plan, per node
 
 
+def test_resource_config_takes_the_instance_type_from_the_inventory(tmp_path: Path) -> None:
+    """Issue 32 item 7: a stack's hosts carry their machine type; one type is SageMaker's one
+    ``homogeneousCluster`` group, several types a group each; a host known to have GPUs and no
+    type is ``local_gpu``, as SageMaker's local mode says."""
+    spec = load_job_spec(playbook(tmp_path, nodes=3))
+    inventory = sample_inventory(3, gpus=8)
+    typed = inventory.model_copy(
+        update={"hosts": [h.model_copy(update={"instance_type": "p4d.24xlarge"}) for h in inventory.hosts]}
+    )
+    configs = [
+        json.loads(n.env["SM_RESOURCE_CONFIG"]) for n in TorchrunLauncher().plan(spec, typed, "r").nodes
+    ]
+    assert [c["current_instance_type"] for c in configs] == ["p4d.24xlarge"] * 3
+    assert {c["current_group_name"] for c in configs} == {"homogeneousCluster"}
+    assert configs[2]["instance_groups"] == [
+        {
+            "instance_group_name": "homogeneousCluster",
+            "instance_type": "p4d.24xlarge",
+            "hosts": ["algo-1", "algo-2", "algo-3"],
+        }
+    ]
+    mixed = typed.model_copy(
+        update={"hosts": [*typed.hosts[:2], typed.hosts[2].model_copy(update={"instance_type": None})]}
+    )
+    configs = [
+        json.loads(n.env["SM_RESOURCE_CONFIG"]) for n in TorchrunLauncher().plan(spec, mixed, "r").nodes
+    ]
+    assert [(c["current_instance_type"], c["current_group_name"]) for c in configs] == [
+        ("p4d.24xlarge", "p4d.24xlarge"),
+        ("p4d.24xlarge", "p4d.24xlarge"),
+        ("local_gpu", "local_gpu"),
+    ]
+    assert [g["hosts"] for g in configs[0]["instance_groups"]] == [["algo-1", "algo-2"], ["algo-3"]]
+
+
 def test_each_node_gets_sagemakers_values(tmp_path: Path) -> None:
     plan = torchrun_plan(tmp_path)
     head, worker = (n.env for n in plan.nodes)
@@ -132,7 +167,16 @@ def test_each_node_gets_sagemakers_values(tmp_path: Path) -> None:
     assert (head["SM_CURRENT_HOST"], worker["SM_CURRENT_HOST"]) == ("algo-1", "algo-2")
     assert json.loads(worker["SM_RESOURCE_CONFIG"]) == {
         "current_host": "algo-2",
+        "current_instance_type": "local",  # gpus: 0 and no type in the inventory: SageMaker local mode's
+        "current_group_name": "homogeneousCluster",
         "hosts": ["algo-1", "algo-2"],
+        "instance_groups": [
+            {
+                "instance_group_name": "homogeneousCluster",
+                "instance_type": "local",
+                "hosts": ["algo-1", "algo-2"],
+            }
+        ],
     }
     assert worker["SM_CHANNELS"] == '["test","training"]'
     assert worker["SM_CHANNEL_TRAINING"] == "/data/train"
@@ -420,11 +464,29 @@ def test_sagemakers_inputs_and_config_files_on_the_node(tmp_path: Path) -> None:
         "layers": [64, 32],
     }, "the toolkit's json.loads of each value gives SM_HPS back"
     assert json.loads((config / "inputdataconfig.json").read_text()) == data_config
-    assert json.loads((config / "resourceconfig.json").read_text()) == {
+    resource = json.loads((config / "resourceconfig.json").read_text())
+    assert resource == {
         "current_host": "algo-2",
+        "current_instance_type": "local",
+        "current_group_name": "homogeneousCluster",
         "hosts": ["algo-1", "algo-2"],
+        "instance_groups": [
+            {
+                "instance_group_name": "homogeneousCluster",
+                "instance_type": "local",
+                "hosts": ["algo-1", "algo-2"],
+            }
+        ],
         "network_interface_name": "ens5",
-    }
+    }, "issue 32 item 7: every key SageMaker writes"
+    # what a SageMaker script indexes (sagemaker_training.environment reads these)
+    group = next(
+        g for g in resource["instance_groups"] if g["instance_group_name"] == resource["current_group_name"]
+    )
+    assert (
+        resource["current_host"] in group["hosts"]
+        and group["instance_type"] == resource["current_instance_type"]
+    )
     env = json.loads(seen["SM_TRAINING_ENV"])
     assert env["input_dir"] == seen["SM_INPUT_DIR"] and env["input_config_dir"] == str(config)
     assert env["module_name"] == "train" and env["user_entry_point"] == "train.py"

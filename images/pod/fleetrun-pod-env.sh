@@ -18,6 +18,11 @@
 #   SM_TRAINING_ENV                 SageMaker's JSON of all of it (fleetrun_sagemaker, which also
 #                                   writes hyperparameters.json & co. into $SM_INPUT_CONFIG_DIR)
 #
+# The pod's command passes the SM_* variables whose names are no shell identifier (SM_HP_BATCH-SIZE,
+# SM_CHANNEL_TRAIN-SET) as its own arguments, NAME=VALUE each: dash, the image's /bin/sh, drops
+# such names from its environment before anything runs, so they reach Python only through `env "$@"`
+# (here, and on the command's final exec). Sourcing keeps the command's arguments as "$@".
+#
 # A pod that cannot tell its rank stops here with one line on stderr (exit 2), rather than run as
 # a second rank 0.
 
@@ -76,8 +81,7 @@ while [ "$_fr_i" -le "$_fr_nodes" ]; do
 done
 SM_CURRENT_HOST="algo-$((_fr_rank + 1))"
 SM_HOSTS="[$_fr_hosts]"
-SM_RESOURCE_CONFIG="{\"current_host\":\"$SM_CURRENT_HOST\",\"hosts\":$SM_HOSTS}"
-export SM_CURRENT_HOST SM_HOSTS SM_RESOURCE_CONFIG
+export SM_CURRENT_HOST SM_HOSTS
 
 SM_NUM_CPUS=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)
 export SM_NUM_CPUS
@@ -85,6 +89,11 @@ if ! _fr_is_count "${SM_NUM_GPUS:-}"; then
     SM_NUM_GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 fi
 export SM_NUM_GPUS
+# SageMaker's resource config; the pod's machine type is unknown here: what SageMaker's local mode writes
+_fr_type=local
+if [ "${SM_NUM_GPUS:-0}" -gt 0 ] 2>/dev/null; then _fr_type=local_gpu; fi
+SM_RESOURCE_CONFIG="{\"current_group_name\":\"homogeneousCluster\",\"current_host\":\"$SM_CURRENT_HOST\",\"current_instance_type\":\"$_fr_type\",\"hosts\":$SM_HOSTS,\"instance_groups\":[{\"hosts\":$SM_HOSTS,\"instance_group_name\":\"homogeneousCluster\",\"instance_type\":\"$_fr_type\"}]}"
+export SM_RESOURCE_CONFIG
 SM_NETWORK_INTERFACE_NAME=""
 for _fr_if in /sys/class/net/*; do
     _fr_if=${_fr_if##*/}
@@ -94,6 +103,6 @@ SM_NETWORK_INTERFACE_NAME=${SM_NETWORK_INTERFACE_NAME:-eth0}
 export SM_NETWORK_INTERFACE_NAME
 
 if [ -n "${SM_OUTPUT_DATA_DIR:-}" ]; then mkdir -p "$SM_OUTPUT_DATA_DIR"; fi
-SM_TRAINING_ENV=$(python -m fleetrun_sagemaker) || _fr_fail "python -m fleetrun_sagemaker failed (is the image's PYTHONPATH $PYTHONPATH?)"
+SM_TRAINING_ENV=$(env "$@" python -m fleetrun_sagemaker) || _fr_fail "python -m fleetrun_sagemaker failed (is the image's PYTHONPATH $PYTHONPATH?)"
 export SM_TRAINING_ENV
-unset _fr_host _fr_index _fr_rank _fr_nodes _fr_head _fr_hosts _fr_i _fr_if
+unset _fr_type _fr_host _fr_index _fr_rank _fr_nodes _fr_head _fr_hosts _fr_i _fr_if

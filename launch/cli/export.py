@@ -30,8 +30,8 @@ def export(
     *,
     to: str,
     image: str,
-    nodes: int | None = None,
-    gpus: int | None = None,
+    nodes: int | str | None = None,
+    gpus: int | str | None = None,
     namespace: str = "default",
     output: str | None = None,
     overrides: Sequence[str] = (),
@@ -44,13 +44,15 @@ def export(
             "--image: the container image the pods run is required (see images/docker/Dockerfile)"
         )
     try:
-        from launch.planning.export_pytorchjob import build_command, export_pytorchjob
+        from launch.planning.export_pytorchjob import build_command, count_option, export_pytorchjob
     except ImportError as exc:
         raise FleetrunError(
             f"exporting a PyTorchJob needs the Training Operator SDK ({exc}): pip install 'fleetrun[kubeflow]'"
         ) from None
+    node_count = count_option("--nodes", nodes, 1, 4096)
+    gpu_count = count_option("--gpus", gpus, 0, 1024)
     spec = load_job_spec(playbook, parse_overrides(overrides))
-    result = export_pytorchjob(spec, image, nodes=nodes, gpus_per_node=gpus, namespace=namespace)
+    result = export_pytorchjob(spec, image, nodes=node_count, gpus_per_node=gpu_count, namespace=namespace)
     text = (
         f"# PyTorchJob exported by fleetrun from {clean(playbook, 300)} (kubectl apply -f this file)\n"
         + yaml.safe_dump(result.manifest, sort_keys=False, width=1000)

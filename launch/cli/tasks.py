@@ -484,8 +484,8 @@ def export(
     playbook: str,
     to: str = "pytorchjob",
     image: str = "",
-    nodes: int = -1,
-    gpus: int = -1,
+    nodes: str = "",
+    gpus: str = "",
     namespace: str = "default",
     output: str = "",
     set: list[str] | None = None,
@@ -500,8 +500,8 @@ def export(
         playbook,
         to=to,
         image=image,
-        nodes=None if nodes == -1 else nodes,  # --nodes 0 is refused, not read as no override
-        gpus=None if gpus < 0 else gpus,
+        nodes=nodes,  # text: read (and refused when not 1 or more) by the export, "" is the playbook's
+        gpus=gpus,
         namespace=namespace,
         output=output or None,
         overrides=set or (),

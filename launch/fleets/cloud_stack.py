@@ -298,14 +298,24 @@ def failover_zones(config: Mapping[str, str]) -> list[str]:
 # -- zone failover --------------------------------------------------------------------------------
 
 
+CERTAIN_FAILURES = frozenset({ErrorKind.CAPACITY, ErrorKind.QUOTA, ErrorKind.GLOBAL_QUOTA})
+"""Provider errors that doom a zone's attempt whatever its other creations do: one node the zone
+cannot hold (or the quota cannot) is enough for the whole group to move."""
+
+
 @dataclass
 class UpEvents:
-    """Engine events of one ``up``: when the attempt's first node resource came into being."""
+    """Engine events of one ``up`` (the Automation API's ``on_event`` stream): when the attempt's
+    first node resource came into being, the error diagnostics, and the first of them that makes
+    the attempt certain to fail (``CERTAIN_FAILURES``, by the cloud's ``classify``)."""
 
     nodes_type: str
     clock: Clock
+    classify: Callable[[str], ErrorKind] | None = None
     first_node_at: float | None = None
     failures: list[str] = field(default_factory=list)
+    certain: ErrorKind | None = None
+    certain_at: float | None = None
 
     def __call__(self, event: Any) -> None:
         created = getattr(getattr(event, "res_outputs_event", None), "metadata", None)
@@ -318,7 +328,12 @@ class UpEvents:
             self.first_node_at = self.clock()
         diagnostic = getattr(event, "diagnostic_event", None)
         if diagnostic is not None and getattr(diagnostic, "severity", "") == "error":
-            self.failures.append(str(diagnostic.message))
+            message = str(diagnostic.message)
+            self.failures.append(message)
+            if self.certain is None and self.classify is not None:
+                kind = self.classify(message)
+                if kind in CERTAIN_FAILURES:
+                    self.certain, self.certain_at = kind, self.clock()
 
 
 def is_node_urn(urn: str, nodes_type: str) -> bool:
@@ -378,9 +393,10 @@ def up_with_failover(
             current_zone = zone
         if fail_over:
             on_output(f"fab up: trying zone {zone}")
-        watch = UpEvents(nodes_type, clock)
+        watch = UpEvents(nodes_type, clock, ops.classify_error)
         try:
-            return _bounded_up(stack, watch, zone or "the configured zone", on_output, clock)
+            # a running cluster's update is never cancelled: it is not destroyed either
+            return _bounded_up(stack, watch, zone or "the configured zone", on_output, clock, not existing)
         except auto.errors.ConcurrentUpdateError:
             raise FleetrunError("pulumi up: another update of this stack is running; wait for it") from None
         except auto.errors.CommandError as exc:
@@ -414,15 +430,20 @@ def up_with_failover(
     )
 
 
-def _bounded_up(stack: Stack, watch: UpEvents, where: str, on_output: OnOutput, clock: Clock) -> Any:
-    """``stack.up``, cancelled when it has failed and would keep its partial fleet too long.
+def _bounded_up(
+    stack: Stack, watch: UpEvents, where: str, on_output: OnOutput, clock: Clock, cancel_early: bool = True
+) -> Any:
+    """``stack.up``, cancelled as soon as it is certain to fail, or when it would keep its partial
+    fleet too long.
 
-    ``up`` runs in a worker thread; this thread watches its engine events (``watch``). Once a
-    resource failed (an error diagnostic) and nodes exist, the attempt is lost whatever the rest
-    does, so when ``up`` has not returned ``CANCEL_MARGIN_S`` before the partial fleet's limit it
-    is cancelled (``Stack.cancel``); the cancelled ``up`` then raises its ``CommandError``, and
-    the caller destroys what exists. An ``up`` that does not stop within ``CANCEL_WAIT_S`` of the
-    cancel is given up on with an error that says the partial fleet may still bill."""
+    ``up`` runs in a worker thread; this thread watches its engine events (``watch``). A provider
+    error that dooms the zone (no capacity, a quota: ``UpEvents.certain``) cancels the update at
+    once (``Stack.cancel``, with ``cancel_early``): ``pulumi up`` would otherwise wait for every
+    in-flight creation (15 nodes of 16 coming up, and billing, for minutes) before it returns.
+    Another failure cancels it when it has not returned ``CANCEL_MARGIN_S`` before the partial
+    fleet's limit. The cancelled ``up`` raises its ``CommandError`` and the caller destroys what
+    exists. An ``up`` that does not stop within ``CANCEL_WAIT_S`` of the cancel is given up on
+    with an error that says the partial fleet may still bill."""
     box: dict[str, Any] = {}
 
     def work() -> None:
@@ -441,7 +462,16 @@ def _bounded_up(stack: Stack, watch: UpEvents, where: str, on_output: OnOutput, 
         if not worker.is_alive():
             break
         first = watch.first_node_at
-        if cancelled_at is None and watch.failures and first is not None:
+        if cancelled_at is None and cancel_early and watch.certain is not None:
+            on_output(
+                f"fab up: {where} cannot hold the cluster ({watch.certain.value}: "
+                f"{_tail_text(watch.failures[-1], 1)[:300]}); cancelling `pulumi up` now instead of waiting "
+                "for its in-flight creations, to destroy the partial fleet"
+            )
+            with contextlib.suppress(Exception):  # the update may have ended meanwhile
+                stack.cancel()
+            cancelled_at = clock()
+        elif cancelled_at is None and watch.failures and first is not None:
             age = clock() - first
             if age >= PARTIAL_FLEET_LIMIT_S - CANCEL_MARGIN_S:
                 on_output(

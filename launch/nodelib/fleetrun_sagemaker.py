@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+HOMOGENEOUS_GROUP = "homogeneousCluster"
 DATA_CONFIG = {
     "RecordWrapperType": "None",
     "S3DistributionType": "FullyReplicated",
@@ -44,6 +45,31 @@ def _int(env: Mapping[str, str], name: str) -> int:
 
 def _none_if_empty(value: str) -> str | None:
     return value or None
+
+
+def resource_config(env: Mapping[str, str]) -> dict[str, Any]:
+    """``SM_RESOURCE_CONFIG`` with every key SageMaker writes in ``resourceconfig.json``
+    (``current_instance_type``, ``current_group_name``, ``instance_groups``,
+    ``network_interface_name``): the plan's values, and where a key is missing (a pod's entry
+    wrapper, an older plan) SageMaker local mode's (``local``/``local_gpu`` by ``SM_NUM_GPUS``) in
+    one ``homogeneousCluster`` group, so a script that indexes them finds them."""
+    config = _json(env, "SM_RESOURCE_CONFIG", {})
+    if not isinstance(config, dict):
+        config = {}
+    hosts = config.get("hosts")
+    if not isinstance(hosts, list):
+        hosts = _json(env, "SM_HOSTS", [])
+    config.setdefault("current_host", env.get("SM_CURRENT_HOST", ""))
+    config.setdefault("hosts", hosts)
+    kind = config.setdefault(
+        "current_instance_type", "local_gpu" if _int(env, "SM_NUM_GPUS") > 0 else "local"
+    )
+    group = config.setdefault("current_group_name", HOMOGENEOUS_GROUP)
+    config.setdefault(
+        "instance_groups", [{"instance_group_name": group, "instance_type": kind, "hosts": hosts}]
+    )
+    config["network_interface_name"] = env.get("SM_NETWORK_INTERFACE_NAME", "")
+    return config
 
 
 def training_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -82,7 +108,7 @@ def training_env(env: Mapping[str, str]) -> dict[str, Any]:
         "output_dir": output_dir,
         "output_intermediate_dir": env.get("SM_OUTPUT_INTERMEDIATE_DIR")
         or (f"{output_dir}/intermediate" if output_dir else ""),
-        "resource_config": _json(env, "SM_RESOURCE_CONFIG", {}),
+        "resource_config": resource_config(env),
         "user_entry_point": _none_if_empty(env.get("SM_USER_ENTRY_POINT", "")),
     }
 
@@ -106,11 +132,10 @@ def config_files(env: Mapping[str, str]) -> dict[str, Any]:
         "sagemaker_job_name": info["job_name"],
         **(framework if isinstance(framework, dict) else {}),
     }
-    resource = info["resource_config"] if isinstance(info["resource_config"], dict) else {}
     return {
         "hyperparameters.json": {str(k): json.dumps(v) for k, v in {**hyperparameters, **sagemaker}.items()},
         "inputdataconfig.json": info["input_data_config"],
-        "resourceconfig.json": {**resource, "network_interface_name": info["network_interface_name"]},
+        "resourceconfig.json": info["resource_config"],
     }
 
 

@@ -21,9 +21,13 @@ What maps to what:
 * channels (and ``data_dir``) -> a volume and a read-only mount per channel: a folder on the nodes
   is mounted at the same path, a copied one (``local``/``bucket``) at ``POD_DATA_DIR/<name>``;
   each volume is a PersistentVolumeClaim named ``<job>-<channel>`` that the notes ask for;
-* procs_per_node -> ``nprocPerNode``; GPUs per node -> ``resources.limits["nvidia.com/gpu"]``;
+* procs_per_node -> ``spec.nprocPerNode`` only (the webhook refuses it beside the deprecated
+  ``elasticPolicy.nProcPerNode``); GPUs per node -> ``resources.limits["nvidia.com/gpu"]``;
 * entrypoint -> ``python -m torch.distributed.run <entrypoint>`` under ``sh -c``, as fleetrun's
-  launch script runs it (the entrypoint stays shell text);
+  launch script runs it (the entrypoint stays shell text); the ``SM_*`` names a shell cannot keep
+  (``SM_HP_BATCH-SIZE``) are the script's arguments, given to ``env`` where Python starts;
+* the job's name must be a DNS-1035 label whose per-pod Service names (``<job>-worker-<index>``)
+  fit in 63 characters, as the operator needs;
 * env -> the plan's environment (the playbook's ``env`` and fleetrun's conventions:
   ``FLEETRUN_OUTPUT_DIR``/``SM_MODEL_DIR``, ``FLEETRUN_DATA_DIR``, the profile, ...), with the
   node-home paths moved to ``POD_RUN_DIR`` in the container;
@@ -52,10 +56,11 @@ from typing import Any
 
 from launch.errors import SpecError
 from launch.job.inventory import Host, Inventory
-from launch.job.spec import JobSpec
+from launch.job.spec import ENV_NAME_RE, JobSpec
 from launch.job.validation import printable
 from launch.planning import remote_layout as layout
 from launch.planning.image_reference import image_problem
+from launch.planning.launchers.base import aip_mkdir_line
 from launch.planning.launchers.sagemaker import channel_dir, odd_names_env
 from launch.planning.launchers.torchrun import TorchrunLauncher, entrypoint_tail
 from launch.planning.plan import LaunchPlan
@@ -99,6 +104,13 @@ MACHINE_KEYS = frozenset({"TMPDIR", "TORCHINDUCTOR_CACHE_DIR"})
 """Where a shared machine keeps scratch and caches; a pod has its own /tmp (and Kubernetes would
 not expand ``$HOME`` in a value): left to the container."""
 K8S_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A DNS-1123 label: what a namespace must be."""
+DNS1035_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A DNS-1035 label (a letter first): what the Training Operator's admission webhook requires of a
+PyTorchJob's name (``validatePyTorchJob``: ``NameIsDNS1035Label``), and what every Service name is."""
+LABEL_MAX = 63
+POD_ARGV0 = "fleetrun-pod"
+"""``$0`` of the pod's ``sh -c`` script; the arguments after it are ``NAME=VALUE`` pairs for ``env``."""
 
 
 @dataclass(frozen=True)
@@ -138,9 +150,23 @@ def _pod_host(name: str, gpus: int) -> Host:
 
 
 def pod_env(plan: LaunchPlan, spec: JobSpec | None = None) -> dict[str, str]:
-    """The plan's environment for every pod: per-node keys dropped (the operator and the entry
-    wrapper set them in each pod), node-home paths moved to the pod's (run directory, workdir,
-    copied channels), and the ``SM_*`` names a shell cannot export (Kubernetes can)."""
+    """The plan's environment for every pod, as the manifest's ``env`` holds it: per-node keys
+    dropped (the operator and the entry wrapper set them in each pod), node-home paths moved to the
+    pod's (run directory, workdir, copied channels). The ``SM_*`` names a shell cannot keep are
+    not here: see ``pod_odd_env``."""
+    return {k: v for k, v in _pod_env_all(plan, spec).items() if ENV_NAME_RE.fullmatch(k)}
+
+
+def pod_odd_env(plan: LaunchPlan, spec: JobSpec) -> dict[str, str]:
+    """The ``SM_*`` variables whose names are no shell identifier (``SM_HP_BATCH-SIZE``,
+    ``SM_CHANNEL_TRAIN-SET``), with the pod's paths. Kubernetes would set them, but the image's
+    ``/bin/sh`` (dash) drops such names from its environment before the command runs, so they
+    are the pod command's arguments instead, handed to ``env`` wherever Python starts (as
+    fleetrun's own launch script re-adds them with ``env`` on its ``exec``)."""
+    return {k: v for k, v in _pod_env_all(plan, spec).items() if not ENV_NAME_RE.fullmatch(k)}
+
+
+def _pod_env_all(plan: LaunchPlan, spec: JobSpec | None) -> dict[str, str]:
     run_dir = layout.home(layout.rundir(plan.run_id))
     moves = {run_dir: POD_RUN_DIR, layout.home(layout.workdir(plan.job)): POD_WORKDIR}
     if spec is not None:
@@ -171,14 +197,19 @@ def torchrun_restarts(spec: JobSpec) -> int:
     return spec.max_restarts
 
 
-def pod_command(spec: JobSpec) -> list[str]:
+def pod_command(spec: JobSpec, odd_env: dict[str, str] | None = None) -> list[str]:
     """What the training container runs: the entry wrapper (this pod's own rank, host and
     ``SM_*``), then torchrun, told the rest by the operator's ``PET_*`` env; the entrypoint as
-    fleetrun's nodes run it (``entry_command``: with the hyperparameters as args)."""
+    fleetrun's nodes run it (``entry_command``: with the hyperparameters as args).
+
+    ``odd_env`` (``pod_odd_env``) follows the script as its arguments (``$@``, ``NAME=VALUE``
+    each, never parsed by a shell): the wrapper and the ``exec`` pass them to ``env``, so they
+    reach ``fleetrun_sagemaker`` and the training script whatever ``/bin/sh`` drops."""
     tail = entrypoint_tail(spec.entry_command())
     words = f"python -m torch.distributed.run --max-restarts={torchrun_restarts(spec)} {tail}"
     folders = '"$FLEETRUN_OUTPUT_DIR"' + (' "$FLEETRUN_JOB_DIR"' if spec.job_dir else "")
-    return ["sh", "-c", f". {POD_ENV_SCRIPT} && mkdir -p {folders} && exec {words}"]
+    script = f'. {POD_ENV_SCRIPT} && mkdir -p {folders} && {aip_mkdir_line()} && exec env "$@" {words}'
+    return ["sh", "-c", script, POD_ARGV0, *(f"{k}={v}" for k, v in sorted((odd_env or {}).items()))]
 
 
 def _check(spec: JobSpec, image: str, name: str, namespace: str) -> None:
@@ -190,11 +221,58 @@ def _check(spec: JobSpec, image: str, name: str, namespace: str) -> None:
     problem = image_problem(image)
     if problem is not None:
         raise SpecError(f"--image: {problem}, got {printable(image, 80)!r}")
-    for what, value in (("name", name), ("namespace", namespace)):
-        if not K8S_NAME_RE.fullmatch(value):
+    if not DNS1035_RE.fullmatch(name):
+        raise SpecError(
+            f"name: {printable(name, 80)!r} is not a DNS-1035 label, which the Training Operator requires of "
+            "a PyTorchJob (a lowercase letter first, then lowercase letters, digits or '-', at most 63): "
+            "give the export a name (--set name=NAME)"
+        )
+    if not K8S_NAME_RE.fullmatch(namespace):
+        raise SpecError(
+            f"namespace: {printable(namespace, 80)!r} is not a Kubernetes name (lowercase letters, digits, "
+            "'-', at most 63)"
+        )
+
+
+def service_names(name: str, spec: JobSpec) -> list[str]:
+    """The Services the operator makes, one per pod, named ``<job>-<type>-<index>`` (its
+    ``GenGeneralName``: the replica type lowercased), as ``MASTER_ADDR`` and the rendezvous
+    endpoint name them."""
+    if elastic_range(spec) is not None:
+        return [f"{name}-worker-{i}" for i in range(spec.nodes)]
+    return [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(spec.nodes - 1)]
+
+
+def _check_service_names(name: str, spec: JobSpec) -> None:
+    """A Service name is a DNS-1035 label of at most 63 characters: a longer one is never
+    created, so ``MASTER_ADDR`` never resolves and the job never meets. Refused here."""
+    longest = max(service_names(name, spec), key=len)
+    if len(longest) > LABEL_MAX:
+        room = LABEL_MAX - (len(longest) - len(name))
+        raise SpecError(
+            f"name: {name!r} makes the Service name {longest!r} ({len(longest)} characters; Kubernetes "
+            f"allows {LABEL_MAX}): give a name of at most {room} characters (--set name=NAME)"
+        )
+
+
+def count_option(flag: str, text: str | int | None, low: int, high: int) -> int | None:
+    """A whole-number option given as text (``--nodes``, ``--gpus``): None when not given (empty),
+    else a number from ``low`` to ``high``; anything else is refused in one line (``-1`` is not
+    read as "not given")."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, int):
+        value = text
+    else:
+        word = text.strip()
+        if not re.fullmatch(r"[+-]?[0-9]{1,7}", word):
             raise SpecError(
-                f"{what}: {value[:80]!r} is not a Kubernetes name (lowercase letters, digits, '-', at most 63)"
+                f"{flag}: expected a whole number from {low} to {high}, got {printable(word, 40)!r}"
             )
+        value = int(word)
+    if not low <= value <= high:
+        raise SpecError(f"{flag}: expected {low} to {high}, got {value}")
+    return value
 
 
 def _with_nodes(spec: JobSpec, nodes: int | None) -> JobSpec:
@@ -280,15 +358,14 @@ def export_pytorchjob(
     name = name or spec.name
     _check(spec, image, name, namespace)
     spec = _with_nodes(spec, nodes)
+    _check_service_names(name, spec)
     if gpus_per_node is None:
         gpus_per_node = spec.procs_per_node if isinstance(spec.procs_per_node, int) else 1
     if not 0 <= gpus_per_node <= 1024:
         raise SpecError(f"--gpus: expected 0 to 1024 per node, got {gpus_per_node}")
     procs = spec.procs_per_node if isinstance(spec.procs_per_node, int) else max(gpus_per_node, 1)
     elastic = elastic_range(spec)
-    pods = [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(spec.nodes - 1)]
-    if elastic:
-        pods = [f"{name}-worker-{i}" for i in range(spec.nodes)]
+    pods = service_names(name, spec)
     inventory = Inventory.model_construct(
         hosts=[_pod_host(p, gpus_per_node) for p in pods], source="pytorchjob"
     )
@@ -304,7 +381,7 @@ def export_pytorchjob(
     container = m.V1Container(
         name=CONTAINER,
         image=image,
-        command=pod_command(spec),
+        command=pod_command(spec, pod_odd_env(plan, spec)),
         working_dir=POD_WORKDIR,
         env=[m.V1EnvVar(name=k, value=v) for k, v in env.items()],
         resources=m.V1ResourceRequirements(limits=limits),
@@ -343,8 +420,7 @@ def export_pytorchjob(
             max_replicas=elastic[1],
             rdzv_backend="c10d",
             max_restarts=torchrun_restarts(spec),
-            n_proc_per_node=procs,
-        )
+        )  # no nProcPerNode here: deprecated, and refused beside spec.nprocPerNode by the webhook
     else:
         replicas = {"Master": replica(1)}
         if spec.nodes > 1:

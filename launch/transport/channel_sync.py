@@ -14,7 +14,6 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from launch.planning.launchers.sagemaker import channel_dir
 from launch.settings import DEFAULT_FANOUT
 from launch.transport.openssh import jump_slot
 from launch.transport.ssh import Fleet, NodeConnection, parallel_map
+from launch.transport.staging import scratch_dir
 from launch.transport.sync import SyncResult, _stat, rsync_argv
 
 ChannelSyncFn = Callable[..., dict[str, SyncResult | BaseException]]
@@ -39,7 +39,7 @@ def sync_host_channels(
     the node (``data/<job>/<name>``), sent with ``--relative``; ``--delete`` acts only inside them."""
     if not channels:
         return SyncResult(host.name, 0, 0)
-    stage = Path(tempfile.mkdtemp(prefix="fleetrun-channels-"))
+    stage = scratch_dir("channels-")
     try:
         sources = []
         for name, source in sorted(channels.items()):

@@ -7,23 +7,21 @@ ships it. Uses the OpenSSH client with the same pinned known_hosts as every othe
 
 from __future__ import annotations
 
-import atexit
-import functools
 import shlex
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from launch.errors import HostError
 from launch.job.inventory import Host
-from launch.nodelib.fleetrun_probe import library_digest
+from launch.paths import fleetrun_home
 from launch.planning import remote_layout as layout
 from launch.settings import DEFAULT_FANOUT
 from launch.transport.openssh import jump_slot
 from launch.transport.ssh import ensure_open_files, openssh_command, parallel_map
+from launch.transport.staging import VERSION_FILE, scratch_dir, stage_library
 
 NODELIB = Path(__file__).resolve().parent.parent / "nodelib"
 LIB_DIR = layout.LIB
@@ -39,23 +37,26 @@ class SyncResult:
     via: str = "laptop"
 
 
-@functools.cache
 def nodelib_source() -> tuple[Path, str]:
-    """A copy of the node library with a ``VERSION`` file (a hash of its files), and that hash.
+    """The node library staged with a ``VERSION`` file (a hash of its files), and that hash.
 
     The version lets a sync skip the library on nodes that already have it: the preflight's
     probe hashes the node's ``~/.fleetrun/lib`` the same way (``fleetrun_probe.library_digest``),
     so a node counts as current by its files' content, never by what its ``VERSION`` file says
     (that file is only a note for people). One rsync per node instead of two on an unchanged re-sync.
+    Staged once per content under ``FLEETRUN_HOME`` (``staging.stage_library``), never in the
+    temporary folder, so a ``fab`` ended by a signal leaves nothing behind; looked up once per
+    process and ``FLEETRUN_HOME``.
     """
-    files = sorted(p for p in NODELIB.glob("*.py") if p.name != "__init__.py")
-    staging = Path(tempfile.mkdtemp(prefix="fleetrun-nodelib-"))
-    for path in files:
-        shutil.copy2(path, staging / path.name)
-    version = library_digest(str(staging))
-    (staging / "VERSION").write_text(version + "\n")
-    atexit.register(shutil.rmtree, staging, True)
-    return staging, version
+    home = fleetrun_home()
+    staged = _STAGED.get(home)
+    if staged is None or not (staged[0] / VERSION_FILE).is_file():
+        files = sorted(p for p in NODELIB.glob("*.py") if p.name != "__init__.py")
+        staged = _STAGED[home] = stage_library(files)
+    return staged
+
+
+_STAGED: dict[Path, tuple[Path, str]] = {}
 
 
 def lib_is_current(reported: str) -> bool:
@@ -147,7 +148,7 @@ def sync_host(
     follows its symlink; links *inside* the workdir are copied as links, as before. ``--delete``
     acts only inside the two sent trees (not in ``work/`` itself: other jobs' workdirs stay).
     """
-    stage = Path(tempfile.mkdtemp(prefix="fleetrun-sync-"))
+    stage = scratch_dir("sync-")
     try:
         wd_rel = layout.workdir(job).removeprefix(f"{layout.ROOT}/")
         (stage / wd_rel).parent.mkdir(parents=True)

@@ -24,7 +24,7 @@ from infra_cases import evaluate
 from pulumi.automation import ConfigValue, Deployment, OutputValue
 from pulumi.automation._cmd import CommandResult
 from pulumi.automation.errors import CommandError
-from pulumi.automation.events import OpType
+from pulumi.automation.events import EngineEvent, OpType
 
 from launch.errors import FleetrunError
 from launch.fleets import cloud_stack
@@ -438,9 +438,25 @@ def test_a_stalled_failed_up_is_cancelled_and_its_partial_fleet_destroyed_in_tim
     names = [c[0] for c in stack.calls]
     assert names.index("cancel") < names.index("destroy") < names.index("up", names.index("destroy"))
     assert stack.partial_lifetimes and max(stack.partial_lifetimes) <= cloud_stack.PARTIAL_FLEET_LIMIT_S
-    assert any("cancelling it to destroy the partial fleet" in m for m in said)
+    assert any("cancelling `pulumi up` now" in m for m in said), "a capacity error: cancelled at once"
     assert not any("WARNING" in m for m in said)
     assert stack.config["fleet:zone"] == "us-east-1b" and outputs["cluster_id"]
+
+
+def test_a_stalled_up_failed_otherwise_is_cancelled_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure that does not doom the zone by itself (here a bad config) still gets the
+    deadline's cancel, and its partial fleet is destroyed before the error is raised."""
+    monkeypatch.setattr(cloud_stack, "POLL_S", 0.001)
+    stack = StalledStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:zones": "us-east-1a, us-east-1b"},
+        evaluate("aws").outputs,
+        fail={"us-east-1a": BAD_CONFIG_AWS},
+    )
+    with pytest.raises(FleetrunError, match="bad-config"):
+        _up(monkeypatch, stack)
+    names = [c[0] for c in stack.calls]
+    assert names.index("cancel") < names.index("destroy")
+    assert max(stack.partial_lifetimes) <= cloud_stack.PARTIAL_FLEET_LIMIT_S
 
 
 def test_quota_skips_the_rest_of_its_region(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -537,3 +553,129 @@ def test_missing_stack_config_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_
         FleetrunError, match=r"no stack config .*Pulumi\.nope\.yaml: copy Pulumi\.aws-example\.yaml"
     ):
         stack_up("nope", tmp_path)
+
+
+# -- issue 32 item 17: cancel on the engine's capacity error, not after every in-flight creation ----
+
+
+def engine_event(sequence: int, **event: Any) -> EngineEvent:
+    """An event as the Automation API hands it to ``on_event``: parsed from the engine's JSON."""
+    return EngineEvent.from_json({"sequence": sequence, "timestamp": 0, **event})
+
+
+class SixteenNodeStack(FakeStack):
+    """``pulumi up`` of 16 nodes in a zone that has room for 15: every node's create starts at
+    once; 15 come up, one by one on the fake clock; the 16th fails with the provider's capacity
+    error; then the engine waits on its in-flight creations (the real one: minutes) and returns
+    only when they end, here 200 fake seconds after the first node, unless the update is cancelled.
+    The wait is on a threading.Event (bounded in real time only against a hang), so no real-time
+    speed decides the outcome: only whether fleetrun cancels."""
+
+    NODES = 16
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancelled = threading.Event()
+        self.first_at: float | None = None
+        self.cancelled_after: float | None = None
+        self.hang_bound_s = 60.0
+
+    def cancel(self) -> None:
+        self.calls.append(("cancel",))
+        if self.first_at is not None:
+            self.cancelled_after = self.clock.now - self.first_at
+        self.cancelled.set()
+
+    def up(self, on_event: Any = None, **kwargs: Any) -> Any:
+        zone = self.config.get("fleet:zone")
+        if zone not in self.fail:
+            return super().up(on_event=on_event, **kwargs)
+        self.calls.append(("up", zone))
+        seq = 0
+        for rank in range(self.NODES):
+            seq += 1
+            on_event(
+                engine_event(
+                    seq,
+                    resourcePreEvent={
+                        "metadata": {
+                            "op": "create",
+                            "urn": self.node_urn(rank),
+                            "type": "aws:ec2/instance:Instance",
+                        }
+                    },
+                )
+            )
+        for rank in range(self.NODES - 1):
+            self.clock.now += 3
+            urn = self.node_urn(rank)
+            self.resources.append(urn)
+            self._first_node_at = self._first_node_at or self.clock.now
+            self.first_at = self._first_node_at
+            seq += 1
+            on_event(
+                engine_event(seq, resOutputsEvent={"metadata": {"op": "create", "urn": urn, "type": "x"}})
+            )
+        self.clock.now += 2
+        failed = self.node_urn(self.NODES - 1)
+        seq += 1
+        on_event(
+            engine_event(
+                seq,
+                diagnosticEvent={
+                    "urn": failed,
+                    "severity": "error",
+                    "message": self.fail[zone],
+                    "color": "never",
+                },
+            )
+        )
+        seq += 1
+        on_event(
+            engine_event(
+                seq, resOpFailedEvent={"status": 1, "steps": 1, "metadata": {"op": "create", "urn": failed}}
+            )
+        )
+        if self.cancelled.wait(timeout=self.hang_bound_s):  # a bound on a hang only
+            self.clock.now += 5  # the engine stops at its next step
+        else:
+            assert self.first_at is not None
+            self.clock.now = self.first_at + 200  # the in-flight creations end; then up returns
+        raise CommandError(CommandResult(stdout=f"error: {self.fail[zone]}", stderr="", code=255))
+
+
+def test_a_capacity_error_in_the_event_stream_cancels_up_and_destroys_the_partial_fleet_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stack = SixteenNodeStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:zones": "us-east-1a, us-east-1b"},
+        evaluate("aws").outputs,
+        fail={"us-east-1a": CAPACITY_AWS},
+    )
+    outputs, said = _up(monkeypatch, stack)
+    names = [c[0] for c in stack.calls]
+    assert names[:4] == ["refresh", "set_config", "up", "cancel"], names
+    assert names.index("cancel") < names.index("destroy") < names.index("up", names.index("destroy"))
+    destroyed = next(c for c in stack.calls if c[0] == "destroy")[1]
+    assert len(destroyed) == 15 and stack.node_urn(0) in destroyed, "the 15 nodes that came up"
+    assert stack.cancelled_after == 15 * 3 - 3 + 2, "cancelled on the capacity error, not at a deadline"
+    assert stack.partial_lifetimes == [15 * 3 - 3 + 2 + 5], "destroy issued 49 s after the first node"
+    assert max(stack.partial_lifetimes) <= cloud_stack.PARTIAL_FLEET_LIMIT_S
+    assert any("us-east-1a cannot hold the cluster (capacity" in m for m in said), said
+    assert not any("WARNING" in m for m in said)
+    assert stack.config["fleet:zone"] == "us-east-1b" and outputs["cluster_id"]
+
+
+def test_a_running_clusters_update_is_not_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Growing a running cluster: a capacity error fails the update, which is never cancelled
+    (its nodes are kept, so nothing partial is destroyed)."""
+    stack = SixteenNodeStack(
+        {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:zone": "us-east-1a"},
+        evaluate("aws").outputs,
+        fail={"us-east-1a": CAPACITY_AWS},
+        existing_nodes=2,
+    )
+    stack.hang_bound_s = 0.5  # nothing cancels it: the in-flight creations end, then up fails
+    with pytest.raises(FleetrunError, match="nodes were left as they are"):
+        _up(monkeypatch, stack)
+    assert ("cancel",) not in stack.calls and not [c for c in stack.calls if c[0] == "destroy"]

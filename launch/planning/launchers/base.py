@@ -108,8 +108,22 @@ def attempt_lines(run_id: str) -> list[str]:
 
 
 def mkdir_line(spec: JobSpec) -> str:
-    """The folders the job writes into, made before it starts (``job_dir`` too, when set)."""
-    return 'mkdir -p "$FLEETRUN_OUTPUT_DIR" "$TMPDIR"' + (' "$FLEETRUN_JOB_DIR"' if spec.job_dir else "")
+    """The folders the job writes into, made before it starts (``job_dir`` too, when set; and the
+    ``AIP_*`` folders, ``aip_mkdir_line``)."""
+    made = 'mkdir -p "$FLEETRUN_OUTPUT_DIR" "$TMPDIR"' + (' "$FLEETRUN_JOB_DIR"' if spec.job_dir else "")
+    return f"{made}; {aip_mkdir_line()}"
+
+
+def aip_mkdir_line() -> str:
+    """Shell text making ``AIP_CHECKPOINT_DIR`` and ``AIP_TENSORBOARD_LOG_DIR`` before the trainer
+    starts, as ``AIP_MODEL_DIR`` (the outputs folder) is: on Vertex they are bucket prefixes that
+    need no creating, and a trainer writes into them at once (``tf.train.CheckpointManager``,
+    ``tf.summary.create_file_writer`` on a missing local folder fail or race). A value the playbook
+    sets to a URL (``gs://...``) is left alone."""
+    return (
+        'for _fr_d in "${AIP_CHECKPOINT_DIR:-}" "${AIP_TENSORBOARD_LOG_DIR:-}"; do '
+        'case "$_fr_d" in "" | *://*) ;; *) mkdir -p "$_fr_d" ;; esac; done'
+    )
 
 
 def resolved_procs(spec: JobSpec, host: Host) -> int | None:

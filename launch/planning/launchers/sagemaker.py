@@ -45,6 +45,8 @@ DATA_CONFIG = {
     "TrainingInputMode": "File",
 }
 """What ``inputdataconfig.json`` says of each channel: every node has all of it, as files."""
+HOMOGENEOUS_GROUP = "homogeneousCluster"
+"""SageMaker's name for the one instance group of a job that asked for one instance type."""
 PYTHONS = ("python", "python3")
 SHELLS = ("sh", "bash")
 
@@ -85,6 +87,41 @@ def gpu_count(host: Host) -> int | None:
     return len(host.gpu_indices) if host.gpu_indices is not None else host.gpu_count
 
 
+def instance_type(host: Host) -> str:
+    """The host's machine type as ``resourceconfig.json`` names it: the inventory's (a stack sets
+    it), else what SageMaker's local mode writes (``local_gpu`` for a host known to have GPUs,
+    else ``local``)."""
+    if host.instance_type:
+        return host.instance_type
+    return "local_gpu" if (gpu_count(host) or 0) > 0 else "local"
+
+
+def resource_config(inventory: Inventory, rank: int) -> dict[str, object]:
+    """``SM_RESOURCE_CONFIG`` (and ``resourceconfig.json`` less its interface) of node ``rank``, in
+    SageMaker's shape: ``current_host``, ``hosts``, ``current_instance_type``,
+    ``current_group_name`` and ``instance_groups``. One instance type is SageMaker's one group,
+    ``homogeneousCluster``; an inventory of several types gets a group per type, named by it."""
+    hosts = host_names(len(inventory.hosts))
+    types = [instance_type(h) for h in inventory.hosts]
+    order = list(dict.fromkeys(types))
+    names = {t: (HOMOGENEOUS_GROUP if len(order) == 1 else t) for t in order}
+    groups = [
+        {
+            "instance_group_name": names[t],
+            "instance_type": t,
+            "hosts": [h for h, ht in zip(hosts, types, strict=True) if ht == t],
+        }
+        for t in order
+    ]
+    return {
+        "current_host": hosts[rank],
+        "current_instance_type": types[rank],
+        "current_group_name": names[types[rank]],
+        "hosts": hosts,
+        "instance_groups": groups,
+    }
+
+
 def entry_point(entrypoint: str) -> tuple[str, str]:
     """(``SM_USER_ENTRY_POINT``, ``SM_MODULE_NAME``) of an entrypoint: the script (``train.py`` ->
     ``train``, as the toolkit strips ``.py``), the module of ``python -m pkg.mod``, or the script a
@@ -108,7 +145,7 @@ def all_sagemaker_env(
     env = {
         "SM_HOSTS": json_text(hosts),
         "SM_CURRENT_HOST": hosts[rank],
-        "SM_RESOURCE_CONFIG": json_text({"current_host": hosts[rank], "hosts": hosts}),
+        "SM_RESOURCE_CONFIG": json_text(resource_config(inventory, rank)),
         "SM_MODEL_DIR": f"{run_dir}/{spec.outputs}",
         "SM_OUTPUT_DIR": f"{run_dir}/output",
         "SM_OUTPUT_DATA_DIR": f"{run_dir}/output/data",
