@@ -53,11 +53,27 @@ def _gpus(host: Host) -> tuple[int, ...] | None:
     return None if isinstance(host.gpus, int) or not host.gpus else tuple(host.gpus)
 
 
+_live_here: set[str] = set()
+"""The runs of this process that hold (or wait for) machines now: an entry of this process for
+any other run is left over (its run ended and its removal failed, e.g. a local fleet torn down
+before it; the next run in the same process must not wait for it)."""
+_live_lock = threading.Lock()
+
+
+def _live(run_id: str, live: bool) -> None:
+    with _live_lock:
+        (_live_here.add if live else _live_here.discard)(run_id)
+
+
 def gone_here(entry: queue.Entry) -> bool:
-    """An entry this laptop wrote (same user@host) for a process of it that no longer exists: a
-    ``fab`` killed here (kill -9) whose lease has not run out yet does not hold anything up."""
-    if entry.owner != owner() or entry.pid <= 0 or entry.pid == os.getpid():
+    """An entry this laptop wrote (same user@host) for a process of it that no longer exists (a
+    ``fab`` killed here with kill -9, whose lease has not run out yet), or for a run of this very
+    process that no longer holds anything: it does not hold anything up."""
+    if entry.owner != owner() or entry.pid <= 0:
         return False
+    if entry.pid == os.getpid():
+        with _live_lock:
+            return entry.run_id not in _live_here
     try:
         os.kill(entry.pid, 0)
     except ProcessLookupError:
@@ -131,6 +147,7 @@ class QueueHold:
     def release(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+        _live(self.run_id, False)
         with contextlib.suppress(Exception):
             _act(self.fleet, "leave", self.run_id, self.ttl)
         self.fleet.close()
@@ -170,6 +187,7 @@ def take_machines(
         return wait_turn(inventory, known_hosts, run_id, say)
     ttl = ttl_s()
     fleet = Fleet(inventory.hosts, known_hosts)
+    _live(run_id, True)
     try:
         listing = _act(fleet, "enqueue", run_id, ttl, _Warnings(say))
         blockers = _blockers(inventory, listing, run_id, ttl)
@@ -189,6 +207,7 @@ def take_machines(
                 )
             )
     except BaseException:
+        _live(run_id, False)
         with contextlib.suppress(Exception):
             _act(fleet, "leave", run_id, ttl)
         fleet.close()
@@ -205,6 +224,7 @@ def wait_turn(
     fleet = Fleet(inventory.hosts, known_hosts)
     warn = _Warnings(say)
     shown = ""
+    _live(run_id, True)
     try:
         listing = _act(fleet, "enqueue", run_id, ttl, warn)
         while True:
@@ -218,6 +238,7 @@ def wait_turn(
             time.sleep(POLL_S)
             listing = _act(fleet, "touch", run_id, ttl, warn)
     except BaseException:  # Ctrl-C or an error: the entries go, nobody waits behind a ghost
+        _live(run_id, False)
         with contextlib.suppress(Exception):
             _act(fleet, "leave", run_id, ttl)
         fleet.close()
