@@ -8,6 +8,7 @@ once at the end of a real run on the session's local fleet.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -202,8 +203,28 @@ def test_allowance_is_for_the_playbooks_exact_bytes(tmp_path: Path, monkeypatch:
     assert note.stat().st_mode & 0o077 == 0 and note.parent.stat().st_mode & 0o077 == 0
     assert local_hooks_verdict(playbook, spec, allow=False, record=True).allowed, "remembered"
     playbook.write_text(playbook.read_text() + "\n# edited\n")
-    assert not local_hooks_verdict(playbook, spec, allow=False, record=True).allowed, "another file"
+    edited = load_job_spec(playbook)
+    assert not local_hooks_verdict(playbook, edited, allow=False, record=True).allowed, "another file"
     assert local_hooks_verdict(playbook, _spec(tmp_path), allow=False, record=True).allowed, "no hooks"
+
+
+def test_the_allowance_is_checked_for_the_bytes_parsed_not_a_second_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30, item 7: the allowed playbook swapped back in after a hostile one was parsed (a
+    colleague's shared folder, a race) must not lend its allowance to the hostile commands."""
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    allowed = _spec(tmp_path, on_end="echo fine")
+    playbook = tmp_path / "job.yaml"
+    assert local_hooks_verdict(playbook, allowed, allow=True, record=True).allowed
+    good = playbook.read_bytes()
+    playbook.write_bytes(good.replace(b"echo fine", b"touch pwned"))
+    hostile = load_job_spec(playbook)
+    playbook.write_bytes(good)  # the file that was allowed is back by the time it is checked
+    assert hostile.on_end == ["touch pwned"]
+    assert not local_hooks_verdict(playbook, hostile, allow=False, record=True).allowed
+    assert local_hooks_verdict(playbook, load_job_spec(playbook), allow=False, record=True).allowed
+    assert allowed.source_sha256() == hashlib.sha256(good).hexdigest()
 
 
 def _lab(tmp_path: Path) -> Path:

@@ -257,3 +257,35 @@ def test_a_lab_run_and_its_watchdog_never_power_anything_off(
         time.sleep(1)
         assert sshd_answers(fresh_fleet, i), f"node {i} went down after a lab watchdog takeover"
         assert not fresh_fleet.powered_off(i)
+
+
+def test_a_64_mib_node_answer_is_cut_naming_the_node_in_bounded_memory(
+    fleet: LocalFleet, fleetrun_home: Path
+) -> None:
+    """Issue 30, item 5: a node's command output was held whole in the laptop's memory (Invoke's
+    buffer, joined again on every chunk). Now each stream keeps its first and last MiB, the
+    result says which node sent how much, and the laptop's Python heap never holds the answer:
+    its peak during the command stays a small fraction of the 64 MiB sent."""
+    import tracemalloc
+
+    from launch.transport.channels import MAX_OUTPUT_BYTES
+    from launch.transport.ssh import Fleet
+
+    inventory = fleet.inventory()
+    known_hosts = inventory.write_known_hosts(fleetrun_home / "kh-big-answer")
+    node = inventory.hosts[1]
+    with Fleet([node], known_hosts) as pool:
+        conn = pool.connections[node.name]
+        conn.open()
+        tracemalloc.start()
+        try:
+            result = conn.run("head -c 67108864 /dev/zero | tr '\\0' x; echo; echo END", timeout=600)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert result.ok and result.stdout.endswith("END\n"), "the tail is kept"
+    assert result.stdout.startswith("x" * 1000), "the head is kept"
+    assert len(result.stdout.encode()) <= 2 * MAX_OUTPUT_BYTES + 300, "only the head and the tail"
+    assert f"{node.name} sent 67108869 bytes of output" in result.cut, result.cut
+    assert f"[... {node.name} sent 67108869 bytes of output" in result.stdout, "said where it was cut"
+    assert peak < 24 * 1024 * 1024, f"{peak / 2**20:.0f} MiB held for a 64 MiB answer"

@@ -288,6 +288,49 @@ def test_stack_outputs_json_not_written_by_fleetrun_is_refused(
         load_inventory(str(ours))
 
 
+def test_stack_outputs_are_trusted_for_the_bytes_parsed_not_a_second_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30, item 7: a file swapped between the read that is hashed and the read that is
+    parsed must not lend fleetrun's record to other outputs. Every open of the file here returns
+    the recorded bytes and the foreign ones in turn; whatever is used is the recorded file's."""
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    ours = write_outputs_json(stack_outputs(None), tmp_path / "ours.json")
+    trusted = ours.read_bytes()
+    edited = json.loads(trusted)
+    edited["bucket"] = "someone-elses-bucket"
+    foreign = json.dumps(edited).encode()
+    turns = iter([trusted, foreign] * 5)
+    real_open = Path.open
+
+    def swapping_open(self: Path, mode: str = "r", *args: object, **kwargs: object) -> object:
+        if self == ours and mode == "rb":
+            with real_open(ours, "wb") as handle:
+                handle.write(next(turns))
+        return real_open(self, mode, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(Path, "open", swapping_open)
+    inventory = load_inventory(str(ours))
+    assert inventory.fleet.bucket != "someone-elses-bucket", "the foreign bytes were parsed as trusted"
+
+
+def test_outputs_json_is_written_through_an_unpredictable_private_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fab up --outputs``: the old fixed ``<file>.tmp`` beside the target was followed when
+    another user made it a symlink; now a planted ``.tmp`` symlink is left alone."""
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (tmp_path / "out.json.tmp").symlink_to(victim)
+    path = write_outputs_json(stack_outputs(None), tmp_path / "out.json")
+    assert victim.read_text() == "keep me" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text())["bucket"] == stack_outputs(None)["bucket"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "out.json", "out.json.tmp", "victim"], (
+        "no temporary file left behind"
+    )
+
+
 # -- what validation accepts ---------------------------------------------------------------------------
 
 

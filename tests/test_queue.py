@@ -5,12 +5,24 @@ the next run for longer than the entries' time to live."""
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
-from launch.planning.queue import Entry, ahead_of, parse_listing
+from launch.planning.queue import (
+    SCRIPT,
+    Entry,
+    ahead_of,
+    parse_listing,
+    queue_error,
+    script_command,
+    skipped_notes,
+)
 from launch.run.records import RunRecords
 from tests.conftest import REPO, TEST_PREFIX, fab, needs_root, write_playbook
 
@@ -19,7 +31,7 @@ def test_the_listing_is_parsed_strictly_and_only_live_entries_block() -> None:
     text = "\n".join(
         [
             'QUEUE {"name": "00000000000000000002-run-b", "user": "bob", "owner": "bob@lap", "age": 1.0}',
-            'QUEUE {"name": "00000000000000000001-run-a", "user": "ann", "owner": "ann@lap", "age": 99.0}',
+            'QUEUE {"name": "00000000000000000001-run-a", "user": "ann", "owner": "ann@lap", "age": 99.0, "lease_s": 600}',
             'QUEUE {"name": "00000000000000000003-run-c", "user": "cy", "owner": "", "age": 0.5}',
             'QUEUE {"name": "x-bad", "age": 1}',
             'QUEUE {"name": "00000000000000000004-../etc", "age": 1}',
@@ -35,14 +47,16 @@ def test_the_listing_is_parsed_strictly_and_only_live_entries_block() -> None:
     ]
     assert ahead_of(entries, "new", ttl_s=60) == [entries[1], entries[2]]
     assert Entry(1, "r", "u", "", 5.0).live(6.0) and not Entry(1, "r", "u", "", 7.0).live(6.0)
+    assert not Entry(1, "r", "u", "", 5.0, lease_s=4.0).live(6.0), "the entry's own lease is checked"
 
 
 def _start(
-    playbook: Path, home: Path, runs: Path, env_extra: dict[str, str], log: Path
+    playbook: Path, home: Path, runs: Path, env_extra: dict[str, str], log: Path, wait: bool = True
 ) -> subprocess.Popen[str]:
     env = {**os.environ, "FLEETRUN_HOME": str(home), "FLEETRUN_RUNS": str(runs), **env_extra}
+    flags = ["--wait"] if wait else []
     return subprocess.Popen(
-        [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", f"local:{TEST_PREFIX}", "--wait"],
+        [str(REPO / ".venv" / "bin" / "fab"), "train", str(playbook), "--inventory", f"local:{TEST_PREFIX}", *flags],
         cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
@@ -61,8 +75,10 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen[str], timeout: float 
 def test_two_laptops_run_one_after_the_other_and_a_killed_waiter_does_not_block(
     fleet: object, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
 ) -> None:
-    """Laptop A runs; laptop K queues behind it and is killed (kill -9); laptop B queues behind
-    both. B starts after A ended (arrival order) and is not held up for ever by K's entry."""
+    """Laptop A runs, without ``--wait``: it holds the machine all the same (``fab queue
+    INVENTORY`` shows it, and a plain ``fab train`` from laptop P is refused, naming A's run);
+    laptop K queues behind it and is killed (kill -9); laptop B queues behind both. B starts after
+    A ended (arrival order) and is not held up for ever by K's entry."""
     playbook = write_playbook(
         tmp_path / "job.yaml",
         digits_workdir,
@@ -72,12 +88,30 @@ def test_two_laptops_run_one_after_the_other_and_a_killed_waiter_does_not_block(
     )
     ttl = {"FLEETRUN_QUEUE_TTL_S": "6"}
     homes = {}
-    for name in ("a", "k", "b"):  # three laptops: their own state, the fleet's keys copied in
+    for name in ("a", "k", "b", "p"):  # four laptops: their own state, the fleet's keys copied in
         homes[name] = tmp_path / f"home-{name}"
         subprocess.run(["cp", "-a", str(fleetrun_home), str(homes[name])], check=True)
     logs = {name: tmp_path / f"{name}.log" for name in homes}
-    a = _start(playbook, homes["a"], tmp_path / "runs-a", ttl, logs["a"])
-    _wait_for(logs["a"], "its turn on 1 machine(s)", a)
+    a = _start(playbook, homes["a"], tmp_path / "runs-a", ttl, logs["a"], wait=False)
+    while True:  # the positional form the docs show; A's hold appears once it has taken it
+        shown = fab("queue", f"local:{TEST_PREFIX}", home=homes["p"])
+        assert shown.returncode == 0 and a.poll() is None, shown.stderr + logs["a"].read_text()[-3000:]
+        if "held by t-queue-" in shown.stdout:
+            break
+        time.sleep(0.5)
+    refused = fab(
+        "train",
+        str(playbook),
+        "--inventory",
+        f"local:{TEST_PREFIX}",
+        home=homes["p"],
+        runs=tmp_path / "runs-p",
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "the machines are held by another run" in refused.stderr and "t-queue-" in refused.stderr, (
+        refused.stderr
+    )
+    assert not (tmp_path / "runs-p").exists() or not any((tmp_path / "runs-p").iterdir()), "nothing started"
     k = _start(playbook, homes["k"], tmp_path / "runs-k", ttl, logs["k"])
     _wait_for(logs["k"], "waiting for the machines (arrival order)", k)
     k.send_signal(signal.SIGKILL)
@@ -96,4 +130,118 @@ def test_two_laptops_run_one_after_the_other_and_a_killed_waiter_does_not_block(
     # refreshes it again), and A and B removed theirs: every machine is free now
     shown = fab("queue", "--inventory", f"local:{TEST_PREFIX}", home=homes["b"])
     assert shown.returncode == 0, shown.stderr
-    assert all(line.endswith(": free") for line in shown.stdout.strip().splitlines()), shown.stdout
+    machines = [line for line in shown.stdout.strip().splitlines() if not line.startswith("warning: ")]
+    assert machines and all(line.endswith(": free") for line in machines), shown.stdout
+
+
+# ------------------------------------------------------------------ the node script, against other users
+
+
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"
+"""The nodes' kind of Python (standard library only), one every user here may run."""
+
+
+def _script(top: Path, action: str, run_id: str, *, user: str | None = None, lease: float = 60) -> str:
+    """``SCRIPT`` as the node runs it (stdin), here, as root or as ``user``, over ``top``."""
+    command = script_command(
+        SYSTEM_PYTHON, action, run_id, f"{user or 'root'}@lap", lease, 4242, "all", str(top)
+    )
+    done = subprocess.run(
+        ["sh", "-c", command], input=SCRIPT, capture_output=True, text=True, timeout=60, check=False,
+        user=user, cwd="/",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@needs_root()
+def test_another_user_cannot_block_the_queue_with_a_future_entry_a_fifo_or_a_squatted_folder() -> None:
+    """Another user of the machine (``nobody``) squats root's queue folder name, dates an entry of
+    theirs in the future, puts a FIFO and a file of root's in place of entries: the next run is
+    first at once (nothing it reads blocks, no read hangs), each skip is said; a live entry of
+    theirs made the honest way still counts (the checks do not just ignore other users)."""
+    top = Path(tempfile.mkdtemp(prefix="fleetrun-queue-test-"))
+    try:
+        top.chmod(0o1777)  # like /tmp: root's, sticky, writable by all
+        host = "".join(c for c in socket.gethostname() if c.isalnum() or c in "-.")[:64]
+        nobody = pwd.getpwnam("nobody").pw_uid
+        squat = top / f"fleetrun-queue-{host}.u0"  # root's own name, made first by nobody
+        squat.mkdir(mode=0o755)
+        os.chown(squat, nobody, -1)
+        theirs = top / f"fleetrun-queue-{host}.u{nobody}"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, nobody, -1)
+        future = theirs / "00000000000000000001-run-future"
+        future.write_text('{"owner": "mallory@lap", "lease_s": 1e9}')
+        os.chown(future, nobody, -1)
+        os.utime(future, (4102444800, 4102444800))  # the year 2100: "refreshed" for ever
+        os.mkfifo(theirs / "00000000000000000002-run-fifo")
+        os.chown(theirs / "00000000000000000002-run-fifo", nobody, -1)
+        (theirs / "00000000000000000003-run-planted").write_text("{}")  # root's file in their folder
+
+        out = _script(top, "enqueue", "run-mine")
+        entries, notes = parse_listing(out), skipped_notes(out)
+        assert queue_error(out) is None, out
+        assert ahead_of(entries, "run-mine", ttl_s=60) == [], "nothing of theirs holds the run up"
+        assert any(n.endswith(f"is owned by uid {nobody}, not by uid 0 its name gives") for n in notes), notes
+        assert any("run-fifo is not a regular file" in n for n in notes), notes
+        assert any("run-planted is owned by uid 0, not by its folder's owner" in n for n in notes), notes
+        (skipped,) = [e for e in entries if e.run_id == "run-future"]
+        assert skipped.future and skipped.why_skipped(60) == "dated in the future"
+        (own,) = [p for p in top.iterdir() if p.name.startswith(f"fleetrun-queue-{host}.u0.")]
+        assert own.stat().st_uid == 0 and own.stat().st_mode & 0o777 == 0o755, "a folder of root's own"
+        assert not list(squat.iterdir()), "nothing written in the squatted folder"
+
+        honest = _script(top, "enqueue", "run-theirs", user="nobody")
+        assert queue_error(honest) is None, honest
+        later = parse_listing(_script(top, "touch", "run-mine"))
+        assert [e.run_id for e in ahead_of(later, "run-late", ttl_s=60)] == ["run-mine", "run-theirs"]
+        assert ahead_of(later, "run-mine", ttl_s=60) == [], "arrival order: root's run came first"
+        _script(top, "leave", "run-mine")
+        assert [e.run_id for e in ahead_of(parse_listing(_script(top, "list", "-")), "x", 60)] == [
+            "run-theirs"
+        ]
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_entries_carry_their_lease_and_gpus_and_only_overlapping_live_ones_block() -> None:
+    line = 'QUEUE {"name": "%020d-%s", "user": "u", "owner": "u@l", "age": %s, "now_ns": 100, "lease_s": %s, "gpus": %s, "pid": 7}'
+    text = "\n".join(
+        [
+            line % (1, "short", 20.0, 10, "null"),  # its own lease ran out although the reader's has not
+            line % (2, "gpu01", 1.0, 60, "[0, 1]"),
+            line % (3, "gpu23", 1.0, 60, "[2, 3]"),
+            line % (4, "huge", 1.0, "1e300", '"x"'),
+            line % (10**15, "named-ahead", 1.0, 60, "null"),  # its name is dated past the machine's now
+        ]
+    )
+    entries = {e.run_id: e for e in parse_listing(text)}
+    assert not entries["short"].live(60) and "stale" in entries["short"].why_skipped(60)
+    assert entries["huge"].lease_s == 3600.0 and entries["huge"].gpus is None and entries["huge"].pid == 7
+    assert entries["named-ahead"].future
+    ordered = parse_listing(text)
+    assert [e.run_id for e in ahead_of(ordered, "new", 60, gpus=(2,))] == ["gpu23", "huge"]
+    assert [e.run_id for e in ahead_of(ordered, "new", 60, gpus=(5,))] == ["huge"]
+    assert [e.run_id for e in ahead_of(ordered, "new", 60)] == ["gpu01", "gpu23", "huge"]
+    assert ahead_of(ordered, "new", 60, gone=lambda e: e.pid == 7) == [], "this laptop's dead process"
+
+
+def test_an_entry_of_this_laptop_whose_process_or_run_is_gone_holds_nothing() -> None:
+    """A ``fab`` killed here (kill -9) or a run of this process whose entries could not be
+    removed (a local fleet torn down first) is not waited for until its lease runs out; a live
+    run of this process and another laptop's entry are."""
+    from launch.cli import queue as queueing
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    me = queueing.owner()
+    assert queueing.gone_here(Entry(1, "killed", "root", me, 1.0, pid=dead.pid))
+    assert queueing.gone_here(Entry(1, "ended-here", "root", me, 1.0, pid=os.getpid()))
+    queueing._live("running-here", True)
+    try:
+        assert not queueing.gone_here(Entry(1, "running-here", "root", me, 1.0, pid=os.getpid()))
+    finally:
+        queueing._live("running-here", False)
+    assert not queueing.gone_here(Entry(1, "theirs", "bob", "bob@elsewhere", 1.0, pid=dead.pid))
+    assert not queueing.gone_here(Entry(1, "alive", "root", me, 1.0, pid=os.getppid()))

@@ -74,8 +74,15 @@ def in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, dict[str, obj
 
 
 def train(playbook: Path) -> RunResult:
+    """A run that shares the machines on purpose: another run holds them (``launch.cli.queue``),
+    so without ``--allow-busy-gpus`` it would be refused."""
     result = app.train(
-        playbook, inventory=INVENTORY, console=quiet(), poll_interval=0.5, ask_on_interrupt=False
+        playbook,
+        inventory=INVENTORY,
+        console=quiet(),
+        poll_interval=0.5,
+        ask_on_interrupt=False,
+        allow_busy_gpus=True,
     )
     assert isinstance(result, RunResult)
     return result

@@ -252,3 +252,20 @@ def test_relay_rsync_reaches_a_worker_on_an_ipv6_address(
     assert result.ok, result.error
     assert log.read_text().split() == [address], "ssh was asked for the whole address"
     assert (worker_home / ".fleetrun" / "work" / "job" / "pkg" / "m0.py").is_file()
+
+
+def test_the_relays_lines_are_read_as_they_come_and_an_endless_line_is_dropped() -> None:
+    """The head's answer (one JSON line per worker) reaches the laptop chunk by chunk; a head
+    that sends a line without end is not held whole: it is dropped and the next lines still count."""
+    from launch.transport.channels import MAX_ANSWER_BYTES
+    from launch.transport.sync_relay import _LineReader
+
+    lines: list[str] = []
+    reader = _LineReader(lines.append)
+    reader.feed(b'{"a": 1}\n{"b"')
+    reader.feed(b": 2}\n\n")
+    for _ in range(MAX_ANSWER_BYTES // 65536 + 2):
+        reader.feed(b"x" * 65536)
+        assert len(reader.pending) <= MAX_ANSWER_BYTES
+    reader.feed(b"still the long line\n" + '{"c": "é"}\n'.encode())
+    assert lines == ['{"a": 1}', '{"b": 2}', '{"c": "é"}']

@@ -23,13 +23,19 @@ from pathlib import Path
 from launch.errors import FleetrunError, SpecError
 from launch.job.inventory import Host, Inventory
 from launch.paths import known_hosts_file
+from launch.private_files import write_private_file
 from launch.reports.safe_text import clean
-from launch.transport.openssh import openssh_command, proxy_command
+from launch.transport.openssh import openssh_command, proxy_command, ssh_token_safe
 
 SAFE_CONFIG_VALUE = re.compile(r"[A-Za-z0-9_.:@/+,=-]{1,4096}")
 """What a value of the written ssh config may hold (no space, quote, ``#`` or control character:
 each would let an inventory's text end the line or start another directive)."""
 ALIAS_PREFIX = "fleetrun-"
+UNQUOTABLE_PATH = re.compile(r'["\\]|\$\{|[^\S ]|[\x00-\x1f\x7f]')
+"""What a path in the written ssh config may not hold even quoted: a double quote or backslash
+(OpenSSH's quoting has no reliable escape for them), ``${`` (OpenSSH expands ``${VAR}`` in
+``IdentityFile`` and ``UserKnownHostsFile`` and has no escape for it), and any whitespace other
+than a plain space or a control character (each would end the line or the directive)."""
 
 
 def is_inventory_selector(target: str) -> bool:
@@ -113,9 +119,10 @@ def forward_argv(host: Host, known_hosts: Path, port: int, local_port: int) -> l
 
 
 def check_port(value: int | str, flag: str) -> int:
-    """A TCP port as a number (a positional argument reaches a task as text)."""
+    """A TCP port as a number (a positional argument reaches a task as text): ASCII digits only
+    (``str.isdigit`` also takes ``²`` and other digits ``int`` refuses)."""
     text = str(value).strip()
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
         raise SpecError(f"{flag} {clean(text, 40)!r}: expected a TCP port from 1 to 65535")
     return int(text)
 
@@ -129,7 +136,13 @@ def ssh(target: str, node: str | None = None, command: str = "") -> int:
 
 
 def forward(target: str, port: int | str, node: str | None = None, local_port: int = 0) -> int:
-    """``fab forward``: until Ctrl-C, ``127.0.0.1:local_port`` here reaches ``localhost:port`` on the node."""
+    """``fab forward``: until Ctrl-C, ``127.0.0.1:local_port`` here reaches ``localhost:port`` on the node.
+
+    Its reach, said when it starts: loopback is not private to a user. Every user (and every
+    process) of this machine can connect to that port while the forward runs, as they could to
+    the node's port from the node itself. A browser needs a TCP port, so it stays one (OpenSSH
+    could bind a Unix socket, which a browser cannot open); on a shared machine, forward only
+    what others may see, or protect it (TensorBoard has no login; Jupyter's token does)."""
     port = check_port(port, "PORT")
     local_port = check_port(local_port or port, "--local-port")
     inventory, where = target_inventory(target)
@@ -137,7 +150,7 @@ def forward(target: str, port: int | str, node: str | None = None, local_port: i
     argv = forward_argv(host, pinned_known_hosts(inventory), port, local_port)
     print(
         f"forwarding http://127.0.0.1:{local_port} -> {clean(host.name, 100)}:localhost:{port} "
-        f"({where}); Ctrl-C to stop",
+        f"({where}); Ctrl-C to stop. Any user of this machine can reach that port while it runs",
         flush=True,
     )
     return run_client(argv)
@@ -171,6 +184,21 @@ def _config_value(value: str, what: str, host: str) -> str:
     return value
 
 
+def _config_path(value: str, what: str, host: str | None) -> str:
+    """A file path as an ssh config value: ``%`` doubled (OpenSSH expands ``%`` tokens in it),
+    in double quotes when it holds a space (how OpenSSH reads such a path: a ``HOME`` with a
+    space is common). ``host`` None: the path is fleetrun's own (under ``FLEETRUN_HOME``)."""
+    if UNQUOTABLE_PATH.search(value) or not value or len(value) > 4096:
+        whose = f"host {clean(host, 100)}: {what}" if host is not None else f"fleetrun's own {what}"
+        raise FleetrunError(
+            f"{whose} {clean(value, 200)!r} cannot be written into an ssh config (a double quote, a "
+            "backslash, '${' or a control character; OpenSSH has no escape for them): "
+            + ("move the file" if host is not None else "set FLEETRUN_HOME to a plainer folder")
+        )
+    value = ssh_token_safe(value)
+    return f'"{value}"' if not SAFE_CONFIG_VALUE.fullmatch(value) else value
+
+
 def ssh_config(inventory: Inventory, known_hosts: Path, alias_prefix: str = ALIAS_PREFIX) -> str:
     """An OpenSSH config block, one ``Host`` entry per node (``ssh fleetrun-NODE``; VS Code Remote).
 
@@ -183,6 +211,7 @@ def ssh_config(inventory: Inventory, known_hosts: Path, alias_prefix: str = ALIA
     lines = [
         "# written by fleetrun (fab ssh-config): host keys are pinned, never learned",
     ]
+    pinned = _config_path(str(known_hosts), "known_hosts path", None)
     for host in inventory.hosts:
         name = host.name
         alias = _config_value(f"{alias_prefix}{name}", "alias", name)
@@ -191,7 +220,7 @@ def ssh_config(inventory: Inventory, known_hosts: Path, alias_prefix: str = ALIA
             f"    HostName {_config_value(host.address, 'address', name)}",
             f"    Port {host.port}",
             f"    User {_config_value(host.user, 'user', name)}",
-            f"    UserKnownHostsFile {_config_value(str(known_hosts), 'known_hosts path', name)}",
+            f"    UserKnownHostsFile {pinned}",
             "    GlobalKnownHostsFile /dev/null",
             "    StrictHostKeyChecking yes",
             "    UpdateHostKeys no",
@@ -199,27 +228,24 @@ def ssh_config(inventory: Inventory, known_hosts: Path, alias_prefix: str = ALIA
         ]
         if host.key is not None:
             lines += [
-                f"    IdentityFile {_config_value(str(host.key).replace('%', '%%'), 'key path', name)}",
+                f"    IdentityFile {_config_path(str(host.key), 'key path', name)}",
                 "    IdentitiesOnly yes",
             ]
         if host.proxy_jump is not None:
             if host.proxy_jump.key is not None:
-                _config_value(str(host.proxy_jump.key), "jump host key path", name)
+                _config_path(str(host.proxy_jump.key), "jump host key path", name)
             lines.append(f"    ProxyCommand {proxy_command(host.proxy_jump, known_hosts)}")
         lines.append("")
     return "\n".join(lines)
 
 
 def write_ssh_config(target: str, output: str = "", alias_prefix: str = ALIAS_PREFIX) -> str:
-    """``fab ssh-config``: the block printed, or written to ``output`` (mode 600) for ``Include``."""
+    """``fab ssh-config``: the block printed, or written to ``output`` (mode 600) for ``Include``,
+    through a temporary file no other user can plant or read (``write_private_file``)."""
     inventory, _where = target_inventory(target)
     text = ssh_config(inventory, pinned_known_hosts(inventory), alias_prefix)
     if output:
-        path = Path(output)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o600)
-        tmp.replace(path)
+        write_private_file(Path(output), text.encode(), "--output")
     else:
         sys.stdout.write(text)
     return text

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from launch.cli.queue import wait_turn
+from launch.cli.queue import take_machines
 from launch.cli.runs import open_records
 from launch.errors import SpecError
 from launch.fleets.kinds.registry import fleet_kind
@@ -126,8 +126,11 @@ def train(
             Text("warning: ", style="yellow") + Text(skipped_line(len(spec.on_end), local_hooks.playbook))
         )
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
-    # after its turn came, the run's queue entries are kept fresh until it ended (then removed)
-    hold = wait_turn(inv, known_hosts, plan.run_id, lambda line: console.print(Text(line))) if wait else None
+    # every run holds its machines (launch.cli.queue): refused when another run holds them, or with
+    # --wait queued behind it; its entries are kept fresh until it ended (then removed)
+    hold = take_machines(
+        inv, known_hosts, plan.run_id, wait, allow_busy_gpus, lambda line: console.print(Text(line))
+    )
     folder = RunFolder.create(plan.run_id)
     if choice is not None:  # which hosts the job got, which were skipped and why, the spares
         folder.write_json("hosts.json", choice.record())
@@ -161,8 +164,7 @@ def train(
         )
     finally:
         records.close()
-        if hold is not None:
-            hold.release()
+        hold.release()
     kept = warm and spec.keep_warm_s and keep_warm.wanted(policy, result.outcome, result.teardown.state.value)
     if kept and keep_warm.arm(inv, known_hosts, spec.keep_warm_s or 0, reporter.say):
         result.teardown = tear_down(inv, say=lambda m: reporter.say(f"  {m}"))  # no node left billing

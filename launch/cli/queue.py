@@ -1,11 +1,14 @@
-"""``fab train --wait`` and ``fab queue``: taking shared machines in arrival order.
+"""How a run holds shared machines (``fab train``, with or without ``--wait``) and ``fab queue``.
 
-The queue files and their rules are in ``launch.planning.queue``; here are the connections. A
-waiting run refreshes its entry on every machine it needs each poll and starts once it is first
-among the live entries on all of them; then a ``QueueHold`` keeps refreshing the entries from a
-thread (its own connections) until the run ended, and removes them. Ctrl-C while waiting removes
+The queue entries and their rules are in ``launch.planning.queue``; here are the connections.
+Every real run puts its entry on every machine it uses (``take_machines``). Without ``--wait`` a
+machine another run holds (an earlier live entry wanting a GPU this run wants) refuses the run
+at once, naming the holder; with ``--wait`` the run refreshes its entries each poll and starts
+once it is first on all of them. Either way a ``QueueHold`` then keeps the entries fresh from a
+thread (its own connections) until the run ended, and removes them; Ctrl-C while waiting removes
 them too. The GPU check at claim time (``launch.planning.claim``) still refuses GPUs that other
-users' processes hold outside fleetrun.
+users' processes hold outside fleetrun, and ``--allow-busy-gpus`` starts beside both on purpose
+(two runs sharing machines, as the shared-hosts docs describe).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def ttl_s() -> float:
         value = float(os.environ.get("FLEETRUN_QUEUE_TTL_S", queue.DEFAULT_TTL_S))
     except ValueError:
         return queue.DEFAULT_TTL_S
-    return value if 1.0 <= value <= 3600.0 else queue.DEFAULT_TTL_S
+    return value if 1.0 <= value <= queue.MAX_LEASE_S else queue.DEFAULT_TTL_S
 
 
 def owner() -> str:
@@ -46,17 +49,67 @@ def owner() -> str:
     return clean(f"{user}@{socket.gethostname()}", 120)
 
 
-def _act(fleet: Fleet, action: str, run_id: str, ttl: float) -> dict[str, list[queue.Entry]]:
+def _gpus(host: Host) -> tuple[int, ...] | None:
+    return None if isinstance(host.gpus, int) or not host.gpus else tuple(host.gpus)
+
+
+_live_here: set[str] = set()
+"""The runs of this process that hold (or wait for) machines now: an entry of this process for
+any other run is left over (its run ended and its removal failed, e.g. a local fleet torn down
+before it; the next run in the same process must not wait for it)."""
+_live_lock = threading.Lock()
+
+
+def _live(run_id: str, live: bool) -> None:
+    with _live_lock:
+        (_live_here.add if live else _live_here.discard)(run_id)
+
+
+def gone_here(entry: queue.Entry) -> bool:
+    """An entry this laptop wrote (same user@host) for a process of it that no longer exists (a
+    ``fab`` killed here with kill -9, whose lease has not run out yet), or for a run of this very
+    process that no longer holds anything: it does not hold anything up."""
+    if entry.owner != owner() or entry.pid <= 0:
+        return False
+    if entry.pid == os.getpid():
+        with _live_lock:
+            return entry.run_id not in _live_here
+    try:
+        os.kill(entry.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+class _Warnings:
+    """Each skipped folder or entry said once per command, not once per poll."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say, self.said = say, set[str]()
+
+    def note(self, host: str, text: str) -> None:
+        line = clean(f"warning: {host}: queue: {text}", 400)
+        if line not in self.said and len(self.said) < 50:
+            self.said.add(line)
+            self.say(line)
+
+
+def _act(
+    fleet: Fleet, action: str, run_id: str, ttl: float, warn: _Warnings | None = None
+) -> dict[str, list[queue.Entry]]:
     """Run one queue action on every machine; its listing per host (a failure raises ``HostError``)."""
     who = owner()
 
-    def one(conn: NodeConnection) -> list[queue.Entry]:
-        command = queue.script_command(conn.host.python, action, run_id, who, ttl)
+    def one(conn: NodeConnection) -> tuple[list[queue.Entry], list[str]]:
+        gpus = queue.gpus_arg(conn.host.gpus)
+        command = queue.script_command(conn.host.python, action, run_id, who, ttl, os.getpid(), gpus)
         result = conn.run_with_input(command, queue.SCRIPT.encode(), timeout=30)
         problem = queue.queue_error(result.stdout)
         if not result.ok or problem:
             raise HostError(conn.host.name, f"queue: {problem or clean(result.stderr.strip()[-200:])}")
-        return queue.parse_listing(result.stdout)
+        return queue.parse_listing(result.stdout), queue.skipped_notes(result.stdout)
 
     out: dict[str, list[queue.Entry]] = {}
     for name, res in fleet.map(one, deadline=60).items():
@@ -64,7 +117,15 @@ def _act(fleet: Fleet, action: str, run_id: str, ttl: float) -> dict[str, list[q
             if action == "leave":
                 continue  # best effort: an entry left behind expires by itself
             raise res if isinstance(res, FleetrunError) else HostError(name, f"queue: {res}")
-        out[name] = res
+        out[name], notes = res
+        if warn is None:
+            continue
+        for note in notes:
+            warn.note(name, note)
+        for entry in res[0]:
+            why = entry.why_skipped(ttl)
+            if why and entry.run_id != run_id:
+                warn.note(name, f"entry of run {entry.run_id} ({entry.owner or entry.user}) skipped: {why}")
     return out
 
 
@@ -80,15 +141,79 @@ class QueueHold:
 
     def _refresh(self) -> None:
         while not self._stop.wait(max(1.0, self.ttl / 4)):
-            with contextlib.suppress(Exception):  # a missed refresh is retried; the TTL allows 3
+            with contextlib.suppress(Exception):  # a missed refresh is retried; the lease allows 3
                 _act(self.fleet, "touch", self.run_id, self.ttl)
 
     def release(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+        _live(self.run_id, False)
         with contextlib.suppress(Exception):
             _act(self.fleet, "leave", self.run_id, self.ttl)
         self.fleet.close()
+
+
+def _blockers(
+    inventory: Inventory, listing: dict[str, list[queue.Entry]], run_id: str, ttl: float
+) -> dict[str, list[queue.Entry]]:
+    gpus = {h.name: _gpus(h) for h in inventory.hosts}
+    waiting = {
+        name: queue.ahead_of(entries, run_id, ttl, gpus.get(name), gone_here)
+        for name, entries in listing.items()
+    }
+    return {name: ahead for name, ahead in waiting.items() if ahead}
+
+
+def _who(blockers: dict[str, list[queue.Entry]]) -> str:
+    return "; ".join(
+        f"{name}: behind {', '.join(f'{e.run_id} ({e.owner or e.user})' for e in ahead[:3])}"
+        for name, ahead in sorted(blockers.items())[:4]
+    )
+
+
+def take_machines(
+    inventory: Inventory,
+    known_hosts: Path,
+    run_id: str,
+    wait: bool,
+    share: bool = False,
+    say: Callable[[str], None] = print,
+) -> QueueHold:
+    """Hold every host of ``inventory`` for run ``run_id`` (its entries kept fresh until
+    ``QueueHold.release``). A host another run holds: ``wait`` queues behind it (``wait_turn``);
+    else the run is refused (``FleetrunError``, one line naming host and holder) unless ``share``
+    (``--allow-busy-gpus``: sharing the machines on purpose), which holds them alongside."""
+    if wait:
+        return wait_turn(inventory, known_hosts, run_id, say)
+    ttl = ttl_s()
+    fleet = Fleet(inventory.hosts, known_hosts)
+    _live(run_id, True)
+    try:
+        listing = _act(fleet, "enqueue", run_id, ttl, _Warnings(say))
+        blockers = _blockers(inventory, listing, run_id, ttl)
+        if blockers and not share:
+            raise FleetrunError(
+                clean(
+                    f"run {run_id}: the machines are held by another run ({_who(blockers)}); "
+                    "fab train --wait queues behind it, --allow-busy-gpus starts beside it",
+                    600,
+                )
+            )
+        if blockers:
+            say(
+                clean(
+                    f"warning: sharing the machines with another run (--allow-busy-gpus): {_who(blockers)}",
+                    600,
+                )
+            )
+    except BaseException:
+        _live(run_id, False)
+        with contextlib.suppress(Exception):
+            _act(fleet, "leave", run_id, ttl)
+        fleet.close()
+        raise
+    fleet.close()
+    return QueueHold(list(inventory.hosts), known_hosts, run_id, ttl)
 
 
 def wait_turn(
@@ -97,26 +222,23 @@ def wait_turn(
     """Queue on every host of ``inventory`` and return once this run is first on all of them."""
     ttl = ttl_s()
     fleet = Fleet(inventory.hosts, known_hosts)
+    warn = _Warnings(say)
     shown = ""
+    _live(run_id, True)
     try:
-        listing = _act(fleet, "enqueue", run_id, ttl)
+        listing = _act(fleet, "enqueue", run_id, ttl, warn)
         while True:
-            waiting = {
-                name: queue.ahead_of(entries, run_id, ttl) for name, entries in listing.items() if entries
-            }
-            blockers = {name: ahead for name, ahead in waiting.items() if ahead}
+            blockers = _blockers(inventory, listing, run_id, ttl)
             if not blockers:
                 break
-            line = "; ".join(
-                f"{name}: behind {', '.join(f'{e.run_id} ({e.owner or e.user})' for e in ahead[:3])}"
-                for name, ahead in sorted(blockers.items())[:4]
-            )
+            line = _who(blockers)
             if line != shown:
                 say(clean(f"waiting for the machines (arrival order): {line}", 600))
                 shown = line
             time.sleep(POLL_S)
-            listing = _act(fleet, "touch", run_id, ttl)
+            listing = _act(fleet, "touch", run_id, ttl, warn)
     except BaseException:  # Ctrl-C or an error: the entries go, nobody waits behind a ghost
+        _live(run_id, False)
         with contextlib.suppress(Exception):
             _act(fleet, "leave", run_id, ttl)
         fleet.close()
@@ -131,9 +253,9 @@ def show_queue(inventory: Inventory, known_hosts: Path, say: Callable[[str], Non
     ttl = ttl_s()
     live = 0
     with Fleet(inventory.hosts, known_hosts) as fleet:
-        listing = _act(fleet, "list", "-", ttl)
+        listing = _act(fleet, "list", "-", ttl, _Warnings(say))
     for host in inventory.hosts:
-        entries = [e for e in listing.get(host.name, []) if e.live(ttl)]
+        entries = [e for e in listing.get(host.name, []) if e.live(ttl) and not gone_here(e)]
         live += len(entries)
         if not entries:
             say(f"{clean(host.name, 100)}: free")

@@ -220,18 +220,15 @@ def outputs_to_contract(outputs: Mapping[str, Any], source: str = "stack outputs
 
 def write_outputs_json(outputs: Mapping[str, Any], path: Path) -> Path:
     """Write outputs as JSON, readable by the owner only (they may hold a private key), and record
-    that fleetrun wrote them (``--inventory FILE`` trusts only such a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(outputs, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)
+    that fleetrun wrote them (``--inventory FILE`` trusts only such a file): the digest recorded
+    is that of the bytes written, and the temporary file is made safely (``write_private_file``)."""
     from launch.fleets.stack_outputs import record_written_outputs
+    from launch.private_files import write_private_file
 
-    record_written_outputs(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(outputs, indent=2, sort_keys=True) + "\n").encode()
+    write_private_file(path, data, "--outputs")
+    record_written_outputs(path, data)
     return path
 
 

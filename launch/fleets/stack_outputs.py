@@ -74,15 +74,16 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def record_written_outputs(path: Path) -> None:
-    """Note that fleetrun wrote the outputs file ``path`` (``fab up --outputs``): its SHA-256, as a
-    file name under ``$FLEETRUN_HOME/trusted-outputs`` (0700), holding the path for people. Only
-    those exact bytes are trusted later: an edited copy is another file."""
+def record_written_outputs(path: Path, data: bytes) -> None:
+    """Note that fleetrun wrote ``data`` to the outputs file ``path`` (``fab up --outputs``): its
+    SHA-256, as a file name under ``$FLEETRUN_HOME/trusted-outputs`` (0700), holding the path for
+    people. Only those exact bytes are trusted later: an edited copy is another file. The digest is
+    of the bytes written, not of a read back (which could be another file by then)."""
     import os
 
     where = _trust_dir()
     where.mkdir(parents=True, exist_ok=True, mode=0o700)
-    note = where / _digest(path.read_bytes())
+    note = where / _digest(data)
     fd = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(f"{path.resolve()}\n")
@@ -90,13 +91,3 @@ def record_written_outputs(path: Path) -> None:
 
 def written_by_fleetrun(data: bytes) -> bool:
     return (_trust_dir() / _digest(data)).is_file()
-
-
-def file_bytes(path: Path) -> bytes:
-    from launch.job.validation import MAX_FILE_BYTES
-
-    try:
-        with path.open("rb") as handle:
-            return handle.read(MAX_FILE_BYTES + 1)
-    except OSError:
-        return b""  # load_json_mapping names the problem

@@ -120,6 +120,16 @@ class SshEndpoint(BaseModel):
             )
         return value
 
+    @field_validator("key")
+    @classmethod
+    def _key_path(cls, value: Path | None) -> Path | None:
+        if value is not None and "${" in str(value):
+            raise ValueError(
+                "a key path holding '${': OpenSSH (rsync, fab ssh, ssh-config) would read it as an "
+                "environment variable, and has no escape for it; rename the folder or the file"
+            )
+        return value
+
     @field_validator("address")
     @classmethod
     def _endpoint_address(cls, value: str) -> str:

@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -45,7 +46,7 @@ from launch.job.sagemaker import (
     hyperparameter_args,
 )
 from launch.job.shell_text import CONTROL_CHARS, control_operators
-from launch.job.validation import load_yaml_mapping, printable, read_text_bounded
+from launch.job.validation import printable, read_bytes_bounded, read_text_bounded, yaml_mapping
 from launch.rules.recovery import RecoveryPolicy
 from launch.rules.stoprules import StopRules, Teardown
 
@@ -143,6 +144,8 @@ class JobSpec(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _source_sha256: str = PrivateAttr(default="")
+    """SHA-256 of the playbook bytes this spec was parsed from (``load_job_spec``); "" otherwise."""
 
     name: str
     workdir: Path
@@ -376,6 +379,11 @@ class JobSpec(BaseModel):
             )
         return value
 
+    def source_sha256(self) -> str:
+        """SHA-256 of the exact bytes ``load_job_spec`` parsed (what a hook allowance is for); ""
+        for a spec built another way. Not a second read of the file: that could be another file."""
+        return self._source_sha256
+
     def all_channels(self) -> dict[str, Channel]:
         """The channels, with ``data_dir`` as the ``training`` channel (what it always was)."""
         if self.data_dir and not self.channels:
@@ -436,7 +444,8 @@ def load_job_spec(
     """
     path = resolve_playbook(path)
     shown = printable(path, 400)
-    data = load_yaml_mapping(path, "playbook")
+    raw = read_bytes_bounded(path, "playbook")
+    data = yaml_mapping(raw, path, "playbook")
     data = apply_overrides(data, overrides, str(path)) if overrides else data
     workdir = data.get("workdir")
     if isinstance(workdir, str):
@@ -475,6 +484,7 @@ def load_job_spec(
     check_shipped_paths(spec, path, shown, allowed)
     for field, problem in LAUNCHER_PROBLEMS[spec.launcher](spec):
         raise SpecError(f"{shown}: field '{field}': {problem}")
+    spec._source_sha256 = hashlib.sha256(raw).hexdigest()
     return spec
 
 

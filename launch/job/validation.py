@@ -117,8 +117,11 @@ def describe_validation_error(source: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def read_text_bounded(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str:
-    """The file's text, refused with one clear line when missing, not a file, too big or not UTF-8."""
+def read_bytes_bounded(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The file's bytes, read once, refused with one clear line when missing, not a file or too big.
+
+    Whoever checks a file's digest (an allowance, a trust record) and parses it hashes and parses
+    these same bytes: a second read could see another file swapped in between."""
     shown = printable(path, 400)
     try:
         if not path.exists():
@@ -131,10 +134,20 @@ def read_text_bounded(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str
         raise SpecError(f"{shown}: cannot read the {what}: {printable(exc.strerror or exc)}") from None
     if len(data) > limit:
         raise SpecError(f"{shown}: {what} file is larger than {limit // 1024} KiB; refusing to parse it")
+    return data
+
+
+def decode_text(data: bytes, path: Path, what: str) -> str:
+    """``data`` (read from ``path``) as UTF-8 text, or one line naming the file and the byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError(f"{shown}: {what} is not valid UTF-8 (byte {exc.start})") from None
+        raise SpecError(f"{printable(path, 400)}: {what} is not valid UTF-8 (byte {exc.start})") from None
+
+
+def read_text_bounded(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str:
+    """The file's text, refused with one clear line when missing, not a file, too big or not UTF-8."""
+    return decode_text(read_bytes_bounded(path, what, limit), path, what)
 
 
 class StrictSafeLoader(yaml.SafeLoader):
@@ -250,12 +263,17 @@ def parse_yaml(text: str, source: str) -> Any:
 
 def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     """Read a YAML file that must hold a mapping; errors name the file and the line."""
-    data = parse_yaml(read_text_bounded(path, what), str(path))
-    if not isinstance(data, dict):
+    return yaml_mapping(read_bytes_bounded(path, what), path, what)
+
+
+def yaml_mapping(data: bytes, path: Path, what: str) -> dict[str, Any]:
+    """``data``, the bytes read from ``path``, as a YAML mapping (``load_yaml_mapping``'s parse)."""
+    parsed = parse_yaml(decode_text(data, path, what), str(path))
+    if not isinstance(parsed, dict):
         raise SpecError(
-            f"{printable(path, 400)}: expected a mapping of fields at the top level, got {type(data).__name__}"
+            f"{printable(path, 400)}: expected a mapping of fields at the top level, got {type(parsed).__name__}"
         )
-    return data
+    return parsed
 
 
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -273,7 +291,12 @@ def _refuse_constant(name: str) -> Any:
 
 def load_json_mapping(path: Path, what: str) -> dict[str, Any]:
     """Read a JSON file that must hold an object: bounded, UTF-8, no duplicate keys, no NaN/Infinity."""
-    text = read_text_bounded(path, what)
+    return json_mapping(read_bytes_bounded(path, what), path, what)
+
+
+def json_mapping(raw: bytes, path: Path, what: str) -> dict[str, Any]:
+    """``raw``, the bytes read from ``path``, as a JSON object (``load_json_mapping``'s parse)."""
+    text = decode_text(raw, path, what)
     try:
         data = json.loads(text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:

@@ -56,7 +56,9 @@ class LocalHooks:
 
 
 def playbook_digest(playbook: Path) -> str:
-    """SHA-256 of the playbook's bytes: what an allowance is for (an edited copy is another file)."""
+    """SHA-256 of the playbook file as it is now (how a test or a person finds an allowance's
+    name). A verdict never uses this: it takes the digest of the bytes the spec was parsed from
+    (``JobSpec.source_sha256``), since a second read could see another file swapped in."""
     try:
         with playbook.open("rb") as handle:
             return hashlib.sha256(handle.read(MAX_PLAYBOOK_BYTES + 1)).hexdigest()
@@ -71,11 +73,13 @@ def _allowance(digest: str) -> Path:
 def local_hooks_verdict(playbook: Path, spec: JobSpec, allow: bool, record: bool) -> LocalHooks:
     """May the playbook's ``on_end`` run here? ``allow``: the user said so on the command line
     (``--allow-local-hooks``), which is remembered for these bytes when ``record`` (a real run, not
-    a dry run); else only a playbook whose SHA-256 was allowed before."""
+    a dry run); else only a playbook whose SHA-256 was allowed before. The SHA-256 is that of the
+    bytes ``spec`` was parsed from, never a second read of ``playbook``: a file swapped between
+    the parse and the check must not lend its allowance to the commands that will run."""
     shown = clean(playbook, 400)
     if not spec.on_end:
         return LocalHooks(True, "no on_end hooks", shown)
-    digest = playbook_digest(playbook)
+    digest = spec.source_sha256()
     if allow:
         if record and digest:
             where = _allowance(digest)

@@ -1,7 +1,7 @@
 """Bounded reads from an SSH channel: a command's output and a line-per-request session.
 
 A node is untrusted: a command that prints forever, or an agent that answers without a newline,
-must not fill the laptop's memory. ``_BoundedOutput`` keeps the head and tail of a command's
+must not fill the laptop's memory. ``BoundedOutput`` keeps the head and tail of a command's
 output; ``LineSession`` refuses an answer line over ``MAX_ANSWER_BYTES`` and closes the channel.
 Split from ``launch.transport.ssh`` (connections and fan-out) to keep each module small.
 """
@@ -20,12 +20,20 @@ MAX_OUTPUT_BYTES = 1 << 20
 """Of a command's output, this much of the start and this much of the end are kept."""
 
 
-class _BoundedOutput:
-    """A command's output, of which the first and the last ``MAX_OUTPUT_BYTES`` are kept."""
+class BoundedOutput:
+    """A command's output, of which the first and the last ``MAX_OUTPUT_BYTES`` are kept.
 
-    def __init__(self) -> None:
-        self.head = b""
-        self.tail = b""
+    Memory stays at about twice that however much a node sends, and each chunk costs time in
+    proportion to its own size (the tail is a ``bytearray`` trimmed in place), where keeping the
+    whole answer and joining it cost time in the square of its size. What was cut is said in the
+    text, naming the node that sent it (``host``).
+    """
+
+    def __init__(self, host: str = "", stream: str = "output") -> None:
+        self.host = host
+        self.stream = stream
+        self.head = bytearray()
+        self.tail = bytearray()
         self.dropped = 0
 
     def add(self, chunk: bytes) -> None:
@@ -35,13 +43,29 @@ class _BoundedOutput:
             chunk = chunk[room:]
         if chunk:
             self.tail += chunk
-            if len(self.tail) > MAX_OUTPUT_BYTES:
-                self.dropped += len(self.tail) - MAX_OUTPUT_BYTES
-                self.tail = self.tail[-MAX_OUTPUT_BYTES:]
+            excess = len(self.tail) - MAX_OUTPUT_BYTES
+            if excess > 0:
+                self.dropped += excess
+                del self.tail[:excess]
+
+    @property
+    def kept(self) -> int:
+        """Bytes held now (never more than ``2 * MAX_OUTPUT_BYTES``)."""
+        return len(self.head) + len(self.tail)
+
+    def cut_line(self) -> str:
+        """One line naming the node and how much of its answer was not kept ("" when none)."""
+        if not self.dropped:
+            return ""
+        who = f"{self.host} sent" if self.host else "the node sent"
+        return (
+            f"{who} {self.dropped + self.kept} bytes of {self.stream}, more than the "
+            f"{2 * MAX_OUTPUT_BYTES >> 20} MiB kept of an answer: the middle {self.dropped} bytes were cut"
+        )
 
     def text(self) -> str:
-        gap = f"\n[... {self.dropped} bytes of output not kept ...]\n".encode() if self.dropped else b""
-        return (self.head + gap + self.tail).decode("utf-8", "replace")
+        gap = f"\n[... {self.cut_line()} ...]\n".encode() if self.dropped else b""
+        return bytes(self.head + gap + self.tail).decode("utf-8", "replace")
 
 
 class LineSession:

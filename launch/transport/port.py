@@ -34,6 +34,8 @@ class CommandResult:
     exit_code: int
     stdout: str
     stderr: str
+    cut: str = ""
+    """Set when the node sent more than is kept (``BoundedOutput``): which node, how much was cut."""
 
     @property
     def ok(self) -> bool:

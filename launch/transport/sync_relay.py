@@ -35,6 +35,7 @@ from launch.planning import remote_layout as layout
 from launch.planning.authorized_keys import add_command, expiry_time, remove_command
 from launch.planning.cluster_ssh import known_hosts_text, new_ed25519_keypair
 from launch.settings import DEFAULT_FANOUT
+from launch.transport.channels import MAX_ANSWER_BYTES
 from launch.transport.ssh import CommandResult, Fleet, NodeConnection, parallel_map
 from launch.transport.sync import SyncResult, rsync_filters, sync_all, sync_host
 from launch.transport.sync_quick import quick_sync
@@ -127,22 +128,30 @@ def relay_config(
 
 
 class _LineReader:
-    """A write-only stream for Fabric's ``out_stream``: hands each complete line to ``on_line``."""
+    """Hands each complete line of a stream's bytes to ``on_line``; a line longer than
+    ``MAX_ANSWER_BYTES`` (a hostile or broken head) is dropped, never held whole."""
 
     def __init__(self, on_line: Callable[[str], None]) -> None:
         self.on_line = on_line
-        self.pending = ""
+        self.pending = bytearray()
+        self.skipping = False
 
-    def write(self, text: str) -> int:
-        self.pending += text
-        while "\n" in self.pending:
-            line, self.pending = self.pending.split("\n", 1)
-            if line.strip():
-                self.on_line(line)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
+    def feed(self, chunk: bytes) -> None:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            piece, start = chunk[start:end], end + 1
+            if not self.skipping and len(self.pending) + len(piece) <= MAX_ANSWER_BYTES:
+                line = bytes(self.pending + piece).decode("utf-8", "replace")
+                if line.strip():
+                    self.on_line(line)
+            self.pending.clear()
+            self.skipping = False
+        rest = chunk[start:]
+        if len(self.pending) + len(rest) > MAX_ANSWER_BYTES:
+            self.pending.clear()
+            self.skipping = True
+        elif not self.skipping:
+            self.pending += rest
 
 
 def relay_sync(
@@ -266,10 +275,8 @@ def _run_relay(head_conn: NodeConnection, relay_dir: str, reader: _LineReader) -
     head_conn.open()
     command = f'python3 "$HOME/{RELAY_SCRIPT}" "$HOME/{relay_dir}/config.json"'
     try:
-        # stdout is not hidden: it goes to ``reader`` (never to the terminal), one JSON line per worker
-        head_conn.conn.run(
-            command, timeout=3600, hide="stderr", warn=True, in_stream=False, out_stream=reader
-        )
+        # stdout goes to ``reader`` as it comes (never to the terminal), one JSON line per worker
+        head_conn.run(command, timeout=3600, on_stdout=reader.feed)
     except Exception as exc:  # noqa: BLE001 - any failure here falls back to direct syncs
         raise HostError(head_conn.host.name, f"relay on the head failed: {exc}") from None
 

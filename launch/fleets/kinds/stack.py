@@ -26,12 +26,11 @@ from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import StackFleetRef
 from launch.fleets.stack_outputs import (  # noqa: F401 - re-exported
     TRUSTED_OUTPUTS_DIR,
-    file_bytes,
     inventory_from_stack_outputs,
     record_written_outputs,
     written_by_fleetrun,
 )
-from launch.job.validation import load_json_mapping, printable
+from launch.job.validation import json_mapping, printable, read_bytes_bounded
 
 if TYPE_CHECKING:
     from launch.job.inventory import Host, Inventory
@@ -137,8 +136,8 @@ class StackKind:
 
 def load_outputs_file(path: str | Path, save_key: bool = True, key_path: Path | None = None) -> Inventory:
     """``--inventory outputs.json``: a stack's outputs saved by ``fab up --outputs`` on this
-    machine (recorded by ``record_written_outputs``; any other file is refused), read with the
-    bounded JSON reader.
+    machine (recorded by ``record_written_outputs``; any other file is refused), read once with
+    the bounded reader: the SHA-256 checked against the record is that of the bytes parsed.
 
     The outputs are validated first, then their origin; then the stack's generated operator key
     (``ssh_private_key``), if any, is saved 0600 as ``fab up`` saves it and used for the hosts.
@@ -146,13 +145,13 @@ def load_outputs_file(path: str | Path, save_key: bool = True, key_path: Path | 
     instead (a key the operator keeps elsewhere).
     """
     path = Path(path)
-    before = file_bytes(path)
-    data = load_json_mapping(path, "stack outputs")
+    raw = read_bytes_bounded(path, "stack outputs")  # read once: the bytes checked are the bytes parsed
+    data = json_mapping(raw, path, "stack outputs")
     try:  # validated first (safe on any input): a broken file is told what is wrong with it
         inventory = inventory_from_stack_outputs(data, key_path)
     except SpecError as exc:
         raise SpecError(f"{printable(path, 400)}: {exc}") from None
-    if not (written_by_fleetrun(before) and file_bytes(path) == before):
+    if not written_by_fleetrun(raw):
         raise SpecError(
             f"{printable(path, 400)}: stack outputs that fleetrun did not write on this machine (no record of "
             f"this file under $FLEETRUN_HOME/{TRUSTED_OUTPUTS_DIR}); refused, since they decide the power-off "

@@ -24,6 +24,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -382,6 +383,7 @@ class LocalFleet(FleetNames):
         mountns.remove_mounts(created)
         for user in users:
             gid = pwd.getpwnam(user).pw_gid
+            _remove_queue_folders(pwd.getpwnam(user).pw_uid)
             run(["userdel", "--force", "--remove", user], check=False)
             with contextlib.suppress(KeyError):
                 if grp.getgrgid(gid).gr_name == user:
@@ -473,3 +475,18 @@ class LocalFleet(FleetNames):
         except KeyError:
             return True
         return False
+
+
+def _remove_queue_folders(uid: int) -> None:
+    """A node user's run-hold queue folders (``launch.planning.queue``: ``/tmp/fleetrun-queue-*``
+    owned by it). Without a mount namespace the nodes share this machine's /tmp, and a fleet
+    torn down before its run could remove its entries would leave them to the next fleet of the
+    same node names (whose users may get the same uid back)."""
+    with contextlib.suppress(OSError), os.scandir("/tmp") as found:
+        for entry in found:
+            if not entry.name.startswith("fleetrun-queue-"):
+                continue
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
+                    shutil.rmtree(entry.path, ignore_errors=True)
