@@ -35,6 +35,7 @@ def export(
     namespace: str = "default",
     output: str | None = None,
     overrides: Sequence[str] = (),
+    allow_paths: tuple[Path, ...] = (),
 ) -> Path | None:
     """Export ``playbook``; the manifest goes to ``output`` (or stdout), the notes to stderr."""
     if to not in TARGETS:
@@ -49,7 +50,7 @@ def export(
         raise FleetrunError(
             f"exporting a PyTorchJob needs the Training Operator SDK ({exc}): pip install 'fleetrun[kubeflow]'"
         ) from None
-    spec = load_job_spec(playbook, parse_overrides(overrides))
+    spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths)
     result = export_pytorchjob(spec, image, nodes=nodes, gpus_per_node=gpus, namespace=namespace)
     text = (
         f"# PyTorchJob exported by fleetrun from {clean(playbook, 300)} (kubectl apply -f this file)\n"

@@ -149,6 +149,7 @@ def run_sweep(
     seed: int | None = None,
     max_failures: int = 0,
     allow_local_hooks: bool = False,
+    allow_paths: tuple[Path, ...] = (),
     say: Any = print,
 ) -> Sweep:
     """Run the sweep; returns what became of each variant (also in the sweep's JSON file).
@@ -157,7 +158,8 @@ def run_sweep(
     ``allow_local_hooks``: the playbook's ``on_end`` may run on this machine, as with ``fab train
     --allow-local-hooks``: remembered once, before any variant starts, for the playbook's bytes
     as they are now (``launch.run.hooks``), so every variant's ``fab train`` finds it; a playbook
-    edited during the sweep is another file, not allowed."""
+    edited during the sweep is another file, not allowed. ``allow_paths``: ``--allow-path``, for
+    every variant as for ``fab train``."""
     from launch.fleets.select import load_inventory
     from launch.fleets.teardown import tear_down
     from launch.rules.stoprules import Teardown
@@ -171,9 +173,9 @@ def run_sweep(
         raise SpecError(
             "--grid nodes=... with --parallel: slots are cut by the playbook's nodes; run it sequentially"
         )
-    spec = load_job_spec(path, base)
+    spec = load_job_spec(path, base, allowed=allow_paths)
     for combo in combos:  # every variant valid before any starts
-        load_job_spec(path, (*base, *parse_overrides(combo)))
+        load_job_spec(path, (*base, *parse_overrides(combo)), allowed=allow_paths)
     inv = load_inventory(inventory)
     if allow_local_hooks:
         verdict = local_hooks_verdict(path, spec, allow=True, record=True)
@@ -231,6 +233,8 @@ def run_sweep(
             log = folder / f"variant-{variant.index}.log"
             argv = [*_fab(), "train", str(path), "--inventory", inventory, "--teardown", "never"]
             argv += ["--hosts", ",".join(slots[slot]), "--sweep-id", sweep.sweep_id]
+            for allowed in allow_paths:
+                argv += ["--allow-path", str(allowed)]
             for item in variant.sets:
                 argv += ["--set", item]
             with guard:
