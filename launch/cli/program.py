@@ -20,11 +20,9 @@ load (``fab --help`` and ``fab runs`` do not pay for them).
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from invoke import Argument, Program
@@ -51,6 +49,10 @@ USAGE_EXIT = 2
 
 
 def fleetrun_version() -> str:
+    """The installed package's version; read only when shown (``importlib.metadata`` and the
+    ``email`` package it loads cost a command that never prints it a tenth of its start-up)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("fleetrun")
     except PackageNotFoundError:  # run from a checkout that was never installed
@@ -83,6 +85,9 @@ def option_row(arg: Argument) -> tuple[str, str]:
 class FleetrunProgram(Program):  # type: ignore[misc]
     """Invoke's program over fleetrun's collection, with fleetrun's help and errors (module doc)."""
 
+    def print_version(self) -> None:
+        print(f"fleetrun {fleetrun_version()}")
+
     def core_args(self) -> list[Argument]:
         kept: list[Argument] = []
         for arg in super().core_args():
@@ -103,7 +108,7 @@ class FleetrunProgram(Program):  # type: ignore[misc]
     # -- help ---------------------------------------------------------------------------------
 
     def print_help(self) -> None:
-        print(f"Usage: {self.binary} <command> [--options]   (fleetrun {self.version})")
+        print(f"Usage: {self.binary} <command> [--options]   (fleetrun {fleetrun_version()})")
         print("")
         print("Launch multi-node training jobs on machines you own or rent, watch them, record every run.")
         print("")
@@ -206,6 +211,8 @@ class FleetrunProgram(Program):  # type: ignore[misc]
         return f"{where}: {clean(message, 400)}; {see}"
 
     def _unknown(self, token: str, task: str | None, where: str) -> str:
+        import difflib
+
         from launch.reports.safe_text import clean
 
         shown = repr(clean(token, 100))
@@ -221,4 +228,4 @@ class FleetrunProgram(Program):  # type: ignore[misc]
 
 def program(namespace: Any, binary: str) -> FleetrunProgram:
     """The program over ``namespace`` under the name the user typed (``fab`` or ``fleetrun``)."""
-    return FleetrunProgram(namespace=namespace, name="fleetrun", binary=binary, version=fleetrun_version())
+    return FleetrunProgram(namespace=namespace, name="fleetrun", binary=binary)
