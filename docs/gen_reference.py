@@ -377,13 +377,21 @@ def stack_page() -> str:
 
 
 def cli_page() -> str:
+    from launch.cli.options import SHARED, SHORT_FLAGS
     from launch.cli.tasks import ns
 
+    shorts = ", ".join(f"`-{short}` `--{name.replace('_', '-')}`" for name, short in SHORT_FLAGS.items())
+    shared = ", ".join(f"`--{o.flag}`" for o in SHARED.values())
     parts = [
         GENERATED,
         "# Command reference\n\n",
-        "Every task runs as `fab TASK` in a checkout (or a folder with the one-line `fabfile.py`) and as "
-        "`fleetrun TASK` from an installed package; `fab TASK --help` prints the same.\n\n",
+        "Every task runs as `fab TASK` and as `fleetrun TASK`, from any folder (both scripts are "
+        "fleetrun's; `fab TASK --help` prints the same). A bad command line (an unknown command or "
+        "option, a missing value or argument) is one `fleetrun: error:` line and exit code 2.\n\n",
+        f"Options several commands take are one option, with the same help everywhere: {shared} "
+        "(every command that reads a playbook takes `--set` and `--allow-path`; `--inventory` where it "
+        "runs on machines; `--allow-local-hooks` where it runs the job to its end). "
+        f"The only one-letter flags, the same in every command: {shorts}.\n\n",
     ]
     for name in sorted(ns.task_names):
         task = ns[name]
@@ -398,6 +406,8 @@ def cli_page() -> str:
                 flag = f"--{arg.name.replace('_', '-')}"
                 default = "" if arg.default in (None, "", False) else f"`{arg.default}`"
                 help_text = " ".join((arg.help or "").split())
+                if arg.name in SHORT_FLAGS:
+                    flag = f"{flag}` `-{SHORT_FLAGS[arg.name]}"
                 shown = f"`{arg.name.upper()}` or `{flag}`" if arg.positional else f"`{flag}`"
                 parts.append(f"| {shown} | {default} | {_rst_to_md(help_text)} |\n")
             parts.append("\n")

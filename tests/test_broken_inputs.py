@@ -483,7 +483,7 @@ def build(case: Case, root: Path) -> tuple[list[str], dict[str, str], Path]:
     if case.prepare:
         case.prepare(d)
     fleetrun_home = d / "fleetrun-home"
-    argv = ["fab", "-r", str(REPO), "train", str(d / case.argv_playbook)]
+    argv = ["fab", "train", str(d / case.argv_playbook)]
     argv += ["--inventory", str(d / case.inventory), "--dry-run"]
     env = {"FLEETRUN_HOME": str(fleetrun_home), "HOME": str(d / "home"), "FLEETRUN_RUNS": ""}
     return argv, env, fleetrun_home

@@ -1,8 +1,8 @@
 """Bad input on the command line itself: flags, ports, positional arguments, run ids, dates, paths.
 
-Each is parsed by the same programs ``fab`` and ``fleetrun`` run, in-process: the result must be
-one ``fleetrun: error:`` line on stderr and exit code 2 (no traceback, nothing started), or, for
-the documented forms, the task called with the arguments the user meant.
+Each is parsed by the same program the ``fab`` and ``fleetrun`` scripts run, in-process: the
+result must be one ``fleetrun: error:`` line on stderr and exit code 2 (no traceback, nothing
+started), or, for the documented forms, the task called with the arguments the user meant.
 """
 
 from __future__ import annotations
@@ -12,23 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fabric.config import Config as FabricConfig
-from fabric.executor import Executor as FabricExecutor
-from fabric.main import Fab
 from invoke import Program
 
 from launch.cli import app
-from launch.cli.main import program as fleetrun_program
-from launch.cli.tasks import ns
+from launch.cli.main import program
 
-
-def _fab() -> Program:
-    return Fab(
-        name="Fabric", namespace=ns, binary="fab", executor_class=FabricExecutor, config_class=FabricConfig
-    )
-
-
-PROGRAMS = pytest.mark.parametrize("make", [_fab, fleetrun_program], ids=["fab", "fleetrun"])
+PROGRAMS = pytest.mark.parametrize(
+    "make", [lambda: program("fab"), lambda: program("fleetrun")], ids=["fab", "fleetrun"]
+)
 
 
 def run_cli(
@@ -245,3 +236,181 @@ def test_the_end_of_a_run_says_why_a_profiled_rank_left_no_trace(tmp_path: Path)
         assert app.missing_profile_ranks_line(spec, garbage) is None
     with pytest.raises(Exception, match=r"field 'profile.ranks': rank\(s\) 7 do not exist"):
         app.check_profiled_ranks_exist(spec, 4, playbook)
+
+
+@PROGRAMS
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["train", "job.yaml", "--bogus"], ("train: unknown option '--bogus'", "train --help")),
+        (["train", "--bogus"], ("train: unknown option '--bogus'",)),  # not read as the playbook
+        (["export", "job.yaml", "-x"], ("export: unknown option '-x'",)),
+        (["train", "job.yaml", "-e"], ("unknown option '-e'",)),  # once Invoke's --echo
+        (["train", "job.yaml", "-i"], ("train: --inventory needs a value",)),
+        (["runs", "--limit"], ("runs: --limit needs a value",)),
+        (["trian"], ("unknown command 'trian'", "did you mean 'train'?", "--help' lists the commands")),
+        (["--bogus"], ("unknown option '--bogus'",)),
+        (["--help", "trian"], ("trian",)),
+        (["show"], ("show: missing RUN",)),
+        (["forward", "last"], ("forward: missing PORT",)),
+        (["local.up", "--vm=yes"], ("local.up: unexpected argument 'yes'",)),
+        (["train", "a.yaml", "b.yaml"], ("train: unexpected argument 'b.yaml'",)),
+        (["--list", "nowhere"], ("--list", "nowhere")),
+    ],
+)
+def test_every_parse_error_is_one_line_and_exit_2(
+    make: Callable[[], Program],
+    args: list[str],
+    fragments: tuple[str, ...],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run_cli(make, ["prog", *args], capsys)
+    assert_one_error_line(code, out, err, *fragments)
+    assert "No idea what" not in err and "did not receive" not in err and "Flag <" not in err
+
+
+@PROGRAMS
+def test_short_flags_read_the_same_in_train_and_sweep(
+    make: Callable[[], Program], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-s`` is ``--set`` and ``-i`` is ``--inventory`` in both (``-s`` was ``--skip-doctor`` in train)."""
+    from launch.cli import sweep as sweeping
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(app, "train", lambda playbook, **kw: calls.append(("train", kw)))
+    monkeypatch.setattr(
+        sweeping, "run_sweep", lambda playbook, grid, **kw: calls.append(("sweep", kw)) or _NoVariants()
+    )
+    for task in ("train", "sweep"):
+        code, _out, err = run_cli(make, ["prog", task, "job.yaml", "-s", "nodes=2", "-i", "lab.yaml"], capsys)
+        assert code == 0, err
+    (_, train), (_, sweep) = calls
+    assert (
+        train["overrides"] == ("nodes=2",) and train["inventory"] == "lab.yaml" and not train["skip_doctor"]
+    )
+    assert sweep["sets"] == ("nodes=2",) and sweep["inventory"] == "lab.yaml"
+
+
+class _NoVariants:
+    variants: list[Any] = []
+
+
+# -- --allow-path in every command that reads a playbook ---------------------------------------
+
+
+@pytest.fixture
+def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
+    """A playbook in ``proj/`` whose workdir is ``elsewhere/code`` (outside its folder), and a lab
+    inventory of two documentation-address hosts (nothing is connected to)."""
+    import json
+
+    from tests.conftest import SAMPLE_HOST_KEYS, write_playbook
+
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    code = tmp_path / "elsewhere" / "code"
+    code.mkdir(parents=True)
+    (tmp_path / "proj").mkdir()
+    playbook = write_playbook(tmp_path / "proj" / "job.yaml", code, nodes=2)
+    hosts = [
+        {"name": f"n{i}", "address": f"203.0.113.{i + 1}", "user": "u", "host_key": SAMPLE_HOST_KEYS[i]}
+        for i in range(2)
+    ]
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(json.dumps({"hosts": hosts}))
+    return playbook, code, inventory
+
+
+def _refused_then_accepted(
+    make: Callable[[], Program], args: list[str], code_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    """``args`` refused for the workdir without ``--allow-path``; the result with it."""
+    code, out, err = run_cli(make, ["prog", *args], capsys)
+    assert_one_error_line(code, out, err, "field 'workdir'", "--allow-path")
+    return run_cli(make, ["prog", *args, "--allow-path", str(code_dir.parent)], capsys)
+
+
+@PROGRAMS
+def test_plan_accepts_allow_path(
+    make: Callable[[], Program], outside: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    playbook, code_dir, inventory = outside
+    code, out, err = _refused_then_accepted(
+        make, ["plan", str(playbook), "-i", str(inventory)], code_dir, capsys
+    )
+    assert code == 0, err
+    assert "n0" in out and "n1" in out and "203.0.113.2" in out
+    code, out, err = run_cli(
+        make,
+        ["prog", "train", str(playbook), "--dry-run", "-i", str(inventory), "--allow-path", str(code_dir)],
+        capsys,
+    )
+    assert code == 0 and "203.0.113.2" in out, err
+
+
+@PROGRAMS
+def test_export_accepts_allow_path(
+    make: Callable[[], Program],
+    outside: tuple[Path, Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    playbook, code_dir, _ = outside
+    manifest = tmp_path / "job.k8s.yaml"
+    args = ["export", str(playbook), "--image", "registry.example/digits:1", "--output", str(manifest)]
+    code, _out, err = _refused_then_accepted(make, args, code_dir, capsys)
+    assert code == 0, err
+    assert "kind: PyTorchJob" in manifest.read_text()
+
+
+@PROGRAMS
+def test_sweep_accepts_allow_path_and_hands_it_to_every_variant(
+    make: Callable[[], Program],
+    outside: tuple[Path, Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each variant stands in as a Python that writes down its command line (the ``fab train`` it
+    would run), which must carry the ``--allow-path`` too."""
+    import sys
+
+    from launch.cli import sweep as sweeping
+
+    playbook, code_dir, inventory = outside
+    seen = tmp_path / "argv"
+    recorder = tmp_path / "record.py"
+    recorder.write_text(f"import sys\nopen({str(seen)!r}, 'a').write(repr(sys.argv[1:]) + '\\n')\n")
+    monkeypatch.setattr(sweeping, "_fab", lambda: [sys.executable, str(recorder)])
+    args = ["sweep", str(playbook), "--grid", "hyperparameters.lr=0.1,0.2", "-i", str(inventory)]
+    code, out, err = _refused_then_accepted(make, args, code_dir, capsys)
+    assert code == 0, (out, err)
+    argvs = [eval(line) for line in seen.read_text().splitlines()]  # noqa: S307 (our own repr)
+    assert len(argvs) == 2
+    for argv in argvs:
+        assert argv[:2] == ["train", str(playbook.resolve())]
+        assert argv[argv.index("--allow-path") + 1] == str(code_dir.parent)
+
+
+@PROGRAMS
+def test_doctor_accepts_allow_path(
+    make: Callable[[], Program],
+    outside: tuple[Path, Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Accepted, doctor goes on to the machines: here a fleet that reports it was reached."""
+    from launch.errors import FleetrunError
+    from launch.transport import ssh
+
+    class Reached(FleetrunError):
+        pass
+
+    class Unreachable:
+        def __init__(self, hosts: list[Any], *_args: Any, **_kwargs: Any) -> None:
+            raise Reached(f"doctor reached the fleet: {', '.join(h.name for h in hosts)}")
+
+    monkeypatch.setattr(ssh, "Fleet", Unreachable)
+    playbook, code_dir, inventory = outside
+    args = ["doctor", str(playbook), "-i", str(inventory)]
+    code, out, err = _refused_then_accepted(make, args, code_dir, capsys)
+    assert_one_error_line(code, out, err, "doctor reached the fleet: n0, n1")

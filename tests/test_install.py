@@ -4,7 +4,8 @@ Builds the wheel, installs it into a fresh virtual environment outside the check
 site-packages; dependencies from the warm pip cache, torch not among them), and runs from a
 temporary folder that holds only a playbook, its code and a lab inventory:
 
-* ``fleetrun -l`` and ``fab -l`` (the installed user's route: a one-line ``fabfile.py``) list the tasks;
+* ``fleetrun -l`` and ``fab -l`` list the tasks: ``fab`` is fleetrun's own script (installed over
+  Fabric's), so it needs no ``fabfile.py`` (and a one-line one still works);
 * ``fleetrun train job.yaml --dry-run --inventory hosts.yaml`` prints the plan for both nodes
   (documentation-range addresses with pinned keys: a dry run connects to nothing);
 * the runtime files and the Pulumi program are read from the venv's site-packages, not the checkout.
@@ -168,6 +169,23 @@ def test_fab_through_a_one_line_fabfile(workspace: tuple[Path, dict[str, str]], 
         assert f"  {name} " in out, out
     plan = run([str(installed / "bin" / "fab"), "plan", "job.yaml", "--inventory", "hosts.yaml"], cwd, env)
     assert "gpu2" in plan, plan
+
+
+def test_fab_without_a_fabfile_is_fleetrun(workspace: tuple[Path, dict[str, str]], installed: Path) -> None:
+    """The installed ``fab`` is fleetrun's: outside a checkout it lists fleetrun's commands
+    (not "Can't find any collection named 'fabfile'"), and a bad command line is exit code 2."""
+    cwd, env = workspace
+    fab = str(installed / "bin" / "fab")
+    out = run([fab, "--help"], cwd, env)
+    assert "Commands:" in out and "  train " in out and "Core options" not in out, out
+    plan = run([fab, "plan", "job.yaml", "-i", "hosts.yaml"], cwd, env)
+    assert "gpu2" in plan, plan
+    bad = subprocess.run(
+        [fab, "trian"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("fleetrun: error: unknown command 'trian'"), (
+        bad.stderr
+    )
 
 
 def test_runtime_files_and_pulumi_program_come_from_the_installed_package(

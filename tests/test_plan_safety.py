@@ -209,7 +209,7 @@ def test_cli_dry_run_of_horovod_writes_no_key_and_masks_secrets(tmp_path: Path) 
     home = tmp_path / "fleetrun-home"
     env = {**os.environ, "FLEETRUN_HOME": str(home)}
     proc = subprocess.run(
-        [str(FAB), "-r", str(REPO), "train", str(job), "--inventory", str(hosts), "--dry-run"],
+        [str(FAB), "train", str(job), "--inventory", str(hosts), "--dry-run"],
         capture_output=True,
         text=True,
         env=env,

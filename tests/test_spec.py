@@ -224,3 +224,57 @@ def test_the_dry_run_names_the_workdir_it_would_send(tmp_path: Path) -> None:
         f"# sends: workdir {tmp_path / 'code'} on this machine, to ~/.fleetrun/work/demo on every node"
         in text
     )
+
+
+@pytest.mark.parametrize(
+    ("sections", "field", "other"),
+    [
+        (
+            "recovery: {max_restarts: 1, on: [gpu_fault]}\nstop: {gpu_fault: false}",
+            "recovery.on",
+            "stop.gpu_fault",
+        ),
+        ("recovery: {max_restarts: 1, on: [straggler]}", "recovery.on", "stop.straggler"),
+        (
+            "recovery: {max_restarts: 1, on: [straggler]}\nstop: {straggler: {action: warn}}",
+            "recovery.on",
+            "stop.straggler",
+        ),
+        ("recovery: {max_restarts: 2, on: []}", "recovery.max_restarts", "recovery.on"),
+        ("stop: {plateau_min_delta: 0.1}", "stop.plateau_min_delta", "stop.plateau_patience"),
+        ("stop: {plateau_unit: records}", "stop.plateau_unit", "stop.plateau_patience"),
+        ("stop: {gpu_idle_percent: 20}", "stop.gpu_idle_percent", "stop.gpu_idle_timeout_s"),
+        ("stop: {max_cost_usd: 5, price_per_node_hour: 0}", "stop.max_cost_usd", "stop.price_per_node_hour"),
+    ],
+)
+def test_settings_that_cannot_take_effect_together_are_one_line_naming_both(
+    tmp_path: Path, sections: str, field: str, other: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        load_job_spec(write(tmp_path, GOOD + sections + "\n"))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{tmp_path / 'job.yaml'}: field '{field}': ") and f"field '{other}'" in message
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        "recovery: {max_restarts: 1, on: [gpu_fault]}",  # the rule is on by default
+        "recovery: {max_restarts: 1, on: [straggler]}\nstop: {straggler: {action: exclude}}",
+        "stop: {gpu_fault: false}",  # the default recovery.on does not list gpu_fault
+        "stop: {plateau_patience: 5, plateau_min_delta: 0.1, plateau_unit: records}",
+        "stop: {gpu_idle_percent: 20, gpu_idle_timeout_s: 600}",
+        "stop: {max_cost_usd: 5, price_per_node_hour: 2.5}",
+    ],
+)
+def test_settings_that_work_together_are_accepted(tmp_path: Path, sections: str) -> None:
+    load_job_spec(write(tmp_path, GOOD + sections + "\n"))
+
+
+def test_a_set_that_makes_settings_agree_is_accepted(tmp_path: Path) -> None:
+    from launch.job.overrides import parse_overrides
+
+    path = write(tmp_path, GOOD + "recovery: {max_restarts: 1, on: [gpu_fault]}\nstop: {gpu_fault: false}\n")
+    spec = load_job_spec(path, parse_overrides(["stop.gpu_fault=true"]))
+    assert spec.stop.gpu_fault and spec.recovery.on == ["gpu_fault"]

@@ -51,7 +51,7 @@ def target_inventory(target: str) -> tuple[Inventory, str]:
         from launch.fleets.select import load_inventory
 
         return load_inventory(target), f"inventory {clean(target, 200)}"
-    from launch.cli.runs import find_run, open_records
+    from launch.cli.run_lookup import find_run, open_records
 
     with open_records() as records:
         record = find_run(records, target)

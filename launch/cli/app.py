@@ -224,6 +224,7 @@ def doctor(
     collective: bool = False,
     overrides: Sequence[str] = (),
     gpu_diag: int = 0,
+    allow_paths: tuple[Path, ...] = (),
 ) -> bool:
     """``fab doctor``: every check on every node (the playbook's first ``nodes`` hosts when one is
     given: its port, and whether its setup installs torch). True when nothing would break a job.
@@ -251,7 +252,7 @@ def doctor(
     rdzv_port = DEFAULT_RDZV_PORT
     nodes = None
     if playbook is not None:
-        spec = load_job_spec(playbook, parse_overrides(overrides))
+        spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths)
         nodes = spec.nodes
         inv = inv if len(inv.hosts) > spec.nodes else inv.first(spec.nodes)
         rdzv_port = spec.rdzv_port

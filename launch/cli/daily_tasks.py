@@ -12,60 +12,54 @@ from typing import Any
 from invoke.exceptions import Exit
 
 from launch.cli.edge import friendly as _friendly
+from launch.cli.options import PlaybookOptions, reads_playbook
 from launch.cli.task_help import task
-
-SET_HELP = (
-    "change a playbook field for this run, as written in the file; repeatable, dotted paths: "
-    "--set nodes=2 --set hyperparameters.lr=0.01 --set env.NCCL_DEBUG=INFO --set stop.max_wall_time_s=600"
-)
-"""``--set``'s help, shared by train, plan, doctor, export and sweep."""
 
 
 @task(
-    iterable=["grid", "set"],
+    iterable=["grid"],
     help={
-        "playbook": "job file, or a built-in playbook's name",
+        "playbook": "job file, or a built-in playbook's name (`fab examples` copies them out)",
         "grid": "a field and its values, name=v1,v2 (repeatable; every combination runs), e.g. hyperparameters.lr=0.1,0.01",
-        "inventory": "as for train",
         "random": "run this many (1 or more) of the combinations, drawn at random, instead of all",
         "parallel": "variants at once, each on its own nodes of the inventory (default 1: one after another)",
-        "set": "a --set for every variant (as for train)",
         "seed": "seed of --random's draw (default: a new draw each time)",
         "max-failures": "stop the whole sweep (as Ctrl-C does) once this many variants failed or stopped (default 0: no limit)",
-        "allow-local-hooks": "run the playbook's on_end commands on this machine after each variant (as for train)",
     },
 )
 @_friendly
+@reads_playbook(hooks=True)
 def sweep(
     c: Any,
     playbook: str,
     grid: list[str] | None = None,
-    inventory: str = "local",
     random: str | None = None,  # checked as a count by launch.planning.sweep_plan (None: not given)
     parallel: int = 1,
-    set: list[str] | None = None,
     seed: int = -1,
     max_failures: int = 0,
-    allow_local_hooks: bool = False,
+    *,
+    opts: PlaybookOptions,
 ) -> None:
     """Run variants of a playbook (a grid of --set values), K at a time on disjoint nodes; one sweep id.
 
     Example: fab sweep playbooks/digits-ddp.yaml --grid hyperparameters.lr=0.1,0.01 --grid nodes=1,2
              fab sweep job.yaml --grid hyperparameters.lr=0.1,0.05,0.01,0.005 --set nodes=1 --parallel 2
     Then: fab runs --sweep ID; fab compare sweep:ID. Ctrl-C stops the whole sweep.
+    (--set, --allow-path and --allow-local-hooks apply to every variant.)
     """
     from launch.cli import sweep as sweeping
 
     result = sweeping.run_sweep(
         playbook,
         grid or [],
-        inventory=inventory,
+        inventory=opts.inventory,
         sample=random,
         parallel=parallel,
-        sets=set or (),
+        sets=opts.overrides,
         seed=None if seed < 0 else seed,
         max_failures=max_failures,
-        allow_local_hooks=allow_local_hooks,
+        allow_local_hooks=opts.allow_local_hooks,
+        allow_paths=opts.allow_paths,
     )
     if any(v.state != "succeeded" for v in result.variants):
         raise Exit(code=1)

@@ -16,7 +16,7 @@ from typing import Any, get_args
 
 from rich.console import Console
 
-from launch.cli.runs import find_run, open_records
+from launch.cli.run_lookup import find_run, open_records
 from launch.errors import FleetrunError
 from launch.reports.compare import (
     ComparedRun,

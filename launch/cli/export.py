@@ -35,6 +35,7 @@ def export(
     namespace: str = "default",
     output: str | None = None,
     overrides: Sequence[str] = (),
+    allow_paths: tuple[Path, ...] = (),
 ) -> Path | None:
     """Export ``playbook``; the manifest goes to ``output`` (or stdout), the notes to stderr."""
     if to not in TARGETS:
@@ -51,7 +52,7 @@ def export(
         ) from None
     node_count = count_option("--nodes", nodes, 1, 4096)
     gpu_count = count_option("--gpus", gpus, 0, 1024)
-    spec = load_job_spec(playbook, parse_overrides(overrides))
+    spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths)
     result = export_pytorchjob(spec, image, nodes=node_count, gpus_per_node=gpu_count, namespace=namespace)
     text = (
         f"# PyTorchJob exported by fleetrun from {clean(playbook, 300)} (kubectl apply -f this file)\n"

@@ -1,85 +1,75 @@
-"""``fleetrun``, the console script: the same commands as ``fab``, without Fabric's command line.
+"""The console scripts: ``fleetrun`` and ``fab`` run fleetrun's commands, from any folder.
 
-``fleetrun -l``, ``fleetrun train PLAYBOOK --dry-run``, ``fleetrun local.up`` run the tasks of
-``launch.cli.tasks.ns``, the collection ``fab`` loads through ``fabfile.py`` in a checkout, so the
-two cannot drift. It is Invoke's ``Program`` over that collection: the commands' arguments and
-``--help`` are the same as with ``fab``, without Fabric's host flags (``-H``, ``-i``...), which
-fleetrun's commands do not use (hosts come from ``--inventory``). It works from any directory;
-no fabfile is searched for.
+Both run the tasks of ``launch.cli.tasks.ns`` through ``launch.cli.program`` (fleetrun's help,
+one short flag per meaning, parse errors as one line and exit code 2). fleetrun installs its own
+``fab`` script over Fabric's: Fabric's looks for a ``fabfile.py`` up from the current folder, so
+outside a checkout it answered "Can't find any collection named 'fabfile'!", and inside one its
+help listed Fabric's SSH options (``-H``, ``-i``...) before fleetrun's commands.
+
+``fab`` still hands over to Fabric, unchanged, where a folder holds a fabfile of its own (a
+project that uses Fabric for something else); a fabfile that only loads fleetrun's collection
+(``from launch.cli.tasks import ns``, the checkout's and the one-line file the docs showed)
+is fleetrun's, and fleetrun answers.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from invoke import Program
 
-from launch.cli.tasks import ns
+FLEETRUN_FABFILE_MARK = "launch.cli.tasks"
+"""What a fabfile that only loads fleetrun's collection imports."""
 
 
-def fleetrun_version() -> str:
+def program(binary: str = "fleetrun") -> Program:
+    from launch.cli.program import program as fleetrun_program
+    from launch.cli.tasks import ns
+
+    return fleetrun_program(ns, binary)
+
+
+def _run(binary: str, argv: list[str] | None) -> None:
     try:
-        return version("fleetrun")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown"
-
-
-FIRST_STEPS = (
-    ("fleetrun examples", "copy the built-in playbooks and example code into ./fleetrun-examples"),
-    (
-        "fleetrun doctor --inventory hosts.yaml",
-        "check your machines: SSH, Python, rsync, GPUs, the rendezvous port",
-    ),
-    (
-        "fleetrun train fleetrun-examples/playbooks/digits-ddp.yaml --inventory hosts.yaml",
-        "sync, launch and watch a job (add --dry-run to only print the plan)",
-    ),
-)
-"""The commands a new user needs first, in the order they need them (``fleetrun`` alone prints them)."""
-
-
-class FleetrunProgram(Program):  # type: ignore[misc]
-    """Invoke's program whose ``--help`` (and bare ``fleetrun``) is about fleetrun, not Invoke.
-
-    Invoke's own help opens with its core options (``--hide``, ``--pty``, ``--write-pyc``...),
-    which steer shell commands fleetrun's tasks never run; a new user saw those before the
-    tasks. They still work; the help shows the first steps, then the commands."""
-
-    def print_help(self) -> None:
-        print(f"Usage: {self.binary} <command> [--options]   (fleetrun {self.version})")
-        print("")
-        print("Launch multi-node training jobs on machines you own or rent, watch them, record every run.")
-        print("")
-        print("First steps:")
-        print("")
-        for command, what in FIRST_STEPS:
-            print(f"  {command}")
-            print(f"      {what}")
-        print("")
-        if self.namespace is not None:
-            self.list_tasks()
-        print(
-            f"'{self.binary} COMMAND --help' shows a command's options; '{self.binary} --version' its version."
-        )
-
-    def task_list_opener(self, extra: str = "") -> str:
-        opener: str = super().task_list_opener(extra=extra)
-        return "Commands" if opener == "Subcommands" else opener
-
-
-def program() -> Program:
-    return FleetrunProgram(namespace=ns, name="fleetrun", binary="fleetrun", version=fleetrun_version())
+        program(binary).run(argv)
+    except BrokenPipeError:  # `fleetrun --help | head`: the reader left; nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``fleetrun`` script; ``argv`` as ``sys.argv`` (program name first)."""
+    _run("fleetrun", argv)
+
+
+def foreign_fabfile(start: Path) -> Path | None:
+    """The nearest ``fabfile.py`` (or ``fabfile/``) from ``start`` up, as Fabric would find it,
+    when it is not fleetrun's own; ``None`` when there is none or it only loads fleetrun's tasks."""
+    for folder in (start, *start.parents):
+        for candidate in (folder / "fabfile.py", folder / "fabfile" / "__init__.py"):
+            if candidate.is_file():
+                try:
+                    text = candidate.read_text(errors="replace")
+                except OSError:
+                    return candidate
+                return None if FLEETRUN_FABFILE_MARK in text else candidate
+    return None
+
+
+def fab(argv: list[str] | None = None) -> None:
+    """Entry point of the ``fab`` script fleetrun installs (module doc)."""
     try:
-        program().run(argv)
-    except BrokenPipeError:  # `fleetrun --help | head`: the reader left; nothing to report
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        sys.exit(1)
+        here = Path.cwd()
+    except OSError:  # the current folder was removed: no fabfile to defer to
+        here = None
+    if here is not None and foreign_fabfile(here) is not None:
+        from fabric.main import program as fabric_program
+
+        fabric_program.run(argv)
+        return
+    _run("fab", argv)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,7 @@ def run_sweep(
     seed: int | None = None,
     max_failures: int = 0,
     allow_local_hooks: bool = False,
+    allow_paths: tuple[Path, ...] = (),
     say: Any = print,
 ) -> Sweep:
     """Run the sweep; returns what became of each variant (also in the sweep's JSON file).
@@ -116,7 +117,8 @@ def run_sweep(
     ``allow_local_hooks``: the playbook's ``on_end`` may run on this machine, as with ``fab train
     --allow-local-hooks``: remembered once, before any variant starts, for the playbook's bytes
     as they are now (``launch.run.hooks``), so every variant's ``fab train`` finds it; a playbook
-    edited during the sweep is another file, not allowed."""
+    edited during the sweep is another file, not allowed. ``allow_paths``: ``--allow-path``, for
+    every variant as for ``fab train``."""
     from launch.fleets.select import load_inventory
     from launch.fleets.teardown import tear_down
     from launch.rules.stoprules import Teardown
@@ -124,7 +126,14 @@ def run_sweep(
 
     path = resolve_playbook(playbook)
     planned = plan_sweep(
-        path, grid_items, sets, sample=sample, seed=seed, parallel=parallel, max_failures=max_failures
+        path,
+        grid_items,
+        sets,
+        sample=sample,
+        seed=seed,
+        parallel=parallel,
+        max_failures=max_failures,
+        allowed=allow_paths,
     )  # every variant valid before any starts
     spec = planned.spec
     for line in planned.repeated:
@@ -186,6 +195,8 @@ def run_sweep(
             log = folder / f"variant-{variant.index}.log"
             argv = [*_fab(), "train", str(path), "--inventory", inventory, "--teardown", "never"]
             argv += ["--hosts", ",".join(slots[slot]), "--sweep-id", sweep.sweep_id]
+            for allowed in allow_paths:
+                argv += ["--allow-path", str(allowed)]
             for item in variant.sets:
                 argv += ["--set", item]
             with guard:

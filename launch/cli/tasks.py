@@ -11,67 +11,62 @@ from typing import Any
 from invoke import Collection
 from invoke.exceptions import Exit
 
-from launch.cli.daily_tasks import SET_HELP, forward, queue, ssh, ssh_config, sweep
+from launch.cli.daily_tasks import forward, queue, ssh, ssh_config, sweep
 from launch.cli.edge import friendly as _friendly
+from launch.cli.options import PlaybookOptions, reads_playbook
 from launch.cli.task_help import ROOT, task
 from launch.settings import current
 
+PLAYBOOK_HELP = "job file, or a built-in playbook's name (`fab examples` copies them out)"
+
 
 @task(
-    iterable=["set"],
     help={
-        "playbook": "job file, or a built-in playbook's name (`fab examples` copies them out)",
-        "inventory": "'local' (default), 'local:<prefix>', 'stack:<name>', stack outputs .json, or inventory .yaml",
+        "playbook": PLAYBOOK_HELP,
         "dry-run": "print, per node, exactly what would run; connect to nothing",
         "teardown": "override the playbook: always, on_success or never",
         "allow-busy-gpus": "start even where other users' processes hold the GPUs this run would use",
         "skip-doctor": "launch without the pre-launch checks (rsync, Python, hostname, port in use)",
-        "set": SET_HELP,
         "hosts": "run on these hosts of the inventory (names, comma-separated, head first) instead of its first ones",
         "sweep-id": "record the run as a variant of this sweep (fab sweep sets it)",
         "wait": "wait for the machines, in arrival order among runs waiting for them, instead of refusing busy ones",
-        "allow-path": "a directory outside the playbook's tree that its workdir or channels may send",
-        "allow-local-hooks": "run the playbook's on_end commands on this machine (remembered for this file's exact bytes)",
     },
 )
 @_friendly
+@reads_playbook(hooks=True)
 def train(
     c: Any,
     playbook: str,
-    inventory: str = "local",
     dry_run: bool = False,
     teardown: str = "",
     allow_busy_gpus: bool = False,
     skip_doctor: bool = False,
-    set: list[str] | None = None,
     hosts: str = "",
     sweep_id: str = "",
     wait: bool = False,
-    allow_path: str = "",
-    allow_local_hooks: bool = False,
+    *,
+    opts: PlaybookOptions,
 ) -> None:
     """Sync, set up, launch and watch a training job; exit code 0 only if it succeeded.
 
     Example: fab train playbooks/digits-ddp.yaml --inventory local --set nodes=2 --set hyperparameters.lr=0.01
     """
-    from pathlib import Path
-
     from launch.cli import app
     from launch.run.summary import RunResult
 
     result = app.train(
         playbook,
-        inventory=inventory,
+        inventory=opts.inventory,
         dry_run=dry_run,
         teardown=teardown or None,
         allow_busy_gpus=allow_busy_gpus,
         skip_doctor=skip_doctor,
-        overrides=set or (),
+        overrides=opts.overrides,
         hosts=[h.strip() for h in hosts.split(",") if h.strip()],
         sweep_id=sweep_id or None,
         wait=wait,
-        allow_paths=(Path(allow_path),) if allow_path else (),
-        allow_local_hooks=allow_local_hooks,
+        allow_paths=opts.allow_paths,
+        allow_local_hooks=opts.allow_local_hooks,
     )
     if isinstance(result, RunResult) and not result.ok:
         raise Exit(code=1)
@@ -79,30 +74,28 @@ def train(
 
 @task(
     positional=["playbook"],  # `fab doctor PLAYBOOK --inventory INV`, as the README shows; optional
-    iterable=["set"],
     help={
         "playbook": "job file (optional): its nodes, rendezvous port and setup are checked for",
-        "inventory": "as for train",
         "port": "rendezvous port to check (default: the playbook's, else 29500)",
         "verbose": "a line for every check of every node, not only warnings and errors",
         "collective": "also an all-reduce and matmul test through torchrun, naming a slow node or link",
         "gpu-diag": "also DCGM's diagnostic (dcgmi diag -r N) on every node: 1 takes seconds, 2 about "
         "2 minutes, 3 about 15 (bounded at 2, 10 and 45 minutes); a line per GPU with a failed test",
         "collective-history": "list the saved --collective figures over time, per fleet and node (alone: contacts no node)",
-        "set": "with a playbook: " + SET_HELP,
     },
 )
 @_friendly
+@reads_playbook()
 def doctor(
     c: Any,
     playbook: str = "",
-    inventory: str = "local",
     port: int = -1,
     verbose: bool = False,
     collective: bool = False,
     gpu_diag: int = 0,
     collective_history: bool = False,
-    set: list[str] | None = None,
+    *,
+    opts: PlaybookOptions,
 ) -> None:
     """Check every node for what would break a multi-node job; exit 1 if anything would."""
     from rich.console import Console
@@ -114,12 +107,13 @@ def doctor(
         return
     ok = app.doctor(
         playbook or None,
-        inventory=inventory,
+        inventory=opts.inventory,
         port=None if port == -1 else port,
         verbose=verbose,
         collective=collective,
-        overrides=set or (),
+        overrides=opts.overrides,
         gpu_diag=gpu_diag,
+        allow_paths=opts.allow_paths,
     )
     if collective_history:
         app.collective_history(Console())
@@ -127,16 +121,23 @@ def doctor(
         raise Exit(code=1)
 
 
-@task(iterable=["set"], help={"playbook": "job file", "inventory": "as for train", "set": SET_HELP})
+@task(help={"playbook": PLAYBOOK_HELP})
 @_friendly
-def plan(c: Any, playbook: str, inventory: str = "local", set: list[str] | None = None) -> None:
+@reads_playbook()
+def plan(c: Any, playbook: str, *, opts: PlaybookOptions) -> None:
     """Print the launch plan (same as train --dry-run).
 
     Example: fab plan playbooks/digits-ddp.yaml --set nodes=2 --set env.NCCL_DEBUG=INFO
     """
     from launch.cli import app
 
-    app.train(playbook, inventory=inventory, dry_run=True, overrides=set or ())
+    app.train(
+        playbook,
+        inventory=opts.inventory,
+        dry_run=True,
+        overrides=opts.overrides,
+        allow_paths=opts.allow_paths,
+    )
 
 
 @task(
@@ -223,9 +224,10 @@ def local_preempt(c: Any, node: str, in_: float = 120.0, prefix: str = "") -> No
     print(f"{node}: spot notice served; the node is taken in {in_:g} s unless replaced before")
 
 
-@task(help={"nodes": "number of nodes", "playbook": "job file, or a built-in playbook's name"})
+@task(help={"nodes": "number of nodes", "playbook": PLAYBOOK_HELP})
 @_friendly
-def demo(c: Any, nodes: int = 3, playbook: str = "digits-ddp") -> None:
+@reads_playbook(inventory=False, hooks=True)
+def demo(c: Any, nodes: int = 3, playbook: str = "digits-ddp", *, opts: PlaybookOptions) -> None:
     """The README's demo: local fleet up, train the example across it, fleet down."""
     from launch.cli import app
     from launch.run.summary import RunResult
@@ -233,7 +235,13 @@ def demo(c: Any, nodes: int = 3, playbook: str = "digits-ddp") -> None:
     fleet = app.local_fleet()
     fleet.up(nodes)
     try:
-        result = app.train(playbook, inventory="local")
+        result = app.train(
+            playbook,
+            inventory="local",
+            overrides=opts.overrides,
+            allow_paths=opts.allow_paths,
+            allow_local_hooks=opts.allow_local_hooks,
+        )
     finally:
         fleet.down()
     if isinstance(result, RunResult) and not result.ok:
@@ -438,7 +446,6 @@ def pull(c: Any, run: str) -> None:
     name="exec",
     help={
         "command": "shell command to run on every node, e.g. 'nvidia-smi -L'",
-        "inventory": "as for train",
         "timeout": "seconds per node before it is reported as failed",
         "parallel": "at most this many nodes at once (default: $FLEETRUN_FANOUT, else 64)",
         "quiet": "print only failures",
@@ -466,19 +473,18 @@ def exec_(
 
 
 @task(
-    iterable=["set"],
     help={
-        "playbook": "job file, e.g. playbooks/digits-ddp.yaml",
+        "playbook": PLAYBOOK_HELP,
         "to": "what to export to: pytorchjob (a Kubeflow Training Operator PyTorchJob)",
         "image": "container image the pods run (built from images/docker/Dockerfile; see its header)",
         "nodes": "override the playbook's node count, 1 or more (default: the playbook's)",
         "gpus": "GPUs per node (default: procs_per_node when a number, else 1; 0 for a CPU job)",
         "namespace": "Kubernetes namespace of the job (default: default)",
         "output": "write the manifest here instead of printing it",
-        "set": SET_HELP,
     },
 )
 @_friendly
+@reads_playbook(inventory=False)
 def export(
     c: Any,
     playbook: str,
@@ -488,7 +494,8 @@ def export(
     gpus: str = "",
     namespace: str = "default",
     output: str = "",
-    set: list[str] | None = None,
+    *,
+    opts: PlaybookOptions,
 ) -> None:
     """Write a playbook as a Kubeflow PyTorchJob manifest (master + workers, env, GPUs, elastic policy).
 
@@ -504,7 +511,8 @@ def export(
         gpus=gpus,
         namespace=namespace,
         output=output or None,
-        overrides=set or (),
+        overrides=opts.overrides,
+        allow_paths=opts.allow_paths,
     )
 
 

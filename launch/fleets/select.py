@@ -6,13 +6,21 @@ importing the whole launch pipeline: their start-up time is part of what they co
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from launch.fleets.kinds.registry import load_inventory as load_by_kind
-from launch.fleets.local import LocalFleet
-from launch.job.inventory import Inventory
 from launch.settings import current
+
+if TYPE_CHECKING:
+    from launch.fleets.local import LocalFleet
+    from launch.job.inventory import Inventory
 
 
 def local_fleet(prefix: str | None = None, subnet: int | None = None) -> LocalFleet:
+    """The local fleet of this prefix and subnet (its machinery is imported only when asked for:
+    ``fab exec --inventory lab.yaml`` never needs it)."""
+    from launch.fleets.local import LocalFleet
+
     settings = current()
     return LocalFleet(
         prefix=prefix or settings.local_prefix, subnet=settings.local_subnet if subnet is None else subnet

@@ -31,6 +31,7 @@ from pydantic import (
 from launch.errors import SpecError
 from launch.job.builtin import resolve_playbook
 from launch.job.cloudml import JOB_DIR_ARGS, JobDir, TfConfigLayout
+from launch.job.coherence import contradictions
 from launch.job.hooks import DEFAULT_HOOK_TIMEOUT_S, HookCommands, HookTimeout
 from launch.job.overrides import Override, apply_overrides, describe_errors
 from launch.job.profiling import ProfileSpec
@@ -193,6 +194,13 @@ class JobSpec(BaseModel):
                     raise ValueError(f"field 'nodes': MIN:MAX needs 1 <= MIN <= MAX, got {low}:{high}")
                 data = {**data, "min_nodes": low, "nodes": high}
         return data
+
+    @model_validator(mode="after")
+    def _settings_agree(self) -> JobSpec:
+        """Settings of different sections that cannot take effect together (``launch.job.coherence``)."""
+        for field, problem in contradictions(self.stop, self.recovery):
+            raise ValueError(f"field '{field}': {problem}")
+        return self
 
     @field_validator("min_nodes")
     @classmethod

@@ -165,6 +165,7 @@ def plan_sweep(
     seed: int | None = None,
     parallel: int = 1,
     max_failures: int = 0,
+    allowed: tuple[Path, ...] = (),
 ) -> SweepPlan:
     """Every option of ``fab sweep`` checked, and every variant validated against the playbook
     (the same one-line error ``fab train --set`` gives), before any variant starts or any host
@@ -176,9 +177,9 @@ def plan_sweep(
     check_parallel_grid(grid, parallel)
     if parallel < 1:
         raise SpecError(f"--parallel {parallel}: expected 1 or more")
-    spec = load_job_spec(playbook, base)
+    spec = load_job_spec(playbook, base, allowed=allowed)
     for combo in combos:
-        load_job_spec(playbook, (*base, *parse_overrides(combo)))
+        load_job_spec(playbook, (*base, *parse_overrides(combo)), allowed=allowed)
     return SweepPlan(spec, [[*sets, *combo] for combo in combos], grid.repeated)
 
 

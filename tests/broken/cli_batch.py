@@ -1,8 +1,8 @@
 """Run several ``fab ...`` command lines through the real CLI in one process (tests only).
 
 Each Python start costs about half a second; the broken-input corpus has around a hundred
-cases. This runs each case exactly as ``.venv/bin/fab`` does (``fabric.main.program.run``, the
-fabfile, the task, its error handling) with the case's own environment, and reports what a
+cases. This runs each case exactly as ``.venv/bin/fab`` does (``launch.cli.main.fab``: fleetrun's
+program, the task, its error handling) with the case's own environment, and reports what a
 subprocess would have shown: the exit code, stdout and stderr. An exception that escapes the CLI
 is written to that case's stderr as the traceback Python would print, so it still counts.
 
@@ -21,7 +21,7 @@ import traceback
 
 
 def run_case(argv: list[str], env: dict[str, str]) -> dict[str, object]:
-    from fabric.main import program
+    from launch.cli.main import fab
 
     saved = dict(os.environ)
     os.environ.update(env)
@@ -30,7 +30,7 @@ def run_case(argv: list[str], env: dict[str, str]) -> dict[str, object]:
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                program.run(argv, exit=True)
+                fab(argv)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:  # noqa: BLE001 - what a real process would die with

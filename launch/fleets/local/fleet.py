@@ -35,8 +35,7 @@ import yaml
 
 from launch.errors import LocalFleetError
 from launch.fleets.kinds.refs import LocalFleetRef
-from launch.fleets.local import bucket as local_bucket
-from launch.fleets.local import daemon, mountns, spot, uplink
+from launch.fleets.local import daemon, mountns, uplink
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.node import Shape, behind_head, make_node, start_sshd
 from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
@@ -221,6 +220,11 @@ class LocalFleet(FleetNames):
             raise LocalFleetError(f"--nodes {nodes}: a bastion fleet has 2..{NODES_PER_BLOCK} nodes")
         if bastion and (bucket or spot_notices):
             raise LocalFleetError("--bucket and --spot are for a fleet without --bastion")
+        # the bucket's S3 server and the spot notices are imported only for a fleet that has them
+        # (``--inventory local`` reads this class for every command, e.g. ``fab exec``)
+        from launch.fleets.local import bucket as local_bucket
+        from launch.fleets.local import spot
+
         if bucket and not local_bucket.have_moto():
             raise LocalFleetError(
                 "--bucket needs moto's S3 server on this machine: pip install 'fleetrun[local-bucket]'"
@@ -352,6 +356,9 @@ class LocalFleet(FleetNames):
 
     def helper_pids(self) -> list[tuple[str, int]]:
         """The fleet's S3 server and spot notice daemon, when it has them (pid files, command lines)."""
+        from launch.fleets.local import bucket as local_bucket
+        from launch.fleets.local import spot
+
         found = [("s3-server", pid) for pid in local_bucket.server_pids(self.state_dir)]
         return found + [("spot-daemon", pid) for pid in spot.spot_pids(self.state_dir)]
 
