@@ -21,7 +21,6 @@ from launch.cli.runs import open_records
 from launch.errors import SpecError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.select import load_inventory, local_fleet
-from launch.fleets.teardown import tear_down
 from launch.job.builtin import resolve_playbook
 from launch.job.inventory import Inventory
 from launch.job.overrides import overrides_record, parse_overrides
@@ -35,7 +34,6 @@ from launch.rules.preflight import errors_by_node, pick_hosts
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
 from launch.run import lifecycle
-from launch.run import warm as keep_warm
 from launch.run.hooks import local_hooks_verdict, run_on_end, save_on_end, skipped_line
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder, new_run_id
@@ -142,9 +140,6 @@ def train(
         spares=choice.spares if choice is not None else (),
     )
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
-    policy, warm = spec.teardown, keep_warm.applies(inv, spec.keep_warm_s)
-    if warm:  # the nodes are kept; their own timers power them off (launch.run.warm)
-        spec = spec.model_copy(update={"teardown": Teardown.NEVER})
     try:
         result = lifecycle.start_run(
             spec,
@@ -163,11 +158,6 @@ def train(
         records.close()
         if hold is not None:
             hold.release()
-    kept = warm and spec.keep_warm_s and keep_warm.wanted(policy, result.outcome, result.teardown.state.value)
-    if kept and keep_warm.arm(inv, known_hosts, spec.keep_warm_s or 0, reporter.say):
-        result.teardown = tear_down(inv, say=lambda m: reporter.say(f"  {m}"))  # no node left billing
-    elif kept:
-        result.teardown = keep_warm.kept_outcome(policy, spec.keep_warm_s or 0)
     report(result, console)
     line = missing_profile_ranks_line(spec, result.world)
     if line is not None:
