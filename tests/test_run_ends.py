@@ -223,3 +223,65 @@ def test_every_command_ends_a_run_the_same_way(
     if command != "sweep":  # a sweep has no summary.json of its own
         summary = json.loads((ended.folder / "summary.json").read_text())
         assert summary["teardown"]["state"] == "done" and summary["kept_warm"] is True
+
+
+# -- the laptop's keepers of the deadline ----------------------------------------------------------
+def ledger_entry(folder: Path, armed_at: float, seconds: float = KEEP_WARM_S, owner: str = "run-a") -> Path:
+    entry = warm.WarmEntry(owner, inventory(), armed_at, armed_at + seconds, folder)
+    path = warm.entry_path(entry.inventory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entry.to_json()))
+    return path
+
+
+def test_any_later_command_tears_down_a_fleet_past_its_deadline(
+    tmp_path: Path, home: Path, teardowns: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from launch.cli.edge import keep_warm_deadlines
+    from launch.settings import Settings
+
+    keep_warm_deadlines(Settings.from_env())  # no ledger: nothing to do
+    path = ledger_entry(tmp_path, armed_at=1_000.0)  # long past
+    keep_warm_deadlines(Settings.from_env())
+    assert teardowns == ["frend"] and not path.exists()
+    assert "the warm fleet of run-a is past its deadline: tearing it down" in capsys.readouterr().err
+    assert json.loads((tmp_path / warm.RESULT_FILE).read_text())["state"] == "torn_down"
+
+
+def test_a_ledger_file_fleetrun_did_not_write_is_said_and_removed(
+    tmp_path: Path, home: Path, teardowns: list[str]
+) -> None:
+    bad = warm.ledger() / "0123456789abcdef.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(
+        '{"owner": "x", "inventory": {"hosts": []}, "armed_at": 1, "deadline": 2, "record_dir": "/"}'
+    )
+    said: list[str] = []
+    warm.enforce_due(said.append)
+    assert teardowns == [] and not bad.exists()
+    assert len(said) == 1 and "is not a warm fleet fleetrun wrote" in said[0]
+
+
+def test_the_laptop_timer_steps_aside_for_a_later_arming(
+    tmp_path: Path, home: Path, teardowns: list[str], timers: list[Path]
+) -> None:
+    import time
+
+    path = ledger_entry(tmp_path, armed_at=time.time(), seconds=3600)
+    later = tmp_path / "later"
+    later.mkdir()
+
+    def rearmed(_seconds: float) -> None:  # while the first timer sleeps, a later run re-arms
+        ledger_entry(later, armed_at=time.time() - 7200, seconds=1, owner="run-b")
+
+    assert warm.backstop(path, sleep=rearmed) == 0
+    assert teardowns == [], "the later arming's own timer keeps its deadline"
+    assert warm.WarmEntry.load(path).owner == "run-b"
+
+
+def test_the_laptop_timer_tears_down_at_its_deadline(
+    tmp_path: Path, home: Path, teardowns: list[str]
+) -> None:
+    path = ledger_entry(tmp_path, armed_at=1_000.0)
+    assert warm.backstop(path, sleep=lambda _s: None) == 0
+    assert teardowns == ["frend"] and not path.exists()

@@ -34,6 +34,7 @@ from launch.rules.preflight import errors_by_node, pick_hosts
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
 from launch.run import lifecycle
+from launch.run.doctor import hosts_for_run
 from launch.run.hooks import local_hooks_verdict, run_on_end, save_on_end, skipped_line
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder, new_run_id
@@ -107,8 +108,15 @@ def train(
         spec = spec.model_copy(update={"teardown": policy})
     every_host = only_hosts(load_inventory(inventory, save_keys=not dry_run), hosts)
     inv, choice = every_host.first(spec.nodes), None
-    if not dry_run and not skip_doctor and len(every_host.hosts) > spec.nodes:
-        inv, choice = choose_from_spares(every_host, spec, console)
+    # the run's host keys, pinned once for the whole inventory (spares included): the host
+    # choice, the queue and the life cycle all read this one file
+    known_hosts = (
+        None if dry_run else every_host.write_known_hosts(known_hosts_file(every_host.fingerprint()))
+    )
+    if known_hosts is not None and not skip_doctor and len(every_host.hosts) > spec.nodes:
+        port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else 0
+        say_skipped = lambda line: console.print(Text(line, style="yellow"))  # noqa: E731
+        inv, choice = hosts_for_run(every_host, spec.nodes, port, known_hosts, say_skipped, current().fanout)
     check_channels_fit_the_fleet(spec, inv, playbook)
     plan = make_plan(spec, inv, dry_run=dry_run)
     check_profiled_ranks_exist(spec, plan.total_processes, playbook)
@@ -123,7 +131,7 @@ def train(
         console.print(
             Text("warning: ", style="yellow") + Text(skipped_line(len(spec.on_end), local_hooks.playbook))
         )
-    known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
+    assert known_hosts is not None  # pinned above: not a dry run
     # after its turn came, the run's queue entries are kept fresh until it ended (then removed)
     hold = wait_turn(inv, known_hosts, plan.run_id, lambda line: console.print(Text(line))) if wait else None
     folder = RunFolder.create(plan.run_id)
@@ -151,6 +159,7 @@ def train(
             options,
             ask,
             folder=folder,
+            known_hosts=known_hosts,
             overrides=overrides_record(changes),
             sweep_id=sweep_id,
         )
@@ -368,25 +377,6 @@ def collective_history(console: Console) -> None:
     if history.older_left_out:
         console.print(Text(f"{history.older_left_out} older result(s) in {clean(folder, 300)} not read"))
     console.print(history_view([r for _p, r in history.results]))
-
-
-def choose_from_spares(inventory: Inventory, spec: JobSpec, console: Console) -> tuple[Inventory, Any]:
-    """An inventory with more hosts than the job's ``nodes``: probe them all (the pre-launch
-    check's one round trip each) and take the first healthy ones, printing every host skipped and
-    why. With too few healthy hosts the first ``nodes`` are kept: the pre-launch check then
-    refuses with its verdict lines."""
-    from launch.run import doctor as checks
-    from launch.transport.ssh import Fleet
-
-    port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else 0
-    known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
-    with Fleet(inventory.hosts, known_hosts, max_parallel=current().fanout) as fleet:
-        choice = checks.choose_hosts(fleet, inventory.hosts, spec.nodes, None, port)
-    for name, why in choice.excluded.items():
-        console.print(Text("skipping host ", style="yellow") + Text(clean(f"{name}: {why}", 600)))
-    if not choice.chosen:
-        return inventory.first(spec.nodes), choice
-    return inventory.model_copy(update={"hosts": list(choice.chosen)}), choice
 
 
 def only_hosts(inventory: Inventory, names: Sequence[str]) -> Inventory:

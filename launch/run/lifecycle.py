@@ -105,14 +105,16 @@ def start_run(
     ask_keep_running: AskKeepRunning | None = None,
     *,
     folder: RunFolder | None = None,
+    known_hosts: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     sweep_id: str | None = None,
 ) -> RunSummary:
-    """``fab train`` after the plan: pin the host keys, make the run folder (unless the caller
+    """``fab train`` after the plan: pin the host keys (unless ``known_hosts`` holds them), make the run folder (unless the caller
     made it: ``fab train`` writes ``hosts.json`` and the end hooks there first) and the run record
     (which playbook, its hash, the code's commit, the ``--set`` overrides, the sweep), then
     ``execute``."""
-    known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+    if known_hosts is None:  # pinned here unless the caller pinned them for the run already
+        known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
     folder = folder or RunFolder.create(plan.run_id)
     records.start(
         run_id=plan.run_id,

@@ -217,7 +217,7 @@ def start_backstop(path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     log = path.with_suffix(".log")
     with open(log, "ab") as out:
-        subprocess.Popen(
+        timer = subprocess.Popen(
             [sys.executable, "-m", "launch.run.warm", str(path)],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -226,6 +226,9 @@ def start_backstop(path: Path) -> None:
             env=env,
             cwd=root,
         )
+    path.with_suffix(".pid").write_text(
+        f"{timer.pid}\n"
+    )  # which process keeps it (fab's tests, a curious user)
 
 
 # -- the deadline's keepers on the laptop ---------------------------------------------------------
