@@ -163,6 +163,8 @@ class FakeNode:
         """The ``attempt`` of each start bundle this node got."""
         self.gpu_readings: list[float] = []
         """When this node's poll answers carried a GPU reading (``JobScript.gpu_power_w``)."""
+        self.warm_timers: list[str] = []
+        """The seconds of each keep-warm timer the laptop started on this node."""
 
     @property
     def script(self) -> NodeScript:
@@ -265,6 +267,9 @@ class FakeConnection:
             return CommandResult(name, 0, "", "")
         if "MANIFEST.json" in command:  # the complete checkpoints this node holds
             return CommandResult(name, 0, json.dumps(sorted(node.checkpoints, reverse=True)) + "\n", "")
+        if "fleetrun_warm.py" in command:  # keep warm: the node's own timer, started detached
+            self.node.warm_timers.append(command.split('fleetrun_warm.py" ', 1)[1].split()[0])
+            return CommandResult(name, 0, "armed\n", "")
         if "command -v rsync" in command:
             if node.script.fail_preflight:
                 return CommandResult(name, 1, "", "rsync: not found")
@@ -645,6 +650,7 @@ def run_on_fake_fleet(
     recovery: dict[str, Any] | None = None,
     min_nodes: int | None = None,
     spares: tuple[Host, ...] = (),
+    keep_warm_s: float | None = None,
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and run it through the real life cycle
     (``launch.run.lifecycle.execute``), the fake fleet and the fake clock in its context."""
@@ -666,6 +672,7 @@ def run_on_fake_fleet(
         stop=stop or {},
         recovery=recovery or {},
         min_nodes=min_nodes,
+        keep_warm_s=keep_warm_s,
     )
     plan = make_plan(spec, inventory, run_id="fake-run-1")
     folder = RunFolder.create(plan.run_id, base=tmp_path / "runs")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from launch.fleets.kinds.refs import LabFleet
 from launch.rules.stoprules import Teardown
-from launch.run.warm import applies, kept_outcome, wanted
+from launch.run.warm import applies, kept_outcome
 from tests.conftest import sample_inventory
 
 TIMER = str(Path(__file__).resolve().parent.parent / "launch" / "nodelib" / "fleetrun_warm.py")
@@ -51,10 +51,4 @@ def test_a_new_run_claims_the_node_and_it_stays_up(tmp_path: Path) -> None:
 def test_only_fleets_that_power_off_are_kept_warm() -> None:
     local = sample_inventory(1)  # a lab inventory by default: never powered off
     assert local.fleet == LabFleet() and not applies(local, 20)
-    assert wanted(Teardown.ALWAYS, "succeeded", "skipped") and not wanted(
-        Teardown.ALWAYS, "failed", "blocked"
-    )
-    assert not wanted(Teardown.ON_SUCCESS, "failed", "skipped") and not wanted(
-        Teardown.NEVER, "succeeded", "x"
-    )
     assert "kept warm for 20 s instead (teardown: always)" in str(kept_outcome(Teardown.ALWAYS, 20))

@@ -21,7 +21,6 @@ from launch.cli.runs import open_records
 from launch.errors import SpecError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.select import load_inventory, local_fleet
-from launch.fleets.teardown import tear_down
 from launch.job.builtin import resolve_playbook
 from launch.job.inventory import Inventory
 from launch.job.overrides import overrides_record, parse_overrides
@@ -35,7 +34,7 @@ from launch.rules.preflight import errors_by_node, pick_hosts
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
 from launch.run import lifecycle
-from launch.run import warm as keep_warm
+from launch.run.doctor import hosts_for_run
 from launch.run.hooks import local_hooks_verdict, run_on_end, save_on_end, skipped_line
 from launch.run.reporter import Reporter, RichReporter
 from launch.run.run_folder import RunFolder, new_run_id
@@ -109,8 +108,15 @@ def train(
         spec = spec.model_copy(update={"teardown": policy})
     every_host = only_hosts(load_inventory(inventory, save_keys=not dry_run), hosts)
     inv, choice = every_host.first(spec.nodes), None
-    if not dry_run and not skip_doctor and len(every_host.hosts) > spec.nodes:
-        inv, choice = choose_from_spares(every_host, spec, console)
+    # the run's host keys, pinned once for the whole inventory (spares included): the host
+    # choice, the queue and the life cycle all read this one file
+    known_hosts = (
+        None if dry_run else every_host.write_known_hosts(known_hosts_file(every_host.fingerprint()))
+    )
+    if known_hosts is not None and not skip_doctor and len(every_host.hosts) > spec.nodes:
+        port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else 0
+        say_skipped = lambda line: console.print(Text(line, style="yellow"))  # noqa: E731
+        inv, choice = hosts_for_run(every_host, spec.nodes, port, known_hosts, say_skipped, current().fanout)
     check_channels_fit_the_fleet(spec, inv, playbook)
     plan = make_plan(spec, inv, dry_run=dry_run)
     check_profiled_ranks_exist(spec, plan.total_processes, playbook)
@@ -125,7 +131,7 @@ def train(
         console.print(
             Text("warning: ", style="yellow") + Text(skipped_line(len(spec.on_end), local_hooks.playbook))
         )
-    known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
+    assert known_hosts is not None  # pinned above: not a dry run
     # every run holds its machines (launch.cli.queue): refused when another run holds them, or with
     # --wait queued behind it; its entries are kept fresh until it ended (then removed)
     hold = take_machines(
@@ -145,9 +151,6 @@ def train(
         spares=choice.spares if choice is not None else (),
     )
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
-    policy, warm = spec.teardown, keep_warm.applies(inv, spec.keep_warm_s)
-    if warm:  # the nodes are kept; their own timers power them off (launch.run.warm)
-        spec = spec.model_copy(update={"teardown": Teardown.NEVER})
     try:
         result = lifecycle.start_run(
             spec,
@@ -159,17 +162,13 @@ def train(
             options,
             ask,
             folder=folder,
+            known_hosts=known_hosts,
             overrides=overrides_record(changes),
             sweep_id=sweep_id,
         )
     finally:
         records.close()
         hold.release()
-    kept = warm and spec.keep_warm_s and keep_warm.wanted(policy, result.outcome, result.teardown.state.value)
-    if kept and keep_warm.arm(inv, known_hosts, spec.keep_warm_s or 0, reporter.say):
-        result.teardown = tear_down(inv, say=lambda m: reporter.say(f"  {m}"))  # no node left billing
-    elif kept:
-        result.teardown = keep_warm.kept_outcome(policy, spec.keep_warm_s or 0)
     report(result, console)
     line = missing_profile_ranks_line(spec, result.world)
     if line is not None:
@@ -381,25 +380,6 @@ def collective_history(console: Console) -> None:
     if history.older_left_out:
         console.print(Text(f"{history.older_left_out} older result(s) in {clean(folder, 300)} not read"))
     console.print(history_view([r for _p, r in history.results]))
-
-
-def choose_from_spares(inventory: Inventory, spec: JobSpec, console: Console) -> tuple[Inventory, Any]:
-    """An inventory with more hosts than the job's ``nodes``: probe them all (the pre-launch
-    check's one round trip each) and take the first healthy ones, printing every host skipped and
-    why. With too few healthy hosts the first ``nodes`` are kept: the pre-launch check then
-    refuses with its verdict lines."""
-    from launch.run import doctor as checks
-    from launch.transport.ssh import Fleet
-
-    port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else 0
-    known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
-    with Fleet(inventory.hosts, known_hosts, max_parallel=current().fanout) as fleet:
-        choice = checks.choose_hosts(fleet, inventory.hosts, spec.nodes, None, port)
-    for name, why in choice.excluded.items():
-        console.print(Text("skipping host ", style="yellow") + Text(clean(f"{name}: {why}", 600)))
-    if not choice.chosen:
-        return inventory.first(spec.nodes), choice
-    return inventory.model_copy(update={"hosts": list(choice.chosen)}), choice
 
 
 def only_hosts(inventory: Inventory, names: Sequence[str]) -> Inventory:

@@ -10,8 +10,8 @@ With ``--parallel K`` the inventory's hosts are cut into K slots of the playbook
 hosts each (in inventory order), and each slot runs its share of the variants one after another:
 no two variants ever share a node, and each run keeps its own rendezvous port and run directory.
 Each variant is its own ``fab train`` process (its own watcher, on-node watchdog and record),
-with the fleet kept between variants (``--teardown never``); the playbook's teardown policy is
-applied once, when the sweep is over. Ctrl-C stops the whole sweep: no new variant starts, each
+with the fleet kept between variants (``--teardown never``); the playbook's teardown policy, and its
+``keep_warm_s``, are applied once, when the sweep is over (``launch.run.lifecycle.end_sweep``). Ctrl-C stops the whole sweep: no new variant starts, each
 running one stops and wraps up (pull, record) as ``fab train`` does without a terminal to ask,
 and the sweep's own file says which variants never started.
 """
@@ -120,9 +120,8 @@ def run_sweep(
     edited during the sweep is another file, not allowed. ``allow_paths``: ``--allow-path``, for
     every variant as for ``fab train``."""
     from launch.fleets.select import load_inventory
-    from launch.fleets.teardown import tear_down
-    from launch.rules.stoprules import Teardown
     from launch.run.hooks import local_hooks_verdict
+    from launch.run.lifecycle import end_sweep
 
     path = resolve_playbook(playbook)
     planned = plan_sweep(
@@ -267,10 +266,7 @@ def run_sweep(
         sweep.state = ended_as[0] if ended_as else "finished"
         save()
     ok = all(v.state == "succeeded" for v in sweep.variants)
-    if spec.teardown is Teardown.ALWAYS or (spec.teardown is Teardown.ON_SUCCESS and ok):
-        say(f"sweep over: teardown ({spec.teardown.value}): {tear_down(inv, say=lambda m: say(f'  {m}'))}")
-    else:
-        say(f"sweep over: fleet kept (teardown: {spec.teardown.value})")
+    say(f"sweep over: teardown: {end_sweep(inv, spec, ok, sweep.sweep_id, folder, say)}")
     counts: dict[str, int] = {}
     for variant in sweep.variants:
         counts[variant.state] = counts.get(variant.state, 0) + 1

@@ -31,7 +31,7 @@ from typing import Any
 from paramiko import Channel
 
 from launch.errors import HostError
-from launch.job.inventory import Host
+from launch.job.inventory import Host, Inventory
 from launch.nodelib.fleetrun_wire import ProtocolError
 from launch.reports.safe_text import clean
 from launch.rules.gpu_diag import DiagReport, parse_diag
@@ -307,6 +307,28 @@ def choose_hosts(
     by_name = {h.name: h for h in hosts}
     spares = tuple(h for h in hosts if h.name not in names and h.name not in problems)
     return HostChoice(tuple(by_name[n] for n in names), excluded, findings, spares)
+
+
+def hosts_for_run(
+    inventory: Inventory,
+    nodes: int,
+    port: int,
+    known_hosts: Path,
+    say: Callable[[str], None],
+    max_parallel: int,
+) -> tuple[Inventory, HostChoice]:
+    """A run's host choice, an edge of its life cycle: with more hosts than the job's ``nodes``,
+    probe them all (the pre-launch check's one round trip each) and take the first healthy ones,
+    saying every host skipped and why. With too few healthy hosts the first ``nodes`` are kept:
+    the pre-launch check then refuses with its verdict lines. ``known_hosts``: the run's pinned
+    keys, pinned once for the whole inventory (spares included)."""
+    with Fleet(inventory.hosts, known_hosts, max_parallel=max_parallel) as fleet:
+        choice = choose_hosts(fleet, inventory.hosts, nodes, None, port)
+    for name, why in choice.excluded.items():
+        say(clean(f"skipping host {name}: {why}", 600))
+    if not choice.chosen:
+        return inventory.first(nodes), choice
+    return inventory.model_copy(update={"hosts": list(choice.chosen)}), choice
 
 
 DIAG_LEVELS = (1, 2, 3)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
 from launch.rules.recovery import AttemptEnd
 from launch.rules.stoprules import StopDecision
-from launch.run import attempts, stages
+from launch.run import attempts, stages, warm
 from launch.run.clock import Clock
 from launch.run.peer_copies import PEER_STAGING, PeerCopies
 from launch.run.provenance import file_sha256, git_commit_of
@@ -50,11 +50,21 @@ from launch.run.transfers import Transfers
 from launch.run.watch import Watcher
 from launch.run.watchdog_files import fetch_watchdog_files
 from launch.run.watching import build_watcher, crash_decision, watch_safely
-from launch.run.wrapup import wrap_up, write_reports
+from launch.run.wrapup import end_fleet, wrap_up, write_reports
 from launch.transport.port import FleetPort
 from launch.transport.ssh import SshPool
 
-__all__ = ["Progress", "PulledAgain", "execute", "follow", "pull_again", "reattach", "start_run", "state_for"]
+__all__ = [
+    "Progress",
+    "PulledAgain",
+    "end_sweep",
+    "execute",
+    "follow",
+    "pull_again",
+    "reattach",
+    "start_run",
+    "state_for",
+]
 
 
 @dataclass
@@ -90,6 +100,7 @@ def state_for(
         started_at=time.time() if now is None else now,
         folder=folder,
         instance_type=inventory.head.instance_type,
+        keep_warm_s=spec.keep_warm_s if warm.applies(inventory, spec.keep_warm_s) else None,
     )
     return RunState(plan=plan, inventory=inventory, known_hosts=known_hosts, target=target)
 
@@ -105,14 +116,16 @@ def start_run(
     ask_keep_running: AskKeepRunning | None = None,
     *,
     folder: RunFolder | None = None,
+    known_hosts: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     sweep_id: str | None = None,
 ) -> RunSummary:
-    """``fab train`` after the plan: pin the host keys, make the run folder (unless the caller
+    """``fab train`` after the plan: pin the host keys (unless ``known_hosts`` holds them), make the run folder (unless the caller
     made it: ``fab train`` writes ``hosts.json`` and the end hooks there first) and the run record
     (which playbook, its hash, the code's commit, the ``--set`` overrides, the sweep), then
     ``execute``."""
-    known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+    if known_hosts is None:  # pinned here unless the caller pinned them for the run already
+        known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
     folder = folder or RunFolder.create(plan.run_id)
     records.start(
         run_id=plan.run_id,
@@ -368,7 +381,14 @@ class PulledAgain:
         return not self.pull_errors and not self.teardown.blocked
 
 
-def pull_again(records: RunRecords, record: RunRecord, reporter: Reporter) -> PulledAgain:
+def pull_again(
+    records: RunRecords,
+    record: RunRecord,
+    reporter: Reporter,
+    *,
+    port: FleetPort | None = None,
+    transfers: Transfers | None = None,
+) -> PulledAgain:
     """``fab pull RUN``: the wrap-up's pull, reports and teardown for a run that ended (after a
     failed pull blocked its teardown); the teardown runs when every node's run directory is now
     safe."""
@@ -377,18 +397,21 @@ def pull_again(records: RunRecords, record: RunRecord, reporter: Reporter) -> Pu
     folder = RunFolder(Path(record.run_dir or ""))
     target = WatchTarget.load(folder.path)
     known_hosts = target.inventory.write_known_hosts(known_hosts_file(target.inventory.fingerprint()))
-    transfers = Transfers()
-    with SshPool(target.inventory.hosts, known_hosts) as port:
+    transfers = transfers or Transfers()
+    port = port or SshPool(target.inventory.hosts, known_hosts)
+    try:
         errors = transfers.pull(port, target.run_id, folder, known_hosts, reporter.console)
-    if errors:  # a node its watchdog powered off: what it wrote before going is in the bucket
-        fetch_watchdog_files(target.inventory, target.run_id, folder, sorted(errors), reporter.say)
-    folder.collect_rank0_files()
-    write_reports(folder, reporter, record.hyperparameters)
-    decided = decide_teardown(target.teardown, record.state, errors, {})
-    if decided.action is TeardownAction.TEAR_DOWN:
-        teardown = tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}"))
-    else:
-        teardown = decided.outcome()
+        if errors:  # a node its watchdog powered off: what it wrote before going is in the bucket
+            fetch_watchdog_files(target.inventory, target.run_id, folder, sorted(errors), reporter.say)
+        folder.collect_rank0_files()
+        write_reports(folder, reporter, record.hyperparameters)
+        decided = decide_teardown(target.teardown, record.state, errors, {})
+        if decided.action is TeardownAction.TEAR_DOWN:
+            teardown = end_fleet(target, port, reporter.say)
+        else:
+            teardown = decided.outcome()
+    finally:
+        port.close()
     summary_path = folder.path / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary.update({"pull_errors": errors, "teardown": teardown.to_json()})
@@ -396,3 +419,30 @@ def pull_again(records: RunRecords, record: RunRecord, reporter: Reporter) -> Pu
     records.update(record.id, artifacts=folder.artifacts())
     reporter.say(f"  teardown: {teardown}")
     return PulledAgain(dict(errors), teardown)
+
+
+# -- the end of a sweep ---------------------------------------------------------------------------
+def end_sweep(
+    inventory: Inventory,
+    spec: JobSpec,
+    all_succeeded: bool,
+    sweep_id: str,
+    folder: Path,
+    say: Callable[[str], None],
+    port: FleetPort | None = None,
+) -> TeardownOutcome:
+    """``fab sweep``'s variants keep the fleet for one another; once they all ended, the fleet
+    ends as one run of the playbook would: the same decision (outcome ``succeeded`` when every
+    variant did), kept warm when the playbook asks for it. ``port``: a stand-in for the tests."""
+    decided = decide_teardown(spec.teardown, "succeeded" if all_succeeded else "failed", {}, {})
+    if decided.action is not TeardownAction.TEAR_DOWN:
+        return decided.outcome()
+    if not warm.applies(inventory, spec.keep_warm_s):
+        return tear_down(inventory, say=lambda m: say(f"  {m}"))
+    if port is None:
+        known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+        port = SshPool(inventory.hosts, known_hosts)
+    try:
+        return warm.keep_warm(port, inventory, sweep_id, folder, spec.teardown, spec.keep_warm_s or 0, say)
+    finally:
+        port.close()

@@ -47,6 +47,9 @@ class WatchTarget:
     instance_type: str | None = None
     attempt: int = 1
     """The attempt these nodes run (a re-attached watcher goes on counting from it)."""
+    keep_warm_s: float | None = None
+    """The teardown, when it removes the fleet, keeps it warm this long instead (``launch.run.warm``);
+    None where the playbook asks for none or the fleet cannot power off (a lab's machines)."""
 
     def save(self) -> Path:
         data = {
@@ -59,6 +62,7 @@ class WatchTarget:
             "started_at": self.started_at,
             "instance_type": self.instance_type,
             "attempt": self.attempt,
+            "keep_warm_s": self.keep_warm_s,
         }
         path = self.folder / "watch.json"
         path.write_text(json.dumps(data, indent=2, default=str))
@@ -121,6 +125,7 @@ class WatchTarget:
                 folder=folder,
                 instance_type=data.get("instance_type"),
                 attempt=_attempt(data.get("attempt", 1)),
+                keep_warm_s=_keep_warm(data.get("keep_warm_s")),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # pydantic's errors are ValueErrors
             raise FleetrunError(
@@ -133,3 +138,12 @@ def _attempt(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
         raise ValueError(f"attempt {value!r} is not a whole number from 1 to 10000")
     return value
+
+
+def _keep_warm(value: object) -> float | None:
+    """``keep_warm_s`` of a ``watch.json`` (untrusted): None, or seconds as the playbook allows."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 7 * 24 * 3600:
+        raise ValueError(f"keep_warm_s {value!r} is not a number of seconds from 0 to 7 days")
+    return float(value)

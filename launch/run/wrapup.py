@@ -29,6 +29,7 @@ from launch.rules.energy import RunEnergy
 from launch.rules.pricing import cost_so_far, price_per_node_hour
 from launch.rules.recovery import AttemptEnd
 from launch.rules.stoprules import PEER_GONE_RULES, StopDecision
+from launch.run import warm
 from launch.run.artifacts import revoke_cluster_keys, stop_all
 from launch.run.clock import Clock
 from launch.run.lost_nodes import LostProbe, only, without
@@ -47,6 +48,7 @@ __all__ = [
     "RunResult",
     "RunSummary",
     "Secured",
+    "end_fleet",
     "finish",
     "secure_artifacts",
     "start_reports",
@@ -362,8 +364,19 @@ def recorded_energy(records: RunRecords, run_id: str) -> RunEnergy:
     return RunEnergy.from_json(record.energy_by_attempt if record is not None else None)
 
 
+def end_fleet(target: WatchTarget, fleet: FleetPort, say: Callable[[str], None]) -> TeardownOutcome:
+    """The teardown action once the policy says the fleet goes: kept warm until a deadline
+    (``launch.run.warm``) when the run asks for it, else torn down now."""
+    if target.keep_warm_s:
+        return warm.keep_warm(
+            fleet, target.inventory, target.run_id, target.folder, target.teardown, target.keep_warm_s, say
+        )
+    return tear_down(target.inventory, say=lambda m: say(f"  {m}"))
+
+
 def finish(
     target: WatchTarget,
+    fleet: FleetPort,
     decision: StopDecision,
     secured: Secured,
     records: RunRecords,
@@ -401,8 +414,8 @@ def finish(
         if decided.action is TeardownAction.TEAR_DOWN:
             teardown_started_at = clock.time()
             teardown = steps.run(
-                "tearing the fleet down",
-                lambda: tear_down(target.inventory, say=lambda m: reporter.say(f"  {m}")),
+                "keeping the fleet warm" if target.keep_warm_s else "tearing the fleet down",
+                lambda: end_fleet(target, fleet, reporter.say),
                 lambda msg: TeardownOutcome(TeardownState.FAILED, msg),
             )
         else:
@@ -482,6 +495,7 @@ def wrap_up(
     reports = start_reports(folder, records, target.run_id, reporter, steps, started_job)
     return finish(
         target,
+        fleet,
         decision,
         secured,
         records,
