@@ -163,10 +163,11 @@ def end_by_pull(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) ->
     assert not any("fleetrun_warm.py" in c for n in run.fleet.nodes.values() for c in n.commands)
     job.nodes["n0"].fail_pull = False
     record = run.records.get("fake-run-1")
-    teardown = lifecycle.pull_again(
+    pulled = lifecycle.pull_again(
         run.records, record, RecordingReporter(), port=run.fleet, transfers=run.fleet.transfers()
     )
-    return Ended(teardown, run.folder, run.fleet, record.state)
+    assert pulled.pull_errors == {}, pulled.pull_errors  # every run directory came back this time
+    return Ended(pulled.teardown, run.folder, run.fleet, record.state)
 
 
 END_BY = {"train": end_by_train, "sweep": end_by_sweep, "watch": end_by_watch, "pull": end_by_pull}
