@@ -22,12 +22,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from launch.nodelib import fleetrun_gpu
+from launch.nodelib import fleetrun_gpu, fleetrun_node
 from launch.rules import gpu_health
 from launch.rules.gpu_health import (
     BAD,
@@ -360,6 +362,93 @@ def test_gpu_fault_fires_on_ecc_0_to_1_read_through_nvml(nvml: Any) -> None:
     decision = evaluate(StopRules(), Observation(now=2.0, started_at=0.0, nodes=nodes), state)
     assert decision is not None and decision.rule == "gpu_fault"
     assert "h100 gpu0: uncorrectable ECC 0 -> 1 (volatile)" in decision.reason
+
+
+class _OneRound(Exception):
+    """Raised from the background reader's sleep: ends its loop after one reading."""
+
+
+def background_round(monkeypatch: pytest.MonkeyPatch, reader: Any) -> GpuHealth | None:
+    """One round of the node agent's background GPU reader (the thread's loop, run here until
+    its first sleep), then what a poll answer carries, as the watcher reads it."""
+
+    def stop(_seconds: float) -> None:
+        raise _OneRound
+
+    # the agent's own name for ``time`` replaced, not the time module the reads share
+    monkeypatch.setattr(fleetrun_node, "time", SimpleNamespace(monotonic=time.monotonic, sleep=stop))
+    with pytest.raises(_OneRound):
+        reader()
+    return gpu_health.gpu_reading(json.loads(json.dumps(fleetrun_node.gpu_reading())))
+
+
+@pytest.fixture
+def agent(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The node agent's GPU cache fresh for this test, and the threads ``start_gpu_reader``
+    starts recorded (their targets), not run: the test runs their loop itself."""
+    for key, value in {"at": 0.0, "reading": None, "background": False}.items():
+        monkeypatch.setitem(fleetrun_node._gpu_cache, key, value)
+    started: list[Any] = []
+
+    class Recorded:
+        def __init__(self, target: Any, name: str, daemon: bool) -> None:
+            self.target = target
+
+        def start(self) -> None:
+            started.append(self.target)
+
+    # the agent's own name for ``threading`` replaced: the reads still start threads of their own
+    monkeypatch.setattr(fleetrun_node, "threading", SimpleNamespace(Thread=Recorded))
+    return started
+
+
+def test_the_background_reader_starts_on_nvml_without_nvidia_smi_and_gpu_fault_fires(
+    nvml: Any, agent: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launch.rules.stoprules import NodeObservation, Observation, RuleState, StopRules, evaluate
+
+    assert fleetrun_gpu.reader_available() == ("nvml", None)
+    assert fleetrun_node.start_gpu_reader() is None
+    assert len(agent) == 1 and fleetrun_node._gpu_cache["background"] is True
+    nvml.MACHINE = nvml.load_report((CAPTURES / H100 / "output.txt").read_text())
+    before = background_round(monkeypatch, agent[0])
+    nvml.MACHINE = nvml.load_report(h100_with_ecc(1))
+    after = background_round(monkeypatch, agent[0])
+    assert before is not None and after is not None and after.reader == "nvml"
+    state = RuleState()
+    nodes = (NodeObservation("h100", "running", gpu_health=before),)
+    assert evaluate(StopRules(), Observation(now=1.0, started_at=0.0, nodes=nodes), state) is None
+    nodes = (NodeObservation("h100", "running", gpu_health=after),)
+    decision = evaluate(StopRules(), Observation(now=2.0, started_at=0.0, nodes=nodes), state)
+    assert decision is not None and decision.rule == "gpu_fault"
+    assert "h100 gpu0: uncorrectable ECC 0 -> 1 (volatile)" in decision.reason
+
+
+def test_without_nvml_or_nvidia_smi_the_background_reader_does_not_start_and_says_why(
+    agent: list[Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    monkeypatch.setitem(fleetrun_gpu._nvml_open, "module", None)
+    why = "no GPU reader: pynvml not installed and no nvidia-smi on PATH"
+    assert fleetrun_gpu.reader_available() == (None, why)
+    assert fleetrun_node.start_gpu_reader() == why
+    assert agent == [] and fleetrun_node._gpu_cache["background"] is False
+    assert fleetrun_node.gpu_reading() is None
+
+
+def test_with_nvidia_smi_only_the_background_reader_starts(
+    agent: list[Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    folder = tmp_path / "fakebin"
+    install(folder, {"count": 1})
+    monkeypatch.setenv("PATH", node_path(folder))
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setitem(fleetrun_gpu._nvml_open, "module", None)
+    assert fleetrun_gpu.reader_available() == ("nvidia-smi", None)
+    assert fleetrun_node.start_gpu_reader() is None and len(agent) == 1
 
 
 def test_without_pynvml_the_reader_says_why_and_reads_nvidia_smi(tmp_path: Path) -> None:

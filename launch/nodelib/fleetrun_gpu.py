@@ -508,6 +508,37 @@ _nvml_open = {"module": None}
 second, and ``nvmlInit`` opens every GPU (as each nvidia-smi call does)."""
 
 
+def nvml_loaded():
+    """(the initialised ``pynvml`` module, None) once NVML loads, else (None, why not). Loaded
+    once and kept (``_nvml_open``); a node without ``pynvml`` or ``libnvidia-ml.so`` says which."""
+    nvml = _nvml_open.get("module")
+    if nvml is not None:
+        return nvml, None
+    try:
+        import pynvml as nvml  # noqa: PLC0415 - optional on nodes: the fallback is nvidia-smi
+    except ImportError:
+        return None, "pynvml not installed"
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return None, "NVML did not load: " + _nvml_text(exc)[:80]
+    _nvml_open["module"] = nvml
+    return nvml, None
+
+
+def reader_available():
+    """(the reader that can read this node's GPUs, None) or (None, why none can): "nvml" when
+    NVML loads, else "nvidia-smi" when the binary is on PATH. The one answer to "does this node
+    have a GPU reader", asked by the node agent (whether to poll GPUs during a run) and the probe
+    (whether the node has GPUs), so a node with NVML but no nvidia-smi counts as one with GPUs."""
+    nvml, why_not = nvml_loaded()
+    if nvml is not None:
+        return "nvml", None
+    if shutil.which(SMI) is not None:
+        return SMI, None
+    return None, f"no GPU reader: {why_not} and no {SMI} on PATH"
+
+
 def nvml_gpus():
     """(gpus, driver, CUDA version, why not) through NVML: NVIDIA's own library, the one every tool
     (nvidia-smi too) reads through, with a stable API across drivers. ``pynvml`` (the
@@ -516,17 +547,9 @@ def nvml_gpus():
     to nvidia-smi. A GPU NVML cannot open (fallen off the bus) is missing from the list, as it is
     from nvidia-smi's. Xid events: NVML reports only those that happen while a process waits on
     an event set, so a one-shot read keeps taking them from the kernel log."""
-    nvml = _nvml_open.get("module")
+    nvml, why_not = nvml_loaded()
     if nvml is None:
-        try:
-            import pynvml as nvml  # noqa: PLC0415 - optional on nodes: the fallback is nvidia-smi
-        except ImportError:
-            return None, None, None, "pynvml not installed"
-        try:
-            nvml.nvmlInit()
-        except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            return None, None, None, "NVML did not load: " + _nvml_text(exc)[:80]
-        _nvml_open["module"] = nvml
+        return None, None, None, why_not
     try:
         driver = _nvml_text(nvml.nvmlSystemGetDriverVersion())
         cuda = None

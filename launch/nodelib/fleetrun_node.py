@@ -406,23 +406,29 @@ def _read_gpus_forever() -> None:
         time.sleep(GPU_READ_EVERY_S)
 
 
-def start_gpu_reader() -> None:
-    """In ``serve``: read the GPU counters in a thread of their own, so a slow or hung nvidia-smi
-    (a failing GPU can make it take seconds) never delays a poll answer: answers carry the
-    latest reading."""
-    if shutil.which("nvidia-smi") is None or _gpu_cache["background"]:
-        return
+def start_gpu_reader() -> str | None:
+    """In ``serve``: read the GPU counters in a thread of their own, so a slow or hung reader
+    (a failing GPU can make nvidia-smi take seconds) never delays a poll answer: answers carry the
+    latest reading. Started wherever ``fleetrun_gpu.reader_available`` finds NVML or nvidia-smi;
+    None when it runs, else why it did not start (no reader on this node)."""
+    if _gpu_cache["background"]:
+        return None
+    reader, why_not = fleetrun_gpu.reader_available()
+    if reader is None:
+        return why_not
     _gpu_cache["background"] = True
     threading.Thread(target=_read_gpus_forever, name="gpu-reader", daemon=True).start()
+    return None
 
 
 def gpu_reading(now: float | None = None) -> dict | None:
     """The GPU health counters (``fleetrun_gpu``, without its slow reads), at most every
-    ``GPU_READ_EVERY_S``; None on a node without nvidia-smi. A failing reader is no reading."""
+    ``GPU_READ_EVERY_S``; None on a node with neither NVML nor nvidia-smi. A failing reader is
+    no reading."""
     if _gpu_cache["background"]:
         reading = _gpu_cache["reading"]
         return reading if isinstance(reading, dict) else None
-    if shutil.which("nvidia-smi") is None:
+    if fleetrun_gpu.reader_available()[0] is None:
         return None
     now = time.monotonic() if now is None else now
     at = _gpu_cache["at"]
