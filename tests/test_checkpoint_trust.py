@@ -67,6 +67,13 @@ def test_node_listings_are_untrusted() -> None:
     assert parse_claims("garbage") == [] and parse_claims('{"a": 1}') == []
 
 
+def test_a_nesting_bomb_in_a_listing_is_dropped_not_a_recursion_error() -> None:
+    good = json.dumps([{"step": 5, "manifest": A, "size": 3, "disk": 4096, "largest": 3}])
+    assert parse_claims(good) == [Claim(5, A, 3, 4096, 3)]
+    assert parse_claims("[" * 200_000 + "]" * 200_000) == []
+    assert parse_claims('[{"step": 5, "x": ' + "[" * 100 + "]" * 100 + "}]") == []
+
+
 def test_the_watcher_records_saves_and_refusals_from_the_metrics() -> None:
     stream = MetricsStream()
     lines = [

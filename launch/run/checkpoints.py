@@ -17,7 +17,6 @@ Sharded checkpoints (``rank-<R>/`` parts) are left to the bucket.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shlex
 import shutil
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from launch.errors import HostError
 from launch.job.inventory import Host
+from launch.nodelib.fleetrun_wire import ProtocolError, decode
 from launch.planning import remote_layout as layout
 from launch.planning.launchers.base import CHECKPOINTS
 from launch.reports.safe_text import clean
@@ -38,6 +38,8 @@ from launch.transport.openssh import jump_slot
 from launch.transport.ssh import Fleet, NodeConnection, openssh_command
 
 MAX_STEPS = 1000
+MAX_CLAIMS_BYTES = 262144
+"""A node's checkpoint listing is read within this many bytes (its last line, JSON)."""
 STEP_DIR = re.compile(r"step-(\d{1,18})/?\Z")
 LIST_SCRIPT = r"""
 import hashlib, json, os, stat, sys
@@ -112,8 +114,10 @@ def parse_claims(text: str) -> list[Claim]:
     malformed is dropped, and a bare list of steps (an older agent) gives claims without a digest."""
     lines = text.strip().splitlines()
     try:
-        data = json.loads(lines[-1]) if lines else []
-    except ValueError:
+        # the wire's decoder: byte and nesting bounds before parsing (a bracket bomb raised
+        # RecursionError out of json.loads, past every caller)
+        data = decode(lines[-1], MAX_CLAIMS_BYTES, "the checkpoint listing") if lines else []
+    except ProtocolError:
         return []
     if not isinstance(data, list):
         return []
@@ -145,7 +149,7 @@ def complete_claims(fleet: Fleet, hosts: list[Host], run_id: str) -> dict[str, l
     def ask(conn: NodeConnection) -> list[Claim]:
         # the inventory's interpreter, as the doctor and the claim use (the node agent still runs python3)
         result = conn.run(f"{shlex.quote(conn.host.python)} {script}", timeout=60)
-        return parse_claims(result.stdout[-262144:]) if result.ok else []
+        return parse_claims(result.stdout[-MAX_CLAIMS_BYTES:]) if result.ok else []
 
     answers = fleet.map(ask, hosts=hosts, deadline=90)
     return {name: r if isinstance(r, list) else [] for name, r in answers.items()}
