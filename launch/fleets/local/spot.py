@@ -122,8 +122,8 @@ class Handler(BaseHTTPRequestHandler):
     server: MetadataEndpoint
 
     def setup(self) -> None:
-        self.timeout = self.server.idle_timeout  # the base sets it on the socket
         super().setup()
+        self.connection.settimeout(self.server.idle_timeout)  # every read: idle this long, closed
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
         pass
