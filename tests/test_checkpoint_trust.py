@@ -67,6 +67,13 @@ def test_node_listings_are_untrusted() -> None:
     assert parse_claims("garbage") == [] and parse_claims('{"a": 1}') == []
 
 
+def test_a_nesting_bomb_in_a_listing_is_dropped_not_a_recursion_error() -> None:
+    good = json.dumps([{"step": 5, "manifest": A, "size": 3, "disk": 4096, "largest": 3}])
+    assert parse_claims(good) == [Claim(5, A, 3, 4096, 3)]
+    assert parse_claims("[" * 200_000 + "]" * 200_000) == []
+    assert parse_claims('[{"step": 5, "x": ' + "[" * 100 + "]" * 100 + "}]") == []
+
+
 def test_the_watcher_records_saves_and_refusals_from_the_metrics() -> None:
     stream = MetricsStream()
     lines = [
@@ -174,6 +181,46 @@ def test_a_code_executing_pickle_is_refused_and_the_resume_falls_back(tmp_path: 
     assert [e["step"] for e in refused] == [20] and refused[0]["file"].endswith("step-20/training_state.pt")
     resumed = [e for e in events if e["event"] == "checkpoint_resumed"]
     assert [(e["step"], e["source"]) for e in resumed] == [(10, "node")]
+
+
+OLD_TORCH_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import fleetrun_checkpoint as ckpt
+peer = ckpt.Checkpointer(directory=sys.argv[2], bucket=None, run_dir="", resume_from="", rank=0)
+model = torch.nn.Linear(3, 2)
+saved = ckpt.save_training_state(10, model, checkpointer=peer, background=False)
+torch.__version__ = "2.5.1+cu121"  # this node's torch: weights_only is bypassable before 2.6
+try:
+    ckpt.load_state_bytes(open(saved.file(ckpt.STATE_FILE), "rb").read())
+except ckpt.UnsafeTorch as exc:
+    print("load refused:", exc)
+here = ckpt.Checkpointer(directory=sys.argv[3], bucket=None, run_dir="", resume_from=saved.path, rank=0)
+ckpt.resume_training_state(torch.nn.Linear(3, 2), checkpointer=here)
+print("resumed: must not happen")
+"""
+
+
+def test_a_resume_on_a_torch_with_a_known_bypass_is_refused_with_one_line(tmp_path: Path) -> None:
+    """A peer's checkpoint (``FLEETRUN_RESUME_FROM``), this node on torch 2.5.1: nothing is
+    loaded, and the job ends with one line naming the fix, not a fresh start from step 0."""
+    python = torch_python()
+    if python is None:
+        pytest.skip("no Python with torch here (make setup builds the local fleet image)")
+    out = subprocess.run(
+        [python, "-c", OLD_TORCH_SCRIPT, str(NODELIB), str(tmp_path / "peer"), str(tmp_path / "here")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert "load refused: torch 2.5.1+cu121 has a known weights_only bypass" in out.stdout, out.stderr[-2000:]
+    assert out.returncode == 1 and "must not happen" not in out.stdout
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("fleetrun: cannot resume from ") and line.endswith(
+        "install torch>=2.6 on the nodes"
+    )
 
 
 def test_peer_copies_follow_the_recorded_saves_newest_first(tmp_path: Path) -> None:

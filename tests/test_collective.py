@@ -436,3 +436,56 @@ def test_a_contended_round_suspects_links_that_their_remeasure_clears() -> None:
     ]
     saved = saved_result(json.dumps({"time": 1.0, "nodes": NODES16, **report.to_json()}))
     assert saved.slow_links == () and saved.version == 3
+
+
+class _Planted:
+    """A code-carrying pickle: unpickling it writes ``marker`` (what a hostile node would send)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('ran')",))
+
+
+def test_a_rank_sending_a_code_carrying_pickle_runs_nothing(tmp_path: Path) -> None:
+    """What the ranks exchange is parsed as JSON only: a pickle another node framed (the bytes
+    torch's ``*_object`` collectives would have unpickled) is refused and its code never runs."""
+    import pickle
+
+    from launch.nodelib import fleetrun_collective as script
+
+    marker = tmp_path / "marker"
+    planted = pickle.dumps(_Planted(marker))
+    pickle.loads(pickle.dumps(_Planted(tmp_path / "proof")))  # the pickle does carry code
+    assert (tmp_path / "proof").read_text() == "ran"
+    frame = len(planted).to_bytes(4, "big") + planted + bytes(64)
+    with pytest.raises(script.ExchangeError):
+        script.decode_json(script.unframe(frame, script.MAX_PLAN_BYTES))
+    assert not marker.exists(), "a node's bytes ran code"
+    # a frame claiming more than its bound is refused before any bytes are read as anything
+    with pytest.raises(script.ExchangeError, match="over the bound"):
+        script.unframe((10**6).to_bytes(4, "big") + bytes(16), script.MAX_INFO_BYTES)
+    # a hostile plan or rank's facts are typed before use
+    with pytest.raises(script.ExchangeError):
+        script.parse_plan([[[0, 9]]], 5)
+    with pytest.raises(script.ExchangeError):
+        script.parse_plan([[[1, 1]]], 5)
+    assert script.parse_plan(json.loads(json.dumps([[(3, 0)], [(1, 2)]])), 5) == [[(3, 0)], [(1, 2)]]
+    assert script.rank_info({"host": ["x"], "gflops": True}) == {"host": None, "gflops": None}
+    assert script.timing([float("nan"), 0.0]) is None and script.timing([0.5, 3.0]) == (0.5, 3)
+
+
+def test_the_collective_script_never_calls_a_pickling_collective() -> None:
+    """torch's ``all_gather_object``, ``broadcast_object_list``, ``gather_object``,
+    ``scatter_object_list``, ``send_object_list``/``recv_object_list`` all unpickle what other
+    ranks sent: the node script must call none of them."""
+    import ast
+
+    tree = ast.parse((ROOT / "launch" / "nodelib" / "fleetrun_collective.py").read_text())
+    called = {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    }
+    assert not {c for c in called if "_object" in c or "pickle" in c}, called

@@ -505,6 +505,30 @@ def test_doctor_gpu_diag_prints_one_line_per_failed_gpu_and_fails(tmp_path: Path
     assert "\x1b" not in text
 
 
+class AnswerLink(LocalLink):
+    """A node whose diagnostic printed ``answer`` (a hostile node's last line)."""
+
+    def __init__(self, name: str, answer: str) -> None:
+        super().__init__(name, Path("/nonexistent"))
+        self.answer = answer
+
+    def run_with_input(self, command: str, data: bytes, timeout: float) -> CommandResult:
+        return CommandResult(self.host.name, 0, "noise\n" + self.answer + "\n", "")
+
+
+def test_a_nesting_bomb_from_a_diagnostic_is_that_nodes_reason_not_a_crash() -> None:
+    from launch.run.doctor import gpu_diag
+
+    links = [
+        AnswerLink("bomb", "[" * 200_000 + "]" * 200_000),
+        AnswerLink("deep", '{"a": ' + "[" * 40 + "]" * 40 + "}"),
+        AnswerLink("huge", '"' + "x" * 2_000_000 + '"'),
+    ]
+    reports = gpu_diag(LocalFleet(links), [link.host for link in links], 1)  # type: ignore[arg-type]
+    assert "nested deeper than" in str(reports["bomb"]) and "nested deeper than" in str(reports["deep"])
+    assert "over the limit" in str(reports["huge"])
+
+
 def test_doctor_refuses_a_level_it_does_not_know() -> None:
     from launch.cli import app
     from launch.errors import SpecError

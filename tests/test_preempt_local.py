@@ -6,6 +6,7 @@ tests/test_recovery_preempt_fleet.py."""
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -122,3 +123,68 @@ def test_bucket_and_spot_are_refused_on_a_bastion_fleet_before_anything_is_built
     with pytest.raises(LocalFleetError, match="--bucket and --spot"):
         fleet.up(2, say=lambda _m: None, bastion=True, bucket=True)
     assert not fleet.state_dir.exists() and fleet.existing_netns() == []
+
+
+def _closed_by_server(conn: socket.socket) -> bool:
+    """Whether the server closed ``conn`` (a read ends with nothing, or a reset); the client's own
+    timeout is long, only there so a broken server fails the test instead of hanging it."""
+    conn.settimeout(60)
+    try:
+        return conn.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _answered(address: tuple[str, int]) -> bool:
+    with socket.create_connection(address, timeout=60) as conn:
+        conn.sendall(b"GET /nothing HTTP/1.0\r\n\r\n")
+        return conn.recv(64).startswith(b"HTTP/1.0 404")
+
+
+def test_the_metadata_endpoint_bounds_connections_and_their_time(fleetrun_home: Path) -> None:
+    """The daemon is root and a job on the node can connect at will: past the cap a connection
+    is closed on arrival, an idle one is closed after the idle timeout, and one that keeps
+    trickling bytes is cut at the deadline; a slot freed serves again."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    server = spot.NodeMetadata(sock, NAMES, 1)
+    server.slots = threading.BoundedSemaphore(2)
+    server.idle_timeout = 3600.0  # the cap first: held connections must stay held
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = sock.getsockname()
+    try:
+        held = [socket.create_connection(address, timeout=60) for _ in range(2)]
+        for conn in held:  # each is being served (its thread is reading) before the next arrives
+            conn.sendall(b"GET / HTTP/1.1\r\n")
+        extra = socket.create_connection(address, timeout=60)
+        assert _closed_by_server(extra), "a connection past the cap was served"
+        extra.close()
+        for conn in held:
+            conn.close()
+        assert any(_answered(address) for _ in range(200)), "a freed slot never served again"
+
+        server.idle_timeout = 0.2
+        idle = socket.create_connection(address, timeout=60)
+        assert _closed_by_server(idle), "an idle connection was held"
+        idle.close()
+
+        server.idle_timeout, server.connection_deadline = 3600.0, 0.5
+        trickle = socket.create_connection(address, timeout=60)
+        trickle.sendall(b"GET /")
+        cut = False
+        for _ in range(10_000):  # the request line a byte at a time: never idle, never done
+            try:
+                trickle.sendall(b"a")
+            except OSError:
+                cut = True
+                break
+            ready, _, _ = select.select([trickle], [], [], 0.05)
+            if ready:
+                cut = _closed_by_server(trickle)
+                break
+        assert cut, "a trickling connection was never cut"
+        trickle.close()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -46,7 +46,7 @@ def facts(i: int, **changes: Any) -> ProbeFacts:
         full=True,
         iface="eth0",
         mtu=9000,
-        torch="2.4.0+cu121",
+        torch="2.6.0+cu124",
         torch_cuda="12.1",
         nccl="2.20.5",
         nvidia_smi=True,
@@ -144,10 +144,23 @@ def test_torch_missing_is_an_error_unless_setup_installs_it() -> None:
 def test_torch_cuda_nccl_driver_skew() -> None:
     assert verdict(fleet({1: {"torch": "2.3.1"}}), "n1", "torch") == (
         "error",
-        "torch 2.3.1, other nodes 2.4.0+cu121",
+        "torch 2.3.1, other nodes 2.6.0+cu124; torch 2.3.1 has a known weights_only bypass "
+        "(CVE-2025-32434): checkpoints are not loaded with it; install torch>=2.6 on the nodes",
     )
     level, message = verdict(fleet({2: {"nccl": "2.18.1", "driver": "535.1"}}), "n2", "torch")
     assert level == "warn" and "NCCL 2.18.1, other nodes 2.20.5" in message and "CUDA driver 535.1" in message
+
+
+def test_a_torch_with_a_known_weights_only_bypass_is_named_with_the_fix() -> None:
+    """Every node on torch 2.5.1: the same everywhere, yet its checkpoint loader refuses to load
+    (``weights_only`` is bypassable before 2.6), so preflight says so on each node, with the fix."""
+    obs = fleet({i: {"torch": "2.5.1+cu121"} for i in range(3)})
+    level, message = verdict(obs, "n1", "torch")
+    assert level == "warn" and message == (
+        "torch 2.5.1+cu121 has a known weights_only bypass (CVE-2025-32434): checkpoints are not "
+        "loaded with it; install torch>=2.6 on the nodes"
+    )
+    assert verdict(fleet({}), "n1", "torch")[0] == "ok"
 
 
 def test_rsync_missing() -> None:

@@ -50,12 +50,15 @@ def bucket_keys(fleet: LocalFleet, prefix: str) -> list[str]:
     """The keys under ``prefix`` in the fleet's own bucket (as its inventory names it)."""
     import boto3
 
+    from launch.fleets.local.bucket import fleet_secret
+    from launch.fleets.local.s3_server import ACCESS_KEY
+
     ref: Any = fleet.inventory().fleet
     client = boto3.client(
         "s3",
         endpoint_url=ref.s3_endpoint,
-        aws_access_key_id="fleetrun-test",
-        aws_secret_access_key="fleetrun-test",
+        aws_access_key_id=ACCESS_KEY,  # the fleet's own key: the server refuses any other
+        aws_secret_access_key=fleet_secret(fleet.state_dir),
         region_name="us-east-1",
     )
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=ref.bucket, Prefix=prefix)

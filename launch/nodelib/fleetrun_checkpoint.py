@@ -459,6 +459,7 @@ if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, 
     from launch.nodelib.fleetrun_checkpoint_torch import (
         STATE_FILE,
         Refused,
+        UnsafeTorch,
         exact_allreduce,
         load_state_bytes,
         load_training_state,
@@ -469,6 +470,7 @@ else:
     from fleetrun_checkpoint_torch import (
         STATE_FILE,
         Refused,
+        UnsafeTorch,
         exact_allreduce,
         load_state_bytes,
         load_training_state,
@@ -480,6 +482,7 @@ __all__ = [
     "STATE_FILE",
     "Checkpoint",
     "Refused",
+    "UnsafeTorch",
     "load_state_bytes",
     "Checkpointer",
     "attempt",

@@ -31,6 +31,31 @@ class Refused(ValueError):
     not a training state: never resumed from."""
 
 
+class UnsafeTorch(Refused):
+    """This node's torch has a known ``weights_only`` bypass: no checkpoint is loaded with it."""
+
+
+SAFE_TORCH = (2, 6)
+"""The oldest torch whose ``torch.load(weights_only=True)`` has no known bypass: before 2.6 a
+crafted file runs code even so (CVE-2025-32434). Loading is the only barrier between a checkpoint
+another node wrote and this node's code, so older torch loads none."""
+
+
+def torch_bypass(version: str) -> str:
+    """Why checkpoints are not loaded with torch ``version`` (one line naming the fix), or ''."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
+        parts.append(int(digits[:6]) if digits else -1)
+    if len(parts) == 2 and tuple(parts) >= SAFE_TORCH:
+        return ""
+    need = ".".join(map(str, SAFE_TORCH))
+    return (
+        f"torch {version[:40]} has a known weights_only bypass (CVE-2025-32434): checkpoints are not "
+        f"loaded with it; install torch>={need} on the nodes"
+    )
+
+
 def _rng_state() -> dict[str, Any]:
     """Every generator's state as tensors and plain types, so it loads with ``weights_only``."""
     import random
@@ -115,6 +140,9 @@ def load_state_bytes(data: bytes) -> dict[str, Any]:
 
     import torch
 
+    why = torch_bypass(str(torch.__version__))
+    if why:
+        raise UnsafeTorch(why)
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever a foreign file makes torch raise
@@ -200,6 +228,10 @@ def _first_of(cp: Checkpointer, candidates: Iterator[Checkpoint]) -> tuple[bytes
         except OSError as exc:
             cp.refuse(found, STATE_FILE, f"unreadable ({type(exc).__name__})")
             continue
+        except UnsafeTorch as exc:
+            # not this file's fault, and no other file would load: a fresh start would throw the
+            # run's progress away, so the job ends here with the one line that says the fix
+            raise SystemExit(f"fleetrun: cannot resume from {found.path}: {exc}") from None
         except Refused as exc:
             cp.refuse(found, STATE_FILE, str(exc))
             continue

@@ -196,6 +196,115 @@ def remeasure_plan(
     return rounds + links
 
 
+# -- what the ranks exchange: numbers in tensors, or JSON bytes in a uint8 tensor -------------------
+# Never torch's ``*_object`` collectives: they pickle, and unpickling what another node sent runs
+# whatever code it carries. A node is untrusted (``docs/explanation/security-model.md``).
+
+MAX_HOST = 255
+MAX_INFO_BYTES = 1024
+"""A rank's own facts (host name, GFLOP/s) as JSON, at most this many bytes."""
+MAX_PLAN_BYTES = 64 * 1024
+"""Rank 0's re-measure plan as JSON, at most this many bytes (a few pairs per suspect)."""
+
+
+class ExchangeError(ValueError):
+    """Bytes another rank sent that are not what the exchange carries."""
+
+
+def encode_json(value: object, limit: int) -> bytes:
+    data = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    if len(data) > limit:
+        raise ExchangeError(f"{len(data)} bytes to send, over the bound of {limit}")
+    return data
+
+
+def decode_json(data: bytes) -> object:
+    """``data`` (another rank's, untrusted) as JSON, or an ``ExchangeError``: only ever parsed as
+    JSON text, so pickle bytes (or anything else) are refused, never run."""
+    try:
+        return json.loads(bytes(data).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise ExchangeError(f"not JSON ({type(exc).__name__})") from None
+
+
+def _framed(data: bytes, limit: int, device):  # type: ignore[no-untyped-def]
+    """``data`` in a fixed-size uint8 tensor: 4 bytes of length, then the bytes, zero padded."""
+    import torch
+
+    if len(data) > limit:
+        raise ExchangeError(f"{len(data)} bytes to send, over the bound of {limit}")
+    frame = len(data).to_bytes(4, "big") + data + bytes(limit - len(data))
+    return torch.tensor(list(frame), dtype=torch.uint8, device=device)
+
+
+def unframe(frame: bytes, limit: int) -> bytes:
+    """The bytes in a frame another rank sent, its length checked against the bound."""
+    if len(frame) < 4:
+        raise ExchangeError("a frame shorter than its length")
+    size = int.from_bytes(frame[:4], "big")
+    if size > limit or size > len(frame) - 4:
+        raise ExchangeError(f"a frame claiming {size} bytes, over the bound of {limit}")
+    return bytes(frame[4 : 4 + size])
+
+
+def gather_bytes(dist, data: bytes, limit: int, world: int, device) -> list[bytes]:  # type: ignore[no-untyped-def]
+    """Every rank's ``data`` (at most ``limit`` bytes each), in rank order."""
+    import torch
+
+    own = _framed(data, limit, device)
+    every = [torch.zeros_like(own) for _ in range(world)]
+    dist.all_gather(every, own)
+    return [unframe(bytes(t.cpu().tolist()), limit) for t in every]
+
+
+def broadcast_bytes(dist, data: bytes, limit: int, device, src: int = 0) -> bytes:  # type: ignore[no-untyped-def]
+    """Rank ``src``'s ``data`` (at most ``limit`` bytes) on every rank."""
+    frame = _framed(data, limit, device)
+    dist.broadcast(frame, src=src)
+    return unframe(bytes(frame.cpu().tolist()), limit)
+
+
+def rank_info(value: object) -> dict[str, object]:
+    """A rank's facts as the result line carries them, typed; anything else: nulls (the laptop
+    checks them again)."""
+    if not isinstance(value, dict):
+        return {"host": None, "gflops": None}
+    host, gflops = value.get("host"), value.get("gflops")
+    return {
+        "host": host[:MAX_HOST] if isinstance(host, str) else None,
+        "gflops": float(gflops)
+        if isinstance(gflops, (int, float)) and not isinstance(gflops, bool)
+        else None,
+    }
+
+
+def timing(values: Sequence[float]) -> tuple[float, int] | None:
+    """A rank's (best seconds, repetitions) from its gathered tensor, None when it timed nothing."""
+    best, reps = values
+    if best != best or best < 0 or reps < 1:  # NaN: the rank was in no group this round
+        return None
+    return float(best), int(reps)
+
+
+def parse_plan(value: object, world: int) -> list[list[tuple[int, int]]]:
+    """Rank 0's re-measure plan, checked: rounds of pairs of distinct ranks in ``range(world)``."""
+    if not isinstance(value, list):
+        raise ExchangeError("the plan is not a list of rounds")
+    plan: list[list[tuple[int, int]]] = []
+    for pair_round in value:
+        if not isinstance(pair_round, list):
+            raise ExchangeError("a plan round is not a list of pairs")
+        pairs: list[tuple[int, int]] = []
+        for pair in pair_round:
+            ok = isinstance(pair, list) and len(pair) == 2
+            ok = ok and all(type(r) is int and 0 <= r < world for r in pair) and pair[0] != pair[1]
+            if not ok:
+                raise ExchangeError("a plan pair is not two distinct ranks")
+            pairs.append((pair[0], pair[1]))
+        plan.append(pairs)
+    return plan
+
+
 def _sync(device) -> None:  # type: ignore[no-untyped-def]
     import torch
 
@@ -247,9 +356,11 @@ def main() -> int:
     tensor = torch.zeros(max(1, int(size_mb * 2**20 / 4)), device=device)
     small = torch.zeros(1024, device=device)
     nbytes = tensor.numel() * 4
-    every: list[object] = [None] * world
-    dist.all_gather_object(every, {"host": socket.gethostname()[:255], "gflops": round(gflops, 3)})
-    ranks_info = every
+    mine_info = {"host": socket.gethostname()[:MAX_HOST], "gflops": round(gflops, 3)}
+    ranks_info = [
+        rank_info(decode_json(b))
+        for b in gather_bytes(dist, encode_json(mine_info, MAX_INFO_BYTES), MAX_INFO_BYTES, world, device)
+    ]
 
     def run_round(round_groups, most: int, least: int, budget: float) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
         """One round's groups at once, each timed alone: ``least`` repetitions at least, ``most``
@@ -277,12 +388,17 @@ def main() -> int:
                 _sync(device)
                 best = min(best, time.perf_counter() - started)
             timed = (best, 1 + more)
-        seconds: list[object] = [None] * world
-        dist.all_gather_object(seconds, timed)
+        # each rank's (best seconds, repetitions) as numbers in a tensor; NaN: not in a group
+        own = torch.tensor(
+            timed if timed is not None else (float("nan"), 0.0), dtype=torch.float64, device=device
+        )
+        gathered = [torch.zeros(2, dtype=torch.float64, device=device) for _ in range(world)]
+        dist.all_gather(gathered, own)
+        seconds = [timing(t.tolist()) for t in gathered]
         figures: list[dict[str, object]] = []
         if rank == 0:
             for ranks, _pg in round_groups:
-                taken = [t for r in ranks if isinstance(t := seconds[r], tuple)]
+                taken = [t for r in ranks if (t := seconds[r]) is not None]
                 slowest = max(t[0] for t in taken) if len(taken) == len(ranks) else None
                 n = len(ranks)
                 busbw = nbytes / slowest / 1e9 * 2 * (n - 1) / n if slowest and slowest > 0 else None
@@ -317,7 +433,7 @@ def main() -> int:
             result["rounds"] = done
             report()
     # the confirmation: rank 0 plans it from the figures it printed, every rank runs the plan
-    plan: list[object] = [[]]
+    planned: list[list[tuple[int, int]]] = []
     if rank == 0:
         pairs: dict[tuple[int, ...], float] = {}
         for figures in done[1:]:
@@ -325,11 +441,14 @@ def main() -> int:
                 if isinstance(f["busbw_gbps"], float) and isinstance(f["ranks"], list):
                     pairs[tuple(f["ranks"])] = f["busbw_gbps"]
         suspects = suspected(list(range(world)), pairs)
-        plan = [remeasure_plan(list(range(world)), pairs)]
+        planned = remeasure_plan(list(range(world)), pairs)
         result["suspects"] = suspects
-    dist.broadcast_object_list(plan, src=0)
+    sent = broadcast_bytes(
+        dist, encode_json(planned, MAX_PLAN_BYTES) if rank == 0 else b"", MAX_PLAN_BYTES, device
+    )
+    plan = parse_plan(decode_json(sent), world)
     confirm: list[list[dict[str, object]]] = []
-    for pair_round in plan[0]:  # type: ignore[attr-defined]
+    for pair_round in plan:
         round_groups = [(tuple(p), dist.new_group(list(p))) for p in pair_round]
         figures = run_round(round_groups, confirm_reps, 2, CONFIRM_BUDGET_S)
         if rank == 0:

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from launch.nodelib.fleetrun_checkpoint_torch import torch_bypass
 from launch.rules import gpu_diag, gpu_health
 from launch.rules.probe_facts import ProbeFacts
 
@@ -189,6 +190,8 @@ def check_versions(findings: Findings, nodes: Sequence[Observation], job: Job) -
         problems: list[tuple[str, str]] = []
         if usual_torch and facts.torch != usual_torch:
             problems.append((ERROR, f"torch {facts.torch}, other nodes {usual_torch}"))
+        if bypass := torch_bypass(facts.torch):  # the checkpoint loader refuses it at resume
+            problems.append((WARN, bypass))
         for label, mine, values in (
             ("CUDA (torch build)", facts.torch_cuda, [o.facts.torch_cuda for o in probed if o.facts]),
             ("NCCL", facts.nccl, [o.facts.nccl for o in probed if o.facts]),

@@ -17,10 +17,10 @@ Sharded checkpoints (``rank-<R>/`` parts) are left to the bucket.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +28,8 @@ from pathlib import Path
 
 from launch.errors import HostError
 from launch.job.inventory import Host
+from launch.nodelib.fleetrun_bucket_messages import MAX_MANIFEST_BYTES, Manifest
+from launch.nodelib.fleetrun_wire import ProtocolError, decode
 from launch.planning import remote_layout as layout
 from launch.planning.launchers.base import CHECKPOINTS
 from launch.reports.safe_text import clean
@@ -38,6 +40,9 @@ from launch.transport.openssh import jump_slot
 from launch.transport.ssh import Fleet, NodeConnection, openssh_command
 
 MAX_STEPS = 1000
+MANIFEST_NAME = "MANIFEST.json"
+MAX_CLAIMS_BYTES = 262144
+"""A node's checkpoint listing is read within this many bytes (its last line, JSON)."""
 STEP_DIR = re.compile(r"step-(\d{1,18})/?\Z")
 LIST_SCRIPT = r"""
 import hashlib, json, os, stat, sys
@@ -112,8 +117,10 @@ def parse_claims(text: str) -> list[Claim]:
     malformed is dropped, and a bare list of steps (an older agent) gives claims without a digest."""
     lines = text.strip().splitlines()
     try:
-        data = json.loads(lines[-1]) if lines else []
-    except ValueError:
+        # the wire's decoder: byte and nesting bounds before parsing (a bracket bomb raised
+        # RecursionError out of json.loads, past every caller)
+        data = decode(lines[-1], MAX_CLAIMS_BYTES, "the checkpoint listing") if lines else []
+    except ProtocolError:
         return []
     if not isinstance(data, list):
         return []
@@ -145,7 +152,7 @@ def complete_claims(fleet: Fleet, hosts: list[Host], run_id: str) -> dict[str, l
     def ask(conn: NodeConnection) -> list[Claim]:
         # the inventory's interpreter, as the doctor and the claim use (the node agent still runs python3)
         result = conn.run(f"{shlex.quote(conn.host.python)} {script}", timeout=60)
-        return parse_claims(result.stdout[-262144:]) if result.ok else []
+        return parse_claims(result.stdout[-MAX_CLAIMS_BYTES:]) if result.ok else []
 
     answers = fleet.map(ask, hosts=hosts, deadline=90)
     return {name: r if isinstance(r, list) else [] for name, r in answers.items()}
@@ -296,11 +303,12 @@ def copy_step(
     manifest: str = "",
     multiplex: Path | None = None,
 ) -> dict[str, HostError]:
-    """Copy ``step-<step>/`` from ``holder`` to each of ``targets``: pulled here with the pull's
-    hardening (no links followed, no devices, ``--max-size``) plus ``--sparse``, so a sparse file
-    stays sparse here and there, then sent to a temporary name and renamed into place. The pull
-    raises ``HostError`` (the holder), and so does a pulled ``MANIFEST.json`` whose sha256 is not
-    ``manifest`` (when given: the one rank 0 recorded); a target that fails is returned by name.
+    """Copy ``step-<step>/`` from ``holder`` to each of ``targets``: its ``MANIFEST.json`` first
+    (checked against ``manifest`` when given: the one rank 0 recorded; its sizes against
+    ``bounds``), then exactly the files it lists, pulled here with the pull's hardening (no links
+    followed, no devices, ``--max-size``) plus ``--sparse``, so a sparse file stays sparse here and
+    there, each checked for its listed size, then sent to a temporary name and renamed into place.
+    The pull raises ``HostError`` (the holder); a target that fails is returned by name.
     ``multiplex``: reuse one SSH connection per node (``ssh_argv``)."""
     remote = f"{checkpoint_dir(run_id)}/step-{step}"
     local = staging / f"step-{step}"
@@ -309,19 +317,21 @@ def copy_step(
     failed: dict[str, HostError] = {}
     try:
         rsh = shlex.join(ssh_argv(holder, known_hosts, multiplex))
-        argv = pull_argv(holder.rsync_target(f"{remote}/"), local, rsh, bounds.file_bytes)
-        argv.insert(1, "--sparse")
-        _rsync(argv, holder, f"could not copy checkpoint step {step}", timeout)
-        if manifest:
-            try:
-                got = hashlib.sha256((local / "MANIFEST.json").read_bytes()[: 1 << 20]).hexdigest()
-            except OSError:
-                got = ""
-            if got != manifest:
-                raise HostError(
-                    holder.name,
-                    f"~/{remote}/MANIFEST.json differs from the manifest rank 0 recorded for step {step}",
-                )
+        listed = _pull_manifest(holder, remote, local, rsh, step, manifest, bounds, timeout)
+        names = staging / f"step-{step}.files"
+        # exactly the files the manifest lists, anything else in the folder stays there; pulled in
+        # groups of like size (within a power of two), each group's files no bigger than its
+        # largest claim: a claim of 1 KiB cannot bring 300 MiB, whatever lies beside it
+        groups: dict[int, list[str]] = {}
+        for name, size in listed.items():
+            groups.setdefault(size.bit_length(), []).append(name)
+        for group in groups.values():
+            names.write_text("".join(f"{name}\n" for name in sorted(group)))
+            cap = max(1, *(listed[name] for name in group))
+            argv = pull_argv(holder.rsync_target(f"{remote}/"), local, rsh, cap)
+            argv[1:1] = ["--sparse", f"--files-from={names}"]
+            _rsync(argv, holder, f"could not copy checkpoint step {step}", timeout)
+        _check_pulled(holder, remote, local, listed)
         for host in targets:
             incoming = f"{checkpoint_dir(run_id)}/.incoming-step-{step}"
             ok, err = run_on(
@@ -355,7 +365,79 @@ def copy_step(
                 )
     finally:
         shutil.rmtree(local, ignore_errors=True)
+        (staging / f"step-{step}.files").unlink(missing_ok=True)
     return failed
+
+
+def _pull_manifest(
+    holder: Host,
+    remote: str,
+    local: Path,
+    rsh: str,
+    step: int,
+    manifest: str,
+    bounds: Bounds,
+    timeout: float,
+) -> dict[str, int]:
+    """Pull ``MANIFEST.json`` alone, check it is the one rank 0 recorded (when ``manifest``), parse
+    it (untrusted: a typed, bounded model) and check its sizes against ``bounds`` before any
+    other byte moves; the listed files and their sizes, or ``HostError`` naming the file."""
+    where = f"~/{remote}/{MANIFEST_NAME}"
+    argv = pull_argv(holder.rsync_target(f"{remote}/{MANIFEST_NAME}"), local, rsh, MAX_MANIFEST_BYTES)
+    _rsync(argv, holder, f"could not copy checkpoint step {step}'s manifest", timeout)
+    path = local / MANIFEST_NAME
+    try:
+        if path.is_symlink() or not path.is_file():
+            raise OSError("not a regular file")
+        data = path.read_bytes()[: MAX_MANIFEST_BYTES + 1]
+    except OSError:
+        raise HostError(holder.name, f"{where}: missing or not a regular file") from None
+    if manifest and hashlib.sha256(data).hexdigest() != manifest:
+        raise HostError(holder.name, f"{where} differs from the manifest rank 0 recorded for step {step}")
+    try:
+        files = Manifest.from_json(data).files
+    except ProtocolError as exc:
+        raise HostError(holder.name, f"{where}: {clean(exc, 300)}") from None
+    listed = {name: size for name, (size, _sha) in files.items() if name != MANIFEST_NAME}
+    for name, size in listed.items():
+        if size > bounds.file_bytes:
+            raise HostError(
+                holder.name,
+                f"{where}: files.{clean(name, 200)} claims {size} bytes, over the per-file cap of {bounds.file_bytes}",
+            )
+    if sum(listed.values()) > bounds.total_bytes:
+        raise HostError(
+            holder.name,
+            f"{where}: lists {sum(listed.values())} bytes, over the copy cap of {bounds.total_bytes}",
+        )
+    return listed
+
+
+def _check_pulled(holder: Host, remote: str, local: Path, listed: Mapping[str, int]) -> None:
+    """After the pull: every listed file here, a regular file of exactly its listed size, and
+    nothing else (a file the size cap skipped, or one that grew or shrank, is refused by name)."""
+    found: dict[str, int] = {}
+    for path in local.rglob("*"):
+        info = path.lstat()
+        name = path.relative_to(local).as_posix()
+        if stat.S_ISDIR(info.st_mode):
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            raise HostError(holder.name, f"~/{remote}/{clean(name, 200)}: not a regular file")
+        found[name] = info.st_size
+    for name, size in listed.items():
+        got = found.get(name)
+        if got != size:
+            what = "missing (or over the size cap)" if got is None else f"{got} bytes"
+            raise HostError(
+                holder.name,
+                f"~/{remote}/{clean(name, 200)}: {what}, but its manifest lists {size} bytes",
+            )
+    extra = sorted(set(found) - set(listed) - {MANIFEST_NAME})
+    if extra:
+        raise HostError(
+            holder.name, f"~/{remote}: files the manifest does not list: {clean(', '.join(extra), 200)}"
+        )
 
 
 # -- before a later attempt --------------------------------------------------------------------------
@@ -420,7 +502,16 @@ def spread_latest(
     lacking = [h for h in hosts if h.name not in choice.holders]
     if not lacking:
         return Spread(remote, f"every node holds checkpoint step {step}{refused}", origin, choice.refused)
-    failed = copy_step(by_name[holder], lacking, run_id, step, known_hosts, staging, fleet_run(fleet))
+    failed = copy_step(
+        by_name[holder],
+        lacking,
+        run_id,
+        step,
+        known_hosts,
+        staging,
+        fleet_run(fleet),
+        manifest=(recorded or {}).get(step, ""),
+    )
     if failed:
         raise next(iter(failed.values()))
     names = ", ".join(h.name for h in lacking)

@@ -32,7 +32,7 @@ from paramiko import Channel
 
 from launch.errors import HostError
 from launch.job.inventory import Host, Inventory
-from launch.nodelib.fleetrun_wire import ProtocolError
+from launch.nodelib.fleetrun_wire import ProtocolError, decode
 from launch.reports.safe_text import clean
 from launch.rules.gpu_diag import DiagReport, parse_diag
 from launch.rules.gpu_health import expected_fabric_devices, expected_gpus
@@ -335,6 +335,8 @@ DIAG_LEVELS = (1, 2, 3)
 DIAG_SLACK_S = 60.0
 """Past the node's own bound on ``dcgmi diag`` (``fleetrun_gpu.DIAG_TIMEOUT_S``, after which the
 reader stops the diagnostic and answers): the SSH round trip's margin."""
+MAX_DIAG_ANSWER_BYTES = 1_000_000
+"""A diagnostic's answer (its last line, JSON) is read within this many characters."""
 
 
 def diag_source() -> bytes:
@@ -368,9 +370,10 @@ def gpu_diag(fleet: FleetPort, hosts: Sequence[Host], level: int) -> dict[str, D
                 f"the diagnostic did not run with {conn.host.python} (exit {result.exit_code}: {tail[:300]})"
             )
         try:
-            data = json.loads(lines[-1][:1_000_000])
-        except ValueError:
-            return "the diagnostic's answer was not JSON"
+            # byte and nesting bounds before parsing: a bracket bomb raised RecursionError here
+            data = decode(lines[-1], MAX_DIAG_ANSWER_BYTES, "the diagnostic's answer")
+        except ProtocolError as exc:
+            return clean(str(exc), 300)
         return parse_diag(data, f"{conn.host.name} gpu diag")
 
     results = fleet.map(one, hosts=hosts, deadline=timeout + 30)

@@ -29,7 +29,8 @@ LOCAL_S3_ENV = {
     "AWS_SECRET_ACCESS_KEY": "fleetrun-local",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-"""Dummy keys for the fleet's own S3-compatible server (it accepts any)."""
+"""The fleet's own S3 server's access key and region; the secret is the fleet's own, made at
+``up`` (``launch.fleets.local.bucket.fleet_secret``): this one stands only for a fleet without."""
 PREFIX_TAG = "fleetrun:local-prefix"
 """Every resource of a local fleet (users, namespaces, links, state) is named from its prefix."""
 
@@ -58,15 +59,20 @@ class LocalFleetKind:
 
     def bucket_commands(self, prefix: str) -> BucketCommands | None:
         """The S3 commands against the fleet's own S3-compatible server, run with the image's ``aws``
-        (dummy keys: the server is a test's, on this machine)."""
+        (the fleet's own key: the server refuses requests signed with any other)."""
         if not (self.ref.bucket and self.ref.s3_endpoint):
             return None
         from launch.fleets.clouds import aws
+        from launch.fleets.local.bucket import fleet_secret
+        from launch.fleets.local.naming import FleetNames
         from launch.fleets.local.prereqs import image_python
         from launch.nodelib.fleetrun_protocol import BucketCommands
 
         cli = str(image_python().parent / "aws")
         env = {**LOCAL_S3_ENV, "AWS_ENDPOINT_URL": self.ref.s3_endpoint}
+        secret = fleet_secret(FleetNames(prefix=self.ref.prefix).state_dir)
+        if secret is not None:
+            env["AWS_SECRET_ACCESS_KEY"] = secret
         return BucketCommands(
             url=f"s3://{self.ref.bucket}/{prefix}",
             copy=(cli, *aws.COPY[1:]),

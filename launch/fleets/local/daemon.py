@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from launch.errors import LocalFleetError
@@ -27,10 +27,12 @@ def start(
     timeout: float,
     what: str,
     cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` detached, its pid in ``state_dir / pid_file``; returns once ``ready()``, or
     raises ``LocalFleetError`` naming ``what`` and its log when it ended or ``timeout`` passed
-    (a helper with nothing to wait for passes a ``ready`` that is always true)."""
+    (a helper with nothing to wait for passes a ``ready`` that is always true). ``env``: its whole
+    environment (default: this process's)."""
     log_path = state_dir / log_file
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -40,6 +42,7 @@ def start(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=None if env is None else dict(env),
         )
     (state_dir / pid_file).write_text(str(proc.pid))
     deadline = time.monotonic() + timeout

@@ -19,6 +19,7 @@ its pid file. Notices are files under the fleet's state directory (root only); r
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -46,6 +47,14 @@ CLONE_NEWNET = 0x40000000
 MAX_NOTICE_BYTES = 4096
 MAX_TOKENS = 1024
 MAX_WINDOW_S = 3600.0
+MAX_CONNECTIONS = 32
+"""Connections one node's endpoint serves at once; more are closed on arrival. The daemon is
+root and a job on the node can open connections freely: without a cap, one thread each, forever."""
+IDLE_TIMEOUT_S = 5.0
+"""A connection that sends nothing for this long is closed (a watchdog's poll is one request)."""
+CONNECTION_DEADLINE_S = 15.0
+"""A connection is closed after this long whatever it sends (a byte every few seconds keeps the
+idle timeout from firing)."""
 
 
 def notice_dir(names: FleetNames) -> Path:
@@ -112,6 +121,10 @@ class Handler(BaseHTTPRequestHandler):
 
     server: MetadataEndpoint
 
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.idle_timeout)  # every read: idle this long, closed
+
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
         pass
 
@@ -168,6 +181,38 @@ class MetadataEndpoint(ThreadingHTTPServer):
         super().__init__(address, handler, bind_and_activate=bind_and_activate)
         self.tokens: dict[str, float] = {}
         self.lock = threading.Lock()
+        self.idle_timeout = IDLE_TIMEOUT_S
+        self.connection_deadline = CONNECTION_DEADLINE_S
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        """A thread for the connection only while a slot of ``slots``
+        (``MAX_CONNECTIONS``) is free;
+        past that it is closed at once (the client retries its poll)."""
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # type: ignore[arg-type]
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        """Serve one connection, cut at ``connection_deadline`` whatever it sends, then free its slot."""
+
+        def cut() -> None:
+            with contextlib.suppress(OSError):  # the handler's blocked read returns at once
+                request.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.connection_deadline, cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            super().process_request_thread(request, client_address)  # type: ignore[arg-type]
+        finally:
+            timer.cancel()
+            self.slots.release()
 
     def new_token(self) -> str:
         token = secrets.token_urlsafe(24)
