@@ -554,9 +554,11 @@ def test_events_answers_a_held_wait_the_moment_the_job_exits(tmp_path: Path) -> 
     )
     assert proc.stdin is not None
     try:
-        proc.stdin.write('{"op": "wait", "wait_s": 0.2, "seen": "running"}\nnonsense\n')
+        proc.stdin.write('{"op": "wait", "wait_s": 0.2, "seen": "running"}\n')
         proc.stdin.flush()
         assert json.loads(read_line_within(proc, 30)) == {"state": "running", "rc": None, "error": ""}
+        proc.stdin.write("nonsense\n")  # one line at a time: select() cannot see a buffered second line
+        proc.stdin.flush()
         assert "unknown request" in json.loads(read_line_within(proc, 30))["error"]
         proc.stdin.write('{"op": "wait", "wait_s": 60, "seen": "running"}\n')
         proc.stdin.flush()

@@ -53,10 +53,11 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
-    from launch.nodelib import fleetrun_gpu
+    from launch.nodelib import fleetrun_gpu, fleetrun_procs
     from launch.nodelib import fleetrun_protocol as protocol
 else:
     import fleetrun_gpu  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_procs  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 RUN_TMP = "tmp"
@@ -456,52 +457,11 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
     )
 
 
-MAX_TREE = 512
-"""At most this many processes of the job's tree are looked at per poll."""
-
-
-def _proc_state(pid: int) -> str:
-    """The one-letter state of ``pid`` (``R``, ``S``, ``T``...), '' when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-            fields = fh.read(4096).rsplit(")", 1)[-1].split()
-    except OSError:
-        return ""
-    return fields[0] if fields else ""
-
-
-def _children(pid: int) -> list[int]:
-    """``pid``'s children, from every thread's ``children`` list (a child may be forked by any)."""
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tasks[:MAX_TREE]:
-        data = _read(f"/proc/{pid}/task/{tid}/children", 4096) or ""
-        found.extend(int(c) for c in data.split() if c.isdigit())
-    return found
-
-
 def stopped_processes(run_dir: str) -> int:
-    """How many processes of the job's tree (under its wrapper) are stopped by a signal (state
-    ``T``; ``t`` for a debugger's trace stop): ranks that can hold a collective forever while
-    looking alive. Read from ``/proc``: the wrapper's descendants only, bounded."""
+    """How many processes of the job's tree (under its wrapper) are stopped by a signal
+    (``fleetrun_procs.stopped_in_tree``): ranks that hold a collective forever while looking alive."""
     root = _wrapper_of(run_dir)
-    if root is None:
-        return 0
-    seen: set[int] = set()
-    todo = [root]
-    stopped = 0
-    while todo and len(seen) < MAX_TREE:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        if _proc_state(pid) in ("T", "t"):
-            stopped += 1
-        todo.extend(_children(pid))
-    return stopped
+    return 0 if root is None else fleetrun_procs.stopped_in_tree(root)
 
 
 def upload(run_dir: str, argv: Sequence[str]) -> protocol.UploadAnswer:
