@@ -353,6 +353,8 @@ class FakeConnection:
             self.node.guard = json.loads(text)
 
     def ask(self, command: str, request: str, timeout: float) -> str:
+        if json.loads(request).get("op") == "wait":  # no event channel: the watcher polls
+            raise HostError(self.host.name, "no event channel on a fake node")
         node = self.node
         node.reachable_check(timeout)
         if node.is_head:

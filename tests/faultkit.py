@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import threading
@@ -46,12 +47,24 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def is_step_record(line: bytes) -> bool:
+    """A metric record of a training step: not an event, even one with a ``step`` field (the
+    checkpoint helper's ``checkpoint_resumed`` event, written before the first step, has one)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and "event" not in record and isinstance(record.get("step"), int)
+
+
 def first_metrics(fleet: LocalFleet) -> bool:
-    """Rank 0 has logged a training step (not just the world event)."""
+    """Rank 0 has logged a training step (not just the world or the resume event): a fault made
+    before it lands in the job's start-up, where other rules apply (``startup_timeout_s``)."""
     return any(
-        b'"step"' in p.read_bytes()
+        is_step_record(line)
         for user in fleet.existing_users()
         for p in Path(f"/home/{user}/.fleetrun/runs").glob("*/metrics.jsonl")
+        for line in p.read_bytes().splitlines()
     )
 
 
@@ -73,6 +86,7 @@ def run_with_fault(
     fleet: LocalFleet,
     fault: Callable[[], None] | None,
     on_fault: Callable[[float], None] | None = None,
+    poll_interval: float = 0.5,
 ) -> RunResult:
     """``fab train`` in a thread; the fault is applied once rank 0 has logged metrics."""
     box: dict[str, object] = {}
@@ -83,7 +97,7 @@ def run_with_fault(
                 playbook,
                 inventory=f"local:{fleet.prefix}",
                 console=quiet(),
-                poll_interval=0.5,
+                poll_interval=poll_interval,
                 ask_on_interrupt=False,
             )
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread

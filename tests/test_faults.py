@@ -92,6 +92,28 @@ def test_kill_one_rank(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: 
     assert_torn_down(fresh_fleet, result)
 
 
+def test_rank_exit_is_pushed_not_polled(
+    fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
+) -> None:
+    """A poll every 300 s: the killed rank's exit still ends the run at the watcher's second poll,
+    because the node agent pushed it on its event channel and that cut the pause short (had the
+    watcher waited for the poll, the test would take five minutes and the push would be missing)."""
+    victim = fresh_fleet.node_name(1)
+    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 200 --step-sleep 0.05")
+    result = run_with_fault(
+        playbook,
+        fresh_fleet,
+        lambda: os.kill(worker_pids(victim)[0], signal.SIGKILL),
+        poll_interval=300,
+    )
+    assert result.outcome == "failed" and result.rule == "rank_failed", result.reason
+    assert result.failed_nodes[0] == victim, result.reason
+    watch = json.loads((result.folder / "summary.json").read_text())["watch"]
+    assert any(p["node"] == victim and p["state"] == "exited" for p in watch["pushed"]), watch
+    assert watch["woken_by_push"] >= 1 and watch["polls"] <= 3, watch
+    assert_torn_down(fresh_fleet, result)
+
+
 def test_hang_sigstop_is_a_stall(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
     victim = fresh_fleet.node_name(1)
     playbook = playbook_for(tmp_path, digits_workdir, "--epochs 200 --step-sleep 0.05", stall_timeout_s=5)

@@ -525,3 +525,78 @@ def test_a_start_never_reads_an_earlier_starts_exit_code(tmp_path: Path) -> None
     finally:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
+
+
+# -- the event channel: a rank's exit pushed the moment it happens ----------------------------------
+
+
+def read_line_within(proc: subprocess.Popen, seconds: float) -> str:
+    """One answer line, or '' when none came within ``seconds`` (a deadline, not a measurement)."""
+    import select
+
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], seconds)
+    return proc.stdout.readline() if ready else ""
+
+
+def test_events_answers_a_held_wait_the_moment_the_job_exits(tmp_path: Path) -> None:
+    """The watcher's event channel: a wait held for a minute is answered as soon as the job's
+    wrapper wrote ``rc`` (not when the wait runs out); a short wait on a running job answers
+    ``running``; a bad request is an error answer; end of input ends the agent."""
+    run_dir = make_run(tmp_path, "r-push", "while [ ! -e go ]; do sleep 0.05; done; exit 5")
+    assert agent("start", str(run_dir))["pid"] > 0
+    wait_state(run_dir, "running")
+    proc = subprocess.Popen(
+        [sys.executable, AGENT, "events", str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write('{"op": "wait", "wait_s": 0.2, "seen": "running"}\n')
+        proc.stdin.flush()
+        assert json.loads(read_line_within(proc, 30)) == {"state": "running", "rc": None, "error": ""}
+        proc.stdin.write("nonsense\n")  # one line at a time: select() cannot see a buffered second line
+        proc.stdin.flush()
+        assert "unknown request" in json.loads(read_line_within(proc, 30))["error"]
+        proc.stdin.write('{"op": "wait", "wait_s": 60, "seen": "running"}\n')
+        proc.stdin.flush()
+        assert read_line_within(proc, 0.5) == "", "held while the job runs"
+        (run_dir / "go").write_text("")
+        line = read_line_within(proc, 30)  # far below the 60 s hold: answered by the exit itself
+        assert line, "the exit was not pushed before the wait ran out"
+        assert json.loads(line) == {"state": "exited", "rc": 5, "error": ""}
+        proc.stdin.close()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_poll_counts_the_jobs_processes_stopped_by_a_signal(tmp_path: Path) -> None:
+    """A rank stopped by SIGSTOP looks alive; the poll answer counts it (``stopped``), so the
+    watcher can blame its node when a peer's collective with it then fails."""
+    run_dir = make_run(tmp_path, "r-stop", "sleep 60 & echo $! > child; wait")
+    assert agent("start", str(run_dir))["pid"] > 0
+    wait_state(run_dir, "running")
+    deadline = time.monotonic() + 20
+    while not (run_dir / "child").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int((run_dir / "child").read_text())
+    try:
+        assert agent("poll", str(run_dir), "0", "--no-heartbeat")["stopped"] == 0
+        os.kill(child, signal.SIGSTOP)
+        deadline = time.monotonic() + 20
+        answer: dict = {}
+        while time.monotonic() < deadline:
+            answer = agent("poll", str(run_dir), "0", "--no-heartbeat")
+            if answer["stopped"]:
+                break
+            time.sleep(0.05)
+        assert answer["state"] == "running" and answer["stopped"] == 1, answer
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+    wait_state(run_dir, "exited")

@@ -221,6 +221,33 @@ def test_stalled_fires_after_timeout_without_new_metrics() -> None:
     assert "after step 1" in d.reason and "no new metrics for 10 min after step 1" in d.reason
 
 
+def test_a_stopped_rank_is_blamed_not_the_peer_whose_collective_then_fails() -> None:
+    """node1's rank was SIGSTOPped before its first step: the startup limit is far away, and
+    node0's rank exits 1 when its collective times out. The cause is node1, named as stalled;
+    without stopped processes the same exit is node0's own failure."""
+    rules = StopRules(stall_timeout_s=5)
+    frozen = NodeObservation("node1", "running", stopped_processes=1)
+    failed = NodeObservation("node0", "exited", exit_code=1)
+    d = evaluate(rules, obs(T0 + 60, nodes=(failed, frozen)), RuleState())
+    assert d is not None and (d.outcome, d.rule, d.nodes) == ("failed", "stalled", ("node1",)), d
+    assert "node1 has 1 process(es) of the job stopped by a signal" in d.reason
+    assert "node0 then exited with exit code 1" in d.reason
+    alive = NodeObservation("node1", "running")
+    d = evaluate(rules, obs(T0 + 60, nodes=(failed, alive)), RuleState())
+    assert d is not None and (d.rule, d.nodes) == ("rank_failed", ("node0",)), d
+
+
+def test_a_stall_names_the_node_whose_ranks_are_stopped() -> None:
+    rules = StopRules(stall_timeout_s=5)
+    state = RuleState()
+    nodes = (NodeObservation("node0", "running"), NodeObservation("node1", "running", stopped_processes=2))
+    m = metrics_from([1.0, 0.9])
+    assert evaluate(rules, obs(T0 + 10, nodes=nodes, metrics=m), state) is None
+    d = evaluate(rules, obs(T0 + 15, nodes=nodes, metrics=m), state)
+    assert d is not None and (d.rule, d.nodes) == ("stalled", ("node1",)), d
+    assert "node1 has 2 process(es) of the job stopped by a signal" in d.reason
+
+
 def test_new_metrics_reset_the_stall_timer() -> None:
     rules = StopRules(stall_timeout_s=600)
     state = RuleState()

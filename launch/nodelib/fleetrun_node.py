@@ -15,6 +15,8 @@ in and out is a record of ``fleetrun_protocol.py`` (shipped beside this file).
                                           state, exit code, new metrics bytes since OFFSET, status
   fleetrun_node.py serve RUN_DIR          answer poll requests, a JSON line each, on stdin until EOF
                                           or 10 idle minutes (the watcher's persistent channel)
+  fleetrun_node.py events RUN_DIR         answer wait requests, a JSON line each, the moment the job
+                                          exits (or when the wait runs out): the watcher's event channel
   fleetrun_node.py guard RUN_DIR [--stdin]
                                           start only the watchdog (nodes whose ranks the head starts)
   fleetrun_node.py upload RUN_DIR REQUEST copy the run directory with the command in REQUEST (an
@@ -51,10 +53,11 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
-    from launch.nodelib import fleetrun_gpu
+    from launch.nodelib import fleetrun_gpu, fleetrun_procs
     from launch.nodelib import fleetrun_protocol as protocol
 else:
     import fleetrun_gpu  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_procs  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 RUN_TMP = "tmp"
@@ -269,6 +272,88 @@ def serve(run_dir: str, idle_s: float = SERVE_IDLE_S) -> int:
             return 0  # the watcher is gone
 
 
+WAIT_TICK_S = 0.05
+"""Without a pidfd (Linux before 5.3, Python before 3.9) the job's state is read this often."""
+
+
+def _pidfd(pid: int | None) -> int | None:
+    """A descriptor that becomes readable when ``pid`` ends (``os.pidfd_open``), or None."""
+    opener = getattr(os, "pidfd_open", None)
+    if pid is None or opener is None:
+        return None
+    try:
+        return int(opener(pid))
+    except OSError:
+        return None
+
+
+def wait_for_change(
+    run_dir: str, request: protocol.WaitRequest, stdin_fd: int | None = None
+) -> protocol.WaitAnswer:
+    """Hold until the job's state is no longer ``request.seen`` or ``request.wait_s`` ran out.
+
+    The run's wrapper writes ``rc`` and then ends, so its end (a pidfd: no polling, no delay)
+    is the moment the exit can be read; without a pidfd the state is read every ``WAIT_TICK_S``.
+    End of input on ``stdin_fd`` (the watcher went away) ends the wait too."""
+    deadline = time.monotonic() + request.wait_s
+    notes: list[str] = []
+    wrapper = _wrapper_of(run_dir) if os.path.isdir(run_dir) else None
+    pidfd = _pidfd(wrapper)
+    try:
+        while True:
+            state, rc, _at = (
+                _process_state(run_dir, notes) if os.path.isdir(run_dir) else ("absent", None, None)
+            )
+            left = deadline - time.monotonic()
+            if state != request.seen or left <= 0:
+                return protocol.WaitAnswer(state=state, rc=rc)
+            watched = [fd for fd in (pidfd, stdin_fd) if fd is not None]
+            tick = left if pidfd is not None else min(left, WAIT_TICK_S)
+            ready, _, _ = select.select(watched, [], [], tick) if watched else ([], [], [])
+            if not watched:
+                time.sleep(tick)
+            if stdin_fd is not None and stdin_fd in ready:
+                return protocol.WaitAnswer(state=state, rc=rc)  # input or its end: answer now
+            if pidfd is not None and pidfd in ready:
+                os.close(pidfd)
+                pidfd = None  # the wrapper ended: the next read finds its ``rc``
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def events(run_dir: str, idle_s: float = SERVE_IDLE_S) -> int:
+    """Answer ``WaitRequest`` lines on stdin, each when the job's state changed or its wait ran
+    out, until end of input or ``idle_s`` without a request: the watcher's event channel, so a
+    rank's exit reaches the laptop the moment it happens instead of at the next poll."""
+    fd = sys.stdin.fileno()
+    pending = b""
+    while True:
+        while b"\n" not in pending:
+            if len(pending) > protocol.MAX_REQUEST_BYTES:
+                pending = b""
+            ready, _, _ = select.select([fd], [], [], idle_s)
+            if not ready:
+                return 0
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return 0
+            pending += chunk
+        line, pending = pending.split(b"\n", 1)
+        try:
+            request = protocol.WaitRequest.from_json(line)
+            answer = wait_for_change(run_dir, request, None if pending else fd)
+        except protocol.ProtocolError as exc:
+            answer = protocol.WaitAnswer(error=f"unknown request: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the channel must outlive any one bad answer
+            answer = protocol.WaitAnswer(error=f"the node agent failed to wait: {type(exc).__name__}: {exc}")
+        try:
+            sys.stdout.write(answer.to_json() + "\n")
+            sys.stdout.flush()
+        except OSError:
+            return 0
+
+
 def answer_request(run_dir: str, line: bytes) -> protocol.PollAnswer:
     """One request line of the poll channel, answered; whatever goes wrong becomes an error answer."""
     try:
@@ -368,7 +453,15 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
         pace=pace_reading(run_dir),
         malformed=tuple(notes[: protocol.MAX_NOTES]),
         preempted=preempted,
+        stopped=stopped_processes(run_dir) if state == "running" else 0,
     )
+
+
+def stopped_processes(run_dir: str) -> int:
+    """How many processes of the job's tree (under its wrapper) are stopped by a signal
+    (``fleetrun_procs.stopped_in_tree``): ranks that hold a collective forever while looking alive."""
+    root = _wrapper_of(run_dir)
+    return 0 if root is None else fleetrun_procs.stopped_in_tree(root)
 
 
 def upload(run_dir: str, argv: Sequence[str]) -> protocol.UploadAnswer:
@@ -660,6 +753,8 @@ def main(argv: list[str]) -> int:
             return _say(poll_answer(args[0], int(args[1]), heartbeat="--no-heartbeat" not in args).to_json())
         if command == "serve" and len(args) == 1:
             return serve(args[0])
+        if command == "events" and len(args) == 1:
+            return events(args[0])
         if command == "upload" and len(args) == 2:
             request = protocol.UploadRequest.from_json(args[1])
             return _say(upload(args[0], request.argv).to_json())

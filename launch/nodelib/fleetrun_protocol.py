@@ -168,6 +168,62 @@ class PollRequest:
         return cls(offset=f.integer("offset", 0, MAX_OFFSET), heartbeat=f.boolean("heartbeat", True))
 
 
+MAX_STOPPED = 1 << 16
+"""The most stopped processes a poll answer may report (``PollAnswer.stopped``)."""
+MAX_WAIT_S = 60.0
+"""The longest a node agent holds a ``WaitRequest`` before answering that nothing changed."""
+
+
+@dataclass(frozen=True)
+class WaitRequest:
+    """One request on the watcher's event channel: answer once this node's job is no longer in
+    state ``seen`` (its wrapper wrote ``rc``, or its process is gone), or after ``wait_s``.
+
+    How a rank's exit reaches the laptop without waiting for a poll: the agent holds the request
+    and answers the moment the exit happens (``fleetrun_node.wait_for_change``)."""
+
+    wait_s: float = 30.0
+    seen: str = "running"
+
+    def to_json(self) -> str:
+        return encode({"op": "wait", "wait_s": self.wait_s, "seen": self.seen})
+
+    @classmethod
+    def from_json(cls, data: bytes | bytearray | str) -> WaitRequest:
+        f = _json_object(data, MAX_REQUEST_BYTES, "wait request")
+        if f.data.get("op") != "wait":
+            raise ProtocolError(f"wait request: field 'op': expected 'wait', got {_shown(f.data.get('op'))}")
+        seen = f.data.get("seen", "running")
+        if seen not in STATES:
+            raise f._fail("seen", " / ".join(STATES), seen)
+        wait_s = f.number("wait_s", 0.0, MAX_WAIT_S)
+        return cls(wait_s=30.0 if wait_s is None else wait_s, seen=str(seen))
+
+
+@dataclass(frozen=True)
+class WaitAnswer:
+    """The answer to a ``WaitRequest``: the job's state now (still ``seen`` when the wait ran
+    out), its exit code once exited; ``error`` when the agent could not answer."""
+
+    state: str = "absent"
+    rc: int | None = None
+    error: str = ""
+
+    def to_json(self) -> str:
+        return encode({"state": self.state, "rc": self.rc, "error": self.error})
+
+    @classmethod
+    def from_json(cls, data: bytes | bytearray | str) -> WaitAnswer:
+        f = _json_object(data, MAX_SMALL_ANSWER_BYTES, "wait answer")
+        error = f.text("error", MAX_ERROR)
+        if error:
+            return cls(error=error)
+        state = f.data.get("state")
+        if state not in STATES:
+            raise f._fail("state", " / ".join(STATES), state)
+        return cls(state=str(state), rc=f.optional_integer("rc", -(2**31), 2**31 - 1))
+
+
 @dataclass(frozen=True)
 class StatusRecord:
     """``<run dir>/status.json``: the final record the metrics helper writes (``Metrics.finish``).
@@ -255,6 +311,9 @@ class PollAnswer:
     pace: dict | None = None
     """The node's pace (``fleetrun_node.pace_reading``: its slowest rank's probe time in ms,
     steps/s and the age of its stalest rank's report), as read: untrusted, parsed on the laptop (``launch.rules.stragglers``)."""
+    stopped: int = 0
+    """Processes of the job on this node stopped by a signal (state T: SIGSTOP, a debugger):
+    they hold their peers' collectives, so this node is the cause of a stall, not its victim."""
 
     def to_json(self) -> str:
         return encode(
@@ -272,6 +331,7 @@ class PollAnswer:
                 "preempted": None if self.preempted is None else self.preempted.to_dict(),
                 "gpu": self.gpu,
                 "pace": self.pace,
+                "stopped": self.stopped,
             },
             allow_nan=True,  # a status field may be NaN (finish(loss=nan)); Python reads it back
         )
@@ -317,6 +377,7 @@ class PollAnswer:
             else PreemptionNotice.from_dict(preempted, "poll answer: preempted"),  # noqa: F405
             gpu=gpu,
             pace=pace,
+            stopped=f.integer("stopped", 0, MAX_STOPPED, required=False, default=0),
         )
 
 

@@ -24,6 +24,10 @@ Rules are checked in this order; the first that fires wins (:data:`RULES`):
 10. ``wall_time``    the run is older than the wall-time cap       -> stopped
 11. ``max_cost``     the estimated cost reached the cap            -> stopped
 
+A rank that exited non-zero while another node's ranks are stopped by a signal (SIGSTOP, a
+debugger: alive, never stepping) is ``stalled``, naming the stopped node: the exit is the
+stopped ranks' collective timing out, and the node that exited is their victim, not the cause.
+
 ``gpu_fault`` comes first: a GPU that fell off the bus makes its rank (and then every peer) exit
 non-zero, and the GPU, not the rank, is what recovery must leave out.
 
@@ -175,6 +179,9 @@ class NodeObservation:
     """The node's GPU health counters at this poll; None without nvidia-smi or a reading."""
     pace: NodePace | None = None
     """The node's slowest rank's pace (``launch.rules.stragglers``); None before any report."""
+    stopped_processes: int = 0
+    """The job's processes on this node stopped by a signal (SIGSTOP, a debugger): alive, never
+    stepping, holding every collective they take part in."""
 
 
 @dataclass(frozen=True)
@@ -330,10 +337,34 @@ def gpu_fault(rules: StopRules, obs: Observation, state: RuleState) -> StopDecis
     )
 
 
+def _stopped_nodes(obs: Observation) -> list[NodeObservation]:
+    """Running nodes with processes of the job stopped by a signal."""
+    return [n for n in obs.nodes if n.state == "running" and n.stopped_processes > 0]
+
+
+def _stopped_what(stopped: Sequence[NodeObservation]) -> str:
+    return "; ".join(
+        f"{n.node} has {n.stopped_processes} process(es) of the job stopped by a signal (SIGSTOP or a debugger)"
+        for n in stopped
+    )
+
+
 def rank_failed(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
     bad = [n for n in obs.nodes if n.state == "exited" and n.exit_code not in (0, None)]
     if not bad:
         return None
+    stopped = _stopped_nodes(obs)
+    if stopped:
+        # a rank that stopped stepping holds every collective: the ranks that then fail (their
+        # collective timed out) are its victims, and blaming them would replace the wrong node
+        exits = "; ".join(f"{n.node} then exited with {describe_exit(n.exit_code or 0)}" for n in bad)
+        return StopDecision(
+            "failed",
+            "stalled",
+            f"{_stopped_what(stopped)}, so its ranks stopped stepping{_at_step(obs.metrics)}; {exits} "
+            "(a collective with the stopped ranks failing); stopping the run.",
+            tuple(n.node for n in stopped),
+        )
     what = "; ".join(f"{n.node} exited with {describe_exit(n.exit_code or 0)}" for n in bad)
     return StopDecision(
         "failed",
@@ -424,6 +455,11 @@ def stalled(rules: StopRules, obs: Observation, state: RuleState) -> StopDecisio
     else:
         reason = (
             f"no new metrics for {_fmt_s(quiet)} after step {obs.metrics.last_step} (limit {_fmt_s(limit)})"
+        )
+    stopped = _stopped_nodes(obs)
+    if stopped:
+        return StopDecision(
+            "failed", "stalled", f"{reason}: {_stopped_what(stopped)}.", tuple(n.node for n in stopped)
         )
     return StopDecision("failed", "stalled", f"{reason} while processes still run: probably a hang.")
 

@@ -111,6 +111,9 @@ class RunSummary:
     decided_at: float | None = None
     teardown_started_at: float | None = None
     ended_at: float | None = None
+    watch: dict[str, Any] = field(default_factory=dict)
+    """How the watcher learnt the end: its poll rounds and the changes the nodes pushed on their
+    event channels (``launch.run.pushed_exits``) in the order heard."""
 
     @property
     def ok(self) -> bool:
@@ -152,6 +155,7 @@ class RunSummary:
             "decided_at": self.decided_at,
             "teardown_started_at": self.teardown_started_at,
             "ended_at": self.ended_at,
+            "watch": self.watch,
         }
 
     def record_fields(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from launch.rules.stoprules import (
 )
 from launch.rules.stragglers import NodePace, parse_pace
 from launch.run.clock import Clock
+from launch.run.pushed_exits import PushedExits
 from launch.run.target import WatchTarget
 from launch.transport.port import FleetPort, NodeLink
 
@@ -77,6 +78,8 @@ class NodeWatch:
     """What the node agent last reported unreadable on the node (an ``rc`` that is no number...)."""
     preempted: PreemptionNotice | None = None
     """The cloud announced this node's end (the watchdog's ``preempt.json``); kept once seen."""
+    stopped: int = 0
+    """The job's processes on this node stopped by a signal at the last good answer."""
     stream: MetricsStream = field(default_factory=MetricsStream)
 
 
@@ -92,6 +95,7 @@ class Watcher:
         completion_grace_s: float = 30.0,
         on_poll: Callable[[Observation], object] | None = None,
         clock: Clock = time,
+        push_exits: bool = False,
     ) -> None:
         self.clock = clock
         """Wall time and sleeping: the ``time`` module, or the run context's (a test's fake clock)."""
@@ -107,6 +111,17 @@ class Watcher:
         self.price = price_per_node_hour(target.instance_type or "", target.rules.price_per_node_hour)
         self.first_step_at: float | None = None
         self.serve_command = f'exec {AGENT} serve "$HOME/{layout.rundir(target.run_id)}"'
+        self.polls = 0
+        """Poll rounds so far (the summary's ``watch`` facts)."""
+        self.woken = 0
+        """Pauses between polls that a pushed exit cut short."""
+        self.pushed: PushedExits | None = None
+        """With ``push_exits``: each running node's event channel (``launch.run.pushed_exits``),
+        so a rank's exit ends the pause between polls at once. Waited on in real time, so only
+        with the real clock: a stand-in clock sleeps as before."""
+        if push_exits:
+            events = f'exec {AGENT} events "$HOME/{layout.rundir(target.run_id)}"'
+            self.pushed = PushedExits(fleet, events)
 
     # -- one poll --------------------------------------------------------------------------------
     def _poll_node(self, conn: NodeLink, timeout: float = POLL_ANSWER_TIMEOUT_S) -> PollAnswer:
@@ -134,7 +149,9 @@ class Watcher:
         return answer
 
     def close(self) -> None:
-        """Close the poll channels; each node's agent exits on end of input."""
+        """Close the poll and event channels; each node's agent exits on end of input."""
+        if self.pushed is not None:
+            self.pushed.close()
         for conn in self.fleet.connections.values():
             conn.close_sessions()
 
@@ -168,6 +185,7 @@ class Watcher:
             node.stream.feed(answer.metrics)
         node.offset = answer.offset
         node.malformed = answer.malformed
+        node.stopped = answer.stopped
         if answer.preempted is not None:
             node.preempted = answer.preempted
         if answer.status is not None:
@@ -212,6 +230,7 @@ class Watcher:
                     last_loss=node.stream.last_loss,
                     gpu_health=node.gpu,
                     pace=node.pace,
+                    stopped_processes=node.stopped,
                 )
             )
         exits = {
@@ -238,6 +257,9 @@ class Watcher:
             POLL_DEADLINE_S,
         )
         timeout = min(POLL_ANSWER_TIMEOUT_S, budget)
+        self.polls += 1
+        if self.pushed is not None:
+            self.pushed.arm()  # a push from here on wakes the pause after this round
         answers = self.fleet.map(lambda c: self._timed_poll(c, timeout), deadline=budget)
         now = self.clock.time()
         for name, result in answers.items():
@@ -293,7 +315,18 @@ class Watcher:
                     if decision.outcome == "succeeded" and still_running:
                         grace_until = grace_until or obs.now + self.completion_grace_s
                         if obs.now < grace_until:
-                            self.clock.sleep(self.poll_interval)
+                            self.pause()
                             continue
                     return decision
-                self.clock.sleep(self.poll_interval)
+                self.pause()
+
+    def pause(self) -> None:
+        """The wait between two polls: ``poll_interval``, cut short the moment a running node's
+        agent pushes its job's exit on the event channel (``launch.run.pushed_exits``)."""
+        if self.pushed is not None:
+            self.pushed.listen(n.name for n in self.nodes.values() if n.state == "running")
+            if self.pushed.listening:
+                if self.pushed.wait(self.poll_interval):
+                    self.woken += 1
+                return
+        self.clock.sleep(self.poll_interval)

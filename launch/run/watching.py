@@ -64,6 +64,7 @@ def build_watcher(
         completion_grace_s=completion_grace_s,
         on_poll=heartbeat,
         clock=clock,
+        push_exits=clock is time,  # exits pushed by the nodes are waited on in real time
     )
     resume_meter(watcher.rule_state.energy, energy.of_attempt(target.attempt))
     return watcher

@@ -168,6 +168,8 @@ class WatchFacts:
     """The watched attempt's GPU energy (None: no readings)."""
     attempt: int | None = None
     """The attempt the watcher watched: its own, which the run's state may have moved past."""
+    watch: dict[str, Any] = field(default_factory=dict)
+    """Its poll rounds and the exits pushed to it (``RunSummary.watch``)."""
 
 
 def watch_facts(watcher: Watcher | None, started_at: float) -> WatchFacts:
@@ -184,6 +186,14 @@ def watch_facts(watcher: Watcher | None, started_at: float) -> WatchFacts:
         first_step_after_s=None if watcher.first_step_at is None else watcher.first_step_at - started_at,
         energy_kwh=watcher.rule_state.energy.kwh,
         attempt=watcher.target.attempt,
+        watch={
+            "polls": watcher.polls,
+            "woken_by_push": watcher.woken,
+            "pushed": [
+                {"node": p.node, "state": p.state, "rc": p.rc}
+                for p in (watcher.pushed.pushed if watcher.pushed is not None else [])
+            ],
+        },
     )
 
 
@@ -452,6 +462,7 @@ def finish(
         decided_at=decided_at,
         teardown_started_at=teardown_started_at,
         ended_at=ended_at,
+        watch=facts.watch,
     )
     steps.run(
         "recording the run",
