@@ -52,7 +52,7 @@ def is_step_record(line: bytes) -> bool:
     checkpoint helper's ``checkpoint_resumed`` event, written before the first step, has one)."""
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # a hostile job's line (a nesting bomb) is no step
         return False
     return isinstance(record, dict) and "event" not in record and isinstance(record.get("step"), int)
 

@@ -52,8 +52,15 @@ COMMAND_RE = re.compile(r"\s*(?:\.venv/bin/fab|fab|fleetrun)\s")
 INLINE_RE = re.compile(r"`((?:\.venv/bin/fab|fab|fleetrun) [^`]+)`")
 FENCE_RE = re.compile(r"^\s*```(\S*)")
 STAND_IN_PLAYBOOK = "playbooks/digits-ddp.yaml"
-NOT_A_COMMAND = {"fab trian"}
-"""Shown on purpose as what fails (docs/reference/exit-codes.md: Fabric's unknown task)."""
+NOT_A_COMMAND = {
+    "fab trian",
+    "fab train job.yaml --bogus",
+    "fab train: unknown option '--bogus'",
+    "fab show: missing RUN",
+    "fab runs: --limit needs a value",
+}
+"""Shown on purpose as what fails, or as the error line it gives (docs/reference/exit-codes.md,
+docs/cli.md)."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from launch.run.artifacts import stop_all
 from launch.run.summary import RunResult
 from launch.transport.ssh import Fleet
 from tests.conftest import REPO, TEST_PREFIX, needs_root, write_playbook
-from tests.faultkit import quiet, wait_for
+from tests.faultkit import is_step_record, quiet, wait_for
 
 pytestmark = needs_root()
 INVENTORY = f"local:{TEST_PREFIX}"
@@ -31,8 +31,12 @@ def run_dirs(fleet: LocalFleet, job: str, node: int = 0) -> list[Path]:
 
 
 def has_steps(fleet: LocalFleet, job: str) -> bool:
+    """A training step logged (not the resume event, which carries ``"step": null``)."""
     return any(
-        b'"step"' in p.read_bytes() for d in run_dirs(fleet, job) if (p := d / "metrics.jsonl").exists()
+        is_step_record(line)
+        for d in run_dirs(fleet, job)
+        if (p := d / "metrics.jsonl").exists()
+        for line in p.read_bytes().splitlines()
     )
 
 

@@ -131,10 +131,7 @@ def ssh_config(c: Any, target: str, output: str = "", prefix: str = "fleetrun-")
     access.write_ssh_config(target, output=output, alias_prefix=prefix)
 
 
-@task(
-    positional=["inventory"],  # `fab queue lab.yaml`, as the docs show; --inventory works too
-    help={"inventory": "as for train: the machines whose queue to show"},
-)
+@task(positional=["inventory"])  # `fab queue lab.yaml`, as the docs show; --inventory works too
 @_friendly
 def queue(c: Any, inventory: str = "local") -> None:
     """Show who holds and who waits for each machine (every run holds its machines; fab train --wait queues in arrival order).

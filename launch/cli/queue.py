@@ -96,10 +96,22 @@ class _Warnings:
             self.say(line)
 
 
+class QueueRefused(HostError):
+    """The queue script on a host answered with a problem (a squatted folder, a bad entry): not a
+    host that could not be reached."""
+
+
 def _act(
-    fleet: Fleet, action: str, run_id: str, ttl: float, warn: _Warnings | None = None
+    fleet: Fleet,
+    action: str,
+    run_id: str,
+    ttl: float,
+    warn: _Warnings | None = None,
+    skip_unreachable: bool = False,
 ) -> dict[str, list[queue.Entry]]:
-    """Run one queue action on every machine; its listing per host (a failure raises ``HostError``)."""
+    """Run one queue action on every machine; its listing per host (a failure raises ``HostError``).
+    ``skip_unreachable``: a host that cannot be reached (or whose pinned key does not match) is
+    left out of the listing instead; the run's pre-launch check names it with its verdict."""
     who = owner()
 
     def one(conn: NodeConnection) -> tuple[list[queue.Entry], list[str]]:
@@ -108,7 +120,7 @@ def _act(
         result = conn.run_with_input(command, queue.SCRIPT.encode(), timeout=30)
         problem = queue.queue_error(result.stdout)
         if not result.ok or problem:
-            raise HostError(conn.host.name, f"queue: {problem or clean(result.stderr.strip()[-200:])}")
+            raise QueueRefused(conn.host.name, f"queue: {problem or clean(result.stderr.strip()[-200:])}")
         return queue.parse_listing(result.stdout), queue.skipped_notes(result.stdout)
 
     out: dict[str, list[queue.Entry]] = {}
@@ -116,6 +128,8 @@ def _act(
         if isinstance(res, BaseException):
             if action == "leave":
                 continue  # best effort: an entry left behind expires by itself
+            if skip_unreachable and not isinstance(res, QueueRefused):
+                continue
             raise res if isinstance(res, FleetrunError) else HostError(name, f"queue: {res}")
         out[name], notes = res
         if warn is None:
@@ -189,7 +203,7 @@ def take_machines(
     fleet = Fleet(inventory.hosts, known_hosts)
     _live(run_id, True)
     try:
-        listing = _act(fleet, "enqueue", run_id, ttl, _Warnings(say))
+        listing = _act(fleet, "enqueue", run_id, ttl, _Warnings(say), skip_unreachable=True)
         blockers = _blockers(inventory, listing, run_id, ttl)
         if blockers and not share:
             raise FleetrunError(
