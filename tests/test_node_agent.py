@@ -560,6 +560,10 @@ def test_events_answers_a_held_wait_the_moment_the_job_exits(tmp_path: Path) -> 
         proc.stdin.write("nonsense\n")  # one line at a time: select() cannot see a buffered second line
         proc.stdin.flush()
         assert "unknown request" in json.loads(read_line_within(proc, 30))["error"]
+        # an over-long line is dropped whole, as on the poll channel: its tail is no request
+        proc.stdin.write("x" * 100_000 + '{"op": "wait", "wait_s": 0.2, "seen": "running"}\n')
+        proc.stdin.flush()
+        assert "longer than" in json.loads(read_line_within(proc, 30))["error"]
         proc.stdin.write('{"op": "wait", "wait_s": 60, "seen": "running"}\n')
         proc.stdin.flush()
         assert read_line_within(proc, 0.5) == "", "held while the job runs"

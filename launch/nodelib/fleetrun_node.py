@@ -231,6 +231,36 @@ def _touch(path: str) -> None:
     os.utime(path, None)
 
 
+TOO_LONG = f"request longer than {protocol.MAX_REQUEST_BYTES} bytes; dropped"
+
+
+class RequestLines:
+    """Request lines of a channel (the poll channel, the event channel), read raw from its
+    descriptor with a buffer of our own: select() cannot see lines a buffered reader already
+    holds. A line longer than ``MAX_REQUEST_BYTES`` is dropped whole (``too_long``)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pending = b""
+        self.too_long = False
+
+    def next(self, idle_s: float) -> bytes | None:
+        """The next line; None at end of input or after ``idle_s`` with nothing to read."""
+        self.too_long = False
+        while b"\n" not in self.pending:
+            if len(self.pending) > protocol.MAX_REQUEST_BYTES:
+                self.too_long, self.pending = True, b""
+            ready, _, _ = select.select([self.fd], [], [], idle_s)
+            if not ready:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return None
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line
+
+
 def serve(run_dir: str, idle_s: float = SERVE_IDLE_S) -> int:
     """Answer poll requests until the watcher goes away.
 
@@ -241,30 +271,13 @@ def serve(run_dir: str, idle_s: float = SERVE_IDLE_S) -> int:
     error while answering is an error answer, never the end of the channel.
     """
     start_gpu_reader()
-    fd = sys.stdin.fileno()
+    requests = RequestLines(sys.stdin.fileno())
     out = sys.stdout
-    pending = b""
-    oversized = False
     while True:
-        # raw reads with our own buffer: select() cannot see lines a buffered reader already holds
-        while b"\n" not in pending:
-            if len(pending) > protocol.MAX_REQUEST_BYTES:
-                oversized, pending = True, b""
-            ready, _, _ = select.select([fd], [], [], idle_s)
-            if not ready:
-                return 0
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return 0
-            pending += chunk
-        line, pending = pending.split(b"\n", 1)
-        if oversized:
-            oversized = False
-            answer = protocol.PollAnswer(
-                error=f"request longer than {protocol.MAX_REQUEST_BYTES} bytes; dropped"
-            )
-        else:
-            answer = answer_request(run_dir, line)
+        line = requests.next(idle_s)
+        if line is None:
+            return 0
+        answer = protocol.PollAnswer(error=TOO_LONG) if requests.too_long else answer_request(run_dir, line)
         try:
             out.write(answer.to_json() + "\n")
             out.flush()
@@ -326,23 +339,16 @@ def events(run_dir: str, idle_s: float = SERVE_IDLE_S) -> int:
     """Answer ``WaitRequest`` lines on stdin, each when the job's state changed or its wait ran
     out, until end of input or ``idle_s`` without a request: the watcher's event channel, so a
     rank's exit reaches the laptop the moment it happens instead of at the next poll."""
-    fd = sys.stdin.fileno()
-    pending = b""
+    requests = RequestLines(sys.stdin.fileno())
     while True:
-        while b"\n" not in pending:
-            if len(pending) > protocol.MAX_REQUEST_BYTES:
-                pending = b""
-            ready, _, _ = select.select([fd], [], [], idle_s)
-            if not ready:
-                return 0
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return 0
-            pending += chunk
-        line, pending = pending.split(b"\n", 1)
+        line = requests.next(idle_s)
+        if line is None:
+            return 0
         try:
+            if requests.too_long:
+                raise protocol.ProtocolError(TOO_LONG)
             request = protocol.WaitRequest.from_json(line)
-            answer = wait_for_change(run_dir, request, None if pending else fd)
+            answer = wait_for_change(run_dir, request, None if requests.pending else requests.fd)
         except protocol.ProtocolError as exc:
             answer = protocol.WaitAnswer(error=f"unknown request: {exc}")
         except Exception as exc:  # noqa: BLE001 - the channel must outlive any one bad answer
