@@ -178,6 +178,9 @@ def test_another_user_cannot_block_the_queue_with_a_future_entry_a_fifo_or_a_squ
         os.mkfifo(theirs / "00000000000000000002-run-fifo")
         os.chown(theirs / "00000000000000000002-run-fifo", nobody, -1)
         (theirs / "00000000000000000003-run-planted").write_text("{}")  # root's file in their folder
+        bomb = theirs / "00000000000000000004-run-bomb"
+        bomb.write_text("[" * 1999)  # a nesting bomb: the script's json would recurse past its limit
+        os.chown(bomb, nobody, -1)
 
         out = _script(top, "enqueue", "run-mine")
         entries, notes = parse_listing(out), skipped_notes(out)
@@ -186,6 +189,7 @@ def test_another_user_cannot_block_the_queue_with_a_future_entry_a_fifo_or_a_squ
         assert any(n.endswith(f"is owned by uid {nobody}, not by uid 0 its name gives") for n in notes), notes
         assert any("run-fifo is not a regular file" in n for n in notes), notes
         assert any("run-planted is owned by uid 0, not by its folder's owner" in n for n in notes), notes
+        assert any("run-bomb cannot be read as an entry" in n for n in notes), notes
         (skipped,) = [e for e in entries if e.run_id == "run-future"]
         assert skipped.future and skipped.why_skipped(60) == "dated in the future"
         (own,) = [p for p in top.iterdir() if p.name.startswith(f"fleetrun-queue-{host}.u0.")]
@@ -245,3 +249,12 @@ def test_an_entry_of_this_laptop_whose_process_or_run_is_gone_holds_nothing() ->
         queueing._live("running-here", False)
     assert not queueing.gone_here(Entry(1, "theirs", "bob", "bob@elsewhere", 1.0, pid=dead.pid))
     assert not queueing.gone_here(Entry(1, "alive", "root", me, 1.0, pid=os.getppid()))
+
+
+def test_a_nesting_bomb_in_the_listing_is_skipped_not_a_recursion_error() -> None:
+    """The script's listing comes from a node: a line nested past the decoder's depth, as an entry
+    or as a note, is skipped like any line that is not exactly an entry."""
+    bomb = "[" * 100_000 + "]" * 100_000
+    text = f'QUEUE {bomb}\nQUEUE-SKIP {bomb}\nQUEUE-SKIP "a note"\n'
+    assert parse_listing(text) == []
+    assert skipped_notes(text) == ["a note"]

@@ -36,11 +36,12 @@ the parsing of what it prints.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from launch.nodelib.fleetrun_wire import ProtocolError, decode
 
 DEFAULT_TTL_S = 60.0
 MAX_LEASE_S = 3600.0
@@ -153,7 +154,7 @@ for path, owner_uid in folders:
                 data = json.loads(os.read(fd, 2000) or b"{}")
             finally:
                 os.close(fd)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             skip(full + " cannot be read as an entry"); continue
         if not isinstance(data, dict):
             skip(full + " is not an entry"); continue
@@ -242,6 +243,10 @@ def _lease_of(value: object) -> float:
     return DEFAULT_TTL_S
 
 
+MAX_LINE_CHARS = 8192
+"""A line of the queue script's listing: an entry it read (2,000 bytes at most) as JSON, or a note."""
+
+
 def parse_listing(text: str) -> list[Entry]:
     """What ``SCRIPT`` printed, strictly (a line that is not exactly an entry is skipped); oldest first."""
     entries = []
@@ -249,10 +254,10 @@ def parse_listing(text: str) -> list[Entry]:
         if not line.startswith("QUEUE "):
             continue
         try:
-            data = json.loads(line[6:])
+            data = decode(line[6:], MAX_LINE_CHARS, "a queue entry")
             stamp, run_id = str(data["name"]).split("-", 1)
             age = float(data["age"])
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ProtocolError, ValueError, KeyError, TypeError, AttributeError):
             continue
         if not stamp.isdigit() or not _RUN_RE.fullmatch(run_id) or age != age:
             continue
@@ -283,8 +288,8 @@ def skipped_notes(text: str) -> list[str]:
     for line in text.splitlines()[: MAX_ENTRIES * 3 + 10]:
         if line.startswith("QUEUE-SKIP "):
             try:
-                note = json.loads(line[11:])
-            except ValueError:
+                note = decode(line[11:], MAX_LINE_CHARS, "a queue note")
+            except ProtocolError:
                 continue
             if isinstance(note, str):
                 notes.append(note[:300])
