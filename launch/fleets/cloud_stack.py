@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from launch.job.inventory import Inventory
 
-__all__ = ["ClusterLocation", "stack_down", "stack_inventory", "stack_outputs", "stack_up"]
+__all__ = ["ClusterLocation", "set_warm_until", "stack_down", "stack_inventory", "stack_outputs", "stack_up"]
 
 PULUMI_INSTALL_URL = "https://www.pulumi.com/docs/install/"
 PARTIAL_FLEET_LIMIT_S = 120.0
@@ -150,6 +150,30 @@ def stack_down(
     on_output(
         f"confirmed: no instance, disk, address or network interface of cluster {location.cluster_id} "
         f"remains in {_where(location)}{kept}"
+    )
+
+
+def set_warm_until(
+    stack_name: str, value: str | None, project_dir: Path | None = None, on_output: OnOutput = print
+) -> None:
+    """Set (or, with None, remove) the stack's ``fleet:warm_until`` and ``pulumi up`` it: the
+    program arms (or removes) the cloud's schedule that ends the instances then
+    (``launch.fleets.stack_lifetime``). No refresh first: it would drop nodes that already ended
+    from the state, and this ``up`` would create them again."""
+    from pulumi import automation as auto
+
+    from fleetrun_contract.lifetime import WARM_UNTIL_KEY
+
+    stack = _open_stack(stack_name, project_dir, create=False)
+    if value is not None:
+        _run(lambda: stack.set_config(WARM_UNTIL_KEY, auto.ConfigValue(value)), "config set")
+    elif WARM_UNTIL_KEY in _config(stack):
+        _run(lambda: stack.remove_config(WARM_UNTIL_KEY), "config rm")
+    else:
+        return  # nothing armed: no update
+    _run(
+        lambda: stack.up(on_output=on_output, show_secrets=False, suppress_outputs=True),
+        "up (instance lifetime)",
     )
 
 

@@ -126,6 +126,7 @@ def start_run(
     ``execute``."""
     if known_hosts is None:  # pinned here unless the caller pinned them for the run already
         known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+    warm.claim(inventory, plan.run_id, lambda line: reporter.say(line))  # a warm fleet's cloud lifetime
     folder = folder or RunFolder.create(plan.run_id)
     records.start(
         run_id=plan.run_id,

@@ -53,6 +53,22 @@ class TeardownOutcome:
         return {"state": self.state.value, "message": self.message}
 
 
+class InstanceLifetime(Protocol):
+    """A time at which the cloud itself ends a fleet's instances, armed from the laptop for a
+    kept-warm fleet (``launch.run.warm``): the backstop neither the nodes nor the laptop can
+    miss. Only stack fleets have one (``launch.fleets.stack_lifetime``)."""
+
+    def arm(self, until: float, say: Say) -> str:
+        """End the instances at Unix time ``until`` (rounded up to the minute), replacing any
+        lifetime armed before; returns what was armed, one line for the run's record. Raises
+        ``FleetrunError`` when it could not be armed."""
+        ...
+
+    def disarm(self, say: Say) -> None:
+        """Remove the lifetime (a run claimed the fleet). Raises ``FleetrunError`` on failure."""
+        ...
+
+
 class FleetKind(Protocol):
     """One kind of fleet. Instances are built from the inventory's fleet reference."""
 
@@ -94,6 +110,11 @@ class FleetKind(Protocol):
 
     def tags(self) -> dict[str, str]:
         """The tags/labels that mark this fleet's resources (what a leftovers audit looks for)."""
+        ...
+
+    def lifetime(self) -> InstanceLifetime | None:
+        """The cloud-side lifetime of a kept-warm fleet, or None: lab machines are never powered
+        off (promise 3), and a local fleet has no cloud (its laptop timer keeps its deadline)."""
         ...
 
     def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:

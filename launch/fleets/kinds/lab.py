@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import InstanceLifetime, Probe, Say, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import LabFleet
 from launch.job.inventory import (  # noqa: F401 - re-exported: the registry loads labs from here
     ALLOWED_KEYS,
@@ -63,6 +63,10 @@ class LabKind:
 
     def tags(self) -> dict[str, str]:
         return {}
+
+    def lifetime(self) -> InstanceLifetime | None:
+        """Lab machines are never powered off (promise 3): no lifetime, ever."""
+        return None
 
     def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
         """Lab machines are not made by fleetrun: wait (up to ``timeout_s``) for the host's sshd to
