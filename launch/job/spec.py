@@ -141,7 +141,9 @@ class JobSpec(BaseModel):
         hook_timeout_s: the longest one hook command may run before its process group is killed.
         total_steps: for progress and ETA (``FLEETRUN_TOTAL_STEPS``, read by the metrics helper).
         keep_warm_s: on stack and local fleets, instead of tearing down keep the nodes this many
-            seconds for the next run, each node's watchdog powering it off when none claims it.
+            seconds for the next run, each node's watchdog powering it off when none claims it;
+            the laptop tears the fleet down then too, and on a stack the cloud ends the instances
+            5 minutes later (docs/cloud.md, "A kept-warm fleet's lifetime").
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
