@@ -23,7 +23,7 @@ from fleetrun_contract.lifetime import warm_until_text
 from launch.fleets.clouds import CloudOps
 from launch.fleets.kinds.base import Say
 
-SetWarmUntil = Callable[[str, "str | None", Say], None]
+SetWarmUntil = Callable[[str, str | None, Say], None]
 """``(stack name, fleet:warm_until or None to remove it, say)``: the stack update."""
 
 
