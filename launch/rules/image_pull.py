@@ -13,7 +13,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launch.reports.safe_text import clean
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(text: str, limit: int) -> str:
+    """One printable line: control characters (ESC, CR, newlines, bidi overrides) made ``?``,
+    at most ``limit`` characters (the views' ``safe_text.clean`` is a layer up; the caller
+    cleans again before printing)."""
+    cut = text[:limit] + ("..." if len(text) > limit else "")
+    return _CONTROL.sub("?", cut)
+
 
 MAX_PULL_OUTPUT = 64 * 1024
 """Only the tail of a pull's output is read (a pull prints a line per layer)."""
