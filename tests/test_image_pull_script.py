@@ -5,6 +5,8 @@ files, and its failures classify as the runtime's real errors do."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -55,11 +57,28 @@ def test_unknown_runtime_is_refused() -> None:
         pull_script("r/x:1", "rkt", "run-1", login=False)
 
 
-def test_the_script_names_no_secret_and_reads_the_login_from_stdin() -> None:
+def test_the_script_takes_the_auth_file_on_stdin() -> None:
     script = pull_script("nvcr.io/nvidia/pytorch:24.05-py3", "auto", "run-1", login=True)
-    assert "--password-stdin" in script
-    assert "APPTAINER_DOCKER_PASSWORD=$(cat)" in script
+    assert 'cat >"$auth/config.json"' in script
+    assert '--authfile "$auth/config.json"' in script
     assert 'rm -rf "$auth"' in script  # the auth file goes on every way out
+
+
+def test_an_apptainer_file_is_checked_not_pulled(tmp_path: Path) -> None:
+    sif = tmp_path / "train.sif"
+    script = pull_script(str(sif), "auto", "run-1", login=False)
+    assert "pull" not in script.replace("FLEETRUN_PULL", "")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "apptainer").write_text("#!/bin/sh\nexit 0\n")
+    (bindir / "apptainer").chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    missing = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True)
+    assert missing.returncode == 1
+    assert classify_pull_error(missing.stderr).kind == "not_found"
+    sif.write_bytes(b"SIF")
+    there = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True)
+    assert parse_pull_result(there.stdout) == ("present", "apptainer")
 
 
 def test_parse_pull_result() -> None:
@@ -117,8 +136,13 @@ def test_pull_then_present_then_missing_tag_then_unreachable(tmp_path: Path) -> 
     assert classify_pull_error(gone.stderr).kind == "network"
 
 
+def auth_file(registry: str, user: str, secret: str) -> bytes:
+    token = base64.b64encode(f"{user}:{secret}".encode()).decode()
+    return json.dumps({"auths": {registry: {"auth": token}}}).encode()
+
+
 @needs_podman
-def test_private_registry_login_on_stdin_leaves_nothing(tmp_path: Path) -> None:
+def test_private_registry_auth_file_on_stdin_leaves_nothing(tmp_path: Path) -> None:
     secret = "s3cr3t-pull-token-2f9c"
     with LocalRegistry(users={"lab": secret}) as registry:
         env = podman_env(tmp_path / "podman", registry.location)
@@ -129,18 +153,18 @@ def test_private_registry_login_on_stdin_leaves_nothing(tmp_path: Path) -> None:
         anonymous = run_script(pull_script(image, "podman", "run-1", login=False), home, env)
         assert classify_pull_error(anonymous.stderr).kind == "auth"
 
-        wrong = run_script(
-            pull_script(image, "podman", "run-2", login=True), home, env, b"lab\nnot-the-secret"
-        )
-        assert wrong.returncode != 0
-        assert classify_pull_error(wrong.stderr).kind == "auth"
+        wrong = auth_file(registry.location, "lab", "not-the-secret")
+        refused = run_script(pull_script(image, "podman", "run-2", login=True), home, env, wrong)
+        assert refused.returncode != 0
+        assert classify_pull_error(refused.stderr).kind == "auth"
 
         script = pull_script(image, "podman", "run-3", login=True)
         assert secret not in pull_command(script)
-        ok = run_script(script, home, env, f"lab\n{secret}".encode())
+        ok = run_script(script, home, env, auth_file(registry.location, "lab", secret))
         assert ok.returncode == 0, ok.stderr
         assert parse_pull_result(ok.stdout.decode()) == ("pulled", "podman")
-        assert not (home / rundir("run-3") / AUTH_DIR).exists()
+        token = base64.b64encode(f"lab:{secret}".encode())
         for path in home.rglob("*"):
             if path.is_file():
-                assert secret.encode() not in path.read_bytes(), path
+                assert secret.encode() not in path.read_bytes() and token not in path.read_bytes(), path
+        assert not (home / rundir("run-3") / AUTH_DIR).exists()

@@ -250,12 +250,14 @@ def doctor(
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
     nodes = None
+    container = None
     if playbook is not None:
         spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths)
         nodes = spec.nodes
         inv = inv if len(inv.hosts) > spec.nodes else inv.first(spec.nodes)
         rdzv_port = spec.rdzv_port
         brings_torch = checks.torch_from_setup(spec.requirements_text(), spec.setup)
+        container = checks.ContainerCheck.of(spec)
     if port is not None:
         rdzv_port = port
     if not isinstance(rdzv_port, int):
@@ -265,7 +267,7 @@ def doctor(
         console.print(f"rdzv_port is auto: testing port {rdzv_port}, one from the range runs draw from")
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     with Fleet(inv.hosts, known_hosts, max_parallel=current().fanout) as fleet:
-        observations, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
+        observations, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch, container)
         if gpu_diag:
             diag_check(
                 console,

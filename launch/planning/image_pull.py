@@ -8,11 +8,12 @@ of stdout says what happened: ``FLEETRUN_PULL=present RUNTIME`` or ``FLEETRUN_PU
 RUNTIME``.
 
 Credentials for a private registry never travel in the script (which is a command line every
-user of the machine can read in ``ps``): they arrive on the script's stdin, the user name on the
-first line and the secret after it, and go straight to the runtime's ``--password-stdin``
-(Podman and Docker, into an auth file in a ``0700`` folder of the run directory that the script
-removes on every way out) or into Apptainer's environment (``APPTAINER_DOCKER_PASSWORD``, which
-only the user's own processes can read). Pure: text in, text out.
+user of the machine can read in ``ps``): an auth file for the image's registry alone (the
+``auths`` JSON ``docker login`` writes, which Podman's and Apptainer's ``--authfile`` and Docker's
+``--config`` read) arrives on the script's stdin, is written into a ``0700`` folder of the run
+directory, and is removed on every way out of the script. An image that is an Apptainer file on
+the nodes (``/path/image.sif``) is not pulled: the script checks it is there. Pure: text in, text
+out.
 """
 
 from __future__ import annotations
@@ -59,24 +60,30 @@ def sif_path(image: str) -> str:
     return f"{SIF_DIR}/{sif_name(image)}"
 
 
+def is_sif_file(image: str) -> bool:
+    """``container.image`` naming an Apptainer image file on the nodes (nothing to pull)."""
+    return image.startswith("/") and image.endswith(".sif")
+
+
 def pull_script(image: str, runtime: str, run_id: str, *, login: bool) -> str:
     """The POSIX sh script that makes ``image`` present on one node (see the module's doc).
 
-    ``runtime``: ``auto`` or one of ``RUNTIMES``. ``login``: credentials come on stdin.
+    ``runtime``: ``auto`` or one of ``RUNTIMES``. ``login``: an auth file (the ``auths`` JSON of
+    ``docker login``/``podman login``, for this image's registry only) comes on stdin.
     """
     if runtime != "auto" and runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r}: expected auto or one of {', '.join(RUNTIMES)}")
-    wanted = RUNTIME_ORDER if runtime == "auto" else (runtime,)
+    sif_file = is_sif_file(image)
+    if sif_file:
+        wanted: tuple[str, ...] = ("apptainer",)
+    else:
+        wanted = RUNTIME_ORDER if runtime == "auto" else (runtime,)
     q = shlex.quote
-    registry = registry_of(image)
     run_dir = layout.home(layout.rundir(run_id))
     lines = [
         "set -u",
         "umask 077",
         f"image={q(image)}",
-        f"registry={q(registry)}",
-        f'dir="{run_dir}"',
-        f'sif="{layout.home(sif_path(image))}"',
         "runtime=''",
         f"for r in {' '.join(wanted)}; do",
         '  if command -v "$r" >/dev/null 2>&1; then runtime=$r; break; fi',
@@ -85,6 +92,19 @@ def pull_script(image: str, runtime: str, run_id: str, *, login: bool) -> str:
         f"  echo {q('no container runtime on this node: looked for ' + ', '.join(wanted))} >&2",
         f"  exit {NO_RUNTIME_EXIT}",
         "fi",
+    ]
+    if sif_file:
+        return "\n".join(
+            lines
+            + [
+                f'if [ -s "$image" ]; then echo "{RESULT_PREFIX}present $runtime"; exit 0; fi',
+                'echo "Error: $image: no such image file on this node: not found" >&2',
+                "exit 1",
+            ]
+        ) + "\n"
+    lines += [
+        f'dir="{run_dir}"',
+        f'sif="{layout.home(sif_path(image))}"',
         'mkdir -p "$dir" || exit 1',
         f'auth="$dir/{AUTH_DIR}"',
         f'log="$dir/{PULL_LOG}"',
@@ -96,31 +116,22 @@ def pull_script(image: str, runtime: str, run_id: str, *, login: bool) -> str:
         '  apptainer) present() { test -s "$sif"; } ;;',
         "esac",
         f'if present; then echo "{RESULT_PREFIX}present $runtime"; exit 0; fi',
+        ': >"$log"',
     ]
     if login:
+        # the auth file: docker's config.json format, which podman and apptainer read too
         lines += [
-            'mkdir -p "$auth" || exit 1',
-            "IFS= read -r user || user=''",
-            'case "$runtime" in',
-            '  podman) podman login --authfile "$auth/auth.json" --username "$user" --password-stdin '
-            '"$registry" >"$log" 2>&1 || { tail -c 4000 "$log" >&2; exit 2; }',
-            '    set -- --authfile "$auth/auth.json" ;;',
-            '  docker) docker --config "$auth" login --username "$user" --password-stdin '
-            '"$registry" >"$log" 2>&1 || { tail -c 4000 "$log" >&2; exit 2; }',
-            "    set -- ;;",
-            "  apptainer) APPTAINER_DOCKER_USERNAME=$user; APPTAINER_DOCKER_PASSWORD=$(cat);",
-            "    export APPTAINER_DOCKER_USERNAME APPTAINER_DOCKER_PASSWORD; set -- ;;",
-            "esac",
+            'mkdir -p "$auth" && cat >"$auth/config.json" || exit 1',
+            'set -- --authfile "$auth/config.json"',
         ]
     else:
         lines.append("set --")
+    docker = 'docker --config "$auth" pull' if login else "docker pull"
     lines += [
         'case "$runtime" in',
         '  podman) podman pull "$@" "$image" >>"$log" 2>&1 ;;',
-        '  docker) docker --config "${auth}" pull "$image" >>"$log" 2>&1 ;;'
-        if login
-        else '  docker) docker pull "$image" >>"$log" 2>&1 ;;',
-        f'  apptainer) mkdir -p "$HOME/{SIF_DIR}" && apptainer pull --force "$sif.part" '
+        f'  docker) {docker} "$image" >>"$log" 2>&1 ;;',
+        f'  apptainer) mkdir -p "$HOME/{SIF_DIR}" && apptainer pull --force "$@" "$sif.part" '
         '"docker://$image" >>"$log" 2>&1 && mv -f "$sif.part" "$sif" ;;',
         "esac",
         "rc=$?",

@@ -36,6 +36,7 @@ _NOT_FOUND = (
     "repo not found",
     "not found: manifest",
     "image not known",
+    "no such image file",
 )
 _AUTH = (
     "unauthorized",
