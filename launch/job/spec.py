@@ -32,6 +32,7 @@ from launch.errors import SpecError
 from launch.job.builtin import resolve_playbook
 from launch.job.cloudml import JOB_DIR_ARGS, JobDir, TfConfigLayout
 from launch.job.coherence import contradictions
+from launch.job.container import ContainerSpec
 from launch.job.hooks import DEFAULT_HOOK_TIMEOUT_S, HookCommands, HookTimeout
 from launch.job.overrides import Override, apply_overrides, describe_errors
 from launch.job.profiling import ProfileSpec
@@ -142,6 +143,9 @@ class JobSpec(BaseModel):
         total_steps: for progress and ETA (``FLEETRUN_TOTAL_STEPS``, read by the metrics helper).
         keep_warm_s: on stack and local fleets, instead of tearing down keep the nodes this many
             seconds for the next run, each node's watchdog powering it off when none claims it.
+        container: run the ranks inside an image on every node (``image``, ``runtime``: auto,
+            podman, docker or apptainer, extra ``options``, ``shm_size``, ``credentials``); see
+            ``launch.job.container``. Without it the ranks run in the job's virtualenv.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -179,6 +183,7 @@ class JobSpec(BaseModel):
     hook_timeout_s: HookTimeout = DEFAULT_HOOK_TIMEOUT_S
     total_steps: int | None = Field(default=None, ge=1, le=10**12)
     keep_warm_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)  # launch.run.warm
+    container: ContainerSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
