@@ -22,7 +22,9 @@ def auths(login_bytes: bytes) -> dict[str, str]:
 
 
 def test_from_an_environment_variable() -> None:
-    login = read_login(RegistryCredentials(env="LAB_KEY"), "10.60.0.1:5000", environ={"LAB_KEY": f"lab:{SECRET}\n"})
+    login = read_login(
+        RegistryCredentials(env="LAB_KEY"), "10.60.0.1:5000", environ={"LAB_KEY": f"lab:{SECRET}\n"}
+    )
     assert (login.username, login.secret) == ("lab", SECRET)
     assert auths(login.auth_file()) == {"10.60.0.1:5000": f"lab:{SECRET}"}
     assert SECRET not in repr(login)
@@ -39,7 +41,9 @@ def test_a_token_alone_elsewhere_is_refused_without_echoing_it() -> None:
     with pytest.raises(SpecError) as caught:
         read_login(RegistryCredentials(env="KEY"), "ghcr.io", "job.yaml", environ={"KEY": SECRET})
     assert SECRET not in str(caught.value)
-    assert str(caught.value).startswith("job.yaml: field 'container.credentials': the environment variable KEY")
+    assert str(caught.value).startswith(
+        "job.yaml: field 'container.credentials': the environment variable KEY"
+    )
 
 
 def test_unset_variable_names_the_field_and_playbook() -> None:
@@ -58,7 +62,9 @@ def test_from_an_auth_file_only_this_registrys_login_is_sent(tmp_path: Path) -> 
     login = read_login(RegistryCredentials(file=str(path)), "10.60.0.1:5000", environ={})
     sent = login.auth_file()
     assert auths(sent) == {"10.60.0.1:5000": f"lab:{SECRET}"}
-    assert b"other-registry-secret" not in base64.b64decode(json.loads(sent)["auths"]["10.60.0.1:5000"]["auth"])
+    assert b"other-registry-secret" not in base64.b64decode(
+        json.loads(sent)["auths"]["10.60.0.1:5000"]["auth"]
+    )
     assert other.encode() not in sent
 
 

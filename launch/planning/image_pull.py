@@ -94,14 +94,17 @@ def pull_script(image: str, runtime: str, run_id: str, *, login: bool) -> str:
         "fi",
     ]
     if sif_file:
-        return "\n".join(
-            lines
-            + [
-                f'if [ -s "$image" ]; then echo "{RESULT_PREFIX}present $runtime"; exit 0; fi',
-                'echo "Error: $image: no such image file on this node: not found" >&2',
-                "exit 1",
-            ]
-        ) + "\n"
+        return (
+            "\n".join(
+                lines
+                + [
+                    f'if [ -s "$image" ]; then echo "{RESULT_PREFIX}present $runtime"; exit 0; fi',
+                    'echo "Error: $image: no such image file on this node: not found" >&2',
+                    "exit 1",
+                ]
+            )
+            + "\n"
+        )
     lines += [
         f'dir="{run_dir}"',
         f'sif="{layout.home(sif_path(image))}"',

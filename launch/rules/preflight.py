@@ -268,7 +268,9 @@ def check_container(findings: Findings, obs: Observation, job: Job) -> None:
     assert facts is not None and job.container_image is not None
     box: ContainerFacts | None = facts.container
     if box is None:
-        findings.add(obs.node, "container", WARN, "the probe did not report container runtimes (an old probe)")
+        findings.add(
+            obs.node, "container", WARN, "the probe did not report container runtimes (an old probe)"
+        )
         return
     if box.runtime is None:
         wanted = "podman, docker or apptainer" if box.wanted == "auto" else box.wanted
@@ -288,7 +290,11 @@ def check_container(findings: Findings, obs: Observation, job: Job) -> None:
         elif box.nvidia_ctk or box.nvidia_container_cli:
             tool = "nvidia-ctk" if box.nvidia_ctk else "nvidia-container-cli"
             level = OK if box.runtime == "docker" else WARN
-            why = "" if level == OK else ": generate the CDI spec (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)"
+            why = (
+                ""
+                if level == OK
+                else ": generate the CDI spec (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)"
+            )
             findings.add(obs.node, "gpu-hook", level, f"NVIDIA Container Toolkit found ({tool}){why}")
         else:
             findings.add(
@@ -310,7 +316,11 @@ def check_container(findings: Findings, obs: Observation, job: Job) -> None:
     else:
         error = classify_pull_error(image.error or "")
         level = WARN if job.container_login and error.kind == "auth" else ERROR
-        note = " (the doctor does not send container.credentials; fab train's pull does)" if level == WARN else ""
+        note = (
+            " (the doctor does not send container.credentials; fab train's pull does)"
+            if level == WARN
+            else ""
+        )
         findings.add(obs.node, "image", level, error.line(job.container_image) + note)
 
 

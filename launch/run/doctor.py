@@ -34,7 +34,6 @@ from launch.errors import HostError
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.nodelib.fleetrun_wire import ProtocolError, decode
-from launch.planning import remote_layout as layout
 from launch.planning.image_pull import sif_path
 from launch.reports.safe_text import clean
 from launch.rules.gpu_diag import DiagReport, parse_diag
@@ -133,7 +132,9 @@ class ProbeResult:
     offset_s: float | None
 
 
-def probe_command(host: Host, mode: str, head: Host, port: int, container: ContainerCheck | None = None) -> str:
+def probe_command(
+    host: Host, mode: str, head: Host, port: int, container: ContainerCheck | None = None
+) -> str:
     args = [mode, host.private_address or host.address, str(port), "1" if host.name == head.name else "0"]
     args += [LIB_DIR, *(container.probe_args() if container is not None else [])]
     return " ".join([shlex.quote(host.python), "-", *map(shlex.quote, args)])
@@ -283,7 +284,11 @@ def torch_from_setup(requirements: str, setup: Sequence[str]) -> bool:
 
 
 def doctor(
-    fleet: Fleet, hosts: Sequence[Host], port: int, brings_torch: bool, container: ContainerCheck | None = None
+    fleet: Fleet,
+    hosts: Sequence[Host],
+    port: int,
+    brings_torch: bool,
+    container: ContainerCheck | None = None,
 ) -> tuple[list[Observation], Findings]:
     """The full doctor: probe, then the port test where the head is reachable and the port free."""
     observations = gather(fleet, hosts, "full", port, container=container)

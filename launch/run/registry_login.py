@@ -47,7 +47,9 @@ class RegistryLogin:
     def auth_file(self) -> bytes:
         """The ``auths`` JSON for this registry alone (Docker Hub under both of its names)."""
         token = base64.b64encode(f"{self.username}:{self.secret}".encode()).decode()
-        keys = ("docker.io", "https://index.docker.io/v1/") if self.registry == DOCKER_HUB else (self.registry,)
+        keys = (
+            ("docker.io", "https://index.docker.io/v1/") if self.registry == DOCKER_HUB else (self.registry,)
+        )
         return json.dumps({"auths": {key: {"auth": token} for key in keys}}).encode()
 
     def redact(self, text: str) -> str:
@@ -81,8 +83,10 @@ def _from_auth_file(data: bytes, registry: str, where: str, source: str) -> tupl
         raise SpecError(f"{where}: {source} is not an auth file (JSON with an 'auths' object)") from None
     if not isinstance(auths, dict):
         raise SpecError(f"{where}: {source} is not an auth file (JSON with an 'auths' object)")
-    keys = DOCKER_HUB_KEYS if registry == DOCKER_HUB else (registry, f"https://{registry}", f"http://{registry}")
-    entry = next((auths[k] for k in keys if isinstance(auths.get(k), dict)), None)
+    keys = (
+        DOCKER_HUB_KEYS if registry == DOCKER_HUB else (registry, f"https://{registry}", f"http://{registry}")
+    )
+    entry = next((auths[k] for k in keys if isinstance(auths.get(k), dict) and "auth" in auths[k]), None)
     if entry is None:
         raise SpecError(
             f"{where}: {source} holds no login for {clean(registry, 200)} (a credential helper's logins "
@@ -94,7 +98,9 @@ def _from_auth_file(data: bytes, registry: str, where: str, source: str) -> tupl
     except (binascii.Error, UnicodeDecodeError):
         colon = ""
     if not colon or not user or not secret:
-        raise SpecError(f"{where}: {source}: the login for {clean(registry, 200)} is not base64 of USER:TOKEN")
+        raise SpecError(
+            f"{where}: {source}: the login for {clean(registry, 200)} is not base64 of USER:TOKEN"
+        )
     return user, secret
 
 
