@@ -94,3 +94,27 @@ def test_bad_auth_files(tmp_path: Path, content: str, message: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="cannot read .*nope.json: No such file"):
         read_login(RegistryCredentials(file=str(tmp_path / "nope.json")), "r", environ={})
+
+
+def test_fab_train_reads_the_login_before_touching_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    from launch.cli.app import check_registry_login
+    from launch.job.spec import load_job_spec
+
+    (tmp_path / "work").mkdir()
+    playbook = tmp_path / "job.yaml"
+    container = {"image": "ghcr.io/lab/digits:1", "credentials": "$LAB_LOGIN_UNSET"}
+    playbook.write_text(
+        yaml.safe_dump({"name": "j", "workdir": "work", "entrypoint": "python t.py", "container": container})
+    )
+    monkeypatch.delenv("LAB_LOGIN_UNSET", raising=False)
+    with pytest.raises(
+        SpecError,
+        match=r"job.yaml: field 'container.credentials': the environment variable LAB_LOGIN_UNSET is not set",
+    ):
+        check_registry_login(load_job_spec(playbook), playbook)
+    monkeypatch.setenv("LAB_LOGIN_UNSET", f"me:{SECRET}")
+    check_registry_login(load_job_spec(playbook), playbook)

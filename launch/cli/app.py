@@ -71,6 +71,17 @@ def check_channels_fit_the_fleet(spec: JobSpec, inventory: Inventory, playbook: 
             )
 
 
+def check_registry_login(spec: JobSpec, playbook: str | Path) -> None:
+    """``container.credentials`` read now, before any machine is held or touched: unset or
+    malformed is a one-line error naming the playbook and the field (exit 2). The pull stage
+    reads them again where it sends them (``launch.run.stages.pull_image``)."""
+    from launch.planning.image_pull import registry_of
+    from launch.run.registry_login import read_login
+
+    if spec.container is not None and spec.container.credentials is not None:
+        read_login(spec.container.credentials, registry_of(spec.container.image), playbook)
+
+
 def train(
     playbook: str | Path,
     inventory: str | None = None,
@@ -125,6 +136,7 @@ def train(
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
         return plan
+    check_registry_login(spec, playbook)
     for warning in launch_warnings(spec, inv):
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
     if not local_hooks.allowed:  # said now, not only 9 hours later when they are skipped
