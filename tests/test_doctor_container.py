@@ -55,6 +55,11 @@ def test_the_probe_is_asked_about_the_container_only_with_one() -> None:
     assert asked.endswith(f"auto {IMAGE} '~/.fleetrun/images/10.60.0.1_5000_lab_digits_1.sif'")
 
 
+def test_an_apptainer_file_is_probed_as_itself() -> None:
+    sif = "/shared/images/pt.sif"
+    assert ContainerCheck("auto", sif).probe_args() == ["apptainer", sif, sif]
+
+
 def test_runtime_auto_says_which_and_a_pullable_image_is_ok() -> None:
     found = verdicts({})
     assert found[("n0", "container")] == (OK, "podman version 4.3.1 (auto)")

@@ -34,7 +34,7 @@ from launch.errors import HostError
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.nodelib.fleetrun_wire import ProtocolError, decode
-from launch.planning.image_pull import sif_path
+from launch.planning.image_pull import is_sif_file, sif_path
 from launch.reports.safe_text import clean
 from launch.rules.gpu_diag import DiagReport, parse_diag
 from launch.rules.gpu_health import expected_fabric_devices, expected_gpus
@@ -119,6 +119,9 @@ class ContainerCheck:
         return None if box is None else cls(box.runtime, box.image, bool(box.credentials))
 
     def probe_args(self) -> list[str]:
+        """RUNTIME IMAGE SIF for the probe; an Apptainer file on the nodes is its own SIF."""
+        if is_sif_file(self.image):
+            return ["apptainer", self.image, self.image]
         return [self.runtime, self.image, f"~/{sif_path(self.image)}"]
 
     def job_fields(self) -> dict[str, Any]:
