@@ -20,6 +20,8 @@ setup: system-deps $(STAMP)
 # pdsh only as bench/scale.py's baseline (its smoke test runs in `make test`); shellcheck for the
 # lint test of images/ scripts (tests/infra/test_bootstrap.py), which a machine without it skips;
 # dash, the /bin/sh of Debian-based images, to run an exported pod's command as a pod runs it.
+# docker-registry (Debian's build of distribution 2.8): the image registry the container tests
+# start on the local fleet's network (tests/registrykit.py); its own service is not used.
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -30,6 +32,7 @@ system-deps:
 	command -v pdsh >/dev/null || missing="$$missing pdsh"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	command -v dash >/dev/null || missing="$$missing dash"; \
+	command -v docker-registry >/dev/null || missing="$$missing docker-registry"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \

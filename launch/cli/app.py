@@ -71,6 +71,17 @@ def check_channels_fit_the_fleet(spec: JobSpec, inventory: Inventory, playbook: 
             )
 
 
+def check_registry_login(spec: JobSpec, playbook: str | Path) -> None:
+    """``container.credentials`` read now, before any machine is held or touched: unset or
+    malformed is a one-line error naming the playbook and the field (exit 2). The pull stage
+    reads them again where it sends them (``launch.run.stages.pull_image``)."""
+    from launch.planning.image_pull import registry_of
+    from launch.run.registry_login import read_login
+
+    if spec.container is not None and spec.container.credentials is not None:
+        read_login(spec.container.credentials, registry_of(spec.container.image), playbook)
+
+
 def train(
     playbook: str | Path,
     inventory: str | None = None,
@@ -125,6 +136,7 @@ def train(
     if dry_run:
         console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
         return plan
+    check_registry_login(spec, playbook)
     for warning in launch_warnings(spec, inv):
         console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
     if not local_hooks.allowed:  # said now, not only 9 hours later when they are skipped
@@ -250,12 +262,14 @@ def doctor(
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
     nodes = None
+    container = None
     if playbook is not None:
         spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths)
         nodes = spec.nodes
         inv = inv if len(inv.hosts) > spec.nodes else inv.first(spec.nodes)
         rdzv_port = spec.rdzv_port
         brings_torch = checks.torch_from_setup(spec.requirements_text(), spec.setup)
+        container = checks.ContainerCheck.of(spec)
     if port is not None:
         rdzv_port = port
     if not isinstance(rdzv_port, int):
@@ -265,7 +279,7 @@ def doctor(
         console.print(f"rdzv_port is auto: testing port {rdzv_port}, one from the range runs draw from")
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     with Fleet(inv.hosts, known_hosts, max_parallel=current().fanout) as fleet:
-        observations, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
+        observations, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch, container)
         if gpu_diag:
             diag_check(
                 console,

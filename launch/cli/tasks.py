@@ -476,7 +476,8 @@ def exec_(
     help={
         "playbook": PLAYBOOK_HELP,
         "to": "what to export to: pytorchjob (a Kubeflow Training Operator PyTorchJob)",
-        "image": "container image the pods run (built from images/docker/Dockerfile; see its header)",
+        "image": "container image the pods run (default: the playbook's container.image; built from "
+        "images/docker/Dockerfile, see its header)",
         "nodes": "override the playbook's node count, 1 or more (default: the playbook's)",
         "gpus": "GPUs per node (default: procs_per_node when a number, else 1; 0 for a CPU job)",
         "namespace": "Kubernetes namespace of the job (default: default)",

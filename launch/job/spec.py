@@ -32,6 +32,7 @@ from launch.errors import SpecError
 from launch.job.builtin import resolve_playbook
 from launch.job.cloudml import JOB_DIR_ARGS, JobDir, TfConfigLayout
 from launch.job.coherence import contradictions
+from launch.job.container import ContainerSpec
 from launch.job.hooks import DEFAULT_HOOK_TIMEOUT_S, HookCommands, HookTimeout
 from launch.job.overrides import Override, apply_overrides, describe_errors
 from launch.job.profiling import ProfileSpec
@@ -144,6 +145,9 @@ class JobSpec(BaseModel):
             seconds for the next run, each node's watchdog powering it off when none claims it;
             the laptop tears the fleet down then too, and on a stack the cloud ends the instances
             5 minutes later (docs/cloud.md, "A kept-warm fleet's lifetime").
+        container: run the ranks inside an image on every node (``image``, ``runtime``: auto,
+            podman, docker or apptainer, extra ``options``, ``shm_size``, ``credentials``); see
+            ``launch.job.container``. Without it the ranks run in the job's virtualenv.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -181,6 +185,7 @@ class JobSpec(BaseModel):
     hook_timeout_s: HookTimeout = DEFAULT_HOOK_TIMEOUT_S
     total_steps: int | None = Field(default=None, ge=1, le=10**12)
     keep_warm_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)  # launch.run.warm
+    container: ContainerSpec | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -161,13 +161,14 @@ def start_run(
 
 
 def execute(ctx: RunContext, state: RunState) -> RunSummary:
-    """Preflight, sync, setup, claim, start, follow, wrap up. Every path out of here after a
+    """Preflight, pull (the container image), sync, setup, claim, start, follow, wrap up. Every path out of here after a
     start stops the job and pulls what exists first."""
     ctx.folder.write_text("plan.txt", state.plan.render())
     run = Progress(ctx, state)
     teardown_applies = True
     try:
         run.state = stages.preflight(ctx, run.state)
+        run.state = stages.pull_image(ctx, run.state)
         run.state = stages.sync(ctx, run.state)
         run.state = stages.setup(ctx, run.state)
         run.state = replace(run.state, target=replace(run.state.target, started_at=ctx.clock.time()))
