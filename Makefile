@@ -77,8 +77,9 @@ typecheck:
 # Includes tests/test_install.py (marker `install`): the wheel built and installed outside the checkout.
 # Two workers, whole files each (--dist loadfile): fleet tests mostly wait on nodes, so two run
 # side by side on this 2-core machine kind; tests/conftest.py gives each worker its own fleets.
+# --durations=40: the slowest tests named in every run, to keep the suite inside its time budget.
 pytest:
-	$(BIN)/pytest -m "not typecheck" -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -m "not typecheck" -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 bench: setup
 	$(BIN)/python bench/fault_latency.py

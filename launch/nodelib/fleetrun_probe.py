@@ -199,7 +199,14 @@ def torch_facts():
 
 
 def gpu_processes():
-    """The compute processes on the GPUs (``--query-compute-apps``); None without ``nvidia-smi``."""
+    """The compute processes on the GPUs: through NVML first (``fleetrun_gpu.nvml_processes``),
+    else ``nvidia-smi --query-compute-apps``; None when the node has neither reader (no GPUs). A
+    node with NVML and no nvidia-smi binary (a minimal image, a container with the driver's
+    library mounted) is a node with GPUs, as the health reader says (``reader_available``)."""
+    if fleetrun_gpu is not None:
+        via_nvml = fleetrun_gpu.nvml_processes()
+        if via_nvml is not None:
+            return [{**p, "user": user_of(p["pid"])} for p in via_nvml[:MAX_ITEMS]]
     smi = "nvidia-smi"
     if shutil.which(smi) is None:
         return None
@@ -216,7 +223,8 @@ def gpu_processes():
 
 
 def gpu_facts(health, procs):
-    """GPUs and the compute processes on them; no ``nvidia-smi`` means no GPUs, not an error.
+    """GPUs and the compute processes on them; no GPU reader (NVML or ``nvidia-smi``) means no GPUs,
+    not an error (``nvidia_smi`` in the answer: the node has a reader, whichever it is).
 
     The GPUs are those the health reader listed: ``nvidia-smi --query-gpu`` opens every GPU, so
     the probe asks it once. Only without the reader's answer (not sent, or it failed) are they

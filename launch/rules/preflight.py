@@ -249,7 +249,7 @@ def check_gpus(findings: Findings, obs: Observation) -> None:
     facts = obs.facts
     assert facts is not None
     if not facts.nvidia_smi:
-        findings.add(obs.node, "gpus", OK, "no nvidia-smi: no GPUs")
+        findings.add(obs.node, "gpus", OK, "no GPU reader (NVML or nvidia-smi): no GPUs")
         return
     index = {g.uuid: g.index for g in facts.gpus}
     others = [p for p in facts.gpu_procs if p.user != obs.user]

@@ -389,8 +389,12 @@ class LocalFleet(FleetNames):
         self._kill(created, users)
         mountns.remove_mounts(created)
         for user in users:
-            gid = pwd.getpwnam(user).pw_gid
-            _remove_queue_folders(pwd.getpwnam(user).pw_uid)
+            try:
+                entry = pwd.getpwnam(user)
+            except KeyError:  # a concurrent teardown of the same fleet removed it first
+                continue
+            gid = entry.pw_gid
+            _remove_queue_folders(entry.pw_uid)
             run(["userdel", "--force", "--remove", user], check=False)
             with contextlib.suppress(KeyError):
                 if grp.getgrgid(gid).gr_name == user:
