@@ -51,7 +51,7 @@ def fab(*args: str) -> list[str]:
     return [str(REPO / ".venv" / "bin" / "fab"), *args]
 
 
-def write_job(tmp: Path) -> Path:
+def write_job(tmp: Path, nodes: int) -> Path:
     """The digits trainer with a requirements file and a setup line of its own."""
     workdir = tmp / "job"
     shutil.copytree(REPO / "examples" / "digits", workdir)
@@ -62,7 +62,7 @@ def write_job(tmp: Path) -> Path:
             {
                 "name": JOB,
                 "workdir": str(workdir),
-                "nodes": 2,
+                "nodes": nodes,
                 "procs_per_node": 1,
                 "entrypoint": "python -m trainer.task --epochs 1",
                 "env": {"OMP_NUM_THREADS": "1"},
@@ -128,7 +128,7 @@ def laptop_timer_gone(home: Path) -> None:
 
 
 def one(tmp: Path, nodes: int) -> dict[str, Any]:
-    playbook = write_job(tmp)
+    playbook = write_job(tmp, nodes)
     fleet = LocalFleet(prefix=PREFIX, subnet=SUBNET)
     row: dict[str, Any] = {"load_before": os.getloadavg()}
     try:
