@@ -96,6 +96,8 @@ bench: setup
 	$(BIN)/python bench/preempt_notice.py
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/gpu_health.py
+	$(BIN)/python bench/recovery_faults.py
+	$(BIN)/python bench/warm_rerun.py
 
 # GPU health on real local fleets with the nvidia-smi stand-in (doctor at 64 and 256 nodes, the
 # collective on 16, gpu_fault, straggler, spare); one row: ARGS="--only fault --trials 3".

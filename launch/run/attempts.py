@@ -57,7 +57,6 @@ from launch.run import stages
 from launch.run.checkpoints import Spread, drained_from_bucket, resume_story
 from launch.run.doctor import gather, read_exclusions, record_exclusion, record_renewal
 from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
-from launch.run.peer_copies import run_has_bucket
 from launch.run.recheck import recheck
 from launch.run.stages import Watched
 from launch.run.state import RunContext, RunState
@@ -515,6 +514,7 @@ def spread_checkpoint(ctx: RunContext, state: RunState) -> RunState:
     peers = ctx.peers
     if peers is not None:
         peers.stop()
+    commands = fleet_kind(state.inventory.fleet).bucket_commands(run_prefix(state.plan.run_id))
     try:
         spread: Spread = ctx.transfers.spread_checkpoint(
             ctx.port,
@@ -523,11 +523,12 @@ def spread_checkpoint(ctx: RunContext, state: RunState) -> RunState:
             state.known_hosts,
             staging,
             recorded=peers.recorded if peers is not None else None,
-            bucket=run_has_bucket(state.inventory, state.plan.run_id),
+            bucket=commands is not None,
             peers=peers.copied if peers is not None else None,
+            uploaded=peers.uploaded if peers is not None else None,
+            bucket_url=commands.url if commands is not None else None,
         )
         # a drain that saw the notice's checkpoint reach the bucket outranks older steps on disks
-        commands = fleet_kind(state.inventory.fleet).bucket_commands(run_prefix(state.plan.run_id))
         drained = state.ended[-1].drained if state.ended else ()
         spread = drained_from_bucket(spread, drained, commands.url if commands is not None else None)
         resume_from, resume_record = spread.resume_from, spread.record

@@ -39,7 +39,6 @@ from launch.rules.stoprules import StopDecision
 from launch.run.channels import copy_channels
 from launch.run.doctor import ContainerCheck, gather
 from launch.run.hooks import before_stop_files
-from launch.run.peer_copies import run_has_bucket
 from launch.run.registry_login import RegistryLogin, read_login
 from launch.run.state import RunContext, RunState
 from launch.run.watch import AGENT, Watcher
@@ -394,7 +393,7 @@ def watch(ctx: RunContext, state: RunState, watcher: Watcher | None = None) -> W
             completion_grace_s=ctx.options.completion_grace_s,
             clock=ctx.clock,
         )
-        if ctx.peers is not None:  # the saves it sees are recorded and copied to a peer node
-            copy = state.plan.recovery.enabled and not run_has_bucket(state.inventory, state.plan.run_id)
-            ctx.peers.follow(watcher, state.hosts, state.known_hosts, copy)
+        if ctx.peers is not None:  # the saves it sees are recorded and copied to a peer node,
+            # with a bucket too: whichever of the upload and the copy ends first is the second copy
+            ctx.peers.follow(watcher, state.hosts, state.known_hosts, state.plan.recovery.enabled)
     return Watched(watch_safely(watcher, ctx.folder.path), watcher)
