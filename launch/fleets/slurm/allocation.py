@@ -19,6 +19,12 @@ from launch.reports.safe_text import clean
 
 Say = Callable[[str], None]
 POLL_S = 2.0
+SETTLE_S = 20.0
+"""Without ``--wait``: how long a job the scheduler has not looked at yet (reason ``None``) gets
+before it counts as waiting in the queue (slurmctld schedules on submit, or within its cycle)."""
+UNDECIDED = ("None", "")
+UNKNOWN_JOB = "Invalid job id specified"
+"""``squeue -j ID``'s error (exit 1) once the controller forgot the job (tests/slurm_captures)."""
 
 
 class SlurmCommandFailed(FleetrunError):
@@ -64,7 +70,8 @@ def wait_granted(
 ) -> Granted:
     """Poll ``squeue`` until the job runs; its nodes then. While it pends: without ``wait``,
     ``QueueBusy`` (the caller cancels it); with it, a line whenever the position or reason
-    changes. An ended or vanished job, or ``timeout_s`` passed, is a ``FleetrunError``."""
+    changes. An ended or vanished job, or ``timeout_s`` passed, is a ``FleetrunError``. A job
+    the scheduler has not looked at yet (reason ``None``) is not refused before ``SETTLE_S``."""
     started = monotonic()
     shown: tuple[object, ...] = ()
     while True:
@@ -79,6 +86,9 @@ def wait_granted(
         position = answers.queue_position(
             run_checked(shell, commands.squeue_pending_argv(ref.partition)), job_id
         )
+        if not wait and state.reason in UNDECIDED and monotonic() - started < SETTLE_S:
+            sleep(poll_s)  # not yet looked at by the scheduler: it may well start at once
+            continue
         if not wait:
             where = f", position {position[0]} of {position[1]}" if position else ""
             raise QueueBusy(
@@ -103,10 +113,16 @@ def cancel(shell: SlurmShell, job_ids: tuple[int, ...]) -> None:
 
 
 def still_held(shell: SlurmShell, job_ids: tuple[int, ...]) -> list[int]:
-    """The jobs among ``job_ids`` that ``squeue`` still shows holding nodes (not ended)."""
+    """The jobs among ``job_ids`` that ``squeue`` still shows holding nodes (not ended). A job
+    ``squeue`` leaves out (its default states are the live ones) or no longer knows is gone."""
     held = []
     for job_id in job_ids:
-        state = answers.job_state(run_checked(shell, commands.squeue_job_argv(job_id)), job_id)
+        result = shell.run(commands.squeue_job_argv(job_id), commands.COMMAND_TIMEOUT_S)
+        if not result.ok and UNKNOWN_JOB in result.stderr:
+            continue  # purged from the controller (MinJobAge after its end): gone
+        if not result.ok:
+            raise SlurmCommandFailed(f"squeue -j {job_id} exited {result.exit_code}: {clean(result.stderr, 400)}")
+        state = answers.job_state(result.stdout, job_id)
         if state is not None and not state.ended:
             held.append(job_id)
     return held
