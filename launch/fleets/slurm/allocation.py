@@ -121,7 +121,9 @@ def still_held(shell: SlurmShell, job_ids: tuple[int, ...]) -> list[int]:
         if not result.ok and UNKNOWN_JOB in result.stderr:
             continue  # purged from the controller (MinJobAge after its end): gone
         if not result.ok:
-            raise SlurmCommandFailed(f"squeue -j {job_id} exited {result.exit_code}: {clean(result.stderr, 400)}")
+            raise SlurmCommandFailed(
+                f"squeue -j {job_id} exited {result.exit_code}: {clean(result.stderr, 400)}"
+            )
         state = answers.job_state(result.stdout, job_id)
         if state is not None and not state.ended:
             held.append(job_id)
