@@ -188,14 +188,16 @@ def test_no_kind_or_cloud_switch_outside_the_kind_modules() -> None:
 def test_the_registry_tables_name_each_kind_by_its_own_name() -> None:
     """The registry names modules and attributes (imported on first use): each entry must be the
     kind, selector or loader it says, so a renamed kind cannot go stale in the table."""
-    from launch.fleets.kinds import lab, local, registry, stack
+    from launch.fleets.kinds import lab, local, registry, slurm, stack
 
     classes = {lab.LabKind.name: lab.LabKind, local.LocalFleetKind.name: local.LocalFleetKind}
     classes[stack.StackKind.name] = stack.StackKind
+    classes[slurm.SlurmKind.name] = slurm.SlurmKind
     assert {name: registry.resolve(entry) for name, entry in registry.KINDS.items()} == classes
     assert registry.resolve(registry.SELECTORS[local.SELECTOR]) is local.load_local_inventory
     assert registry.resolve(registry.SELECTORS[stack.SELECTOR]) is stack.load_stack_inventory
-    assert set(registry.SELECTORS) == {local.SELECTOR, stack.SELECTOR}
+    assert registry.resolve(registry.SELECTORS[slurm.SELECTOR]) is slurm.load_slurm_inventory
+    assert set(registry.SELECTORS) == {local.SELECTOR, stack.SELECTOR, slurm.SELECTOR}
     assert registry.resolve(registry.FILE_LOADERS[stack.OUTPUTS_SUFFIX]) is stack.load_outputs_file
     assert registry.resolve(registry.LAB_LOADER) is lab.load_lab_inventory
 

@@ -118,69 +118,81 @@ def train(
             raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
         spec = spec.model_copy(update={"teardown": policy})
     every_host = only_hosts(load_inventory(inventory, save_keys=not dry_run), hosts)
-    inv, choice = every_host.first(spec.nodes), None
-    # the run's host keys, pinned once for the whole inventory (spares included): the host
-    # choice, the queue and the life cycle all read this one file
-    known_hosts = (
-        None if dry_run else every_host.write_known_hosts(known_hosts_file(every_host.fingerprint()))
-    )
-    if known_hosts is not None and not skip_doctor and len(every_host.hosts) > spec.nodes:
-        port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else 0
-        say_skipped = lambda line: console.print(Text(line, style="yellow"))  # noqa: E731
-        inv, choice = hosts_for_run(every_host, spec.nodes, port, known_hosts, say_skipped, current().fanout)
-    check_channels_fit_the_fleet(spec, inv, playbook)
-    plan = make_plan(spec, inv, dry_run=dry_run)
-    check_profiled_ranks_exist(spec, plan.total_processes, playbook)
-    local_hooks = local_hooks_verdict(Path(playbook), spec, allow_local_hooks, record=not dry_run)
-    plan = dataclasses.replace(plan, on_end_verdict=local_hooks.why)
-    if dry_run:
-        console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
-        return plan
-    check_registry_login(spec, playbook)
-    for warning in launch_warnings(spec, inv):
-        console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
-    if not local_hooks.allowed:  # said now, not only 9 hours later when they are skipped
-        console.print(
-            Text("warning: ", style="yellow") + Text(skipped_line(len(spec.on_end), local_hooks.playbook))
+    if not dry_run:  # a scheduler's machines are asked for now (Slurm: --wait waits in its queue)
+        every_host = fleet_kind(every_host.fleet).acquire(
+            every_host, spec.nodes, spec.name, lambda line: console.print(Text(clean(line))), wait
         )
-    assert known_hosts is not None  # pinned above: not a dry run
-    # every run holds its machines (launch.cli.queue): refused when another run holds them, or with
-    # --wait queued behind it; its entries are kept fresh until it ended (then removed)
-    hold = take_machines(
-        inv, known_hosts, plan.run_id, wait, allow_busy_gpus, lambda line: console.print(Text(line))
-    )
-    folder = RunFolder.create(plan.run_id)
-    if choice is not None:  # which hosts the job got, which were skipped and why, the spares
-        folder.write_json("hosts.json", choice.record())
-    save_on_end(folder.path, spec, local_hooks)
-    records = open_records()
-    reporter = RichReporter(console)
-    options = RunOptions(
-        poll_interval=poll_interval,
-        max_parallel=current().fanout,
-        allow_busy_gpus=allow_busy_gpus,
-        skip_doctor=skip_doctor,
-        spares=choice.spares if choice is not None else (),
-    )
-    ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
+    started = False
     try:
-        result = lifecycle.start_run(
-            spec,
-            plan,
-            inv,
-            Path(playbook),
-            records,
-            reporter,
-            options,
-            ask,
-            folder=folder,
-            known_hosts=known_hosts,
-            overrides=overrides_record(changes),
-            sweep_id=sweep_id,
+        inv, choice = every_host.first(spec.nodes), None
+        # the run's host keys, pinned once for the whole inventory (spares included): the host
+        # choice, the queue and the life cycle all read this one file
+        known_hosts = (
+            None if dry_run else every_host.write_known_hosts(known_hosts_file(every_host.fingerprint()))
         )
+        if known_hosts is not None and not skip_doctor and len(every_host.hosts) > spec.nodes:
+            port = spec.rdzv_port if isinstance(spec.rdzv_port, int) else 0
+            say_skipped = lambda line: console.print(Text(line, style="yellow"))  # noqa: E731
+            inv, choice = hosts_for_run(
+                every_host, spec.nodes, port, known_hosts, say_skipped, current().fanout
+            )
+        check_channels_fit_the_fleet(spec, inv, playbook)
+        plan = make_plan(spec, inv, dry_run=dry_run)
+        check_profiled_ranks_exist(spec, plan.total_processes, playbook)
+        local_hooks = local_hooks_verdict(Path(playbook), spec, allow_local_hooks, record=not dry_run)
+        plan = dataclasses.replace(plan, on_end_verdict=local_hooks.why)
+        if dry_run:
+            console.print(plan.render(), markup=False, highlight=False, soft_wrap=True)
+            return plan
+        check_registry_login(spec, playbook)
+        for warning in launch_warnings(spec, inv):
+            console.print(Text("warning: ", style="yellow") + Text(clean(warning)))
+        if not local_hooks.allowed:  # said now, not only 9 hours later when they are skipped
+            console.print(
+                Text("warning: ", style="yellow") + Text(skipped_line(len(spec.on_end), local_hooks.playbook))
+            )
+        assert known_hosts is not None  # pinned above: not a dry run
+        # every run holds its machines (launch.cli.queue): refused when another run holds them, or with
+        # --wait queued behind it; its entries are kept fresh until it ended (then removed)
+        hold = take_machines(
+            inv, known_hosts, plan.run_id, wait, allow_busy_gpus, lambda line: console.print(Text(line))
+        )
+        folder = RunFolder.create(plan.run_id)
+        if choice is not None:  # which hosts the job got, which were skipped and why, the spares
+            folder.write_json("hosts.json", choice.record())
+        save_on_end(folder.path, spec, local_hooks)
+        records = open_records()
+        reporter = RichReporter(console)
+        options = RunOptions(
+            poll_interval=poll_interval,
+            max_parallel=current().fanout,
+            allow_busy_gpus=allow_busy_gpus,
+            skip_doctor=skip_doctor,
+            spares=choice.spares if choice is not None else (),
+        )
+        ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
+        started = True  # from here the run's wrap-up gives the machines back (its teardown)
+        try:
+            result = lifecycle.start_run(
+                spec,
+                plan,
+                inv,
+                Path(playbook),
+                records,
+                reporter,
+                options,
+                ask,
+                folder=folder,
+                known_hosts=known_hosts,
+                overrides=overrides_record(changes),
+                sweep_id=sweep_id,
+            )
+        finally:
+            records.close()
+            hold.release()
     finally:
-        records.close()
-        hold.release()
+        if not started and not dry_run:  # ended before the start: what was acquired goes back
+            fleet_kind(every_host.fleet).release(lambda line: console.print(Text(clean(line))))
     report(result, console)
     line = missing_profile_ranks_line(spec, result.world)
     if line is not None:
@@ -259,6 +271,11 @@ def doctor(
     if gpu_diag and gpu_diag not in checks.DIAG_LEVELS:
         raise SpecError(f"--gpu-diag {gpu_diag}: expected 1 (seconds), 2 (about 2 minutes) or 3 (about 15)")
     inv = load_inventory(inventory)
+    fleet_ok = True
+    for level, line in fleet_kind(inv.fleet).health():  # a scheduler's login host and partition
+        style = {"ok": "green", "warning": "yellow"}.get(level, "bold red")
+        console.print(Text(f"{level:<7} ", style=style) + Text(clean(line, 600)))
+        fleet_ok = fleet_ok and level != "error"
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
     nodes = None
@@ -301,8 +318,8 @@ def doctor(
             console.print(Text(f"fewer than {nodes} healthy hosts: a job would not start", style="bold red"))
             return False
         console.print(Text(clean(f"a job of {nodes} node(s) would get: {', '.join(chosen)}", 2000)))
-        return True
-    return not findings.failed
+        return fleet_ok
+    return fleet_ok and not findings.failed
 
 
 def diag_check(

@@ -13,7 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from launch.job.inventory import Host
+    from launch.job.inventory import Host, Inventory
     from launch.nodelib.fleetrun_protocol import BucketCommands
 
 Say = Callable[[str], None]
@@ -104,6 +104,24 @@ class FleetKind(Protocol):
         """The preemption-notice poller the watchdog runs (``fleetrun_protocol.POLLERS``), or ""."""
         ...
 
+    def acquire(self, inventory: Inventory, nodes: int, job_name: str, say: Say, wait: bool) -> Inventory:
+        """The machines for one run, before it is planned: the inventory as it is where they
+        exist already (lab, local, stack); a scheduler's kind asks for ``nodes`` of them and
+        gives the inventory of what it got, its reference naming what it holds (Slurm's job
+        id), waiting in its queue only with ``wait``. May raise ``FleetrunError``."""
+        ...
+
+    def health(self) -> list[tuple[str, str]]:
+        """``fab doctor``'s checks of the fleet itself, before its nodes: (level, line) with level
+        ``ok``, ``warning`` or ``error`` (a scheduler's login host and partition); none where
+        the nodes are the whole fleet."""
+        ...
+
+    def release(self, say: Say) -> None:
+        """Give back what ``acquire`` took, for a run that ends before it starts (its teardown
+        does it otherwise); nothing where ``acquire`` took nothing."""
+        ...
+
     def tear_down(self, say: Say) -> TeardownOutcome:
         """Remove the fleet and confirm nothing remains. May raise ``FleetrunError``."""
         ...
@@ -136,6 +154,20 @@ class FleetKind(Protocol):
         ``probe`` as for ``replace``. Recovery asks for this only when no spare of the inventory
         is left, and asks once per recovery (``launch.run.attempts.take_spare``)."""
         ...
+
+
+class StandingMachines:
+    """``acquire`` and ``release`` of a kind whose machines exist before any run (lab machines,
+    the local fleet, a stack): nothing to ask for, nothing to give back per run."""
+
+    def acquire(self, inventory: Inventory, nodes: int, job_name: str, say: Say, wait: bool) -> Inventory:
+        return inventory
+
+    def release(self, say: Say) -> None:
+        return None
+
+    def health(self) -> list[tuple[str, str]]:
+        return []
 
 
 UPLOAD_SOURCE = "{src}"

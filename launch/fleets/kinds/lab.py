@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from launch.fleets.kinds.base import InstanceLifetime, Probe, Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import (
+    InstanceLifetime,
+    Probe,
+    Say,
+    StandingMachines,
+    TeardownOutcome,
+    TeardownState,
+)
 from launch.fleets.kinds.refs import LabFleet
 from launch.job.inventory import (  # noqa: F401 - re-exported: the registry loads labs from here
     ALLOWED_KEYS,
@@ -31,7 +38,7 @@ REPLACE_POLL_S = 5.0
 POWEROFF_HOOK = NO_POWEROFF_HOOK
 
 
-class LabKind:
+class LabKind(StandingMachines):
     name: ClassVar[str] = "lab"
     can_power_off: ClassVar[bool] = False
 

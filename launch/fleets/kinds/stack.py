@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from launch.errors import SpecError
 from launch.fleets.clouds import CLOUDS
-from launch.fleets.kinds.base import InstanceLifetime, Probe, Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import (
+    InstanceLifetime,
+    Probe,
+    Say,
+    StandingMachines,
+    TeardownOutcome,
+    TeardownState,
+)
 from launch.fleets.kinds.refs import StackFleetRef
 from launch.fleets.stack_outputs import (  # noqa: F401 - re-exported
     TRUSTED_OUTPUTS_DIR,
@@ -49,7 +56,7 @@ SELECTOR = "stack"
 OUTPUTS_SUFFIX = ".json"
 
 
-class StackKind:
+class StackKind(StandingMachines):
     name: ClassVar[str] = "stack"
     can_power_off: ClassVar[bool] = True
 
