@@ -103,7 +103,8 @@ def read_ranks(run_dir: str, now: float, launched: float | None = None) -> Ranks
     """Each rank with a record of this launch: stepping (its record is fresh) or blocked (no new
     record for ``stale_after`` its interval: stuck in a collective, or stopped)."""
     records = _records(run_dir, launched_at(run_dir) if launched is None else launched)
-    stepping, blocked = [], []
+    stepping: list[int] = []
+    blocked: list[int] = []
     for rank, (at, every) in sorted(records.items()):
         (blocked if now - at > stale_after(every) else stepping).append(rank)
     return Ranks(stepping, blocked)
