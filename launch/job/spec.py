@@ -209,6 +209,16 @@ class JobSpec(BaseModel):
             raise ValueError(f"field '{field}': {problem}")
         return self
 
+    @model_validator(mode="after")
+    def _container_fits(self) -> JobSpec:
+        """What cannot run inside an image yet: the requirements go into the image itself."""
+        if self.container is not None and self.requirements:
+            raise ValueError(
+                "field 'requirements': with container: the ranks use the image's Python; install the "
+                "requirements in the image (setup: commands still run on the node, outside the image)"
+            )
+        return self
+
     @field_validator("min_nodes")
     @classmethod
     def _min_at_most_max(cls, value: int | None, info: ValidationInfo) -> int | None:
@@ -629,7 +639,16 @@ def torchrun_problems(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def horovod_problems(spec: JobSpec) -> list[tuple[str, str]]:
-    """horovodrun is not elastic: ``nodes: MIN:MAX`` needs torchrun."""
+    """horovodrun is not elastic: ``nodes: MIN:MAX`` needs torchrun. Nor in a container here:
+    horovodrun starts the workers' ranks itself over SSH, from the head, outside any container."""
+    if spec.container is not None:
+        return [
+            (
+                "container",
+                "launcher: horovod does not run in a container yet (horovodrun starts the other nodes' "
+                "ranks over SSH itself, outside the image); use launcher: torchrun with container:",
+            )
+        ]
     if spec.min_nodes is not None:
         return [
             ("nodes", "nodes: MIN:MAX (elastic) needs launcher: torchrun; horovodrun here is not elastic")

@@ -55,9 +55,10 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
-    from launch.nodelib import fleetrun_gpu, fleetrun_procs, fleetrun_stepping
+    from launch.nodelib import fleetrun_containers, fleetrun_gpu, fleetrun_procs, fleetrun_stepping
     from launch.nodelib import fleetrun_protocol as protocol
 else:
+    import fleetrun_containers  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_gpu  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_procs  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
@@ -692,12 +693,17 @@ def stop_run(
     for the run's wrapper to end (``_end_wrapper``), so that nothing of this start writes into the
     run directory once the stop has returned.
 
+    A run with ``container:`` also has its containers stopped by the runtime, with the same grace,
+    and removed (``fleetrun_containers``); one that could not be removed counts in ``remaining``.
+
     ``spare`` is a pid not to touch (the watchdog stopping the run it belongs to).
     ``only_if_stepping`` (recovery): no more grace once no rank steps (``fleetrun_stepping``).
     """
     run_dir = os.path.join(os.path.expanduser("~"), ".fleetrun", "runs", run_id)
     wrapper = _wrapper_of(run_dir) if protocol.is_name(run_id) else None
     launched = fleetrun_stepping.launched_at(run_dir) if protocol.is_name(run_id) else 0.0
+    runtime = fleetrun_containers.runtime_of(run_dir) if protocol.is_name(run_id) else None
+    containers = fleetrun_containers.begin_stop(runtime, run_id, grace)
     guards = [p for p in _run_pids(run_id, watchdogs=True) if p != spare]
     found = [p for p in _run_pids(run_id) if p != spare]
     for pid in found:
@@ -730,6 +736,7 @@ def stop_run(
     time.sleep(0.05)
     if wrapper is not None and wrapper != spare:
         _end_wrapper(wrapper, deadline)
+    left_containers = fleetrun_containers.finish_stop(runtime, run_id, containers)
     remaining = [p for p in _run_pids(run_id) if p != spare]
     tmp = os.path.join(run_dir, RUN_TMP)
     if not remaining and protocol.is_name(run_id) and os.path.isdir(tmp) and not os.path.islink(tmp):
@@ -738,7 +745,7 @@ def stop_run(
         terminated=len(set(found) - set(guards)),
         watchdogs=len(guards),
         killed=len(killed),
-        remaining=len(remaining),
+        remaining=len(remaining) + left_containers,
         stepping=len(ranks.stepping) if ranks is not None else 0,
         blocked=len(ranks.blocked) if ranks is not None else 0,
         grace_cut=cut_short,

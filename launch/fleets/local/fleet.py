@@ -200,6 +200,7 @@ class LocalFleet(FleetNames):
         uplink_rate: str | None = None,
         bucket: bool = False,
         spot_notices: bool = False,
+        containers: bool = False,
     ) -> Inventory:
         """Build ``nodes`` nodes. ``bastion``: the nodes sit on an internal bridge this machine
         cannot reach, the head also on the external one, and the workers' inventory entries jump
@@ -211,7 +212,8 @@ class LocalFleet(FleetNames):
         ``bucket``: an S3-compatible server of the fleet's own on its bridge, given to the nodes as
         their bucket (``launch.fleets.local.bucket``). ``spot_notices``: a metadata endpoint in every
         node's namespace that ``serve_notice`` makes announce a spot interruption, and the
-        watchdog's poller for it (``launch.fleets.local.spot``).
+        watchdog's poller for it (``launch.fleets.local.spot``). ``containers``: rootless podman on
+        every node, reading images from this machine's shared store (``launch.fleets.local.containers``).
         All off: the default fleet, as it always was."""
         require_root()
         if not 1 <= nodes <= MAX_NODES:
@@ -223,13 +225,16 @@ class LocalFleet(FleetNames):
         # the bucket's S3 server and the spot notices are imported only for a fleet that has them
         # (``--inventory local`` reads this class for every command, e.g. ``fab exec``)
         from launch.fleets.local import bucket as local_bucket
+        from launch.fleets.local import containers as local_containers
         from launch.fleets.local import spot
 
         if bucket and not local_bucket.have_moto():
             raise LocalFleetError(
                 "--bucket needs moto's S3 server on this machine: pip install 'fleetrun[local-bucket]'"
             )
-        shape = Shape(bastion=bastion, mixed=mixed, vm=vm)
+        if containers and vm:
+            raise LocalFleetError("--containers is for a fleet without --vm")
+        shape = Shape(bastion=bastion, mixed=mixed, vm=vm, containers=containers)
         rate = None if uplink_rate is None else uplink.parse_rate(uplink_rate)
         ensure_tools(say)
         python = ensure_image(say) if build_image else image_python()
@@ -278,6 +283,9 @@ class LocalFleet(FleetNames):
         ]
         if bastion:
             hosts = behind_head(hosts)
+        if containers:
+            local_containers.check_ready([host.user for host in hosts])
+            local_containers.ensure_mqueue()
         for i in range(nodes):
             start_sshd(self, i, shape)
         self.wait_for_sshd(dict(enumerate(hosts)), bastion)
