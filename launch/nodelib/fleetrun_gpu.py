@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -571,6 +572,28 @@ def nvml_gpus():
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
         return None, None, None, "NVML failed: " + _nvml_text(exc)[:80]
+
+
+def smi_utilization():
+    """Mean GPU utilisation in percent from nvidia-smi; None without GPUs (or without the tool).
+    The node agent's figure when its background reader has no reading (``mean_utilization``)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=10,
+            check=False,
+        ).stdout[:4096]
+        values = [float(v) for v in out.split() if v.strip()]
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    if not values or not all(math.isfinite(v) and 0 <= v <= 100 for v in values):
+        return None
+    return sum(values) / len(values)
 
 
 def nvml_processes():

@@ -458,7 +458,7 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
         ),
         exited_at=exited_at,
         log_tail=_tail(os.path.join(run_dir, "node.log"), LOG_TAIL_BYTES),
-        gpu_util=mean_utilization(gpu) if gpu is not None else gpu_utilization(),
+        gpu_util=mean_utilization(gpu) if gpu is not None else fleetrun_gpu.smi_utilization(),
         gpu=gpu,
         pace=pace_reading(run_dir),
         malformed=tuple(notes[: protocol.MAX_NOTES]),
@@ -603,27 +603,6 @@ def mean_utilization(reading: dict) -> float | None:
     values = [g.get("util") for g in reading.get("gpus", []) if isinstance(g, dict)]
     known = [float(v) for v in values if isinstance(v, (int, float)) and 0 <= v <= 100]
     return sum(known) / len(known) if known else None
-
-
-def gpu_utilization() -> float | None:
-    """Mean GPU utilisation in percent from nvidia-smi; None without GPUs (or without the tool)."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=10,
-            check=False,
-        ).stdout[:4096]
-        values = [float(v) for v in out.split() if v.strip()]
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None
-    if not values or not all(math.isfinite(v) and 0 <= v <= 100 for v in values):
-        return None
-    return sum(values) / len(values)
 
 
 def _run_pids(run_id: str, watchdogs: bool | None = None) -> list[int]:
