@@ -20,6 +20,8 @@ setup: system-deps $(STAMP)
 # pdsh only as bench/scale.py's baseline (its smoke test runs in `make test`); shellcheck for the
 # lint test of images/ scripts (tests/infra/test_bootstrap.py), which a machine without it skips;
 # dash, the /bin/sh of Debian-based images, to run an exported pod's command as a pod runs it.
+# slurm-wlm (slurmctld, slurmd, the client commands) and munge for `fab local.up --slurm`, the real
+# Slurm cluster that tests/test_slurm_*.py run fleetrun's slurm fleet kind against.
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -30,6 +32,8 @@ system-deps:
 	command -v pdsh >/dev/null || missing="$$missing pdsh"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	command -v dash >/dev/null || missing="$$missing dash"; \
+	command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || missing="$$missing slurm-wlm"; \
+	command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
