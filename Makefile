@@ -22,6 +22,10 @@ setup: system-deps $(STAMP)
 # dash, the /bin/sh of Debian-based images, to run an exported pod's command as a pod runs it.
 # docker-registry (Debian's build of distribution 2.8): the image registry the container tests
 # start on the local fleet's network (tests/registrykit.py); its own service is not used.
+# slurm-wlm (slurmctld, slurmd, the client commands) and munge for `fab local.up --slurm`, the real
+# Slurm cluster that tests/test_slurm_*.py run fleetrun's slurm fleet kind against.
+# podman (with uidmap for rootless use, crun, slirp4netns, fuse-overlayfs): the container runtime the
+# image pull and container tests run for real (tests/test_image_pull_script.py, test_doctor_container.py).
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -33,6 +37,9 @@ system-deps:
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	command -v dash >/dev/null || missing="$$missing dash"; \
 	command -v docker-registry >/dev/null || missing="$$missing docker-registry"; \
+	command -v podman >/dev/null || missing="$$missing podman uidmap crun slirp4netns fuse-overlayfs"; \
+	command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || missing="$$missing slurm-wlm"; \
+	command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
