@@ -22,7 +22,7 @@ setup: system-deps $(STAMP)
 # dash, the /bin/sh of Debian-based images, to run an exported pod's command as a pod runs it.
 # docker-registry (Debian's build of distribution 2.8): the image registry the container tests
 # start on the local fleet's network (tests/registrykit.py); its own service is not used.
-# slurm-wlm (slurmctld, slurmd, the client commands) and munge for `fab local.up --slurm`, the real
+# slurm-wlm (slurmctld, slurmd, the client commands) and munge for `fab local.up --with-slurm`, the real
 # Slurm cluster that tests/test_slurm_*.py run fleetrun's slurm fleet kind against.
 # podman (with uidmap for rootless use, crun, slirp4netns, fuse-overlayfs): the container runtime the
 # image pull and container tests run for real (tests/test_image_pull_script.py, test_doctor_container.py).

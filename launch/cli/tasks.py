@@ -151,7 +151,7 @@ def plan(c: Any, playbook: str, *, opts: PlaybookOptions) -> None:
         "uplink": "rate-limit this machine's traffic to the nodes (tc tbf), e.g. 200mbit; nodes talk at full speed",
         "bucket": "an S3-compatible server of the fleet's own (moto) as the nodes' bucket, removed by local.down",
         "spot": "spot-like nodes: a metadata endpoint in each node; fab local.preempt serves a notice",
-        "slurm": "a real Slurm cluster (slurm-wlm, munge): node 0 its controller and login host, the others its compute nodes",
+        "with_slurm": "a real Slurm cluster (slurm-wlm, munge): node 0 its controller and login host, the others its compute nodes",
     }
 )
 @_friendly
@@ -166,7 +166,7 @@ def local_up(
     uplink: str = "",
     bucket: bool = False,
     spot: bool = False,
-    slurm: bool = False,
+    with_slurm: bool = False,
 ) -> None:
     """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
     from launch.cli import app
@@ -180,7 +180,7 @@ def local_up(
         uplink_rate=uplink or None,
         bucket=bucket,
         spot_notices=spot,
-        slurm=slurm,
+        slurm=with_slurm,
     )
     for host in inventory.hosts:
         via = f" via {host.proxy_jump.label}" if host.proxy_jump else ""

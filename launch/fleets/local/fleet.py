@@ -235,7 +235,7 @@ class LocalFleet(FleetNames):
         if bastion and (bucket or spot_notices):
             raise LocalFleetError("--bucket and --spot are for a fleet without --bastion")
         if slurm and (bastion or mixed):
-            raise LocalFleetError("--slurm is for a fleet without --bastion or --mixed")
+            raise LocalFleetError("--with-slurm is for a fleet without --bastion or --mixed")
         vm = vm or slurm
         # the bucket's S3 server and the spot notices are imported only for a fleet that has them
         # (``--inventory local`` reads this class for every command, e.g. ``fab exec``)

@@ -1,4 +1,4 @@
-"""A real Slurm cluster on a local fleet (``LocalFleet.up(slurm=True)``, ``fab local.up --slurm``).
+"""A real Slurm cluster on a local fleet (``LocalFleet.up(slurm=True)``, ``fab local.up --with-slurm``).
 
 Debian's ``slurm-wlm`` and ``munge``, unmodified: node 0 runs ``munged`` and ``slurmctld`` and is
 the login host (users reach it over SSH with its pinned host key, as a lab's login node); every
@@ -175,7 +175,7 @@ class LocalSlurm:
         missing = sorted({pkg for tool, pkg in REQUIRED.items() if not _have(tool)})
         if missing:
             raise LocalFleetError(
-                f"--slurm needs Slurm and munge on this machine: apt-get install {' '.join(missing)}"
+                f"--with-slurm needs Slurm and munge on this machine: apt-get install {' '.join(missing)}"
             )
         if nodes < 2:
             raise LocalFleetError(f"--nodes {nodes}: a Slurm fleet has a login node and 1+ compute nodes")
