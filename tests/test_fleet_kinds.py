@@ -202,6 +202,27 @@ def test_the_registry_tables_name_each_kind_by_its_own_name() -> None:
     assert registry.resolve(registry.LAB_LOADER) is lab.load_lab_inventory
 
 
+def test_every_registered_kind_answers_every_question_of_the_fleet_kind_interface() -> None:
+    """The kinds are built by name from the registry (``fleet_kind`` returns them untyped to mypy):
+    a kind lacking a member of ``FleetKind`` (the Slurm kind once lacked ``lifetime``) would fail
+    only when a run reached that call."""
+    from launch.fleets.kinds import registry
+    from launch.fleets.kinds.base import FleetKind
+
+    members = {
+        name
+        for name in vars(FleetKind)
+        if not name.startswith("_")
+        and (callable(getattr(FleetKind, name)) or name in FleetKind.__annotations__)
+    }
+    assert {"lifetime", "acquire", "release", "tear_down", "bucket_commands"} <= members
+    missing = {
+        kind: sorted(name for name in members if not hasattr(registry.resolve(entry), name))
+        for kind, entry in registry.KINDS.items()
+    }
+    assert all(not names for names in missing.values()), missing
+
+
 def test_fab_exec_on_a_local_fleet_imports_no_other_kind() -> None:
     """``fab exec --inventory local:...`` loads the local kind only: not the stack kind with its
     clouds and the node protocol's models, nor the launch pipeline (its start-up is its cost)."""

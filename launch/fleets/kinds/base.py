@@ -170,5 +170,29 @@ class StandingMachines:
         return []
 
 
+class SiteMachines:
+    """What a kind whose machines belong to the site (lab machines, a Slurm cluster's nodes) answers
+    alike: fleetrun never powers them off (promise 3), so no instance lifetime; no bucket of the
+    fleet's own; no preemption notices to poll."""
+
+    can_power_off: ClassVar[bool] = False
+
+    def bucket_upload_argv(self, dest: str) -> list[str] | None:
+        return None
+
+    def bucket_download_argv(self, src: str) -> list[str] | None:
+        return None
+
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        return None
+
+    def preemption_poller(self) -> str:
+        return ""
+
+    def lifetime(self) -> InstanceLifetime | None:
+        """Never: a site's machines are not fleetrun's to end (promise 3)."""
+        return None
+
+
 UPLOAD_SOURCE = "{src}"
 """Placeholder in an upload argv for the node's run directory (filled in on the node)."""

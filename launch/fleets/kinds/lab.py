@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from launch.fleets.kinds.base import (
-    InstanceLifetime,
     Probe,
     Say,
+    SiteMachines,
     StandingMachines,
     TeardownOutcome,
     TeardownState,
@@ -30,7 +30,6 @@ from launch.planning.remote_layout import NO_POWEROFF_HOOK
 
 if TYPE_CHECKING:
     from launch.job.inventory import Host
-    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 REPLACE_POLL_S = 5.0
 
@@ -38,9 +37,8 @@ REPLACE_POLL_S = 5.0
 POWEROFF_HOOK = NO_POWEROFF_HOOK
 
 
-class LabKind(StandingMachines):
+class LabKind(StandingMachines, SiteMachines):
     name: ClassVar[str] = "lab"
-    can_power_off: ClassVar[bool] = False
 
     def __init__(self, ref: LabFleet) -> None:
         self.ref = ref
@@ -51,18 +49,6 @@ class LabKind(StandingMachines):
     def poweroff_hook(self) -> str:
         return POWEROFF_HOOK
 
-    def bucket_upload_argv(self, dest: str) -> list[str] | None:
-        return None
-
-    def bucket_download_argv(self, src: str) -> list[str] | None:
-        return None
-
-    def bucket_commands(self, prefix: str) -> BucketCommands | None:
-        return None
-
-    def preemption_poller(self) -> str:
-        return ""
-
     def tear_down(self, say: Say) -> TeardownOutcome:
         return TeardownOutcome(
             TeardownState.KEPT, "lab machines are never torn down; the run's processes were stopped"
@@ -70,10 +56,6 @@ class LabKind(StandingMachines):
 
     def tags(self) -> dict[str, str]:
         return {}
-
-    def lifetime(self) -> InstanceLifetime | None:
-        """Lab machines are never powered off (promise 3): no lifetime, ever."""
-        return None
 
     def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
         """Lab machines are not made by fleetrun: wait (up to ``timeout_s``) for the host's sshd to

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import ValidationError
 
 from launch.errors import FleetrunError, SpecError
-from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import Probe, Say, SiteMachines, TeardownOutcome, TeardownState
 from launch.fleets.kinds.refs import SlurmFleetRef
 from launch.fleets.slurm import allocation, answers, commands
 from launch.job.inventory import REFUSED_KEYS, Host, Inventory, lab_inventory_from_mapping
@@ -49,7 +49,6 @@ from launch.reports.safe_text import clean
 
 if TYPE_CHECKING:
     from launch.fleets.slurm.commands import SlurmShell
-    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 SELECTOR = "slurm"
 SECTION = "slurm"
@@ -82,9 +81,8 @@ def add_extra_job(first: int, job_id: int) -> None:
         out.write(f"{job_id}\n")
 
 
-class SlurmKind:
+class SlurmKind(SiteMachines):
     name: ClassVar[str] = "slurm"
-    can_power_off: ClassVar[bool] = False
 
     def __init__(self, ref: SlurmFleetRef, shell: SlurmShell | None = None) -> None:
         self.ref = ref
@@ -119,18 +117,6 @@ class SlurmKind:
             "# Slurm: the run ended unwatched; give back fleetrun's own allocations, never power off\n"
             f"scancel {' '.join(map(str, jobs))} || true\n"
         )
-
-    def bucket_upload_argv(self, dest: str) -> list[str] | None:
-        return None
-
-    def bucket_download_argv(self, src: str) -> list[str] | None:
-        return None
-
-    def bucket_commands(self, prefix: str) -> BucketCommands | None:
-        return None
-
-    def preemption_poller(self) -> str:
-        return ""
 
     def tags(self) -> dict[str, str]:
         jobs = self.job_ids()
