@@ -103,13 +103,34 @@ def test_docker_argv_runs_as_the_node_user_with_its_gpus(tmp_path: Path) -> None
     ]  # fmt: skip
 
 
+def test_a_channel_folder_is_the_shells_data_not_its_code(tmp_path: Path) -> None:
+    """A playbook's channel folder is the user's text: whatever it holds reaches the runtime as
+    one literal argument, never run or expanded by the launch script's shell."""
+    marker = tmp_path / "ran"
+    hostile = f'/data/$(touch {marker})"`touch {marker}`'
+    run = ContainerRun(**{**container_run("podman").__dict__, "mounts": ("$HOME/.fleetrun/lib", hostile)})
+    rc, argv = run_lines(tmp_path, launch_lines(run), ("podman",))
+    assert rc == 0 and not marker.exists()
+    assert argv[argv.index("--volume", argv.index("--volume") + 1) + 1] == f"{hostile}:{hostile}"
+
+
+def test_the_probe_and_the_launch_take_runtime_auto_in_one_order() -> None:
+    """The probe runs alone on a node (it cannot import planning): its copy of the order must be
+    the launch's and the pull's, or doctor would name a runtime the run does not use."""
+    from launch.nodelib.fleetrun_probe import CONTAINER_RUNTIMES
+    from launch.planning.container import RUNTIMES_BY_PREFERENCE
+    from launch.planning.image_pull import RUNTIME_ORDER
+
+    assert CONTAINER_RUNTIMES == RUNTIMES_BY_PREFERENCE == RUNTIME_ORDER
+
+
 def test_apptainer_argv(tmp_path: Path) -> None:
     rc, argv = run_lines(tmp_path, launch_lines(container_run("apptainer")), ("apptainer",), gpus=1)
     assert rc == 0
     assert argv == [
         "apptainer", "exec", "--nv", "--no-home", "--bind", MOUNTS[0], "--bind", MOUNTS[1],
-        "--pwd", "/home/u/.fleetrun/work/job", "docker://ghcr.io/lab/train:1", *INSIDE,
-    ]  # fmt: skip
+        "--pwd", "/home/u/.fleetrun/work/job", "/home/u/.fleetrun/images/ghcr.io_lab_train_1.sif", *INSIDE,
+    ]  # fmt: skip  # the SIF the pull stage made (image_pull.sif_path), not docker:// at every start
     rc, argv = run_lines(
         tmp_path, launch_lines(container_run("apptainer", image="/img/t.sif")), ("apptainer",)
     )
@@ -174,9 +195,11 @@ def test_the_launch_script_starts_the_ranks_in_the_image_with_the_environment_by
         "$HOME/.fleetrun/lib",
         "$HOME/.fleetrun/work/job",
         "$HOME/.fleetrun/runs/job-1",
-        "/data/train",
     ):
         assert f'--volume "{mount}:{mount}"' in run_line, mount
+    assert "--volume /data/train:/data/train" in run_line, (
+        "the playbook's folder: single-quoted when it needs it"
+    )
     assert '--name "fleetrun-job-1-n1-a$FLEETRUN_ATTEMPT"' in run_line
     assert "torch.distributed.run" in run_line and "--local-addr=10.0.0.2" in run_line
 

@@ -18,7 +18,7 @@ import os
 import subprocess
 
 RUNTIME_FILE = "container_runtime"
-"""Written by the launch script (``launch.planning.container.RUNTIME_FILE`` says the same)."""
+"""Written by the launch script (``launch.planning.container`` takes the name from here)."""
 LABEL = "fleetrun.run"
 OBJECT_RUNTIMES = ("podman", "docker")
 """The runtimes whose containers are objects to stop and remove (apptainer's are processes)."""

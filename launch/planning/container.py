@@ -29,13 +29,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launch.job.container import ContainerSpec
+from launch.nodelib.fleetrun_containers import LABEL, RUNTIME_FILE
+from launch.planning import remote_layout as layout
+from launch.planning.image_pull import RUNTIME_ORDER, sif_path
 
-LABEL = "fleetrun.run"
-"""The label (docker/podman) every container of a run carries, with the run id as its value."""
-RUNTIMES_BY_PREFERENCE = ("podman", "docker", "apptainer")
-"""What ``runtime: auto`` takes on a node: the first of these it has."""
-RUNTIME_FILE = "container_runtime"
-"""The file in the run directory naming the runtime the node used (``fleetrun_node.stop_run`` reads it)."""
+RUNTIMES_BY_PREFERENCE = RUNTIME_ORDER
+"""What ``runtime: auto`` takes on a node: the first of these it has, the order the image pull
+takes (``image_pull.RUNTIME_ORDER``). ``LABEL`` (on every container of a run, the run id its value) and
+``RUNTIME_FILE`` (the run folder's note of the runtime used) are the node side's, which finds the
+run's containers by them when it stops the run (``fleetrun_containers``)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,16 @@ class ContainerRun:
 def _dq(text: str) -> str:
     """``text`` (which may hold ``$HOME``) inside double quotes."""
     return f'"{text}"'
+
+
+def _same_path(path: str) -> str:
+    """``path:path`` as one shell word: fleetrun's own folders (``$HOME/...``, names fleetrun
+    validated) inside double quotes so ``$HOME`` expands on the node; any other path (a
+    playbook's channel folder, the user's text) single-quoted, so no ``$``, backtick or quote in
+    it is read by the shell."""
+    if path.startswith("$HOME/"):
+        return _dq(f"{path}:{path}")
+    return shlex.quote(f"{path}:{path}")
 
 
 class ContainerRuntime(ABC):
@@ -104,7 +116,7 @@ class _OciRuntime(ContainerRuntime):
             words += ["--ipc", "host"]
         words += ['"$@"', *self.user_flags()]
         for mount in run.mounts:
-            words += ["--volume", _dq(f"{mount}:{mount}")]
+            words += ["--volume", _same_path(mount)]
         words += ["--workdir", _dq(run.workdir)]
         for name in run.env_names:
             words += ["--env", name]
@@ -148,13 +160,16 @@ class ApptainerRuntime(ContainerRuntime):
         return ("--nv",)
 
     def run_words(self, run: ContainerRun) -> list[str]:
-        image = run.spec.image if run.spec.image.startswith("/") else f"docker://{run.spec.image}"
+        # a registry image runs from the SIF file the pull stage made of it (``sif_path``), not
+        # ``docker://`` again, which would convert it anew and ask the registry at every start
+        image = run.spec.image
+        image_word = shlex.quote(image) if image.startswith("/") else _dq(layout.home(sif_path(image)))
         words = ["apptainer", "exec", '"$@"', "--no-home"]
         for mount in run.mounts:
-            words += ["--bind", _dq(f"{mount}:{mount}")]
+            words += ["--bind", _same_path(mount)]
         words += ["--pwd", _dq(run.workdir)]
         words += [shlex.quote(option) for option in run.spec.options]
-        words += [shlex.quote(image), "sh", "-c", shlex.quote(run.command)]
+        words += [image_word, "sh", "-c", shlex.quote(run.command)]
         return words
 
 
