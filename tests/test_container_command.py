@@ -231,3 +231,38 @@ def test_what_a_container_cannot_run_yet_is_refused_naming_the_field(
     with pytest.raises(SpecError) as info:
         load_job_spec(path)
     assert str(path) in str(info.value) and expected in str(info.value)
+
+
+FAKE_PODMAN = """#!/bin/sh
+echo "$*" >> "$FAKE_LOG"
+case "$1" in
+  ps) [ -e "$FAKE_STATE/removed" ] || echo c0ffee ;;
+  stop) exec sleep 600 ;;
+  rm) touch "$FAKE_STATE/removed" ;;
+esac
+"""
+
+
+def test_a_stop_that_cut_the_grace_short_does_not_wait_out_the_runtimes_own_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node agent cuts a recovery's grace when no rank steps (``fleetrun_stepping``); the
+    run's containers then go at once too: the runtime's ``stop -t GRACE`` is ended and ``rm -f``
+    removes them, instead of the agent waiting for the runtime to sit out the grace."""
+    from launch.nodelib import fleetrun_containers
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "podman").write_text(FAKE_PODMAN)
+    (bin_dir / "podman").chmod(0o755)
+    log = tmp_path / "calls"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_STATE", str(tmp_path))
+    stopping = fleetrun_containers.begin_stop("podman", "job-1", 600)
+    assert stopping is not None
+    assert fleetrun_containers.finish_stop("podman", "job-1", stopping, hurry=True) == 0
+    assert stopping.returncode is not None and stopping.returncode < 0, "the runtime's stop was ended"
+    calls = log.read_text().splitlines()
+    assert calls[0] == "ps -aq --filter label=fleetrun.run=job-1"
+    assert "stop -t 600 c0ffee" in calls and "rm -f c0ffee" in calls

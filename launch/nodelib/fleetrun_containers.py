@@ -88,12 +88,16 @@ def begin_stop(runtime: str | None, run_id: str, grace: float) -> subprocess.Pop
         return None
 
 
-def finish_stop(runtime: str | None, run_id: str, stopping: subprocess.Popen[bytes] | None) -> int:
+def finish_stop(
+    runtime: str | None, run_id: str, stopping: subprocess.Popen[bytes] | None, hurry: bool = False
+) -> int:
     """Wait for ``begin_stop``'s command, remove every container of the run that is left, and
-    return how many still exist (0 when the node is clean)."""
+    return how many still exist (0 when the node is clean). ``hurry``: the stop cut the grace
+    short (no rank could use it), so the runtime's own ``stop -t GRACE`` is not waited out
+    either: it is ended and ``rm -f`` kills what is left at once."""
     if stopping is not None:
         try:
-            stopping.wait(RUNTIME_TIMEOUT_S)
+            stopping.wait(0 if hurry else RUNTIME_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             stopping.kill()
             stopping.wait()

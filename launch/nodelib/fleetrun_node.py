@@ -715,7 +715,7 @@ def stop_run(
     time.sleep(0.05)
     if wrapper is not None and wrapper != spare:
         _end_wrapper(wrapper, deadline)
-    left_containers = fleetrun_containers.finish_stop(runtime, run_id, containers)
+    left_containers = fleetrun_containers.finish_stop(runtime, run_id, containers, hurry=cut_short)
     remaining = [p for p in _run_pids(run_id) if p != spare]
     tmp = os.path.join(run_dir, RUN_TMP)
     if not remaining and protocol.is_name(run_id) and os.path.isdir(tmp) and not os.path.islink(tmp):
