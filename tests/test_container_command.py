@@ -263,6 +263,6 @@ def test_a_stop_that_cut_the_grace_short_does_not_wait_out_the_runtimes_own_grac
     assert stopping is not None
     assert fleetrun_containers.finish_stop("podman", "job-1", stopping, hurry=True) == 0
     assert stopping.returncode is not None and stopping.returncode < 0, "the runtime's stop was ended"
+    assert stopping.args == ["podman", "stop", "-t", "600", "c0ffee"]
     calls = log.read_text().splitlines()
-    assert calls[0] == "ps -aq --filter label=fleetrun.run=job-1"
-    assert "stop -t 600 c0ffee" in calls and "rm -f c0ffee" in calls
+    assert calls[0] == "ps -aq --filter label=fleetrun.run=job-1" and "rm -f c0ffee" in calls
