@@ -250,7 +250,7 @@ def test_peer_copies_follow_the_recorded_saves_newest_first(tmp_path: Path) -> N
 
     class Obs:
         def __init__(self, saved: dict[int, str]) -> None:
-            self.metrics = type("M", (), {"saved_checkpoints": saved})()
+            self.metrics = type("M", (), {"saved_checkpoints": saved, "uploaded_checkpoints": {}})()
 
     watcher = Watcher()
     copies.follow(watcher, hosts, tmp_path / "known_hosts", copy=True)

@@ -189,7 +189,7 @@ def note_checkpoint_event(
     record: Mapping[str, Any],
     saved: dict[int, str],
     refused: list[str],
-    uploaded: dict[int, str] | None = None,
+    uploaded: dict[int, str],
 ) -> None:
     """Fold a checkpoint helper event in: ``checkpoint_saved`` (a step and its manifest's sha256,
     the newest 64 kept), ``checkpoint_uploaded`` (the same, once its upload and the bucket's
@@ -202,7 +202,7 @@ def note_checkpoint_event(
     if kind in ("checkpoint_saved", "checkpoint_uploaded"):
         into = saved if kind == "checkpoint_saved" else uploaded
         digest = record.get("manifest")
-        if into is None or not isinstance(digest, str) or len(digest) != 64:
+        if not isinstance(digest, str) or len(digest) != 64:
             return
         if all(c in "0123456789abcdef" for c in digest):
             into[step] = digest

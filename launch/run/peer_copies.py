@@ -99,8 +99,7 @@ class PeerCopies:
         def on_poll(obs: Any) -> None:
             if previous is not None:
                 previous(obs)
-            uploaded = getattr(obs.metrics, "uploaded_checkpoints", None) or {}
-            self.offer(obs.metrics.saved_checkpoints, saver(watcher), uploaded)
+            self.offer(obs.metrics.saved_checkpoints, saver(watcher), obs.metrics.uploaded_checkpoints)
 
         watcher.on_poll = on_poll
 
