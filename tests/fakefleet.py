@@ -100,6 +100,9 @@ class NodeScript:
     fail_sync: bool = False
     fail_setup: bool = False
     fail_stop: bool = False
+    blocked_at_stop: bool = False
+    """At the recovery's stop no rank of this node stepped since the loss: its agent kills them
+    without the grace and says so (``StopAnswer.grace_cut``)."""
     fail_pull: bool = False
     container_facts: dict[str, Any] | None = None
     """The probe's ``container`` answer when asked about a playbook's ``container:`` (None: a node
@@ -303,7 +306,8 @@ class FakeConnection:
             node.stopped = True
             if running:
                 node.exit(-15)
-            answer = StopAnswer(terminated=int(running), remaining=0)
+            blocked = node.script.blocked_at_stop and running
+            answer = StopAnswer(terminated=int(running), remaining=0, blocked=int(blocked), grace_cut=blocked)
             return CommandResult(name, 0, answer.to_json() + "\n", "")
         if command.startswith('cd "$HOME" && '):
             self.node.fleet.uploads.append((name, shlex.split(command.split("&& ", 1)[1])))

@@ -493,6 +493,9 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
             for r in _listed(entry.get("renewed"))
             if isinstance(r, Mapping)
         ]
+        cut = _listed(entry.get("grace_cut"))  # survivors killed at once: none was stepping
+        if cut:
+            changed.append(f"(no grace: {', '.join(str(n) for n in cut[:20])})")
         not_taken = entry.get("not_taken")  # spares (new machines) found bad: the why is in attempts.json
         if isinstance(not_taken, Mapping) and not_taken:
             changed.append(f"(not taken: {', '.join(str(m) for m in list(not_taken)[:20])})")

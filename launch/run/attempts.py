@@ -225,6 +225,7 @@ def record(
         resumed_from=resume_story(state.resume_record, summary) if state.ended else None,
         renewed=state.renewed,
         not_taken=state.not_taken,
+        grace_cut=state.grace_cut,
         energy_kwh=watcher.rule_state.energy.kwh if watcher is not None else None,
     )
     return replace(
@@ -234,6 +235,7 @@ def record(
         drained=(),
         renewed=(),
         not_taken=(),
+        grace_cut=(),
     )
 
 
@@ -291,6 +293,7 @@ def replace_lost(
     cut = stopped.without_grace()
     if cut:
         say(ctx, f"  no rank stepping on {', '.join(cut)} (blocked since the loss): killed without the grace")
+        state = replace(state, grace_cut=tuple(cut))
     started = ctx.clock.monotonic()
     if errors:
         why = f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
@@ -641,6 +644,7 @@ def attempt_end_from_json(data: object) -> AttemptEnd | None:
             for k, v in (timings.items() if isinstance(timings, dict) else ())
             if isinstance(v, int | float) and not isinstance(v, bool)
         ),
+        grace_cut=names("grace_cut"),
         energy_kwh=kwh_figure(data.get("energy_kwh")),
     )
 
