@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 
 from launch.job.inventory import Host
 from launch.rules.recovery import NodeEvidence, confirmed_lost, silent_before
@@ -109,8 +108,14 @@ class Wall:
         return self.now
 
 
-def silent(name: str, since: float, state: str = "unreachable") -> SimpleNamespace:
-    return SimpleNamespace(node=name, state=state, last_reachable_at=since)
+class Contacts:
+    """The watcher's nodes as the early checks read them: name -> (state, last answer)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, tuple[str, float | None]] = {}
+
+    def __call__(self) -> list[tuple[str, str, float | None]]:
+        return [(name, state, last) for name, (state, last) in list(self.nodes.items())]
 
 
 def wait_for(predicate: Callable[[], bool]) -> None:
@@ -124,7 +129,7 @@ def wait_for(predicate: Callable[[], bool]) -> None:
 def test_a_silent_nodes_checks_start_before_the_limit_and_the_recheck_at_the_limit_needs_no_more() -> None:
     two = hosts(2)
     gone = two[1].name
-    wall = Wall()
+    wall, contacts = Wall(), Contacts()
     calls: list[str] = []
     hang = threading.Event()
 
@@ -133,11 +138,13 @@ def test_a_silent_nodes_checks_start_before_the_limit_and_the_recheck_at_the_lim
         return host.name != gone
 
     early = EarlyChecks(two, limit_s=10.0, check=check, lead_s=4.0, every_s=EVERY, wall=wall)
+    contacts.nodes = {two[0].name: ("running", wall.now), gone: ("running", wall.now)}
+    early.start(contacts)
     try:
-        early.offer([silent(two[0].name, wall.now, "running"), silent(gone, wall.now)])
         time.sleep(10 * EVERY)
         assert calls == [], "no check before limit - lead"
-        wall.now += 6.5  # inside the window: due at 6 s of silence, the limit at 10 s
+        wall.now += 6.5  # gone has not answered for 6.5 s (due at 6 s, the limit at 10 s);
+        contacts.nodes[two[0].name] = ("running", wall.now)  # the other answered just now
         wait_for(lambda: len(early.failed([gone]).get(gone, [])) >= 2)
         assert set(calls) == {gone}, "only the silent node is checked early"
 
@@ -162,21 +169,24 @@ def test_a_silent_nodes_checks_start_before_the_limit_and_the_recheck_at_the_lim
     assert evidence[two[0].name].checks == (True,)
 
 
-def test_a_node_heard_from_again_drops_its_early_failures_and_answers_never_count() -> None:
+def test_an_answer_after_a_failed_early_check_voids_it_and_answers_never_count() -> None:
     (host,) = hosts(1)
-    wall = Wall()
-    answers = iter([False, False] + [True] * 1000)
+    wall, contacts = Wall(), Contacts()
+    answers = iter([False, False] + [True] * 100_000)
     early = EarlyChecks(
-        [host], limit_s=2.0, check=lambda _h: next(answers), lead_s=2.0, every_s=EVERY, wall=wall
+        [host], limit_s=2.0, check=lambda _h: next(answers), lead_s=1.0, every_s=EVERY, wall=wall
     )
+    contacts.nodes = {host.name: ("running", wall.now)}
+    early.start(contacts)
     try:
-        early.offer([silent(host.name, wall.now)])
+        wall.now += 1.5
         wait_for(lambda: len(early.failed([host.name]).get(host.name, [])) >= 2)
-        early.offer([silent(host.name, wall.now, "running")])
-        assert early.failed([host.name]) == {}, "heard from again: the earlier failures are void"
-        early.offer([silent(host.name, wall.now)])
+        contacts.nodes[host.name] = ("running", wall.now)  # the watcher heard from it again
+        wait_for(lambda: early.failed([host.name]) == {})
+        wall.now += 1.5  # silent again: the checks answer now, and nothing counts against it
         time.sleep(20 * EVERY)
-        assert early.failed([host.name]) == {}, "the checks answered: nothing counts against it"
+        assert early.failed([host.name]) == {}
+        contacts.nodes[host.name] = ("exited", wall.now - 100)  # an exited node is never checked
     finally:
         early.stop()
     evidence = recheck([host], confirm_s=0.0, check=lambda _h: True, every_s=EVERY, failed_early={})

@@ -125,12 +125,18 @@ def _safe(check: Callable[[Host], bool], host: Host) -> bool:
         return False
 
 
-class EarlyChecks:
-    """Checks of the nodes the watcher finds silent, started ``lead_s`` before the unreachable
-    limit (see the module docstring). Fed by the watcher's polls (``follow``); checks run in a
-    thread of their own, so a poll round waiting on the silent node does not delay them.
+Contact = tuple[str, str, float | None]
+"""A node as the watcher knows it now: its name, its state, when it last answered (watcher clock)."""
 
-    ``wall`` is the watcher's clock (its silences are measured on it); ``clock`` the re-check's.
+
+class EarlyChecks:
+    """Checks of the nodes that have not answered the watcher for ``limit_s - lead_s``, started
+    before the unreachable limit (see the module docstring). A thread reads the watcher's last
+    contact with each node (``follow``): a poll round waiting on a silent node ends only at the
+    limit, so the round's results would come too late.
+
+    ``wall`` is the watcher's clock (its contacts are on it); ``clock`` the re-check's. A failed
+    check counts only while no answer came after it started.
     """
 
     def __init__(
@@ -146,75 +152,65 @@ class EarlyChecks:
         self.hosts = {h.name: h for h in hosts}
         self.limit_s, self.lead_s, self.every_s = limit_s, lead_s, every_s
         self.check, self.wall, self.clock = check, wall, clock
-        self._due: dict[str, float] = {}
-        self._failed: dict[str, list[float]] = {}
+        self._failed: dict[str, list[tuple[float, float]]] = {}  # (wall, clock) at each failed start
         self._last_start: dict[str, float] = {}
         self._running: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        self._stopped = False
 
     def follow(self, watcher: Any) -> None:
-        """Chain ``watcher.on_poll``: every poll tells which nodes are silent, since when."""
-        previous = watcher.on_poll
+        """Watch ``watcher``'s nodes (``NodeWatch.state``, ``last_reachable_at``) until ``stop``."""
+        self.start(lambda: [(n.name, n.state, n.last_reachable_at) for n in list(watcher.nodes.values())])
 
-        def on_poll(obs: Any) -> None:
-            if previous is not None:
-                previous(obs)
-            self.offer(obs.nodes)
-
-        watcher.on_poll = on_poll
-
-    def offer(self, nodes: Iterable[Any]) -> None:
-        """Each node's observation (``state``, ``last_reachable_at``): a silent node is due at
-        ``last_reachable_at + limit_s - lead_s``; a node heard from again loses its failures."""
-        with self._lock:
-            for node in nodes:
-                if node.node not in self.hosts:
-                    continue
-                if node.state == "unreachable" and node.last_reachable_at is not None:
-                    self._due[node.node] = node.last_reachable_at + self.limit_s - self.lead_s
-                elif node.state != "unreachable":
-                    self._due.pop(node.node, None)
-                    self._failed.pop(node.node, None)
-            if self._due and not self._stopped and (self._thread is None or not self._thread.is_alive()):
-                self._thread = threading.Thread(target=self._loop, name="early-checks", daemon=True)
-                self._thread.start()
+    def start(self, contacts: Callable[[], Iterable[Contact]]) -> None:
+        """Start (again, after ``stop``: a watch that goes on after a false alarm) the thread."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        with self._lock:  # a restart follows a re-check that heard every named node again
+            self._failed.clear()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(contacts, self._stopped), daemon=True)
+        self._thread.start()
 
     def failed(self, nodes: Iterable[str]) -> dict[str, list[float]]:
         """When each failed check of ``nodes`` started (``clock``), for ``recheck(failed_early=)``."""
         with self._lock:
-            return {n: list(self._failed[n]) for n in nodes if self._failed.get(n)}
+            return {n: [at for _wall, at in self._failed[n]] for n in nodes if self._failed.get(n)}
 
     def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            self._due.clear()
+        self._stopped.set()
 
-    def _loop(self) -> None:
-        while True:
+    def _loop(self, contacts: Callable[[], Iterable[Contact]], stopped: threading.Event) -> None:
+        while not stopped.wait(TICK_S):
+            try:
+                seen = list(contacts())
+            except Exception:  # noqa: BLE001 - the watcher's nodes changed under us: next tick
+                continue
+            now, at = self.wall(), self.clock()
+            start = []
             with self._lock:
-                if self._stopped or not self._due:
-                    self._thread = None
-                    return
-                now, at = self.wall(), self.clock()
-                start = [
-                    n
-                    for n, due in self._due.items()
-                    if now >= due
-                    and self._running.get(n, 0) < MAX_IN_FLIGHT
-                    and at - self._last_start.get(n, -1e18) >= self.every_s
-                ]
-                for name in start:
+                for name, state, last in seen:
+                    if name not in self.hosts or last is None or state in ("exited", "vanished"):
+                        continue
+                    if self._failed.get(name):  # an answer after a failed check voids it
+                        self._failed[name] = [f for f in self._failed[name] if f[0] > last]
+                    if now - last < self.limit_s - self.lead_s:
+                        continue
+                    if (
+                        self._running.get(name, 0) >= MAX_IN_FLIGHT
+                        or at - self._last_start.get(name, -1e18) < self.every_s
+                    ):
+                        continue
                     self._running[name] = self._running.get(name, 0) + 1
                     self._last_start[name] = at
+                    start.append(name)
             for name in start:
-                threading.Thread(target=self._one, args=(name, at), daemon=True).start()
-            time.sleep(TICK_S)
+                threading.Thread(target=self._one, args=(name, now, at), daemon=True).start()
 
-    def _one(self, name: str, started: float) -> None:
+    def _one(self, name: str, wall_start: float, started: float) -> None:
         ok = _safe(self.check, self.hosts[name])
         with self._lock:
             self._running[name] -= 1
-            if not ok and name in self._due:
-                self._failed.setdefault(name, []).append(started)
+            if not ok:
+                self._failed.setdefault(name, []).append((wall_start, started))
