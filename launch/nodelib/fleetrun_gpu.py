@@ -649,16 +649,13 @@ def report_blocks(text):
     less indented (``Clocks Event Reasons/HW Thermal Slowdown``, ``ECC Errors/Volatile/DRAM
     Uncorrectable``), so a key indented under another key (HW Thermal Slowdown under HW
     Slowdown) still belongs to the section."""
-    driver = cuda = None
+    versions = {}
     gpus = []
     stack = []
     for line in text.splitlines()[:100000]:
-        match = re.match(r"^(Driver Version|CUDA Version)\s*:\s*(\S+)", line)
+        match = re.match(r"^(Driver Version|CUDA Version|KMD Version|CUDA UMD Version)\s*:\s*(\S+)", line)
         if match:
-            if match.group(1) == "Driver Version":
-                driver = value(match.group(2))
-            else:
-                cuda = value(match.group(2))
+            versions[match.group(1)] = value(match.group(2))
             continue
         match = re.match(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*$", line)
         if match:
@@ -678,6 +675,10 @@ def report_blocks(text):
         key, _, raw = stripped.partition(":")
         path = "/".join([name for _, name in stack] + [key.strip()[:60]])
         gpus[-1][1].setdefault(path, raw.strip()[:MAX_TEXT])
+    # driver 610 marks "Driver Version" and "CUDA Version" deprecated (to go in CUDA 14) for
+    # "KMD Version" and "CUDA UMD Version"
+    driver = versions.get("Driver Version") or versions.get("KMD Version")
+    cuda = versions.get("CUDA Version") or versions.get("CUDA UMD Version")
     return driver, cuda, gpus
 
 
@@ -764,7 +765,14 @@ def gpu_from_report(index, bus, lines):
         state("remapped_rows", remap)
     temp = get("Temperature/GPU Current Temp")
     state("temperature", temp)
-    power = get("GPU Power Readings/Power Draw", "Power Readings/Power Draw")
+    # "Power Draw" until driver 535's era; 5xx drivers from about 550 print "Instantaneous" and
+    # "Average Power Draw" instead (either may be N/A: the first with a value counts)
+    draws = [
+        get(f"{section}/{name}")
+        for section in ("GPU Power Readings", "Power Readings")
+        for name in ("Power Draw", "Instantaneous Power Draw", "Average Power Draw")
+    ]
+    power = next((d for d in draws if cell_state(d) == "ok"), next((d for d in draws if d is not None), None))
     state("power", power)
     used, total = get("FB Memory Usage/Used"), get("FB Memory Usage/Total")
     util = get("Utilization/Gpu")
