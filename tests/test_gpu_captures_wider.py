@@ -8,13 +8,18 @@ Where a test changes a capture it says so (DERIVED): those are never presented a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from launch.rules.gpu_health import OK, WARN
+from launch.nodelib import fleetrun_gpu
+from launch.rules.gpu_health import BAD, OK, UNKNOWN, WARN, judge_node, parse_gpu_health
 from tests.gpustandin import CAPTURES, replay
-from tests.test_gpu_captures import read_node, verdicts
+from tests.test_gpu_captures import nvml, read_node, verdicts
+
+__all__ = ["nvml"]  # the fake pynvml fixture, shared with test_gpu_captures
 
 H100_MIG = "smi-q/h100-mig-590.48.01"
 RTX_610 = "smi-q/rtx2080super-610.57.04"
@@ -110,3 +115,102 @@ def test_a_query_table_with_na_cells_reads_to_its_documented_verdict(
         assert set(gpu.unsupported) == {"retired_pages", "utilization"} and gpu.util is None
     else:
         assert set(gpu.unsupported) == {"ecc", "retired_pages"} and gpu.util == 0.0
+
+
+# -- nvidia-smi that cannot list a GPU: its own words, replayed to every command ------------------
+
+NO_GPU_LIST = "nvidia-smi gave no GPU list"
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+@pytest.mark.parametrize(
+    ("capture", "code", "level", "message"),
+    [
+        (
+            "smi-error/no-devices-525-pytorch-ci",
+            6,
+            UNKNOWN,
+            f'GPU health unknown: {NO_GPU_LIST}: "No devices were found"',
+        ),
+        (
+            "smi-error/driver-not-loaded-460",
+            9,
+            UNKNOWN,
+            f"GPU health unknown: {NO_GPU_LIST}: \"NVIDIA-SMI has failed because it couldn't communicate with"
+            ' the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."',
+        ),
+        (
+            "smi-error/no-handle-unknown-error-docker",
+            15,
+            BAD,
+            "GPU at PCI 0000:09:00: the driver cannot open it (Unknown Error); "
+            f'{NO_GPU_LIST}: "Unable to determine the device handle for GPU 0000:09:00.0: Unknown Error"',
+        ),
+        (
+            "smi-error/no-handle-unknown-error-tesla-p4",
+            15,
+            BAD,
+            "GPU at PCI 0000:07:00: the driver cannot open it (Unknown Error); "
+            f'{NO_GPU_LIST}: "Unable to determine the device handle for GPU0000:07:00.0: Unknown Error"',
+        ),
+        (
+            "smi-error/no-handle-gpu-is-lost",
+            15,
+            BAD,
+            "GPU at PCI 0000:02:00: the driver cannot open it (GPU is lost. Reboot the system to recover"
+            f' this GPU); {NO_GPU_LIST}: "Unable to determine the device handle for GPU 0000:02:00.0: GPU is'
+            ' lost. Reboot the system to recover this GPU"',
+        ),
+    ],
+)
+def test_nvidia_smis_complaint_reads_to_unknown_or_bad_never_healthy(
+    tmp_path: Path, capture: str, code: int, level: str, message: str, stream: str
+) -> None:
+    """Every nvidia-smi command answers with the capture (on the stream the test names: most of
+    these captures do not say which; the exit status is the captured one or ``man nvidia-smi``'s,
+    as each SOURCE says). A GPU the driver names but cannot open is bad, named by its bus; no GPU
+    listed is unknown with nvidia-smi's own reason, and bad when the node should have GPUs."""
+    folder = tmp_path / "fakebin"
+    health = read_node(folder, replay(folder, error=(capture, stream, code)))
+    assert not health.queried and health.gpus == ()
+    found = {v.label: (v.level, v.message) for v in judge_node(health)}
+    assert found == {"gpu-health": (level, message)}
+    assert judge_node(health, expected=4)[0].level == BAD
+
+
+def test_a_gpu_lost_among_listed_ones_is_bad_without_an_expected_count(tmp_path: Path) -> None:
+    """SCRIPTED (the stand-in's own rendering, not a capture): two GPUs, one lost. nvidia-smi lists
+    the other and names the lost one on stderr; on a single node with no inventory count the list
+    alone looked healthy (one GPU, nothing missing). The lost GPU is named by its bus."""
+    folder = tmp_path / "fakebin"
+    health = read_node(folder, {"gpus": [{}, {"lost": True}]})
+    assert [g.index for g in health.gpus] == [0]
+    line = verdicts(health)["gpu-health"]
+    assert line[0] == BAD and line[1].startswith(
+        "GPU at PCI 0000:28:00: the driver cannot open it (Unknown Error)"
+    )
+
+
+def test_a_node_whose_only_gpu_is_lost_is_not_a_healthy_node_without_gpus(tmp_path: Path) -> None:
+    """SCRIPTED as above, one GPU and it lost: nvidia-smi prints its table's header and no row
+    (0 GPUs listed, which read as a fine node with no GPU)."""
+    folder = tmp_path / "fakebin"
+    health = read_node(folder, {"gpus": [{"lost": True}]})
+    assert health.queried and health.gpus == ()
+    assert verdicts(health)["gpu-health"] == (
+        BAD,
+        "GPU at PCI 0000:18:00: the driver cannot open it (Unknown Error)",
+    )
+
+
+def test_nvml_names_the_gpu_it_counts_but_cannot_open(nvml: Any) -> None:
+    """The NVML path (fake ``pynvml`` serving the H100 capture's facts), a second GPU SCRIPTED as
+    lost (``nvmlDeviceGetHandleByIndex`` raises NVML_ERROR_GPU_IS_LOST): it was left out of the
+    list in silence; it is named, with NVML's reason."""
+    nvml.MACHINE = nvml.load_report((CAPTURES / "smi-q/h100-sxm-565.57.01" / "output.txt").read_text())
+    nvml.MACHINE["gpus"].append({"lost": True})
+    health = parse_gpu_health(json.loads(json.dumps(fleetrun_gpu.read_health(full=False))))
+    assert health.reader == "nvml" and [g.index for g in health.gpus] == [0]
+    found = verdicts(health)
+    assert found["gpu-health"][0] == BAD
+    assert found["gpu-health"][1].startswith("GPU 1: the driver cannot open it (NVML: GPU is lost)")

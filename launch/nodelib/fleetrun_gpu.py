@@ -59,6 +59,8 @@ DETAILS_TIMEOUT_S = 20
 MAX_GPUS = 64
 MAX_XIDS = 32
 MAX_TEXT = 120
+MAX_SAID = 200
+"""nvidia-smi's complaint is kept whole: NVIDIA's longest ("NVIDIA-SMI has failed because ...") is 135."""
 MAX_PROCESSES = 256
 SMI = "nvidia-smi"
 
@@ -109,6 +111,25 @@ XID_LINE = re.compile(
 )
 """The driver's Xid line; drivers before about 2019 printed the bus without ``PCI:``."""
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
+SMI_NO_HANDLE = re.compile(
+    r"Unable to (?:determine|detect) the device handle for GPU ?(?:\d{1,3}: ?)?"
+    r"([0-9A-Fa-f]{3,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?): ?([^\r\n]{0,100})"
+)
+"""nvidia-smi's line for a GPU the driver lists but NVML cannot open (``... for GPU 0000:0B:00.0:
+Unknown Error``; newer drivers print no space after ``GPU``; the reason may be ``GPU is lost. Reboot
+the system to recover this GPU``). It exits non-zero (``man nvidia-smi``: 15, "GPU has fallen off
+the bus or has otherwise become inaccessible") and still lists the GPUs it can open."""
+SMI_FAILED = (
+    "no devices were found",
+    "nvidia-smi has failed",
+    "failed to initialize nvml",
+    "unable to determine the device handle",
+    "unable to detect the device handle",
+    "gpu is lost",
+)
+"""The starts of nvidia-smi's own complaints when it cannot list GPUs (``No devices were found``,
+``NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver``, ``Failed to
+initialize NVML: Driver/library version mismatch``): kept as the reason the GPUs are unread."""
 
 
 def run_tool(argv, timeout=None, with_errors=False):
@@ -214,6 +235,25 @@ def cell_state(text):
     return "ok"
 
 
+def smi_complaints(texts):
+    """nvidia-smi's own words in ``texts`` (its stdout and stderr; the drivers differ in which):
+    (the GPUs it names and cannot open, ``[{"bus_id", "index", "why"}]``, and its first complaint
+    line or None). A line of a CSV table or a report never matches: only NVIDIA's messages do."""
+    lost, said = [], None
+    for text in texts:
+        for line in (text or "").splitlines()[:200]:
+            stripped = line.strip()
+            if said is None and stripped.lower().startswith(SMI_FAILED):
+                said = stripped[:MAX_SAID]
+            match = SMI_NO_HANDLE.search(stripped)
+            if match and len(lost) < MAX_GPUS:
+                bus = bus_key(match.group(1))
+                if all(g["bus_id"] != bus for g in lost):
+                    why = match.group(2).strip() or "no reason given"
+                    lost.append({"bus_id": bus, "index": None, "why": why[:MAX_TEXT]})
+    return lost, said
+
+
 def bus_key(bus_id):
     """``00000000:3B:00.0`` (nvidia-smi) and ``0000:3b:00`` (an Xid line) as one key ``0000:3b:00``."""
     parts = bus_id.strip().lower().split(":")
@@ -272,12 +312,13 @@ def gpu_from_row(row, refused=None):
     return gpu
 
 
-def ask_fields(fields):
+def ask_fields(fields, heard=None):
     """``nvidia-smi --query-gpu`` for ``fields`` as the driver will answer it: (rows keyed by the
     asked names, fields refused (name: reason)). A refused field (``Field "x" is not a valid field
     to query.``, exit 2) is asked again by its alias when it has one (a pre-535 driver knows
     ``clocks_throttle_reasons.x`` only), else left out and named, and the query sent again; rows
-    None when no table came back at all."""
+    None when no table came back at all. Every answer's stdout and stderr are added to ``heard``
+    (a list) when given: nvidia-smi's complaints about GPUs it cannot open are read from them."""
     asked = list(fields)
     refused = {}
     for _ in range(len(fields) + 2):
@@ -286,6 +327,8 @@ def ask_fields(fields):
         _code, out, err = run_tool(
             [SMI, "--query-gpu=" + ",".join(asked), "--format=csv,nounits"], with_errors=True
         )
+        if heard is not None:
+            heard.extend((out, err))
         rows = parse_csv(out, asked)
         if rows is not None:
             keyed = [{canonical(k): v for k, v in row.items()} for row in rows]
@@ -318,11 +361,12 @@ def ask_fields(fields):
     return None, refused
 
 
-def query_gpus():
+def query_gpus(heard=None):
     """(gpus, driver, health fields read?) from ``--query-gpu``; (None, None, False) when the tool
     gives no table at all. A GPU that fell off the bus makes nvidia-smi exit non-zero but still
-    list the others: the table counts, not the exit code."""
-    rows, refused = ask_fields(BASIC_FIELDS + HEALTH_FIELDS)
+    list the others: the table counts, not the exit code, and the complaint that names the lost
+    GPU goes to ``heard`` (see :func:`ask_fields`)."""
+    rows, refused = ask_fields(BASIC_FIELDS + HEALTH_FIELDS, heard)
     refused = {k: v for k, v in refused.items() if v}
     if rows is None or any(f in refused for f in ("index", "uuid")):
         return None, None, False
@@ -541,14 +585,15 @@ def reader_available():
     return None, f"no GPU reader: {why_not} and no {SMI} on PATH"
 
 
-def nvml_gpus():
+def nvml_gpus(lost=None):
     """(gpus, driver, CUDA version, why not) through NVML: NVIDIA's own library, the one every tool
     (nvidia-smi too) reads through, with a stable API across drivers. ``pynvml`` (the
     ``nvidia-ml-py`` package) is imported here, not at the top: a node without it, or without a
     loadable ``libnvidia-ml.so``, answers (None, None, None, the reason) and the reader falls back
     to nvidia-smi. A GPU NVML cannot open (fallen off the bus) is missing from the list, as it is
     from nvidia-smi's. Xid events: NVML reports only those that happen while a process waits on
-    an event set, so a one-shot read keeps taking them from the kernel log."""
+    an event set, so a one-shot read keeps taking them from the kernel log. Each GPU NVML counts
+    but cannot open goes to ``lost`` (a list) with NVML's reason (``GPU is lost``)."""
     nvml, why_not = nvml_loaded()
     if nvml is None:
         return None, None, None, why_not
@@ -564,8 +609,10 @@ def nvml_gpus():
         for index in range(min(int(nvml.nvmlDeviceGetCount()), MAX_GPUS)):
             try:
                 gpus.append(_nvml_gpu(nvml, index))
-            except nvml.NVMLError:
-                continue  # NVML_ERROR_GPU_IS_LOST and the like: not listed, as nvidia-smi does
+            except nvml.NVMLError as exc:
+                # NVML_ERROR_GPU_IS_LOST and the like: not listed, as nvidia-smi does, but named
+                if lost is not None:
+                    lost.append({"bus_id": None, "index": index, "why": "NVML: " + _nvml_error(nvml, exc)})
         return gpus, driver, cuda, None
     except Exception as exc:  # noqa: BLE001 - a broken binding: nvidia-smi still answers
         _nvml_open["module"] = None  # initialised again at the next read
@@ -804,10 +851,13 @@ def gpu_from_report(index, bus, lines):
     return gpu
 
 
-def query_details():
+def query_details(heard=None):
     """``nvidia-smi -q``: (CUDA version, per bus key (fabric state, fabric status), driver, the
-    GPUs as the report lists them (the reader's last resort when ``--query-gpu`` gives no table))."""
-    code, out = run_tool([SMI, "-q"], timeout=DETAILS_TIMEOUT_S)
+    GPUs as the report lists them (the reader's last resort when ``--query-gpu`` gives no table)).
+    Its stdout and stderr go to ``heard`` when given."""
+    code, out, err = run_tool([SMI, "-q"], timeout=DETAILS_TIMEOUT_S, with_errors=True)
+    if heard is not None:
+        heard.extend((out, err))
     if code != 0:
         return None, {}, None, []
     driver, cuda, blocks = report_blocks(out)
@@ -1215,7 +1265,8 @@ def read_health(full=True):
     NVLink, ``-q``) before it is known whether ``--query-gpu`` lists any, and their answers are
     used only when it does, so the answer is the one the reads would give one after the other; a
     read that raises makes this raise its error, the first in that order, as it did then."""
-    nv_gpus, nv_driver, nv_cuda, why_not = nvml_gpus()
+    nv_lost = []
+    nv_gpus, nv_driver, nv_cuda, why_not = nvml_gpus(nv_lost)
     has_smi = shutil.which(SMI) is not None
     answer = {"smi": has_smi or nv_gpus is not None, "gpus": [], "driver": None, "cuda": None}
     if not answer["smi"]:
@@ -1223,11 +1274,12 @@ def read_health(full=True):
     by_nvml = nv_gpus is not None
     answer["reader"] = "nvml" if by_nvml else "nvidia-smi"
     answer["reader_note"] = why_not
-    reads = {} if by_nvml else {"query": query_gpus, "remap": remapped_rows}
+    heard = {"query": [], "details": []}  # each read's own list: they run in their own threads
+    reads = {} if by_nvml else {"query": lambda: query_gpus(heard["query"]), "remap": remapped_rows}
     if full and not by_nvml:
         reads["nvlink"] = nvlinks
     if full and has_smi:
-        reads["details"] = query_details
+        reads["details"] = lambda: query_details(heard["details"])
     reads["xids"] = kernel_xids
     if full:
         reads["ib"] = fabric_devices
@@ -1250,6 +1302,12 @@ def read_health(full=True):
             answer["reader"] = "nvidia-smi -q"
     answer["queried"] = gpus is not None
     answer["health_fields"] = health
+    # the GPUs the driver names but cannot open, in NVML's or nvidia-smi's words, and nvidia-smi's
+    # own complaint when it listed none: never a silently shorter list
+    lost, said = smi_complaints(heard["query"] + heard["details"])
+    opened = {g["bus_id"] for g in gpus or []}
+    answer["lost"] = ([g for g in lost if g["bus_id"] not in opened] or nv_lost)[:MAX_GPUS]
+    answer["smi_said"] = said if gpus is None or lost else None
     answer["gpus"] = gpus or []
     answer["driver"] = driver
     answer["cuda"] = nv_cuda

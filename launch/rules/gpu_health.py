@@ -47,6 +47,7 @@ __all__ = [
     "GpuHealth",
     "GpuVerdict",
     "EnergyMeter",
+    "LostGpu",
     "XidEvent",
     "expected_fabric_devices",
     "gpu_reading",
@@ -227,6 +228,24 @@ class DcgmHealth:
 
 
 @dataclass(frozen=True)
+class LostGpu:
+    """A GPU the driver names but cannot open: nvidia-smi's ``Unable to determine the device handle
+    for GPU 0000:09:00.0: Unknown Error`` (or ``GPU is lost. Reboot the system to recover this
+    GPU``), NVML's ``GPU is lost`` for an index it counts. ``man nvidia-smi``: "GPU has fallen off
+    the bus or has otherwise become inaccessible". nvidia-smi lists the others and leaves it out:
+    without this the node's list is only shorter."""
+
+    bus_id: str | None
+    index: int | None
+    why: str
+
+    @property
+    def text(self) -> str:
+        where = f"GPU at PCI {self.bus_id}" if self.bus_id else f"GPU {self.index}"
+        return f"{where}: the driver cannot open it ({self.why})"
+
+
+@dataclass(frozen=True)
 class GpuHealth:
     """One node's answer. ``smi`` False: no nvidia-smi (no GPUs, or no driver)."""
 
@@ -248,6 +267,11 @@ class GpuHealth:
     """Which path read the GPUs: ``nvml`` or ``nvidia-smi`` (None: an older reader)."""
     reader_note: str | None = None
     """Why not NVML, when nvidia-smi read them (``pynvml (nvidia-ml-py) not installed``)."""
+    lost: tuple[LostGpu, ...] = ()
+    """GPUs the driver names but cannot open (not in ``gpus``)."""
+    smi_said: str | None = None
+    """nvidia-smi's own complaint when it listed no GPU or named one it cannot open (``No devices
+    were found``, ``NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver``)."""
 
     @property
     def readers(self) -> str:
@@ -442,6 +466,15 @@ def parse_gpu_health(data: object, what: str = "gpu health") -> GpuHealth:
         reader_note=None
         if fields.data.get("reader_note") is None
         else printable(fields.text("reader_note", 120)),
+        lost=tuple(
+            LostGpu(
+                _opt_text(x, "bus_id", 32),
+                x.optional_integer("index", 0, 4096),
+                printable(x.text("why", MAX_TEXT)),
+            )
+            for x in _items(fields, "lost", MAX_GPUS) or []
+        ),
+        smi_said=None if fields.data.get("smi_said") is None else printable(fields.text("smi_said", 200)),
     )
 
 
@@ -657,7 +690,11 @@ def judge_node(
         return out
     if not health.queried:
         why = "nvidia-smi gave no GPU list (driver not loaded, or a GPU hangs it)"
-        if expected:
+        if health.smi_said:
+            why = f'nvidia-smi gave no GPU list: "{health.smi_said}"'
+        if health.lost:  # the driver names a GPU it cannot open: that GPU is bad, whatever was expected
+            out.append(GpuVerdict(None, BAD, "; ".join([*(g.text for g in health.lost), why])))
+        elif expected:
             out.append(GpuVerdict(None, BAD, f"{why}, but {expected} GPU(s) expected"))
         else:
             out.append(GpuVerdict(None, UNKNOWN, f"GPU health unknown: {why}"))
@@ -672,6 +709,7 @@ def judge_node(
     missing_lent = [i for i in indices or () if i not in present]
     if missing_lent:
         node_bad.append(f"lent GPU(s) {', '.join(map(str, missing_lent))} not listed by nvidia-smi")
+    node_bad.extend(g.text for g in health.lost)
     known_buses = {g.bus_id for g in health.gpus}
     for bus, events in by_bus.items():
         if bus not in known_buses:  # a GPU gone from the list leaves only its Xids behind
@@ -808,6 +846,10 @@ def new_faults(baseline: GpuHealth, now: GpuHealth) -> list[tuple[str, str]]:
             if was is not None and is_ is not None and is_ > was:
                 faults.append((gpu.label, f"uncorrectable ECC {was} -> {is_} ({label})"))
                 break
+    was_lost = {(g.bus_id, g.index) for g in baseline.lost}
+    for lost in now.lost:  # one listed before is "gone from the list" above already
+        if (lost.bus_id, lost.index) not in was_lost and lost.bus_id not in bus_label:
+            faults.append((f"PCI {lost.bus_id}" if lost.bus_id else f"gpu{lost.index}", lost.text))
     seen = {x.key for x in baseline.xids or ()}
     for xid in now.xids or ():
         if xid.key not in seen and _xid_bad(xid):
