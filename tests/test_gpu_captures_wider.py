@@ -15,7 +15,17 @@ from typing import Any
 import pytest
 
 from launch.nodelib import fleetrun_gpu
-from launch.rules.gpu_health import BAD, OK, UNKNOWN, WARN, judge_node, parse_gpu_health
+from launch.rules.gpu_health import (
+    BAD,
+    OK,
+    UNKNOWN,
+    WARN,
+    GpuFacts,
+    GpuHealth,
+    XidEvent,
+    judge_node,
+    parse_gpu_health,
+)
 from tests.gpustandin import CAPTURES, replay
 from tests.test_gpu_captures import nvml, read_node, verdicts
 
@@ -214,3 +224,97 @@ def test_nvml_names_the_gpu_it_counts_but_cannot_open(nvml: Any) -> None:
     found = verdicts(health)
     assert found["gpu-health"][0] == BAD
     assert found["gpu-health"][1].startswith("GPU 1: the driver cannot open it (NVML: GPU is lost)")
+
+
+# -- a pre-535 report of eight GPUs, each in its own PCI domain ------------------------------------
+
+A100_X8 = "smi-q/a100-sxm4-40gb-x8-460.32.03"
+A100_BUSES = [
+    "0001:00:00",
+    "0002:00:00",
+    "0003:00:00",
+    "0004:00:00",
+    "000b:00:00",
+    "000c:00:00",
+    "000d:00:00",
+    "000e:00:00",
+]
+
+
+def test_eight_a100s_of_a_pre_535_report_each_in_its_own_pci_domain(tmp_path: Path) -> None:
+    folder = tmp_path / "fakebin"
+    health = read_node(folder, replay(folder, q=A100_X8))
+    assert (health.driver, health.cuda) == ("460.32.03", "11.2")
+    assert [g.bus_id for g in health.gpus] == A100_BUSES and [g.index for g in health.gpus] == list(range(8))
+    found = verdicts(health)
+    assert found["gpu-health"][0] == OK
+    assert {found[f"gpu{i}"] for i in range(8)} == {(WARN, "persistence mode off")}
+    gpu = health.gpus[0]
+    assert (gpu.remap_pending, gpu.remap_failure, gpu.power_w, gpu.throttle) == (False, False, 55.63, ())
+    assert gpu.unsupported == ("retired_pages",) and gpu.unread == ()
+
+
+def test_a_remapping_failure_in_one_block_is_that_gpus_alone(tmp_path: Path) -> None:
+    """DERIVED from the capture: the third GPU's (00000003:00:00.0) ``Remapping Failure Occurred``
+    set to Yes. Only gpu2 is bad: the report's blocks are each their own GPU's."""
+    text = (CAPTURES / A100_X8 / "output.txt").read_text()
+    block = text.index("GPU 00000003:00:00.0")
+    at = text.index("Remapping Failure Occurred        : No", block)
+    text = (
+        text[:at]
+        + "Remapping Failure Occurred        : Yes"
+        + text[at + len("Remapping Failure Occurred        : No") :]
+    )
+    folder = tmp_path / "fakebin"
+    found = verdicts(read_node(folder, replay(folder, q=A100_X8, text=text)))
+    assert found["gpu2"] == (BAD, "row remapping failed (the GPU needs repair); persistence mode off")
+    assert {found[f"gpu{i}"][0] for i in (0, 1, 3, 4, 5, 6, 7)} == {WARN}
+
+
+# -- kernel logs in other formats, several GPUs, NVLink Xids ---------------------------------------------
+
+
+def kernel_node(capture: str) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
+    """The capture's Xid lines as the reader parses them, judged on a node whose GPUs sit at the
+    buses the lines name (in the order first named)."""
+    events = fleetrun_gpu.parse_xids((CAPTURES / capture / "output.txt").read_text())
+    buses = list(dict.fromkeys(e["bus_id"] for e in events))
+    gpus = tuple(GpuFacts(i, f"GPU-{i}", bus, ecc_volatile=0, ecc_aggregate=0) for i, bus in enumerate(buses))
+    xids = tuple(XidEvent(e["bus_id"], e["code"], e["at"], e["text"]) for e in events)
+    health = GpuHealth(smi=True, queried=True, health_fields=True, gpus=gpus, xids=xids)
+    return events, {v.label: (v.level, v.message) for v in judge_node(health)}
+
+
+def test_xid_45_after_nvlink_errors_on_four_gpus_is_a_warning_on_each() -> None:
+    events, found = kernel_node("kernel/journal-nvlink-xid45-after-149-145")
+    assert len(events) == 7 and {e["code"] for e in events} == {45} and {e["at"] for e in events} == {None}
+    assert [e["bus_id"] for e in events[:4]] == ["0000:dc:00", "0000:ed:00", "0000:ba:00", "0000:97:00"]
+    assert found["gpu-health"][0] == OK
+    for i in range(4):
+        level, message = found[f"gpu{i}"]
+        assert level == WARN and message.startswith("Xid 45: Preemptive cleanup, due to previous errors")
+    assert found["gpu0"][1].count("Xid 45") == 2  # 0000:dc:00 logged it twice
+
+
+def test_dmesg_ctime_lines_keep_their_xids_and_109_asks_for_a_reset() -> None:
+    events, found = kernel_node("kernel/dmesg-ctime-gpud-xid13-109")
+    assert [e["code"] for e in events] == [13, 13, 13, 109] and {e["bus_id"] for e in events} == {
+        "0000:cb:00"
+    }
+    level, message = found["gpu0"]
+    assert level == BAD and message.startswith("Xid 109: Context Switch Timeout Error (reset)")
+    assert message.count("Xid 13: Graphics Engine Exception (application error)") == 3
+
+
+def test_nvlink_xids_144_to_149_by_their_own_fatal_or_nonfatal_word() -> None:
+    events, found = kernel_node("kernel/kmsg-gpud-nvlink-xid144-145-149")
+    assert [(e["bus_id"], e["code"]) for e in events] == [
+        ("0000:01:00", 144),
+        ("0000:00:00", 149),
+        ("0019:01:00", 149),
+        ("0018:01:00", 145),
+    ]
+    assert found["gpu0"] == (WARN, "Xid 144: NVLINK: SAW Error")
+    assert found["gpu1"] == (BAD, "Xid 149: NVLINK: NETIR Error (reset)")
+    assert found["gpu2"] == (BAD, "Xid 149: NVLINK: NETIR Error (reset)")
+    assert found["gpu3"] == (WARN, "Xid 145: NVLINK: RLW Error")
