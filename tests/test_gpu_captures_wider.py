@@ -9,12 +9,16 @@ Where a test changes a capture it says so (DERIVED): those are never presented a
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from launch.nodelib import fleetrun_gpu
+from launch.rules import gpu_diag
 from launch.rules.gpu_health import (
     BAD,
     OK,
@@ -26,8 +30,8 @@ from launch.rules.gpu_health import (
     judge_node,
     parse_gpu_health,
 )
-from tests.gpustandin import CAPTURES, replay
-from tests.test_gpu_captures import nvml, read_node, verdicts
+from tests.gpustandin import CAPTURES, install, node_path, replay, write_scenario
+from tests.test_gpu_captures import NODELIB, nvml, read_node, verdicts
 
 __all__ = ["nvml"]  # the fake pynvml fixture, shared with test_gpu_captures
 
@@ -318,3 +322,70 @@ def test_nvlink_xids_144_to_149_by_their_own_fatal_or_nonfatal_word() -> None:
     assert found["gpu1"] == (BAD, "Xid 149: NVLINK: NETIR Error (reset)")
     assert found["gpu2"] == (BAD, "Xid 149: NVLINK: NETIR Error (reset)")
     assert found["gpu3"] == (WARN, "Xid 145: NVLINK: RLW Error")
+
+
+# -- DCGM: dcgmi's JSON as DCGM 2/3 printed it ----------------------------------------------------------
+
+DCGM_HEALTH = "dcgm/health-healthy-virtualclient"
+DCGM_DIAG = "dcgm/diag-r3-pass-virtualclient"
+
+
+def dcgm_node(folder: Path, **replays: str) -> Path:
+    """The stand-ins with ``dcgmi`` answering each command in ``replays`` with that capture."""
+    install(folder, {"count": 1}, dcgm=True)
+    answers = {}
+    for command, capture in replays.items():
+        name = f"capture-dcgmi-{command}.txt"
+        (folder / name).write_bytes((CAPTURES / capture / "output.txt").read_bytes())
+        answers[command] = name
+    write_scenario(folder, {"count": 1, "dcgm": {"engine": True, "replay": answers}})
+    return folder
+
+
+def test_a_healthy_dcgm_2_health_report_adds_nothing_but_is_read(tmp_path: Path) -> None:
+    folder = dcgm_node(tmp_path / "fakebin", health=DCGM_HEALTH)
+    env = {**os.environ, "PATH": node_path(folder)}
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(NODELIB)!r}); import fleetrun_gpu;"
+        " print(json.dumps(fleetrun_gpu.read_health(False)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    health = parse_gpu_health(json.loads(out.stdout))
+    assert health.dcgm is not None and (health.dcgm.state, health.dcgm.incidents) == ("ok", ())
+    found = verdicts(health)
+    assert found["gpu-health"][0] == OK and "DCGM health watches read" in found["gpu-health"][1]
+    assert found["gpu0"][0] == OK
+
+
+def dcgm_diag(folder: Path) -> gpu_diag.DiagReport:
+    proc = subprocess.run(
+        [sys.executable, "-", "diag", "3"],
+        input=(NODELIB / "fleetrun_gpu.py").read_bytes(),
+        env={**os.environ, "PATH": node_path(folder)},
+        capture_output=True,
+        check=True,
+    )
+    return gpu_diag.parse_diag(json.loads(proc.stdout.decode().strip().splitlines()[-1]))
+
+
+def test_a_dcgm_2_level_3_diagnostic_that_passed(tmp_path: Path) -> None:
+    report = dcgm_diag(dcgm_node(tmp_path / "fakebin", diag=DCGM_DIAG))
+    assert (report.state, report.passed, report.skipped, report.failed) == ("ok", 15, 1, ())
+    assert [v.level for v in gpu_diag.judge_diag(report)] == [OK]
+
+
+def test_a_dcgm_2_failure_is_named_by_its_gpu_ids(tmp_path: Path) -> None:
+    """DERIVED from the capture: Memory Bandwidth's result on GPU 0 set to Fail. DCGM 2 names a
+    result's GPU ``gpu_ids``: the failure was read as no GPU's (the node's), not GPU 0's."""
+    text = (CAPTURES / DCGM_DIAG / "output.txt").read_text()
+    at = text.index('"name" : "Memory Bandwidth"')
+    status = text.index('"status" : "Pass"', at)
+    text = text[:status] + '"status" : "Fail"' + text[status + len('"status" : "Pass"') :]
+    folder = dcgm_node(tmp_path / "fakebin", diag=DCGM_DIAG)
+    (folder / "capture-dcgmi-diag.txt").write_text(text)
+    report = dcgm_diag(folder)
+    assert report.state == "ok" and len(report.failed) == 1
+    failed = report.failed[0]
+    assert (failed.test, failed.gpu, failed.status) == ("Memory Bandwidth", 0, "fail")
+    lines = {v.label: v.level for v in gpu_diag.judge_diag(report)}
+    assert lines["gpu0"] == BAD

@@ -1087,7 +1087,8 @@ def _check_dcgm():
 
 def _gpu_of(result, where):
     """A diagnostic result's GPU: ``entity_id`` of an ``entity_group`` "GPU" (DCGM 4), else the
-    ``gpu_id`` (DCGM 3: a digit string, or a number in the deployment tests); None: not a GPU."""
+    ``gpu_id`` (DCGM 3: a digit string, or a number in the deployment tests) or ``gpu_ids`` (DCGM 2,
+    the name NVVS's JsonOutput.h keeps "to maintain backwards compatibility"); None: not a GPU."""
     group = result.get("entity_group")
     if group is not None:
         if _text(group, where + ".entity_group") != "GPU":
@@ -1096,7 +1097,7 @@ def _gpu_of(result, where):
         if not isinstance(entity, int) or isinstance(entity, bool) or not 0 <= entity < 4096:
             raise DcgmFormatError(f"field {where}.entity_id: expected a GPU id")
         return entity
-    gpu = result.get("gpu_id")
+    gpu = result.get("gpu_id", result.get("gpu_ids"))
     if gpu is None:
         return None
     if isinstance(gpu, str) and gpu.isdigit() and len(gpu) < 5:
@@ -1169,7 +1170,10 @@ def parse_diag(out):
                                 "category": cat_name[:40],
                                 "gpu": _gpu_of(result, here),
                                 "entity": _text(
-                                    result.get("entity_group", "GPU" if "gpu_id" in result else "None"),
+                                    result.get(
+                                        "entity_group",
+                                        "GPU" if "gpu_id" in result or "gpu_ids" in result else "None",
+                                    ),
                                     here + ".entity_group",
                                 )[:20],
                                 "status": kind,
