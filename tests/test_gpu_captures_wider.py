@@ -389,3 +389,97 @@ def test_a_dcgm_2_failure_is_named_by_its_gpu_ids(tmp_path: Path) -> None:
     assert (failed.test, failed.gpu, failed.status) == ("Memory Bandwidth", 0, "fail")
     lines = {v.label: v.level for v in gpu_diag.judge_diag(report)}
     assert lines["gpu0"] == BAD
+
+
+# -- a pre-535 report with the old ECC layout and a retired page ---------------------------------------
+
+V100 = "smi-q/v100-pcie-470.129.06-retired-page"
+
+
+def derived(capture: str, old: str, new: str, after: str | None = None) -> str:
+    """The capture with its first ``old`` (after ``after``, when given) replaced by ``new``."""
+    text = (CAPTURES / capture / "output.txt").read_text()
+    at = text.index(old, text.index(after) if after else 0)
+    return text[:at] + new + text[at + len(old) :]
+
+
+def test_a_v100_on_470_with_one_retired_page_and_corrected_errors_is_healthy(tmp_path: Path) -> None:
+    """The old ECC layout (``Volatile/Double Bit/Total``), three corrected single-bit errors in the
+    lifetime count and one page retired for them, nothing pending: healthy (NVIDIA's page
+    retirement: a retired page is the repair; a pending one needs a reset)."""
+    folder = tmp_path / "fakebin"
+    health = read_node(folder, replay(folder, q=V100))
+    gpu = health.gpus[0]
+    assert (gpu.ecc_volatile, gpu.ecc_aggregate, gpu.retired_pending) == (0, 0, False)
+    assert verdicts(health)["gpu0"] == (
+        OK,
+        "Tesla V100-PCIE-32GB, PCIe gen3 x16, no uncorrectable ECC, 29 C, 25 W",
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "after", "message"),
+    [
+        (
+            "Pending Page Blacklist            : No",
+            "Pending Page Blacklist            : Yes",
+            None,
+            "page retirement pending (reset the GPU)",
+        ),
+        (
+            "Total                     : 0",
+            "Total                     : 2",
+            "Double Bit",
+            "uncorrectable ECC 2 (volatile)",
+        ),
+    ],
+)
+def test_the_v100s_old_layout_faults_are_read(
+    tmp_path: Path, old: str, new: str, after: str | None, message: str
+) -> None:
+    """DERIVED from the capture (one value changed each): a page pending retirement; two
+    double-bit errors in the volatile count (the old layout's ``Double Bit/Total``)."""
+    folder = tmp_path / "fakebin"
+    health = read_node(folder, replay(folder, q=V100, text=derived(V100, old, new, after)))
+    assert verdicts(health)["gpu0"] == (BAD, message)
+
+
+# -- what the driver asks for a GPU: GPU Reset Status, GPU Recovery Action ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("capture", "old", "new", "message"),
+    [
+        (
+            "smi-q/h100-sxm-565.57.01",
+            "GPU Recovery Action                   : None",
+            "GPU Recovery Action                   : Node Reboot",
+            "the driver asks: recovery action Node Reboot",
+        ),
+        (
+            "smi-q/a10-550.90.12",
+            "Reset Required                    : No",
+            "Reset Required                    : Yes",
+            "the driver asks: reset required",
+        ),
+    ],
+)
+def test_a_recovery_the_driver_asks_for_makes_the_gpu_bad(
+    tmp_path: Path, capture: str, old: str, new: str, message: str
+) -> None:
+    """Every capture says ``GPU Recovery Action : None`` or ``Reset Required : No`` (healthy, as the
+    tests above read them). DERIVED: one changed to a request (``Node Reboot``: NVML's
+    ``NVML_GPU_RECOVERY_ACTION_NODE_REBOOT``; ``Reset Required : Yes``). The reader ignored both
+    lines; it now names any action other than None as the driver wrote it."""
+    folder = tmp_path / "fakebin"
+    health = read_node(folder, replay(folder, q=capture, text=derived(capture, old, new)))
+    level, said = verdicts(health)["gpu0"]
+    assert level == BAD and said.startswith(message)
+    assert health.gpus[0].recovery is not None
+
+
+def test_no_recovery_asked_in_any_report_capture(tmp_path: Path) -> None:
+    for capture in sorted(p.parent.name for p in (CAPTURES / "smi-q").glob("*/output.txt")):
+        folder = tmp_path / capture
+        health = read_node(folder, replay(folder, q=f"smi-q/{capture}"))
+        assert {g.recovery for g in health.gpus} == {None}, capture

@@ -107,10 +107,12 @@ def one_after_the_other(full: bool) -> dict[str, Any]:
             )
         if full:
             links = g.nvlinks()
-            answer["cuda"], fabric, _driver, _listed = g.query_details(heard)
+            answer["cuda"], fabric, _driver, listed = g.query_details(heard)
+            asked = {gpu["bus_id"]: gpu["recovery"] for gpu in listed}
             for gpu in answer["gpus"]:
                 gpu["nvlink_active"], gpu["nvlink_inactive"] = links.get(gpu["index"], (None, None))
                 gpu["fabric_state"], gpu["fabric_status"] = fabric.get(gpu["bus_id"], (None, None))
+                gpu["recovery"] = asked.get(gpu["bus_id"])
     lost, said = g.smi_complaints(heard)
     answer["lost"] = [x for x in lost if x["bus_id"] not in {gpu["bus_id"] for gpu in gpus or []}]
     answer["smi_said"] = said if gpus is None or lost else None

@@ -821,6 +821,15 @@ def gpu_from_report(index, bus, lines):
     ]
     power = next((d for d in draws if cell_state(d) == "ok"), next((d for d in draws if d is not None), None))
     state("power", power)
+    # what the driver asks for this GPU: "GPU Reset Status" (drivers 550-565), "GPU Recovery
+    # Action" (565 on: None, or the action NVML's nvmlDeviceGetGpuRecoveryAction names)
+    asks = []
+    action = value(get("GPU Recovery Action") or "")
+    if action and action.lower() != "none":
+        asks.append("recovery action " + action)
+    for label in ("Reset Required", "Drain and Reset Recommended"):
+        if yes_no(get("GPU Reset Status/" + label)):
+            asks.append(label.lower())
     used, total = get("FB Memory Usage/Used"), get("FB Memory Usage/Total")
     util = get("Utilization/Gpu")
     gpu.update(
@@ -844,6 +853,7 @@ def gpu_from_report(index, bus, lines):
             "util": number(util),
             "fabric_state": value(get("Fabric/State") or ""),
             "fabric_status": value(get("Fabric/Status") or ""),
+            "recovery": ", ".join(asks)[:60] or None,
             "unsupported": unsupported,
             "unread": unread,
         }
@@ -1331,9 +1341,11 @@ def read_health(full=True):
             gpu["nvlink_active"], gpu["nvlink_inactive"] = active, inactive
     if gpus and "details" in got:
         cuda, fabric = got["details"][:2]
+        asked = {g["bus_id"]: g["recovery"] for g in got["details"][3]}
         answer["cuda"] = answer["cuda"] or cuda
         for gpu in answer["gpus"]:
             gpu["fabric_state"], gpu["fabric_status"] = fabric.get(gpu["bus_id"], (None, None))
+            gpu["recovery"] = asked.get(gpu["bus_id"])
     answer["xids"], answer["xid_source"] = got["xids"]
     if full:
         answer["ib_devices"] = got["ib"]

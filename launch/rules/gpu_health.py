@@ -141,6 +141,10 @@ class GpuFacts:
     nvlink_inactive: int | None = None
     fabric_state: str | None = None
     fabric_status: str | None = None
+    recovery: str | None = None
+    """What the driver asks for this GPU (``-q``: ``GPU Recovery Action`` other than None, ``GPU
+    Reset Status`` ``Reset Required``/``Drain and Reset Recommended`` Yes); None: nothing asked, or
+    not reported."""
     unsupported: tuple[str, ...] = ()
     """Facts this GPU does not have (NVML's NOT_SUPPORTED, nvidia-smi's ``[N/A]``): a GeForce
     card's ECC, a PCIe card's NVLinks."""
@@ -354,6 +358,7 @@ def _gpu(fields: _Fields) -> GpuFacts:
         nvlink_inactive=fields.optional_integer("nvlink_inactive", 0, 1024),
         fabric_state=_opt_text(fields, "fabric_state", 40),
         fabric_status=_opt_text(fields, "fabric_status", 40),
+        recovery=None if fields.data.get("recovery") is None else printable(fields.text("recovery", 60)),
         unsupported=_facts_unsupported(fields),
         unread=_facts_unread(fields),
     )
@@ -589,6 +594,8 @@ def judge_gpu(
         bad.append("row remapping pending (reset the GPU)")
     if gpu.retired_pending:
         bad.append("page retirement pending (reset the GPU)")
+    if gpu.recovery:
+        bad.append(f"the driver asks: {gpu.recovery}")
     for xid in xids or ():
         (bad if _xid_bad(xid) else warn).append(_xid_text(xid))
     if gpu.nvlink_inactive and gpu.nvlink_active is not None:
