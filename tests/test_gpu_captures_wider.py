@@ -483,3 +483,31 @@ def test_no_recovery_asked_in_any_report_capture(tmp_path: Path) -> None:
         folder = tmp_path / capture
         health = read_node(folder, replay(folder, q=f"smi-q/{capture}"))
         assert {g.recovery for g in health.gpus} == {None}, capture
+
+
+# -- any capture as the answer to any command: never a crash, never a made-up healthy GPU ----------------
+
+ALL_CAPTURES = sorted(
+    str(p.parent.relative_to(CAPTURES)) for p in CAPTURES.glob("*/*/output.*") if p.suffix in (".txt", ".csv")
+)
+
+
+@pytest.mark.parametrize("capture", ALL_CAPTURES)
+def test_any_capture_answering_every_nvidia_smi_command_is_read_without_a_crash(
+    tmp_path: Path, capture: str
+) -> None:
+    """The stand-in answers EVERY nvidia-smi command (``--query-gpu``, ``--query-remapped-rows``,
+    ``nvlink``, ``-q``) with this capture and exit 0: output of another command, another driver or
+    another tool where the reader expects its own. The reader answers (no exception) and calls a
+    GPU healthy only from a report that lists it (a ``-q`` capture), never from a table or a log."""
+    source = CAPTURES / capture
+    name = "output.csv" if (source / "output.csv").exists() else "output.txt"
+    folder = tmp_path / "fakebin"
+    folder.mkdir()
+    (folder / "any.txt").write_bytes((source / name).read_bytes())
+    health = read_node(folder, {"replay": {"error": {"file": "any.txt", "stream": "stdout", "exit": 0}}})
+    found = verdicts(health)
+    if capture.startswith("smi-q/"):
+        assert health.queried and len(health.gpus) >= 1
+    else:
+        assert health.gpus == () and found["gpu-health"][0] != OK
