@@ -37,6 +37,7 @@ __all__ = ["nvml"]  # the fake pynvml fixture, shared with test_gpu_captures
 
 H100_MIG = "smi-q/h100-mig-590.48.01"
 RTX_610 = "smi-q/rtx2080super-610.57.04"
+H100 = "smi-q/h100-sxm-565.57.01"
 
 
 def source_field(capture: str, name: str) -> str:
@@ -511,3 +512,51 @@ def test_any_capture_answering_every_nvidia_smi_command_is_read_without_a_crash(
         assert health.queried and len(health.gpus) >= 1
     else:
         assert health.gpus == () and found["gpu-health"][0] != OK
+
+
+# -- an H100 right after an uncorrectable error: its kernel log and its report --------------------------
+
+H100_DBE = "smi-q/h100-550.90.07-ecc-unknown-remap-pending"
+
+
+def test_an_ecc_mode_that_reads_unknown_error_is_unknown_ecc_not_a_card_without_ecc(tmp_path: Path) -> None:
+    """``ECC Mode : Unknown Error`` and every counter ``N/A``: the reader took the N/As for a card
+    without ECC ("unsupported", healthy on ECC). The row remapping pending makes the GPU bad; the
+    ECC is named unknown with nvidia-smi's words."""
+    folder = tmp_path / "fakebin"
+    health = read_node(folder, replay(folder, q=H100_DBE))
+    gpu = health.gpus[0]
+    assert (gpu.bus_id, gpu.remap_unc, gpu.remap_pending, gpu.remap_failure) == ("0000:52:00", 1, True, False)
+    assert "ecc" not in gpu.unsupported and gpu.why_unread("ecc") == "nvidia-smi said ECC Mode: Unknown Error"
+    level, message = verdicts(health)["gpu0"]
+    assert level == BAD and message.startswith(
+        "row remapping pending (reset the GPU); unknown: ECC (nvidia-smi said ECC Mode: Unknown Error)"
+    )
+
+
+@pytest.mark.parametrize("said", ["Unknown Error", "GPU requires reset", "GPU is lost"])
+def test_a_report_counter_nvidia_smi_could_not_read_is_never_a_zero(tmp_path: Path, said: str) -> None:
+    """DERIVED from the H100 565 report: its volatile ``DRAM Uncorrectable : 0`` replaced by what
+    ``-q`` prints for a value it could not read (no brackets in ``-q``). It read as 0 errors."""
+    text = derived(
+        H100, "DRAM Uncorrectable            : 0", f"DRAM Uncorrectable            : {said}", "Volatile"
+    )
+    folder = tmp_path / "fakebin"
+    health = read_node(folder, replay(folder, q=H100, text=text))
+    gpu = health.gpus[0]
+    assert gpu.ecc_volatile is None and gpu.why_unread("ecc") == f"nvidia-smi said {said}"
+    assert verdicts(health)["gpu0"][0] != OK
+
+
+def test_the_dbe_its_remapping_and_the_contained_error_are_the_same_gpus() -> None:
+    events, found = kernel_node("kernel/dmesg-h100-xid48-63-94")
+    assert [(e["bus_id"], e["code"]) for e in events] == [
+        ("0000:52:00", 48),
+        ("0000:52:00", 63),
+        ("0000:52:00", 94),
+    ]
+    assert found["gpu0"] == (
+        BAD,
+        "Xid 48: Double Bit ECC Error (reset); Xid 63: GPU memory remapping event;"
+        " Xid 94: Contained memory error (application error)",
+    )

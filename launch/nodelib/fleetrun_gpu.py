@@ -106,6 +106,9 @@ REMAP_FIELDS = ("gpu_uuid", "remapped_rows.uncorrectable", "remapped_rows.pendin
 REFUSED = re.compile(r'Field "([^"]{1,80})" is not a valid field to query')
 UNSUPPORTED_CELLS = ("[n/a]", "[not supported]", "n/a")
 """What nvidia-smi prints for a fact the GPU does not have: a value, ``unsupported``."""
+ERROR_CELLS = ("unknown error", "gpu requires reset", "gpu is lost", "insufficient permissions")
+"""What ``-q`` prints, without the CSV's brackets, for a value it could not read (``ECC Mode / Current :
+Unknown Error`` on a GPU after an uncorrectable error): unread, never a value."""
 XID_LINE = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]{0,40}\): (\d{1,4}),? ?(.*)"
 )
@@ -228,7 +231,7 @@ def cell_state(text):
     low = text.strip().lower()
     if low in UNSUPPORTED_CELLS:
         return "unsupported"
-    if low.startswith("[") and low.endswith("]"):
+    if (low.startswith("[") and low.endswith("]")) or low.startswith(ERROR_CELLS):
         return "nvidia-smi said " + text.strip()[:60]
     if not low:
         return "nvidia-smi gave no value"
@@ -794,6 +797,10 @@ def gpu_from_report(index, bus, lines):
     state("pcie", width)
     volatile, v_state = _report_ecc(lines, "Volatile")
     aggregate, _a_state = _report_ecc(lines, "Aggregate")
+    mode = get("ECC Mode/Current", "Ecc Mode/Current")
+    if v_state == "unsupported" and cell_state(mode) not in ("ok", "unsupported", "not asked"):
+        # every counter N/A because the ECC mode itself cannot be read: unknown, not a card without ECC
+        v_state = "nvidia-smi said ECC Mode: " + (mode or "").strip()[:60]
     if v_state == "unsupported":
         unsupported.append("ecc")
     elif v_state != "ok":

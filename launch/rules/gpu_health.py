@@ -582,7 +582,9 @@ def judge_gpu(
         bad.append(f"uncorrectable ECC {gpu.ecc_volatile} (volatile)")
     elif gpu.ecc_aggregate:
         warn.append(f"uncorrectable ECC {gpu.ecc_aggregate} (aggregate, lifetime)")
-    if gpu.ecc_volatile is None and gpu.ecc_aggregate is None and "ecc" not in gpu.unsupported:
+    # the volatile count is what says "since the driver loaded": a lifetime count read beside an
+    # unreadable volatile one does not make the GPU's ECC known
+    if gpu.ecc_volatile is None and "ecc" not in gpu.unsupported:
         ecc_why = gpu.why_unread("ecc") or ("not read" if health_fields else "the driver refused the query")
         unknown.append(f"ECC ({ecc_why})")
     for fact in ("retired_pages", "remapped_rows", "clock_events", "pcie"):
