@@ -38,6 +38,7 @@ __all__ = ["nvml"]  # the fake pynvml fixture, shared with test_gpu_captures
 H100_MIG = "smi-q/h100-mig-590.48.01"
 RTX_610 = "smi-q/rtx2080super-610.57.04"
 H100 = "smi-q/h100-sxm-565.57.01"
+GB200 = CAPTURES / "query-csv" / "gb200-570.26-throttle-names"
 
 
 def source_field(capture: str, name: str) -> str:
@@ -560,3 +561,26 @@ def test_the_dbe_its_remapping_and_the_contained_error_are_the_same_gpus() -> No
         "Xid 48: Double Bit ECC Error (reset); Xid 63: GPU memory remapping event;"
         " Xid 94: Contained memory error (application error)",
     )
+
+
+def test_a_complaint_before_the_table_on_stdout_keeps_the_table_and_names_the_lost_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DERIVED from two captures: the docker capture's complaint line put before the GB200 table
+    on stdout, as nvidia-smi answers when one GPU of several cannot be opened (which stream it uses
+    is not in the captures: the reader must read either). The table was lost whole (its first line
+    was not the header): the other GPUs keep their rows and the lost one is named."""
+    fields = tuple((GB200 / "query.txt").read_text().strip().split(","))
+    said = (CAPTURES / "smi-error/no-handle-unknown-error-docker" / "output.txt").read_text()
+    answer = said + (GB200 / "output.csv").read_text()
+
+    def tool(argv: list[str], timeout: float | None = None, with_errors: bool = False) -> Any:
+        return 15, answer, ""
+
+    monkeypatch.setattr(fleetrun_gpu, "run_tool", tool)
+    heard: list[str] = []
+    rows, refused = fleetrun_gpu.ask_fields(fields, heard)
+    assert rows is not None and len(rows) == 5 and refused == {}
+    lost, first = fleetrun_gpu.smi_complaints(heard)
+    assert lost == [{"bus_id": "0000:09:00", "index": None, "why": "Unknown Error"}]
+    assert first == said.strip()

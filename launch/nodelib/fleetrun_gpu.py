@@ -206,7 +206,10 @@ def parse_csv(text, fields):
     on driver 535+ comes back headed ``clocks_event_reasons.x``), so the header is only checked to
     hold one column per field. None for anything else (an error message instead of a table,
     another tool's output)."""
-    rows = list(csv.reader(text.splitlines(), skipinitialspace=True))
+    # nvidia-smi's complaint about a GPU it cannot open may come on stdout, before the table of the
+    # others: it is read by smi_complaints, and is no row of the table
+    lines = [ln for ln in text.splitlines() if not SMI_NO_HANDLE.search(ln)]
+    rows = list(csv.reader(lines, skipinitialspace=True))
     if not rows or len(rows[0]) != len(fields):
         return None
     header = [h.split(" [")[0].strip() for h in rows[0]]
