@@ -584,3 +584,32 @@ def test_a_complaint_before_the_table_on_stdout_keeps_the_table_and_names_the_lo
     lost, first = fleetrun_gpu.smi_complaints(heard)
     assert lost == [{"bus_id": "0000:09:00", "index": None, "why": "Unknown Error"}]
     assert first == said.strip()
+
+
+@pytest.mark.parametrize(
+    ("lost", "field"),
+    [
+        ([{"bus_id": "0000:09:00", "index": None, "why": 5}], "why"),
+        ([{"bus_id": None, "index": -1, "why": "x"}], "index"),
+        ({"bus_id": "0000:09:00"}, "lost"),
+    ],
+)
+def test_a_malformed_lost_gpu_from_a_node_is_refused_naming_the_field(lost: Any, field: str) -> None:
+    from launch.nodelib.fleetrun_wire import ProtocolError
+
+    with pytest.raises(ProtocolError, match=field):
+        parse_gpu_health({"smi": True, "queried": True, "lost": lost})
+
+
+def test_a_lost_gpus_reason_and_nvidia_smis_words_are_shown_not_obeyed() -> None:
+    health = parse_gpu_health(
+        {
+            "smi": True,
+            "queried": False,
+            "lost": [{"bus_id": "0000:09:00", "index": None, "why": "\x1b[2Jgone" * 50}],
+            "smi_said": "No devices\x1b[31m were found" * 20,
+        }
+    )
+    (line,) = judge_node(health)
+    assert line.level == BAD and "\x1b" not in line.message and "\\x1b" in line.message
+    assert len(health.lost[0].why) <= 4 * fleetrun_gpu.MAX_TEXT and len(health.smi_said or "") <= 4 * 200
