@@ -464,15 +464,28 @@ def test_the_v100s_old_layout_faults_are_read(
             "Reset Required                    : Yes",
             "the driver asks: reset required",
         ),
+        (
+            H100_MIG,
+            "Channel Repair Pending                         : No",
+            "Channel Repair Pending                         : Yes",
+            "the driver asks: channel repair pending",
+        ),
+        (
+            H100_MIG,
+            "Unrepairable Memory                            : No",
+            "Unrepairable Memory                            : Yes",
+            "the driver asks: unrepairable memory",
+        ),
     ],
 )
 def test_a_recovery_the_driver_asks_for_makes_the_gpu_bad(
     tmp_path: Path, capture: str, old: str, new: str, message: str
 ) -> None:
-    """Every capture says ``GPU Recovery Action : None`` or ``Reset Required : No`` (healthy, as the
-    tests above read them). DERIVED: one changed to a request (``Node Reboot``: NVML's
-    ``NVML_GPU_RECOVERY_ACTION_NODE_REBOOT``; ``Reset Required : Yes``). The reader ignored both
-    lines; it now names any action other than None as the driver wrote it."""
+    """Every capture says ``GPU Recovery Action : None``, ``Reset Required : No`` and (590)
+    ``Channel Repair Pending`` / ``Unrepairable Memory : No`` (healthy, as the tests above read
+    them). DERIVED: one changed to a request (``Node Reboot``: NVML's
+    ``NVML_GPU_RECOVERY_ACTION_NODE_REBOOT``; ``Yes``). The reader ignored these lines; it now
+    names any action other than None, and each Yes, as the driver wrote it."""
     folder = tmp_path / "fakebin"
     health = read_node(folder, replay(folder, q=capture, text=derived(capture, old, new)))
     level, said = verdicts(health)["gpu0"]

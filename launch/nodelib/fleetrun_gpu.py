@@ -840,6 +840,14 @@ def gpu_from_report(index, bus, lines):
     for label in ("Reset Required", "Drain and Reset Recommended"):
         if yes_no(get("GPU Reset Status/" + label)):
             asks.append(label.lower())
+    # 580+ (HBM channel and TPC repair): a repair waiting for a reset, or memory past repair
+    for label, said in (
+        ("Channel Repair Pending", "channel repair pending"),
+        ("TPC Repair Pending", "TPC repair pending"),
+        ("Unrepairable Memory", "unrepairable memory"),
+    ):
+        if yes_no(get("ECC Errors/" + label)):
+            asks.append(said)
     used, total = get("FB Memory Usage/Used"), get("FB Memory Usage/Total")
     util = get("Utilization/Gpu")
     gpu.update(

@@ -143,8 +143,9 @@ class GpuFacts:
     fabric_status: str | None = None
     recovery: str | None = None
     """What the driver asks for this GPU (``-q``: ``GPU Recovery Action`` other than None, ``GPU
-    Reset Status`` ``Reset Required``/``Drain and Reset Recommended`` Yes); None: nothing asked, or
-    not reported."""
+    Reset Status`` ``Reset Required``/``Drain and Reset Recommended`` Yes, 580+'s ``ECC Errors``
+    ``Channel Repair Pending``/``TPC Repair Pending``/``Unrepairable Memory`` Yes); None: nothing
+    asked, or not reported."""
     unsupported: tuple[str, ...] = ()
     """Facts this GPU does not have (NVML's NOT_SUPPORTED, nvidia-smi's ``[N/A]``): a GeForce
     card's ECC, a PCIe card's NVLinks."""
