@@ -14,7 +14,7 @@ import yaml
 from launch.errors import FleetrunError, SpecError
 from launch.fleets.kinds.base import TeardownState
 from launch.fleets.kinds.registry import fleet_kind
-from launch.fleets.kinds.slurm import SlurmKind, load_slurm_inventory, read_extra_jobs
+from launch.fleets.kinds.slurm import SlurmKind, add_extra_job, load_slurm_inventory, read_extra_jobs
 from launch.fleets.select import load_inventory
 from launch.fleets.slurm import answers, commands
 from launch.fleets.slurm.allocation import QueueBusy, wait_granted
@@ -327,6 +327,22 @@ def test_teardown_fails_when_squeue_still_shows_the_job(
     login = ScriptedLogin({"scancel": [""], "squeue-j": [running_line(41, "gpu1")]})
     outcome = held_kind(tmp_path, login, monkeypatch).tear_down(lambda _l: None)
     assert outcome.state is TeardownState.FAILED and "squeue still shows job 41" in outcome.message
+
+
+def test_teardown_asks_squeue_once_for_every_job_and_names_the_one_still_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two allocations (the run's and a replacement's): one ``squeue -j 41,4``; a purged id among
+    several is left out by squeue with exit 0 (captured), so only the one it shows is held."""
+    still = capture("squeue_jobs_one_purged")
+    assert still.startswith("4|RUNNING|")
+    login = ScriptedLogin({"scancel": [""], "squeue-j": [still]})
+    kind = held_kind(tmp_path, login, monkeypatch)
+    add_extra_job(41, 4)
+    outcome = kind.tear_down(lambda _l: None)
+    assert login.commands("squeue") == [["squeue", "-h", "-j", "41,4", "-o", "%i|%T|%r|%N|%Q"]]
+    assert outcome.state is TeardownState.FAILED and "squeue still shows job 4" in outcome.message
+    assert "job 41," not in outcome.message.split("shows", 1)[1]
 
 
 def test_the_watchdogs_hook_cancels_the_runs_allocations_and_powers_nothing_off(
