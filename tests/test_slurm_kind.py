@@ -289,6 +289,25 @@ def test_a_node_the_inventory_does_not_pin_is_refused_and_the_job_cancelled(tmp_
     assert login.commands("scancel") == [["scancel", "41"]]
 
 
+def test_a_job_the_scheduler_has_not_looked_at_yet_is_not_said_to_wait(tmp_path: Path) -> None:
+    """Reason ``None`` (submitted, not yet scheduled) right after the submit is no queue position
+    worth a line: the job usually starts at the next cycle; a real reason is said."""
+    undecided = capture("squeue_job_pending").replace("3|", "41|").replace("Priority", "None")
+    waiting = capture("squeue_job_pending").replace("3|", "41|").replace("Priority", "Resources")
+    login = ScriptedLogin(
+        {
+            "squeue-j": [undecided, waiting, running_line(41, "gpu1")],
+            "squeue-p": ["41|9\n"],
+            "scontrol": ["gpu1\n"],
+        }
+    )
+    said: list[str] = []
+    wait_granted(
+        login, ref(tmp_path), 41, said.append, wait=True, sleep=lambda _s: None, monotonic=lambda: 0.0
+    )
+    assert said == ["slurm job 41: pending in partition gpu, position 1 of 1 (Resources)"]
+
+
 def test_a_job_that_ends_in_the_queue_is_an_error(tmp_path: Path) -> None:
     r = ref(tmp_path)
     login = ScriptedLogin({"squeue-j": [capture("squeue_job_after_scancel")]})

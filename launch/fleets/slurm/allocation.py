@@ -106,7 +106,8 @@ def wait_granted(
                 "fab train --wait waits in Slurm's queue"
             )
         now = (state.state, state.reason, position)
-        if now != shown:
+        undecided = state.reason in UNDECIDED and monotonic() - started < SETTLE_S
+        if now != shown and not undecided:  # not yet looked at: it may well start at once
             where = f"position {position[0]} of {position[1]}" if position else "not yet ranked"
             say(
                 f"slurm job {job_id}: {state.state.lower()} in partition {ref.partition}, {where} ({state.reason})"
