@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from launch.fleets.local import LocalFleet
 from launch.fleets.local.slurm import LocalSlurm
@@ -164,6 +165,40 @@ def test_a_second_run_waits_in_slurms_queue_then_trains_digits_across_three_node
     assert listing.returncode == 0, listing.stderr
     row = next(line for line in listing.stdout.splitlines() if record.id in line)
     assert f" {second_job} " in row, "fab runs shows the Slurm job id"
+
+
+def test_with_ranks_via_srun_each_nodes_ranks_run_as_a_step_of_the_allocation(
+    cluster: LocalFleet, fleetrun_home: Path, tmp_path: Path
+) -> None:
+    """``slurm.ranks_via: srun``: each node's launcher runs under ``srun --overlap`` inside the
+    run's allocation, so its ranks are Slurm job steps (``SLURM_JOB_ID`` and ``SLURM_STEP_ID`` set
+    by slurmstepd), one step per node."""
+    data = yaml.safe_load(LocalSlurm(cluster).inventory_path.read_text())
+    data["slurm"]["ranks_via"] = "srun"
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text(yaml.safe_dump(data))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "step.py").write_text(
+        "import os\nprint('slurm step', os.environ.get('SLURM_JOB_ID'), os.environ.get('SLURM_STEP_ID'), "
+        "os.environ.get('RANK'), flush=True)\n"
+    )
+    playbook = write_playbook(
+        tmp_path / "job.yaml", work, name="t-slurm-srun", entrypoint="python step.py", teardown="always"
+    )
+    runs = tmp_path / "runs"
+    proc = fab("train", str(playbook), "--inventory", f"slurm:{inventory}", home=fleetrun_home, runs=runs)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    job = proc.stdout.split("slurm job ", 1)[1].split(":", 1)[0]
+    (folder,) = runs.iterdir()
+    steps = set()
+    for log in folder.glob("nodes/*/node.log"):
+        (line,) = [x for x in log.read_text().splitlines() if x.startswith("slurm step ")]
+        _slurm, _step, job_id, step_id, _rank = line.split()
+        assert job_id == job, f"{log}: the rank ran inside the run's allocation"
+        steps.add(step_id)
+    assert len(steps) == 3 and all(s.isdigit() for s in steps), "one job step per node"
+    assert squeue(cluster) == []
 
 
 def test_a_node_set_down_during_a_run_resumes_on_a_new_allocation_without_it(

@@ -465,3 +465,27 @@ def test_fab_runs_shows_the_slurm_job_id() -> None:
     console = Console(width=200, record=True)
     console.print(runs_table([lab]))
     assert "41,42" not in console.export_text() and " job " not in console.export_text()
+
+
+def test_ranks_via_srun_starts_each_nodes_launcher_as_a_step_of_its_allocation(tmp_path: Path) -> None:
+    from launch.job.container import ContainerSpec
+    from launch.job.spec import load_job_spec
+    from launch.planning.launchers import launcher_class
+
+    spec = load_job_spec("playbooks/digits-ddp.yaml")
+    inventory = load_inventory(f"slurm:{cluster_file(tmp_path)}")
+    assert isinstance(inventory.fleet, SlurmFleetRef)
+    over_ssh = launcher_class(spec.launcher).for_inventory(inventory).plan(spec, inventory, "r1")
+    assert all("srun" not in node.launch_script for node in over_ssh.nodes), "ssh is the default"
+    srun_ref = inventory.fleet.model_copy(update={"ranks_via": "srun"})
+    inventory = inventory.model_copy(update={"fleet": srun_ref})
+    plan = launcher_class(spec.launcher).for_inventory(inventory).plan(spec, inventory, "r1")
+    for node in plan.nodes:
+        script = node.launch_script or ""
+        last = script.strip().splitlines()[-1]
+        assert last.startswith('exec srun --jobid="$FLEETRUN_SLURM_JOB" --overlap ')
+        assert f"--nodelist={node.host.name} " in last and " sh -c 'python -m torch.distributed.run " in last
+        assert f"-w {node.host.name} -o %i" in script, "the allocation holding this very node"
+    boxed = spec.model_copy(update={"container": ContainerSpec(image="docker.io/library/python:3.12")})
+    with pytest.raises(SpecError, match="slurm.ranks_via"):
+        launcher_class(spec.launcher).for_inventory(inventory).plan(boxed, inventory, "r1")
