@@ -19,6 +19,7 @@ from launch.fleets.kinds.refs import LocalFleetRef
 from launch.job.inventory import Host
 from launch.run import attempts as attempts_module
 from launch.run import lifecycle
+from launch.run import recheck as recheck_module
 from launch.run.reporter import RecordingReporter
 from tests.fakefleet import FakeClock, JobScript, NodeScript, fake_inventory, run_on_fake_fleet
 
@@ -30,7 +31,7 @@ LOST_AFTER = {"unreachable_timeout_s": 30}
 def sshd(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     """The nodes whose sshd does not answer the recovery's re-check (fill in per test)."""
     down: set[str] = set()
-    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host, *_: host.name not in down)
+    monkeypatch.setattr(recheck_module, "sshd_answers", lambda host, *_: host.name not in down)
     return down
 
 

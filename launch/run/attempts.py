@@ -60,7 +60,7 @@ from launch.run import stages
 from launch.run.checkpoints import Spread, drained_from_bucket, resume_story
 from launch.run.doctor import gather, read_exclusions, record_exclusion, record_renewal
 from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
-from launch.run.recheck import recheck
+from launch.run.recheck import recheck, sshd_check
 from launch.run.stages import Watched
 from launch.run.state import RunContext, RunState
 from launch.run.summary import RunSummary
@@ -68,7 +68,6 @@ from launch.run.target import run_prefix
 from launch.run.watch import AGENT, Watcher
 from launch.run.watching import save_traceback
 from launch.transport.port import FleetPort, NodeLink
-from launch.transport.reachability import CHECK_TIMEOUT_S, sshd_answers
 
 ATTEMPT_FILES = (
     "rc",
@@ -178,13 +177,15 @@ def loss_of(
     policy = state.plan.recovery
     say(ctx, f"  attempt {state.attempt}: {decision.rule}; checking which nodes are really gone")
     started = ctx.clock.monotonic()
-    jumps = ctx.port.jumps  # hosts behind a bastion are checked through it
+    early = watched.watcher.early_checks if watched.watcher is not None else None
+    credit = silent_before(decision, ctx.spec.stop.unreachable_timeout_s)
     evidence = recheck(  # overlapping checks, the watcher's silence counted (launch.run.recheck)
         state.hosts,
         policy.confirm_s,
-        check=lambda host: sshd_answers(host, CHECK_TIMEOUT_S, jumps),  # looked up here: tests stand in
+        check=sshd_check(ctx.port.jumps),  # through the bastion where a host has one
         preempted=preempted_nodes(watched.watcher),
-        silent_before=silent_before(decision, ctx.spec.stop.unreachable_timeout_s),
+        silent_before=credit,
+        failed_early=early.failed(credit) if early is not None else None,
     )  # on the real clock: the checks run in threads, which a test's fake clock does not wait for
     gone = set(fleet_said_gone(ctx, state))
     if decision.rule == "node_down":  # the fleet's word the watcher saw stands, even if since taken back

@@ -12,21 +12,41 @@ When the ``unreachable`` rule itself named the node, the watcher had already see
 (``NodeEvidence.silent_before_s``), so two failed checks right now confirm it. A node the rule did
 not name gets no such credit. What counts as lost stays the pure rule's
 (``launch.rules.recovery.confirmed_lost``).
+
+The checks also start before the limit (``EarlyChecks``, issue 33): a node silent for
+``unreachable_timeout_s - LEAD_S`` is checked in the background, a round every second, so when the
+rule fires its two failed checks are already in hand (a check of a machine gone silent takes its
+whole connect timeout to fail); the decision comes at the limit, not ``CHECK_TIMEOUT_S`` after it.
+Only failed early checks count: an answer is asked again after the decision, as before.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from launch.job.inventory import Host
 from launch.rules.recovery import NodeEvidence
+from launch.transport.reachability import CHECK_TIMEOUT_S, JumpChannels, sshd_answers
 
 EVERY_S = 1.0
 LIMIT_S = 120.0
 """The longest a re-check goes on, whatever the checks do (a check that never returns)."""
 TICK_S = 0.05
+LEAD_S = CHECK_TIMEOUT_S + 2 * EVERY_S
+"""How long before the unreachable limit a silent node's checks start: two checks, a round
+apart (they overlap), each failing only at its connect timeout, end by the limit."""
+MAX_IN_FLIGHT = 4
+"""Checks of one node running at once (a round a second, each up to its connect timeout)."""
+
+
+def sshd_check(jumps: JumpChannels | None) -> Callable[[Host], bool]:
+    """One check of a node (``sshd_answers``, looked up in this module at each call, so a test
+    stands in for every re-check in one place), through the bastion where the node has one."""
+    return lambda host: sshd_answers(host, CHECK_TIMEOUT_S, jumps)
 
 
 def recheck(
@@ -38,12 +58,17 @@ def recheck(
     every_s: float = EVERY_S,
     clock: Callable[[], float] = time.monotonic,
     limit_s: float = LIMIT_S,
+    failed_early: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, NodeEvidence]:
     """Evidence per node: the answers of overlapping checks (a round every ``every_s``), in the
     order the checks started. Checks still running when every node is settled are left to end
-    on their own timeout (their answers are not needed)."""
+    on their own timeout (their answers are not needed). ``failed_early``: when (on ``clock``)
+    each failed check of ``EarlyChecks`` started, per node: counted as this re-check's own."""
     credit = dict(silent_before or {})
     results: dict[str, list[tuple[float, bool]]] = {h.name: [] for h in hosts}
+    for name, starts in (failed_early or {}).items():
+        if name in results:
+            results[name].extend((at, False) for at in starts)
     running: list[tuple[str, float, Future[bool]]] = []
 
     def settled(name: str) -> bool:
@@ -98,3 +123,98 @@ def _safe(check: Callable[[Host], bool], host: Host) -> bool:
         return bool(check(host))
     except Exception:  # noqa: BLE001 - no answer
         return False
+
+
+class EarlyChecks:
+    """Checks of the nodes the watcher finds silent, started ``lead_s`` before the unreachable
+    limit (see the module docstring). Fed by the watcher's polls (``follow``); checks run in a
+    thread of their own, so a poll round waiting on the silent node does not delay them.
+
+    ``wall`` is the watcher's clock (its silences are measured on it); ``clock`` the re-check's.
+    """
+
+    def __init__(
+        self,
+        hosts: Iterable[Host],
+        limit_s: float,
+        check: Callable[[Host], bool],
+        lead_s: float = LEAD_S,
+        every_s: float = EVERY_S,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.hosts = {h.name: h for h in hosts}
+        self.limit_s, self.lead_s, self.every_s = limit_s, lead_s, every_s
+        self.check, self.wall, self.clock = check, wall, clock
+        self._due: dict[str, float] = {}
+        self._failed: dict[str, list[float]] = {}
+        self._last_start: dict[str, float] = {}
+        self._running: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def follow(self, watcher: Any) -> None:
+        """Chain ``watcher.on_poll``: every poll tells which nodes are silent, since when."""
+        previous = watcher.on_poll
+
+        def on_poll(obs: Any) -> None:
+            if previous is not None:
+                previous(obs)
+            self.offer(obs.nodes)
+
+        watcher.on_poll = on_poll
+
+    def offer(self, nodes: Iterable[Any]) -> None:
+        """Each node's observation (``state``, ``last_reachable_at``): a silent node is due at
+        ``last_reachable_at + limit_s - lead_s``; a node heard from again loses its failures."""
+        with self._lock:
+            for node in nodes:
+                if node.node not in self.hosts:
+                    continue
+                if node.state == "unreachable" and node.last_reachable_at is not None:
+                    self._due[node.node] = node.last_reachable_at + self.limit_s - self.lead_s
+                elif node.state != "unreachable":
+                    self._due.pop(node.node, None)
+                    self._failed.pop(node.node, None)
+            if self._due and not self._stopped and (self._thread is None or not self._thread.is_alive()):
+                self._thread = threading.Thread(target=self._loop, name="early-checks", daemon=True)
+                self._thread.start()
+
+    def failed(self, nodes: Iterable[str]) -> dict[str, list[float]]:
+        """When each failed check of ``nodes`` started (``clock``), for ``recheck(failed_early=)``."""
+        with self._lock:
+            return {n: list(self._failed[n]) for n in nodes if self._failed.get(n)}
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._due.clear()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopped or not self._due:
+                    self._thread = None
+                    return
+                now, at = self.wall(), self.clock()
+                start = [
+                    n
+                    for n, due in self._due.items()
+                    if now >= due
+                    and self._running.get(n, 0) < MAX_IN_FLIGHT
+                    and at - self._last_start.get(n, -1e18) >= self.every_s
+                ]
+                for name in start:
+                    self._running[name] = self._running.get(name, 0) + 1
+                    self._last_start[name] = at
+            for name in start:
+                threading.Thread(target=self._one, args=(name, at), daemon=True).start()
+            time.sleep(TICK_S)
+
+    def _one(self, name: str, started: float) -> None:
+        ok = _safe(self.check, self.hosts[name])
+        with self._lock:
+            self._running[name] -= 1
+            if not ok and name in self._due:
+                self._failed.setdefault(name, []).append(started)

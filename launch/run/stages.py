@@ -11,6 +11,7 @@ later attempt's new machines) takes ``ctx.port.subset(...)``: nothing is swapped
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -39,6 +40,7 @@ from launch.rules.stoprules import StopDecision
 from launch.run.channels import copy_channels
 from launch.run.doctor import ContainerCheck, gather
 from launch.run.hooks import before_stop_files
+from launch.run.recheck import EarlyChecks, sshd_check
 from launch.run.registry_login import RegistryLogin, read_login
 from launch.run.state import RunContext, RunState
 from launch.run.watch import AGENT, Watcher
@@ -396,4 +398,10 @@ def watch(ctx: RunContext, state: RunState, watcher: Watcher | None = None) -> W
         if ctx.peers is not None:  # the saves it sees are recorded and copied to a peer node,
             # with a bucket too: whichever of the upload and the copy ends first is the second copy
             ctx.peers.follow(watcher, state.hosts, state.known_hosts, state.plan.recovery.enabled)
+        limit = state.target.rules.unreachable_timeout_s
+        if state.plan.recovery.enabled and limit is not None:  # a silent node's re-check starts early
+            watcher.early_checks = EarlyChecks(
+                state.hosts, limit, sshd_check(ctx.port.jumps), wall=ctx.clock.time, clock=time.monotonic
+            )
+            watcher.early_checks.follow(watcher)
     return Watched(watch_safely(watcher, ctx.folder.path), watcher)

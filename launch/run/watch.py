@@ -37,6 +37,7 @@ from launch.rules.stoprules import (
 from launch.rules.stragglers import NodePace, parse_pace
 from launch.run.clock import Clock
 from launch.run.pushed_exits import PushedExits
+from launch.run.recheck import EarlyChecks
 from launch.run.site_lost import SiteLost
 from launch.run.target import WatchTarget
 from launch.transport.port import FleetPort, NodeLink
@@ -128,6 +129,9 @@ class Watcher:
         if push_exits:
             events = f'exec {AGENT} events "$HOME/{layout.rundir(target.run_id)}"'
             self.pushed = PushedExits(fleet, events)
+        self.early_checks: EarlyChecks | None = None
+        """With recovery: the checks of silent nodes started before the unreachable limit
+        (``launch.run.recheck.EarlyChecks``), whose failures the re-check after it counts."""
 
     # -- one poll --------------------------------------------------------------------------------
     def _poll_node(self, conn: NodeLink, timeout: float = POLL_ANSWER_TIMEOUT_S) -> PollAnswer:
@@ -160,6 +164,8 @@ class Watcher:
             self.pushed.close()
         if self.site_lost is not None:
             self.site_lost.close()
+        if self.early_checks is not None:
+            self.early_checks.stop()
         for conn in self.fleet.connections.values():
             conn.close_sessions()
 
