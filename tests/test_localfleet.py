@@ -41,6 +41,33 @@ def test_not_root_gets_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
         LocalFleet(prefix=fleet_prefix("x")).up(2)
 
 
+def test_the_image_is_probed_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each fleet module's ``up`` asks for the image; importing torch to check it costs seconds of
+    CPU each time, so a process checks a complete image once."""
+    from launch.fleets.local import prereqs
+
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    (python.parent / "aws").write_text("")
+    probes: list[list[str]] = []
+
+    def probe(argv: list[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        probes.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(prereqs, "image_python", lambda: python)
+    monkeypatch.setattr(prereqs, "run", probe)
+    monkeypatch.setattr(prereqs, "_VERIFIED", set())
+    assert prereqs.ensure_image() == python
+    assert prereqs.ensure_image() == python
+    assert probes == [[str(python), "-c", "import torch, numpy"]]
+    monkeypatch.setattr(prereqs, "_VERIFIED", set())  # a new process checks it again
+    assert prereqs.ensure_image() == python and len(probes) == 2
+
+
 def test_bad_prefix_and_subnet() -> None:
     with pytest.raises(LocalFleetError, match="fleet prefix 'Bad-Prefix'"):
         LocalFleet(prefix="Bad-Prefix")

@@ -52,22 +52,23 @@ def test_kept_warm_reused_then_powered_off_without_the_laptop(
     assert "teardown: skipped: kept warm for 120 s instead (teardown: always)" in first.stdout
     head = warm_fleet.inventory().hosts[0]
     assert sshd_answers(head, 3.0), "teardown: always did not remove the warm fleet"
-    # the second run keeps the node warm for 60 s only (its own keep_warm_s re-arms the timer; not
+    # the second run keeps the node warm for 15 s only (its own keep_warm_s re-arms the timer; not
     # part of the setup hash): the 120 s above give its `fab train` the time to claim the node (past
-    # them, the laptop's deadline would tear the fleet down when this command starts)
+    # them, the laptop's deadline would tear the fleet down when this command starts); the test then
+    # waits the 15 s out, so they are short, but long enough to kill the laptop's timer well before
     again = write_playbook(
-        tmp_path / "again.yaml", digits_workdir, name="t-warm", nodes=1, teardown="always", keep_warm_s=60,
+        tmp_path / "again.yaml", digits_workdir, name="t-warm", nodes=1, teardown="always", keep_warm_s=15,
         entrypoint="python -m trainer.task --epochs 1",
     )  # fmt: skip
     second = fab("train", str(again), "--inventory", f"local:{PREFIX}", home=fleetrun_home, runs=runs)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     assert "setup skipped: unchanged" in second.stdout, "the warm node was reused as it was"
-    assert "kept warm: each node powers itself off in 60 s" in second.stdout
+    assert "kept warm: each node powers itself off in 15 s" in second.stdout
     laptop_gone(fleetrun_home)  # well before its deadline: the node's own timer is left alone
     home = Path(f"/home/{warm_fleet.node_name(0)}/.fleetrun")
     log = (home / "warm.log").read_text()
     assert "a new run claimed this node" in log or "re-armed by a later run" in log, log
-    deadline = time.monotonic() + 300  # 60 s after the second run, whatever this machine's load
+    deadline = time.monotonic() + 300  # 15 s after the second run, whatever this machine's load
     while time.monotonic() < deadline and sshd_answers(head, 2.0):
         time.sleep(1)
     assert not sshd_answers(head, 3.0), "the node powered itself off, with no laptop"

@@ -68,6 +68,12 @@ def image_python() -> Path:
     return image_dir() / "venv" / "bin" / "python"
 
 
+_VERIFIED: set[Path] = set()
+"""Images this process has found complete (``ensure_image``): the probe imports torch, seconds of
+CPU, and a test session brings a fleet up for each of its fleet modules; the image is only ever
+added to, so a complete one stays complete for the life of the process."""
+
+
 def ensure_image(say: Callable[[str], None] = print) -> Path:
     """Build the shared Python the nodes start from (torch CPU, numpy, the aws CLI), once.
 
@@ -77,9 +83,12 @@ def ensure_image(say: Callable[[str], None] = print) -> Path:
     /root is unusable by node users (/root is mode 700).
     """
     python = image_python()
+    if python in _VERIFIED and python.exists():
+        return python
     if python.exists():
         probe = run([str(python), "-c", "import torch, numpy"], check=False, timeout=120)
         if probe.returncode == 0 and (python.parent / "aws").exists():
+            _VERIFIED.add(python)
             return python
     if python.exists():  # completed in place: nodes of running fleets may be using this Python
         say(f"completing the local fleet image at {image_dir()} from {REQUIREMENTS}")
