@@ -25,7 +25,7 @@ from pathlib import Path
 from launch.fleets.local.containers import IMAGE_RUNROOT, IMAGE_STORE
 from launch.fleets.local.prereqs import image_dir
 
-RECIPE = "fleetrun-test-image-v1"
+RECIPE = "fleetrun-test-image-v2"
 IMAGE_NAME = "localhost/fleetrun-test"
 TOOLS = ("sh", "dash", "env", "id", "cat", "mkdir", "sleep", "ls", "rm", "nproc", "true", "grep", "head")
 VENV_PATH = "/opt/fleetrun/image/venv/bin"
@@ -109,6 +109,11 @@ def build_rootfs_tar(out: Path) -> None:
         etc.mkdir()
         (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n")
         (etc / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+        # What podman binds or links in /etc at each start: rootless podman cannot create them in
+        # a root-made store's layer ("creating /etc/mtab symlink: permission denied").
+        for name in ("hosts", "resolv.conf", "hostname"):
+            (etc / name).write_text("")
+        (etc / "mtab").symlink_to("/proc/mounts")
         with tarfile.open(out, "w") as tar:
             for top in ("/bin", "/sbin", "/lib", "/lib64"):
                 if os.path.islink(top):  # merged /usr: the links themselves

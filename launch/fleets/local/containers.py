@@ -59,6 +59,18 @@ def storage_conf() -> str:
     )
 
 
+def user_storage_conf(home: Path, user: str) -> None:
+    """The node user's own ``~/.config/containers/storage.conf`` naming the shared store: rootless
+    podman takes only the driver from the machine's ``storage.conf`` and drops its
+    ``additionalimagestores`` (a node saw no image of the store and tried to pull it), so a lab
+    puts that line in each user's file, as here."""
+    folder = home / ".config" / "containers"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "storage.conf").write_text(storage_conf())
+    for path in (home / ".config", folder, folder / "storage.conf"):
+        shutil.chown(path, user, user)
+
+
 def containers_conf() -> str:
     lines = ["# fleetrun local fleet", "[engine]"]
     if hybrid_cgroups():

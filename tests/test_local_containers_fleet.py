@@ -1,5 +1,7 @@
-"""The containers fleet's ``/dev/mqueue``: a mount the machine's fleets share, so each fleet holds
-it and ``down`` undoes exactly what fleetrun made (the last holder out), never a mount it found."""
+"""The ``--containers`` local fleet: its ``/dev/mqueue`` is a mount the machine's fleets share, so
+each fleet holds it and ``down`` undoes exactly what fleetrun made (the last holder out), never a
+mount it found; a node user's own (rootless) podman sees the images of the machine's shared
+store, so a run's image is on every node without a pull."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from launch.fleets.local import LocalFleet
 from launch.fleets.local import containers as local_containers
 from tests.conftest import fleet_prefix, fleet_subnet, needs_root
+from tests.containerkit import ensure_test_image, node_podman
 
 
 def mounted(where: Path) -> bool:
@@ -61,4 +64,17 @@ def test_a_containers_fleet_down_undoes_its_mqueue_mount(fleetrun_home: object, 
         left = fleet.down(say=lambda m: None)
     assert not mounted(mqueue_at)
     assert not mqueue_at.exists()
+    assert not any(left.values()), left
+
+
+@needs_root()
+def test_a_node_user_podman_sees_the_shared_store_image(fleetrun_home: object) -> None:
+    tag = ensure_test_image()
+    fleet = LocalFleet(prefix=fleet_prefix("i"), subnet=fleet_subnet(18))
+    try:
+        inventory = fleet.up(1, containers=True, say=lambda m: None)
+        found = node_podman(inventory.hosts[0].user, fleet.netns(0), "image", "exists", tag)
+        assert found.returncode == 0, found.stderr[-1000:]
+    finally:
+        left = fleet.down(say=lambda m: None)
     assert not any(left.values()), left
