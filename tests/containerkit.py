@@ -25,7 +25,7 @@ from pathlib import Path
 from launch.fleets.local.containers import IMAGE_RUNROOT, IMAGE_STORE
 from launch.fleets.local.prereqs import image_dir
 
-RECIPE = "fleetrun-test-image-v1"
+RECIPE = "fleetrun-test-image-v2"
 IMAGE_NAME = "localhost/fleetrun-test"
 TOOLS = ("sh", "dash", "env", "id", "cat", "mkdir", "sleep", "ls", "rm", "nproc", "true", "grep", "head")
 VENV_PATH = "/opt/fleetrun/image/venv/bin"
@@ -109,6 +109,11 @@ def build_rootfs_tar(out: Path) -> None:
         etc.mkdir()
         (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n")
         (etc / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+        # What podman binds or links in /etc at each start: rootless podman cannot create them in
+        # a root-made store's layer ("creating /etc/mtab symlink: permission denied").
+        for name in ("hosts", "resolv.conf", "hostname"):
+            (etc / name).write_text("")
+        (etc / "mtab").symlink_to("/proc/mounts")
         with tarfile.open(out, "w") as tar:
             for top in ("/bin", "/sbin", "/lib", "/lib64"):
                 if os.path.islink(top):  # merged /usr: the links themselves
@@ -117,12 +122,21 @@ def build_rootfs_tar(out: Path) -> None:
                 _add(tar, path)
             for link in ("/usr/bin/python3", "/usr/bin/sh"):
                 _add(tar, link)
-            tar.add(str(stdlib), arcname=str(stdlib).lstrip("/"))
+            # A library ``ldd`` listed may sit in the stdlib or the venv (torch's own libraries link
+            # each other): already in the tar, and podman refuses a layer with a path twice.
+            seen = set(tar.getnames())
+
+            def once(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+                if info.name in seen:
+                    return None
+                seen.add(info.name)
+                return info
+
+            tar.add(str(stdlib), arcname=str(stdlib).lstrip("/"), filter=once)
             for parent in reversed(venv.parents[:-1]):
-                if str(parent).lstrip("/") not in tar.getnames():
-                    tar.add(str(parent), arcname=str(parent).lstrip("/"), recursive=False)
-            tar.add(str(venv), arcname=str(venv).lstrip("/"))
-            tar.add(str(etc), arcname="etc")
+                tar.add(str(parent), arcname=str(parent).lstrip("/"), recursive=False, filter=once)
+            tar.add(str(venv), arcname=str(venv).lstrip("/"), filter=once)
+            tar.add(str(etc), arcname="etc", filter=once)
             for empty in ("tmp", "root", "dev", "proc", "sys", "run"):
                 info = tarfile.TarInfo(empty)
                 info.type = tarfile.DIRTYPE
@@ -141,10 +155,10 @@ def _share_store() -> None:
             path = os.path.join(root, name)
             if not os.path.islink(path):
                 os.chmod(path, os.stat(path).st_mode | 0o444)
-    for path in [IMAGE_STORE, *IMAGE_STORE.parents]:
-        if path == Path("/"):
+    for folder in [IMAGE_STORE, *IMAGE_STORE.parents]:
+        if folder == Path("/"):
             break
-        os.chmod(path, os.stat(path).st_mode | 0o555)
+        os.chmod(folder, os.stat(folder).st_mode | 0o555)
 
 
 def ensure_test_image() -> str:

@@ -12,13 +12,21 @@ Rootless podman needs subordinate ids for the node user: ``useradd`` gives every
 range in ``/etc/subuid`` and ``/etc/subgid`` (Debian's ``SUB_UID_COUNT``), and ``userdel``
 removes it, so the fleet's own user life cycle covers them (``check_subids`` says when not).
 ``--ipc host`` needs the host's ``/dev/mqueue``, which systemd mounts on a normal machine;
-``ensure_mqueue`` mounts it where it is missing (a container as the build machine).
+``hold_mqueue`` mounts it where it is missing (a container as the build machine). That mount is
+the machine's, shared by every containers fleet on it (other fleets' containers use it too), so
+it is held, not owned: each fleet leaves a holder file under ``MQUEUE_LEDGER`` and the ledger
+notes that fleetrun made the mount (and the folder, if it made that too); ``release_mqueue``
+removes the fleet's holder and, when it was the last and fleetrun made the mount, undoes exactly
+what fleetrun made. A mount fleetrun found in place is never unmounted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from launch.errors import LocalFleetError
@@ -26,6 +34,10 @@ from launch.errors import LocalFleetError
 IMAGE_STORE = Path("/opt/fleetrun/containers/storage")
 """The shared read-only image store every node's podman reads (root's podman writes it)."""
 IMAGE_RUNROOT = Path("/opt/fleetrun/containers/run")
+MQUEUE = Path("/dev/mqueue")
+MQUEUE_LEDGER = Path("/run/fleetrun/mqueue")
+"""Machine-wide: ``holders/<prefix>`` per containers fleet up, ``mounted`` when fleetrun made the
+mount (its text ``dir`` when fleetrun made the folder too), ``lock`` serialising both."""
 HOST_CONF = Path("/etc/containers")
 HYBRID_CGROUPS = Path("/sys/fs/cgroup/unified")
 """Present when cgroup v1 and v2 are mounted side by side (hybrid): crun refuses that."""
@@ -47,6 +59,18 @@ def storage_conf() -> str:
     )
 
 
+def user_storage_conf(home: Path, user: str) -> None:
+    """The node user's own ``~/.config/containers/storage.conf`` naming the shared store: rootless
+    podman takes only the driver from the machine's ``storage.conf`` and drops its
+    ``additionalimagestores`` (a node saw no image of the store and tried to pull it), so a lab
+    puts that line in each user's file, as here."""
+    folder = home / ".config" / "containers"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "storage.conf").write_text(storage_conf())
+    for path in (home / ".config", folder, folder / "storage.conf"):
+        shutil.chown(path, user, user)
+
+
 def containers_conf() -> str:
     lines = ["# fleetrun local fleet", "[engine]"]
     if hybrid_cgroups():
@@ -65,16 +89,63 @@ def node_etc(etc: Path) -> None:
     (target / "containers.conf").write_text(containers_conf())
 
 
-def ensure_mqueue() -> None:
-    """Mount POSIX message queues on ``/dev/mqueue`` when the machine has none (``--ipc host``
-    bind-mounts it); a machine booted by systemd has it already."""
-    mqueue = Path("/dev/mqueue")
-    if mqueue.is_dir() and any(
-        line.split()[1:2] == ["/dev/mqueue"] for line in Path("/proc/mounts").read_text().splitlines()
-    ):
+def _mounted(where: Path) -> bool:
+    return any(line.split()[1:2] == [str(where)] for line in Path("/proc/mounts").read_text().splitlines())
+
+
+@contextlib.contextmanager
+def _ledger_lock(ledger: Path) -> Iterator[None]:
+    (ledger / "holders").mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(ledger / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def hold_mqueue(prefix: str, where: Path | None = None, ledger: Path | None = None) -> None:
+    """Hold POSIX message queues on ``where`` for fleet ``prefix`` (``--ipc host`` bind-mounts
+    it), mounting them when the machine has none; a machine booted by systemd has them already.
+    The holder file and the ``mounted`` note are written before the mount (write-ahead), so a
+    crash leaves a ledger that covers it."""
+    where, ledger = where or MQUEUE, ledger or MQUEUE_LEDGER
+    with _ledger_lock(ledger):
+        (ledger / "holders" / prefix).write_text("")
+        if _mounted(where):
+            return
+        made_dir = not where.exists()
+        (ledger / "mounted").write_text("dir" if made_dir else "")
+        where.mkdir(exist_ok=True)
+        done = subprocess.run(["mount", "-t", "mqueue", "mqueue", str(where)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise LocalFleetError(
+                f"--containers: mount -t mqueue on {where} failed: {done.stderr.strip()[-300:]}"
+            )
+
+
+def release_mqueue(prefix: str, where: Path | None = None, ledger: Path | None = None) -> None:
+    """Drop fleet ``prefix``'s hold; the last holder out undoes the mount (and folder) fleetrun
+    made, and nothing it found in place. Idempotent."""
+    where, ledger = where or MQUEUE, ledger or MQUEUE_LEDGER
+    if not (ledger / "holders").is_dir():
         return
-    mqueue.mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "mqueue", "mqueue", str(mqueue)], check=False, capture_output=True)
+    with _ledger_lock(ledger):
+        (ledger / "holders" / prefix).unlink(missing_ok=True)
+        if any((ledger / "holders").iterdir()):
+            return
+        note = ledger / "mounted"
+        if not note.exists():
+            return
+        made_dir = note.read_text() == "dir"
+        if _mounted(where):
+            subprocess.run(["umount", str(where)], capture_output=True, check=False)
+        if made_dir and not _mounted(where):
+            with contextlib.suppress(OSError):
+                where.rmdir()
+        if not _mounted(where):
+            note.unlink()
+
+
+def holds_mqueue(prefix: str) -> bool:
+    return (MQUEUE_LEDGER / "holders" / prefix).exists()
 
 
 def check_ready(users: list[str]) -> None:

@@ -35,6 +35,7 @@ import yaml
 
 from launch.errors import LocalFleetError
 from launch.fleets.kinds.refs import LocalFleetRef
+from launch.fleets.local import containers as local_containers
 from launch.fleets.local import daemon, mountns, uplink
 from launch.fleets.local import slurm as local_slurm
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
@@ -182,6 +183,8 @@ class LocalFleet(FleetNames):
         paths = homes + [p for p in created["netns_etc"] + created["node_home"] if os.path.lexists(p)]
         paths += mountns.mount_leftovers(created)  # VM mode's namespace files and their directory
         paths += [p for p in created["slurm_dir"] if os.path.lexists(p)]
+        if created["mqueue"] and local_containers.holds_mqueue(self.prefix):
+            paths.append(str(local_containers.MQUEUE_LEDGER / "holders" / self.prefix))
         return {
             "netns": [n for n in created["netns"] if n in netns],
             "links": [n for n in created["link"] if n in links],
@@ -240,7 +243,6 @@ class LocalFleet(FleetNames):
         # the bucket's S3 server and the spot notices are imported only for a fleet that has them
         # (``--inventory local`` reads this class for every command, e.g. ``fab exec``)
         from launch.fleets.local import bucket as local_bucket
-        from launch.fleets.local import containers as local_containers
         from launch.fleets.local import spot
 
         if bucket and not local_bucket.have_moto():
@@ -300,7 +302,8 @@ class LocalFleet(FleetNames):
             hosts = behind_head(hosts)
         if containers:
             local_containers.check_ready([host.user for host in hosts])
-            local_containers.ensure_mqueue()
+            record("mqueue", self.prefix)
+            local_containers.hold_mqueue(self.prefix)
         cluster = LocalSlurm(self) if slurm else None
         if cluster is not None:
             cluster.write(nodes, record)  # before the sshd start: they bind the nodes' /etc/slurm
@@ -423,6 +426,8 @@ class LocalFleet(FleetNames):
         self._kill(created, users)
         local_slurm.remove(created["slurm_dir"])  # its daemons ran in the nodes' namespaces: killed
         mountns.remove_mounts(created)
+        if created["mqueue"]:
+            local_containers.release_mqueue(self.prefix)
         for user in users:
             try:
                 entry = pwd.getpwnam(user)

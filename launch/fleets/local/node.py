@@ -171,6 +171,8 @@ def make_node(
         mountns.make_mount_ns(names, i, names.home(0).with_name(names.vm_user), record)
     else:
         make_user(names, i, operator_pub, record)
+        if shape.containers:
+            containers.user_storage_conf(names.home(i), names.node_name(i))
     names.node_dir(i).mkdir(parents=True, exist_ok=True)
     node_dir = shape.sshd_dir(names, i)
     node_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
