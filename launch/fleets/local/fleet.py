@@ -434,7 +434,7 @@ class LocalFleet(FleetNames):
             except KeyError:  # a concurrent teardown of the same fleet removed it first
                 continue
             gid = entry.pw_gid
-            _remove_queue_folders(entry.pw_uid)
+            remove_queue_folders(entry.pw_uid)
             run(["userdel", "--force", "--remove", user], check=False)
             with contextlib.suppress(KeyError):
                 if grp.getgrgid(gid).gr_name == user:
@@ -528,7 +528,7 @@ class LocalFleet(FleetNames):
         return False
 
 
-def _remove_queue_folders(uid: int) -> None:
+def remove_queue_folders(uid: int) -> None:
     """A node user's run-hold queue folders (``launch.planning.queue``: ``/tmp/fleetrun-queue-*``
     owned by it). Without a mount namespace the nodes share this machine's /tmp, and a fleet
     torn down before its run could remove its entries would leave them to the next fleet of the

@@ -24,7 +24,7 @@ import time
 
 import yaml
 
-from launch.fleets.local.fleet import LocalFleet
+from launch.fleets.local.fleet import LocalFleet, remove_queue_folders
 from launch.fleets.local.node import start_sshd
 from launch.fleets.local.prereqs import run
 from launch.job.inventory import Host, Inventory
@@ -92,6 +92,10 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     fleet.stop_node(index)
     entry = pwd.getpwnam(host.name)
     home = entry.pw_dir
+    # a new VM's /tmp is empty too: the old machine's run-hold entries (launch.planning.queue) would
+    # otherwise hold it for the next run until their lease ran out, since the run that wrote them
+    # could not remove them (the old host key is refused)
+    remove_queue_folders(entry.pw_uid)
     for name in os.listdir(home):
         if name == ".ssh":
             continue
