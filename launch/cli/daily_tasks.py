@@ -138,7 +138,7 @@ def queue(c: Any, inventory: str = "local") -> None:
 
     Example: fab queue --inventory lab.yaml
     """
-    from launch.cli import queue as queueing
+    from launch.run import queue_turn as queueing
     from launch.fleets.select import load_inventory
     from launch.paths import known_hosts_file
 
