@@ -20,6 +20,12 @@ setup: system-deps $(STAMP)
 # pdsh only as bench/scale.py's baseline (its smoke test runs in `make test`); shellcheck for the
 # lint test of images/ scripts (tests/infra/test_bootstrap.py), which a machine without it skips;
 # dash, the /bin/sh of Debian-based images, to run an exported pod's command as a pod runs it.
+# docker-registry (Debian's build of distribution 2.8): the image registry the container tests
+# start on the local fleet's network (tests/registrykit.py); its own service is not used.
+# slurm-wlm (slurmctld, slurmd, the client commands) and munge for `fab local.up --with-slurm`, the real
+# Slurm cluster that tests/test_slurm_*.py run fleetrun's slurm fleet kind against.
+# podman (with uidmap for rootless use, crun, slirp4netns, fuse-overlayfs): the container runtime the
+# image pull and container tests run for real (tests/test_image_pull_script.py, test_doctor_container.py).
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -30,6 +36,10 @@ system-deps:
 	command -v pdsh >/dev/null || missing="$$missing pdsh"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
 	command -v dash >/dev/null || missing="$$missing dash"; \
+	command -v docker-registry >/dev/null || missing="$$missing docker-registry"; \
+	command -v podman >/dev/null || missing="$$missing podman uidmap crun slirp4netns fuse-overlayfs"; \
+	command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ] || missing="$$missing slurm-wlm"; \
+	command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
@@ -77,8 +87,9 @@ typecheck:
 # Includes tests/test_install.py (marker `install`): the wheel built and installed outside the checkout.
 # Two workers, whole files each (--dist loadfile): fleet tests mostly wait on nodes, so two run
 # side by side on this 2-core machine kind; tests/conftest.py gives each worker its own fleets.
+# --durations=40: the slowest tests named in every run, to keep the suite inside its time budget.
 pytest:
-	$(BIN)/pytest -m "not typecheck" -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -m "not typecheck" -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 bench: setup
 	$(BIN)/python bench/fault_latency.py
@@ -92,6 +103,8 @@ bench: setup
 	$(BIN)/python bench/preempt_notice.py
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/gpu_health.py
+	$(BIN)/python bench/recovery_faults.py
+	$(BIN)/python bench/warm_rerun.py
 
 # GPU health on real local fleets with the nvidia-smi stand-in (doctor at 64 and 256 nodes, the
 # collective on 16, gpu_fault, straggler, spare); one row: ARGS="--only fault --trials 3".

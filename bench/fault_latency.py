@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+ALLOW = ("--allow-path", str(REPO / "examples" / "digits"))
+"""The job's code is outside the generated playbook's folder: each ``fab train`` names it."""
 sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
@@ -70,7 +72,7 @@ def fab_train_with_fault(
     interpreter's own exit (which joins every worker thread still open) all count."""
     before = set(runs_dir().iterdir()) if runs_dir().exists() else set()
     fab = subprocess.Popen(
-        [str(REPO / ".venv" / "bin" / "fab"), "train", str(book), "--inventory", f"local:{PREFIX}"],
+        [str(REPO / ".venv" / "bin" / "fab"), "train", str(book), "--inventory", f"local:{PREFIX}", *ALLOW],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -142,7 +144,14 @@ def laptop_killed(tmp: Path) -> dict[str, object]:
     book = playbook(tmp, "--epochs 400 --step-sleep 0.05", watcher_lost_after_s=10, max_wall_time_s=25)
     try:
         fab = subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "fab"), "train", str(book), "--inventory", f"local:{PREFIX}"],
+            [
+                str(REPO / ".venv" / "bin" / "fab"),
+                "train",
+                str(book),
+                "--inventory",
+                f"local:{PREFIX}",
+                *ALLOW,
+            ],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

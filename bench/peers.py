@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+WORKDIR = REPO / "examples" / "digits"
+"""The job's code: outside the generated playbook's folder, so each `fab train` names it (`--allow-path`)."""
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -308,6 +310,7 @@ class Fleetrun(Tool):
                 "train",
                 f"--playbook={self.playbooks[epochs]}",
                 f"--inventory=local:{self.fleet.prefix}",
+                f"--allow-path={WORKDIR}",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -466,7 +469,7 @@ def write_playbook(path: Path, nodes: int, epochs: int) -> Path:
         json.dumps(
             {
                 "name": JOB,
-                "workdir": str(REPO / "examples" / "digits"),
+                "workdir": str(WORKDIR),
                 "nodes": nodes,
                 "procs_per_node": 1,
                 "entrypoint": f"python -m trainer.task --epochs {epochs}",
@@ -525,7 +528,13 @@ def main() -> int:
         }
         # one fab train first: syncs the code and builds the job's env, which all three then use
         proc = sh(
-            [fab_binary(), "train", f"--playbook={playbooks[START_EPOCHS]}", f"--inventory=local:{PREFIX}"],
+            [
+                fab_binary(),
+                "train",
+                f"--playbook={playbooks[START_EPOCHS]}",
+                f"--inventory=local:{PREFIX}",
+                f"--allow-path={WORKDIR}",
+            ],
             timeout=900,
         )
         if proc.returncode != 0:

@@ -91,6 +91,8 @@ def trial(tmp: Path, home: Path) -> dict[str, object]:
                 str(playbook(tmp)),
                 "--inventory",
                 f"local:{PREFIX}",
+                "--allow-path",  # the job's code is outside the generated playbook's folder
+                str(REPO / "examples" / "digits"),
             ],
             cwd=REPO,
             env={**os.environ, "FLEETRUN_HOME": str(home), "FLEETRUN_RUNS": str(tmp / "runs")},

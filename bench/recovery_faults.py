@@ -7,6 +7,7 @@ recomputed, on one 3-node local fleet, measured from outside.
 | head silent, no bucket                          | <= 25 s                           | <= 1 interval    |
 | spot notice on the head (bucket)                | <= 20 s after the notice          | 0                |
 | spot notice on the head, no bucket (extra row)  | <= 20 s after the notice          | 0                |
+| head lost with a bucket, 0.5 s after a save     | (none)                            | <= 1 interval    |
 
 Usage (root): .venv/bin/python bench/recovery_faults.py [--trials 3] [--only NAME ...]
 Prints a table (medians over the trials) and writes bench/results/recovery_faults.json.
@@ -21,6 +22,12 @@ before it goes). "First resumed step": this process (root) reads the nodes' run 
 until a metrics record of attempt 2 appears. The job checkpoints every 5 steps, 0.25 s a step.
 Another engineer's peer copy (issue 19) is what makes "head silent, no bucket" resume from a
 recent step; without it the run starts over (recomputed = every step done).
+
+"Head lost with a bucket" (issue 33): once rank 0 records a save of step 10 or later
+(``checkpoint_saved`` in its metrics), 0.5 s later its node's link goes down and every process of
+it is killed; the link comes back for the replacement. With a bucket the step's upload (several
+``aws`` calls) and the laptop's peer copy race; the run resumes from the newest of either that
+ended. The load average is recorded before and after each row.
 """
 
 from __future__ import annotations
@@ -51,13 +58,15 @@ TAG = os.environ.get("FLEETRUN_TEST_TAG", "")
 PREFIX = f"frf{TAG}"[:6]
 SUBNET = 1 + int(os.environ.get("FLEETRUN_TEST_SUBNET_BASE", "0"))
 STEPS, EVERY, SLEEP, FAULT_AT = 40, 5, 0.25, 12
-SCENARIOS = {
+SCENARIOS: dict[str, tuple[str, float | None, int]] = {
     "rank_killed": ("rank process killed", 15.0, EVERY),
     "worker_silent": ("worker silent (link down), unreachable 10 s", 25.0, EVERY),
     "head_silent": ("head silent, no bucket", 25.0, EVERY),
     "spot_head": ("spot notice on the head (bucket)", 20.0, 0),
     "spot_head_nobucket": ("spot notice on the head, no bucket", 20.0, 0),
+    "head_lost_bucket": ("head lost with a bucket, 0.5 s after a save", None, EVERY),
 }
+WITH_BUCKET = ("spot_head", "head_lost_bucket")
 
 
 def playbook(tmp: Path, name: str) -> Path:
@@ -136,6 +145,54 @@ def silence(fleet: LocalFleet, i: int) -> None:
         subprocess.run(["ip", "link", "set", fleet.veth(i), "up"], check=False)
 
 
+def saves_of(fleet: LocalFleet, old: set[Path]) -> list[tuple[int, int]]:
+    """(node, step) of every ``checkpoint_saved`` rank 0 recorded in the new run (attempt 1 only:
+    the first run directory holding them)."""
+    found = []
+    for i in range(3):
+        for run_dir in set(Path(f"/home/{fleet.node_name(i)}/.fleetrun/runs").glob("*")) - old:
+            path = run_dir / "metrics.jsonl"
+            for line in path.read_bytes().splitlines() if path.exists() else []:
+                with contextlib.suppress(ValueError, RecursionError):
+                    r = json.loads(line)
+                    if (
+                        isinstance(r, dict)
+                        and r.get("event") == "checkpoint_saved"
+                        and isinstance(r.get("step"), int)
+                    ):
+                        found.append((i, r["step"]))
+    return found
+
+
+def lose_head_after_save(fleet: LocalFleet, old: set[Path], marks: dict[str, float]) -> None:
+    """0.5 s after rank 0 records a save of step 10+, its node's link down and its processes
+    killed; the link up again once fleetrun replaced the node (a new machine)."""
+    wait_for(lambda: any(step >= 2 * EVERY for _i, step in saves_of(fleet, old)), 600, "a save of step 10+")
+    node, saved = max(((i, s) for i, s in saves_of(fleet, old)), key=lambda x: x[1])
+    time.sleep(0.5)
+    marks["fault"] = time.time()
+    marks["saved_before_fault"] = saved
+    key = fleet.node_dir(node) / "ssh_host_ed25519_key.pub"
+    before = key.stat().st_mtime_ns
+    subprocess.run(["ip", "link", "set", fleet.veth(node), "down"], check=True)
+    fleet.stop_node(node)
+
+    def replaced() -> bool:
+        with contextlib.suppress(OSError):
+            return key.stat().st_mtime_ns != before
+        return False
+
+    import threading
+
+    def link_back() -> None:
+        try:
+            wait_for(replaced, 300, "the replacement of the lost head")
+        finally:
+            subprocess.run(["ip", "link", "set", fleet.veth(node), "up"], check=False)
+
+    threading.Thread(target=link_back, daemon=True).start()
+
+
 def kill_rank(fleet: LocalFleet, i: int) -> None:
     """SIGKILL node i's rank (the trainer torchrun started: it carries ``LOCAL_RANK``), not torchrun."""
     pids = subprocess.run(["pgrep", "-u", fleet.node_name(i)], capture_output=True, text=True).stdout.split()
@@ -163,7 +220,14 @@ def one(tmp: Path, fleet: LocalFleet, name: str) -> dict[str, object]:
     }
 
     def fault() -> None:
-        wait_for(lambda: reached(fleet, old, 1, FAULT_AT), 180, f"step {FAULT_AT}")
+        if name == "head_lost_bucket":
+            lose_head_after_save(fleet, old, marks)
+            wait_for(lambda: reached(fleet, old, 2), 300, "the first resumed step")
+            marks["resumed"] = time.time()
+            marks["first_resumed_step"] = min(steps_of(fleet, old, 1))
+            return
+        # generous: on a loaded machine torch's start-up alone has taken minutes
+        wait_for(lambda: reached(fleet, old, 1, FAULT_AT), 600, f"step {FAULT_AT}")
         marks["fault"] = time.time()
         if name in ("worker_silent", "head_silent"):
             import threading
@@ -180,6 +244,8 @@ def one(tmp: Path, fleet: LocalFleet, name: str) -> dict[str, object]:
         record = db.get(result.run_id)
     attempts = record.attempts if record is not None else []
     row: dict[str, object] = {"fault": name, "outcome": result.outcome, "attempts": len(attempts) or 1}
+    if "saved_before_fault" in marks:
+        row["saved_before_fault"] = int(marks["saved_before_fault"])
     if "resumed" in marks:
         row["fault_to_first_resumed_step_s"] = round(marks["resumed"] - marks["fault"], 1)
     if len(attempts) > 1:
@@ -192,6 +258,7 @@ def one(tmp: Path, fleet: LocalFleet, name: str) -> dict[str, object]:
         row["attempt1_end_after_fault_s"] = round(float(attempts[0]["ended_at"]) - marks["fault"], 1)
         row["launch_to_first_step_s"] = round(marks["resumed"] - float(attempts[1]["started_at"]), 1)
         row["drained"] = attempts[0].get("drained")
+        row["resumed_from"] = attempts[1].get("resumed_from")
     return row
 
 
@@ -210,9 +277,16 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as name:
             for trial in range(args.trials):
                 for scenario in args.only:
-                    set_bucket(fleet, saved, on=scenario == "spot_head")
-                    row = one(Path(name), fleet, scenario)
+                    set_bucket(fleet, saved, on=scenario in WITH_BUCKET)
+                    load_before = os.getloadavg()
+                    try:
+                        row = one(Path(name), fleet, scenario)
+                    except Exception as exc:  # noqa: BLE001 - recorded; the other faults still run
+                        row = {"fault": scenario, "error": str(exc)[:500]}
+                        for i in range(3):  # a fault that timed out may have left a link down
+                            subprocess.run(["ip", "link", "set", fleet.veth(i), "up"], check=False)
                     row["trial"] = trial + 1
+                    row["load_before"], row["load_after"] = load_before, os.getloadavg()
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     finally:
@@ -237,14 +311,15 @@ def main() -> int:
                 "median_steps_recomputed": median_steps,
                 "goal_steps": goal_steps,
                 "met": median_s is not None
-                and median_s <= goal_s
+                and (goal_s is None or median_s <= goal_s)
                 and median_steps is not None
                 and median_steps <= goal_steps,
             }
         )
         shown_s = "-" if median_s is None else f"{median_s:.1f} s"
         shown_steps = "-" if median_steps is None else f"{median_steps:g}"
-        print(f"{label:46} {len(mine):>2} {shown_s:>24} {goal_s:>5.0f} s {shown_steps:>10} {goal_steps:>5}")
+        shown_goal = "-" if goal_s is None else f"{goal_s:.0f} s"
+        print(f"{label:46} {len(mine):>2} {shown_s:>24} {shown_goal:>7} {shown_steps:>10} {goal_steps:>5}")
     args.out.write_text(
         json.dumps(
             {
@@ -257,6 +332,8 @@ def main() -> int:
                 "confirm_s": 2,
                 "unreachable_timeout_s": 10,
                 "load": os.getloadavg(),
+                "command": "python bench/recovery_faults.py " + " ".join(sys.argv[1:]),
+                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             },
             indent=2,
         )

@@ -8,4 +8,6 @@ two sides cannot drift and neither depends on the other:
 * ``cluster``        how a cluster is named and marked: the project name, the cluster id derived
   from project and stack, and the tag (AWS) / label (GCP) keys every resource carries, which
   ``launch`` lists instances by to confirm a teardown.
+* ``lifetime``       a kept-warm fleet's instance lifetime: the ``fleet:warm_until`` key the
+  laptop sets and the program reads, and the one form of its time.
 """

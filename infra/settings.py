@@ -63,6 +63,9 @@ KEYS: dict[str, str] = {
     "placement": "cluster placement group / compact placement when the type supports it; default true",
     "network_cidr": f"private CIDR of the cluster network, default {DEFAULT_NETWORK_CIDR}",
     "allow_unlisted": "accept machine types and regions missing from fleetrun's tables",
+    "warm_until": "set by fleetrun while a run keeps the fleet warm (keep_warm_s): a UTC time, "
+    "2026-11-28T21:05:00Z, at which the cloud itself ends the instances (AWS: an EventBridge Scheduler "
+    "schedule terminates them; GCP: a Cloud Scheduler job per node deletes it); unset: no lifetime",
 }
 
 
@@ -115,6 +118,9 @@ class FleetSettings:
     placement: bool = False
     network_cidr: str = DEFAULT_NETWORK_CIDR
     preset: str | None = None
+    warm_until: str | None = None
+    """A kept-warm fleet's instance lifetime (``fleet:warm_until``, ``2026-11-28T21:05:00Z``): the
+    cloud ends the instances then, whatever the laptop and the nodes do. None: no lifetime."""
 
     @property
     def region(self) -> str:

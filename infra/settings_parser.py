@@ -16,6 +16,7 @@ from typing import Any
 
 from fleetrun_contract.cluster import cluster_id_for
 from fleetrun_contract.keys import PUBLIC_KEY_RE
+from fleetrun_contract.lifetime import WARM_UNTIL_FORMAT, parse_warm_until
 from infra.clouds.rules import (
     CloudRules,
     MachineRequest,
@@ -175,6 +176,7 @@ class SettingsParser:
         efa = self.efa(machine)
         placement = self.placement(machine, reservation, placement_group)
         network_cidr = self.network_cidr(node_count, addresses_per_node(machine, efa))
+        warm_until = self.warm_until()
         if machine and image and node_count:
             combination = Provisioning(
                 machine=machine,
@@ -220,6 +222,7 @@ class SettingsParser:
             placement=placement,
             network_cidr=network_cidr,
             preset=self.text("preset"),
+            warm_until=warm_until,
         )
 
     def collect(self, result: Any) -> Any:
@@ -374,6 +377,18 @@ class SettingsParser:
         if problem:
             self.problem("bucket", problem)
         return name, existing
+
+    def warm_until(self) -> str | None:
+        """``fleet:warm_until`` as the one UTC form both clouds' schedulers are given."""
+        value = self.text("warm_until")
+        if value is None:
+            return None
+        try:
+            when = parse_warm_until(value)
+        except ValueError:
+            self.problem("warm_until", f"expected a UTC time like 2026-11-28T21:05:00Z, got {value!r}")
+            return None
+        return when.strftime(WARM_UNTIL_FORMAT)
 
     def efa(self, machine: MachineSpec | None) -> bool:
         """EFA wherever the type has it, whatever the node count: a launch template that appears

@@ -100,7 +100,15 @@ class NodeScript:
     fail_sync: bool = False
     fail_setup: bool = False
     fail_stop: bool = False
+    blocked_at_stop: bool = False
+    """At the recovery's stop no rank of this node stepped since the loss: its agent kills them
+    without the grace and says so (``StopAnswer.grace_cut``)."""
     fail_pull: bool = False
+    container_facts: dict[str, Any] | None = None
+    """The probe's ``container`` answer when asked about a playbook's ``container:`` (None: a node
+    with podman, no GPU hook, the image pullable)."""
+    pull_error: str | None = None
+    """The container runtime's output when this node's image pull fails (None: the pull works)."""
     busy_gpu_user: str | None = None
     """Another user whose process the node's nvidia-smi shows on GPU 0 (None: idle GPUs)."""
     in_attempt: int | None = None
@@ -165,6 +173,8 @@ class FakeNode:
         """When this node's poll answers carried a GPU reading (``JobScript.gpu_power_w``)."""
         self.warm_timers: list[str] = []
         """The seconds of each keep-warm timer the laptop started on this node."""
+        self.pull_inputs: list[bytes] = []
+        """What each image pull got on its stdin (the registry auth file, or nothing)."""
 
     @property
     def script(self) -> NodeScript:
@@ -296,7 +306,8 @@ class FakeConnection:
             node.stopped = True
             if running:
                 node.exit(-15)
-            answer = StopAnswer(terminated=int(running), remaining=0)
+            blocked = node.script.blocked_at_stop and running
+            answer = StopAnswer(terminated=int(running), remaining=0, blocked=int(blocked), grace_cut=blocked)
             return CommandResult(name, 0, answer.to_json() + "\n", "")
         if command.startswith('cd "$HOME" && '):
             self.node.fleet.uploads.append((name, shlex.split(command.split("&& ", 1)[1])))
@@ -310,7 +321,12 @@ class FakeConnection:
         node.reachable_check(timeout)
         name = self.host.name
         if " - cheap " in command or " - full " in command:
-            return CommandResult(name, 0, self.probe_answer(), "")
+            return CommandResult(name, 0, self.probe_answer(command), "")
+        if command.startswith("sh -c ") and "FLEETRUN_PULL=" in command:  # the container image pull
+            node.pull_inputs.append(data)
+            if node.script.pull_error is not None:
+                return CommandResult(name, 125, "", node.script.pull_error)
+            return CommandResult(name, 0, "FLEETRUN_PULL=pulled podman\n", "")
         files = FileBundle.from_json(data).files
         node.files.update(files)
         if "setup.sh" in files:
@@ -327,8 +343,9 @@ class FakeConnection:
             return CommandResult(name, 0, answer.to_json() + "\n", "")
         raise AssertionError(f"{name}: the fake fleet does not know this command: {command[:120]!r}")
 
-    def probe_answer(self) -> str:
-        """The doctor probe's answer: a healthy node, but for rsync on a ``fail_preflight`` node."""
+    def probe_answer(self, command: str = "") -> str:
+        """The doctor probe's answer: a healthy node, but for rsync on a ``fail_preflight`` node;
+        with a playbook's ``container:`` (the probe's runtime and image arguments), its facts."""
         answer = {
             "v": 1,
             "mode": "cheap",
@@ -344,6 +361,19 @@ class FakeConnection:
             answer["port"] = {"in_use": False, "holders": []}
         if self.node.script.bad_gpu_at_probe:
             answer["gpu_health"] = gpu_reading(ecc=2)
+        words = shlex.split(command)
+        if len(words) >= 10:  # python - MODE ADDR PORT HEAD LIB RUNTIME IMAGE SIF
+            answer["container"] = self.node.script.container_facts or {
+                "wanted": words[7],
+                "found": ["podman"],
+                "runtime": "podman",
+                **({"version": "podman version 4.3.1", "cdi_gpu": []} if words[2] == "full" else {}),
+                **(
+                    {"image": {"present": False, "pullable": True, "error": None}}
+                    if words[2] == "full"
+                    else {}
+                ),
+            }
         return json.dumps(answer) + "\n"
 
     def put_file(self, remote_path: str, text: str, mode: int = 0o644) -> None:
@@ -653,6 +683,7 @@ def run_on_fake_fleet(
     min_nodes: int | None = None,
     spares: tuple[Host, ...] = (),
     keep_warm_s: float | None = None,
+    container: dict[str, Any] | None = None,
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and run it through the real life cycle
     (``launch.run.lifecycle.execute``), the fake fleet and the fake clock in its context."""
@@ -675,6 +706,7 @@ def run_on_fake_fleet(
         recovery=recovery or {},
         min_nodes=min_nodes,
         keep_warm_s=keep_warm_s,
+        container=container,
     )
     plan = make_plan(spec, inventory, run_id="fake-run-1")
     folder = RunFolder.create(plan.run_id, base=tmp_path / "runs")

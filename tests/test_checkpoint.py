@@ -297,6 +297,31 @@ def test_a_queued_step_reaches_the_pointer_before_old_steps_are_removed(tmp_path
     assert sorted(p.name for p in (store / "checkpoints").glob("step-*")) == ["step-3"]
 
 
+def test_rank_zero_records_an_upload_once_its_pointer_is_written(tmp_path: Path) -> None:
+    """``checkpoint_uploaded`` (the laptop's word that a step no longer needs a peer copy) is
+    written after the step and the bucket's pointer, never while the upload is held."""
+    store, log, gate = tmp_path / "store", tmp_path / "bucket.log", tmp_path / "go"
+    cp = make(tmp_path, bucket=logged_bucket(store, log, gate))
+    saved = cp.save(5, writer(b"five"))
+    assert saved is not None
+    wait_until(lambda: "sync " in log.read_text() if log.exists() else False)
+
+    def events() -> list[dict]:
+        return [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+    assert [e["event"] for e in events()] == ["checkpoint_saved"], "recorded while the upload is held"
+    gate.touch()
+    assert cp.wait_uploaded(60), cp.upload_error
+    saved_event, uploaded = events()
+    assert uploaded["event"] == "checkpoint_uploaded" and uploaded["step"] == 5
+    assert uploaded["manifest"] == saved_event["manifest"]
+    assert json.loads((store / "checkpoints" / "LATEST.json").read_text())["steps"] == [5]
+    worker = make(tmp_path / "w", bucket=logged_bucket(store, log), rank=1, sharded=True, world=2)
+    worker.save(5, writer(b"shard"))
+    assert worker.wait_uploaded(60), worker.upload_error
+    assert not (tmp_path / "w" / "metrics.jsonl").exists(), "only rank 0 (unsharded) records uploads"
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

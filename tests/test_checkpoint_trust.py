@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -249,7 +250,7 @@ def test_peer_copies_follow_the_recorded_saves_newest_first(tmp_path: Path) -> N
 
     class Obs:
         def __init__(self, saved: dict[int, str]) -> None:
-            self.metrics = type("M", (), {"saved_checkpoints": saved})()
+            self.metrics = type("M", (), {"saved_checkpoints": saved, "uploaded_checkpoints": {}})()
 
     watcher = Watcher()
     copies.follow(watcher, hosts, tmp_path / "known_hosts", copy=True)
@@ -336,3 +337,144 @@ def test_a_code_executing_pickle_in_the_bucket_is_refused(tmp_path: Path) -> Non
         assert (
             "refused checkpoint step 20 (" in out.stderr and "training_state.pt on the bucket)" in out.stderr
         )
+
+
+# -- the head's newest checkpoint with a bucket too (issue 33) ------------------------------------
+
+
+def test_the_resume_step_is_the_newest_durable_one_of_the_nodes_and_the_bucket() -> None:
+    """A step is durable once its peer copy is on a node of the next attempt (``choose``'s step)
+    or its upload completed: the newest of either wins, a tie goes to the nodes (no download),
+    and an upload is believed only with the manifest rank 0 recorded for that step."""
+    from launch.run.checkpoints import newest_durable
+
+    recorded = {10: A, 15: B, 20: A}
+    # the head was lost 0.5 s after saving 15: its upload was under way, the peer copy done
+    assert newest_durable(15, {10: A}, recorded) == (15, "nodes")
+    # the upload of 20 ended first (its peer copy was not made): the bucket's step
+    assert newest_durable(15, {10: A, 20: A}, recorded) == (20, "bucket")
+    assert newest_durable(None, {10: A}, recorded) == (10, "bucket")
+    assert newest_durable(15, {15: B}, recorded) == (15, "nodes"), "a tie needs no download"
+    # an upload reported with another manifest, or for a step never recorded, is not believed
+    assert newest_durable(10, {20: B, 25: A}, recorded) == (10, "nodes")
+    assert newest_durable(None, {}, recorded) is None
+
+
+class _Listing:
+    """A node's answer to the checkpoint listing (what ``complete_claims`` reads)."""
+
+    def __init__(self, claims: list[dict[str, object]]) -> None:
+        self.ok, self.stdout, self.stderr = True, json.dumps(claims), ""
+
+
+class _ListingFleet:
+    """Just enough of a fleet for ``spread_latest``'s question to every node: what it holds."""
+
+    def __init__(self, held: dict[str, list[tuple[int, str]]]) -> None:
+        self.held = held
+
+    def map(self, fn: object, hosts: list, deadline: float) -> dict[str, object]:
+        class Conn:
+            def __init__(self, host: object, claims: list[dict[str, object]]) -> None:
+                self.host = host
+                self.claims = claims
+
+            def run(self, command: str, timeout: float) -> _Listing:
+                return _Listing(self.claims)
+
+        found = {}
+        for h in hosts:
+            claims = [
+                {"step": s, "manifest": m, "size": 1, "disk": 1, "largest": 1} for s, m in self.held[h.name]
+            ]
+            found[h.name] = fn(Conn(h, claims))  # type: ignore[operator]
+        return found
+
+
+def test_a_newer_completed_upload_outranks_the_nodes_copies_and_nothing_is_copied(tmp_path: Path) -> None:
+    from launch.run.checkpoints import spread_latest
+    from tests.fakefleet import fake_hosts
+
+    hosts = fake_hosts(2)
+    recorded = {10: A, 15: B, 20: A}
+    fleet = _ListingFleet({"n0": [(15, B)], "n1": [(15, B), (10, A)]})
+    url = "s3://b/runs/r1"
+    spread = spread_latest(
+        fleet,  # type: ignore[arg-type]
+        hosts,
+        "r1",
+        tmp_path / "kh",
+        tmp_path / "staging",
+        recorded=recorded,
+        bucket=True,
+        uploaded={10: A, 20: A},
+        bucket_url=url,
+    )
+    assert spread.resume_from == f"{url}/checkpoints/step-20", spread
+    assert "step 20 from the bucket" in spread.record and "(step 15)" in spread.record
+    # the upload of 20 not (yet) reported: the peer copy of 15 every node holds is the newest durable
+    spread = spread_latest(
+        fleet,  # type: ignore[arg-type]
+        hosts,
+        "r1",
+        tmp_path / "kh",
+        tmp_path / "staging",
+        recorded=recorded,
+        bucket=True,
+        uploaded={10: A},
+        bucket_url=url,
+    )
+    assert spread.resume_from is not None and spread.resume_from.endswith("checkpoints/step-15"), spread
+    assert "every node holds checkpoint step 15" in spread.said
+
+
+def test_the_watcher_records_completed_uploads_from_the_metrics() -> None:
+    stream = MetricsStream()
+    lines = [
+        {"event": "checkpoint_saved", "step": 10, "manifest": A},
+        {"event": "checkpoint_uploaded", "step": 10, "manifest": A},
+        {"event": "checkpoint_uploaded", "step": 15, "manifest": None},
+        {"event": "checkpoint_uploaded", "step": -1, "manifest": A},
+    ]
+    stream.feed(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    summary = stream.summary()
+    assert summary.uploaded_checkpoints == {10: A}
+    assert summary.saved_checkpoints == {10: A}, "an upload is not a save"
+
+
+def test_with_a_bucket_a_step_already_uploaded_gets_no_peer_copy(tmp_path: Path) -> None:
+    """Whichever second copy ends first: a step whose upload rank 0 reported complete is durable
+    and is not copied; one still uploading is, and either kind counts as durable."""
+    from launch.run.peer_copies import PeerCopies
+    from tests.fakefleet import fake_hosts
+
+    hosts = fake_hosts(3)
+    copies = PeerCopies("r1", tmp_path, lambda _line: None)
+    done: list[int] = []
+
+    def fake_copy(step: int, digest: str, hosts_now: list, known_hosts: Path, holder: object = None) -> None:
+        done.append(step)
+        copies.copied[step] = hosts_now[1].name
+
+    copies._copy = fake_copy  # type: ignore[method-assign]
+
+    class Watcher:
+        on_poll = None
+
+    class Obs:
+        def __init__(self, saved: dict[int, str], uploaded: dict[int, str]) -> None:
+            self.metrics = type("M", (), {"saved_checkpoints": saved, "uploaded_checkpoints": uploaded})()
+
+    watcher = Watcher()
+    copies.follow(watcher, hosts, tmp_path / "known_hosts", copy=True)
+    assert watcher.on_poll is not None
+    watcher.on_poll(Obs({5: A}, {5: A}))  # its upload ended before the watcher saw the save
+    watcher.on_poll(Obs({5: A, 10: B}, {5: A}))  # 10 still uploading: copied to a peer
+    for _ in range(100):
+        if done:
+            break
+        threading.Event().wait(0.1)
+    copies.stop(10)
+    assert done == [10], (done, copies.errors)
+    assert copies.durable() == {5: "bucket", 10: "n1"}
+    assert copies.uploaded == {5: A}

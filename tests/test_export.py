@@ -19,9 +19,9 @@ from kubeflow.training import ApiClient
 from kubeflow.training.models import KubeflowOrgV1PyTorchJob
 
 from launch.errors import SpecError
+from launch.job.image_reference import image_problem
 from launch.job.spec import JobSpec, load_job_spec
 from launch.planning import export_pytorchjob as ex
-from launch.planning.image_reference import image_problem
 from launch.planning.launchers.torchrun import entrypoint_tail
 from launch.rules.recovery import RecoveryPolicy
 from tests.conftest import REPO

@@ -188,16 +188,39 @@ def test_no_kind_or_cloud_switch_outside_the_kind_modules() -> None:
 def test_the_registry_tables_name_each_kind_by_its_own_name() -> None:
     """The registry names modules and attributes (imported on first use): each entry must be the
     kind, selector or loader it says, so a renamed kind cannot go stale in the table."""
-    from launch.fleets.kinds import lab, local, registry, stack
+    from launch.fleets.kinds import lab, local, registry, slurm, stack
 
     classes = {lab.LabKind.name: lab.LabKind, local.LocalFleetKind.name: local.LocalFleetKind}
     classes[stack.StackKind.name] = stack.StackKind
+    classes[slurm.SlurmKind.name] = slurm.SlurmKind
     assert {name: registry.resolve(entry) for name, entry in registry.KINDS.items()} == classes
     assert registry.resolve(registry.SELECTORS[local.SELECTOR]) is local.load_local_inventory
     assert registry.resolve(registry.SELECTORS[stack.SELECTOR]) is stack.load_stack_inventory
-    assert set(registry.SELECTORS) == {local.SELECTOR, stack.SELECTOR}
+    assert registry.resolve(registry.SELECTORS[slurm.SELECTOR]) is slurm.load_slurm_inventory
+    assert set(registry.SELECTORS) == {local.SELECTOR, stack.SELECTOR, slurm.SELECTOR}
     assert registry.resolve(registry.FILE_LOADERS[stack.OUTPUTS_SUFFIX]) is stack.load_outputs_file
     assert registry.resolve(registry.LAB_LOADER) is lab.load_lab_inventory
+
+
+def test_every_registered_kind_answers_every_question_of_the_fleet_kind_interface() -> None:
+    """The kinds are built by name from the registry (``fleet_kind`` returns them untyped to mypy):
+    a kind lacking a member of ``FleetKind`` (the Slurm kind once lacked ``lifetime``) would fail
+    only when a run reached that call."""
+    from launch.fleets.kinds import registry
+    from launch.fleets.kinds.base import FleetKind
+
+    members = {
+        name
+        for name in vars(FleetKind)
+        if not name.startswith("_")
+        and (callable(getattr(FleetKind, name)) or name in FleetKind.__annotations__)
+    }
+    assert {"lifetime", "acquire", "release", "tear_down", "bucket_commands"} <= members
+    missing = {
+        kind: sorted(name for name in members if not hasattr(registry.resolve(entry), name))
+        for kind, entry in registry.KINDS.items()
+    }
+    assert all(not names for names in missing.values()), missing
 
 
 def test_fab_exec_on_a_local_fleet_imports_no_other_kind() -> None:

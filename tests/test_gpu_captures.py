@@ -557,3 +557,35 @@ def test_a_gpu_with_fewer_active_links_than_its_peer_is_bad(monkeypatch: pytest.
     found = verdicts(nvlink_health(text, monkeypatch))
     assert found["gpu0"][0] == OK
     assert found["gpu1"] == (BAD, "7 of 18 NVLinks inactive (the node's other GPUs have 12 active)")
+
+
+def test_a_node_with_nvml_and_no_nvidia_smi_has_gpus_and_their_processes(
+    nvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe (``fab doctor``, preflight) asks the same reader as the agent: a node whose GPUs
+    NVML reads but which has no ``nvidia-smi`` binary (the nvml fixture's empty PATH) lists its
+    GPUs and the compute processes on them, instead of "no nvidia-smi: no GPUs"."""
+    from launch.nodelib import fleetrun_probe
+    from launch.rules.probe_facts import parse_probe_answer
+
+    monkeypatch.setattr(fleetrun_probe, "fleetrun_gpu", fleetrun_gpu)
+    nvml.MACHINE = nvml.load_report((CAPTURES / H100 / "output.txt").read_text())
+    assert nvml.MACHINE["gpus"][0]["processes"] == [], "the capture's 'Processes : None'"
+    nvml.MACHINE["gpus"][0]["processes"] = [
+        {"pid": os.getpid(), "usedGpuMemory": 512 * 1024 * 1024},
+        {"pid": -4, "usedGpuMemory": 1},  # not a process id: dropped
+        {"pid": 1, "usedGpuMemory": None},  # NVML cannot attribute the memory (MIG, a container)
+    ]
+    health = fleetrun_gpu.read_health(full=False)
+    facts = fleetrun_probe.gpu_facts(health, fleetrun_probe.gpu_processes())
+    assert facts["nvidia_smi"] is True and facts["driver"] == "565.57.01"
+    uuid = nvml.MACHINE["gpus"][0]["uuid"]
+    assert facts["gpus"] == [{"index": 0, "uuid": uuid}]
+    assert [(p["gpu"], p["pid"], p["mem_mib"]) for p in facts["gpu_procs"]] == [
+        (uuid, os.getpid(), 512),
+        (uuid, 1, None),
+    ]
+    probe = parse_probe_answer(
+        json.dumps({"v": 1, "mode": "full", "python": "3.11.2", "time": time.time(), **facts})
+    )
+    assert probe.nvidia_smi and len(probe.gpus) == 1 and len(probe.gpu_procs) == 2

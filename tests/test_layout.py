@@ -302,7 +302,7 @@ inventory needs, so it sits in ``job`` below the fleet kinds (``launch.layers``)
 
 
 def test_no_kind_or_cloud_switch_outside_the_fleet_kinds() -> None:
-    names = {"local-fleet", "pulumi-stack", "lab", "aws", "gcp", "gcloud"}
+    names = {"local-fleet", "pulumi-stack", "lab", "slurm", "aws", "gcp", "gcloud"}
     offenders = {}
     for path in LAUNCH.rglob("*.py"):
         rel = path.relative_to(LAUNCH)

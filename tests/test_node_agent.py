@@ -604,3 +604,35 @@ def test_poll_counts_the_jobs_processes_stopped_by_a_signal(tmp_path: Path) -> N
         with contextlib.suppress(OSError):
             os.kill(child, signal.SIGKILL)
     wait_state(run_dir, "exited")
+
+
+def test_which_ranks_still_step_is_read_from_their_pace_records_as_untrusted_files(tmp_path: Path) -> None:
+    """``fleetrun_stepping``: a fresh record is a stepping rank, one older than twice its own write
+    interval plus a margin a blocked one; a record from before this launch, garbage, a FIFO (which
+    must not block the stop) and an odd name are no evidence; a slow rank's long interval keeps it
+    stepping."""
+    from launch.nodelib import fleetrun_stepping as stepping
+
+    now = 1_800_000_000.0
+    pace = tmp_path / "pace"
+    pace.mkdir()
+
+    def record(rank: str, at: float, every: object = 2.0) -> None:
+        (pace / f"{rank}.json").write_text(json.dumps({"rank": 0, "time": at, "every_s": every}))
+
+    record("0", now - 1.0)  # fresh
+    record("1", now - 30.0)  # blocked since long
+    record("2", now - 500.0)  # before this launch
+    record("3", now - 30.0, every=60.0)  # a slow rank: one step a minute
+    record("4", now - 30.0, every="soon")  # an odd interval: the default one
+    (pace / "5.json").write_text("{not json")
+    os.mkfifo(pace / "6.json")
+    record("odd", now - 30.0)
+    (pace / "7.json").write_text(json.dumps({"time": now - 30.0, "pad": "x" * 2000}))  # too big
+    ranks = stepping.read_ranks(str(tmp_path), now, launched=now - 100.0)
+    assert ranks.stepping == [0, 3] and ranks.blocked == [1, 4]
+    assert not ranks.none_stepping
+    (pace / "0.json").unlink()
+    (pace / "3.json").unlink()
+    assert stepping.read_ranks(str(tmp_path), now, launched=now - 100.0).none_stepping
+    assert not stepping.read_ranks(str(tmp_path / "none"), now).none_stepping, "no records: no evidence"

@@ -233,7 +233,7 @@ def test_gpus_busy_with_other_users_name_user_pid_memory_per_gpu() -> None:
         and message == "1 GPU(s) busy with other users' processes: GPU 1: alice pid 777 12000 MiB"
     )
     no_smi = fleet({1: {"nvidia_smi": False, "gpus": ()}})
-    assert verdict(no_smi, "n1", "gpus") == ("ok", "no nvidia-smi: no GPUs")
+    assert verdict(no_smi, "n1", "gpus") == ("ok", "no GPU reader (NVML or nvidia-smi): no GPUs")
 
 
 def test_cheap_mode_judges_only_the_cheap_checks() -> None:

@@ -378,11 +378,11 @@ def test_attempts_in_the_record_and_show(tmp_path: Path) -> None:
 def test_rank_failing_by_itself_is_not_retried_by_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launch.run import attempts as attempts_module
+    from launch.run import recheck as recheck_module
     from tests.fakefleet import JobScript, NodeScript, run_on_fake_fleet
 
     checked: list[str] = []
-    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host, *_: checked.append(host.name) or True)
+    monkeypatch.setattr(recheck_module, "sshd_answers", lambda host, *_: checked.append(host.name) or True)
     job = JobScript(steps=10, nodes={"n1": NodeScript(exit_at_step=3, exit_code=3)})
     run = run_on_fake_fleet(tmp_path, monkeypatch, job, recovery={"max_restarts": 2})
     assert run.summary.outcome == "failed" and run.summary.rule == "rank_failed"
@@ -399,10 +399,11 @@ def test_unreachable_but_answering_node_is_watched_on_a_bounded_number_of_times(
     """sshd answers but the agent never does: the watcher goes on MAX_RECHECKS times, then the
     unreachable decision stands (no recovery, no endless loop)."""
     from launch.run import attempts as attempts_module
+    from launch.run import recheck as recheck_module
     from launch.run.reporter import RecordingReporter
     from tests.fakefleet import JobScript, NodeScript, run_on_fake_fleet
 
-    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host, *_: True)
+    monkeypatch.setattr(recheck_module, "sshd_answers", lambda host, *_: True)
     reporter = RecordingReporter()
     job = JobScript(steps=1000, nodes={"n1": NodeScript(unreachable_from_step=3)})
     run = run_on_fake_fleet(

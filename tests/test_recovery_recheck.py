@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from launch.job.inventory import Host
 from launch.rules.recovery import NodeEvidence, confirmed_lost, silent_before
 from launch.rules.stoprules import StopDecision
-from launch.run.recheck import recheck
+from launch.run.recheck import EarlyChecks, recheck
 from tests.conftest import sample_inventory
 
 EVERY = 0.02  # a round every 20 ms: the semantics, not the timing, are under test
@@ -94,3 +95,99 @@ def test_preempted_marks_are_kept() -> None:
     (host,) = hosts(1)
     evidence = recheck([host], 0.0, check=lambda _h: True, preempted=frozenset({host.name}), every_s=EVERY)
     assert evidence[host.name].preempted
+
+
+# -- checks started inside the unreachable window (issue 33) ------------------------------------------
+class Wall:
+    """The watcher's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Contacts:
+    """The watcher's nodes as the early checks read them: name -> (state, last answer)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, tuple[str, float | None]] = {}
+
+    def __call__(self) -> list[tuple[str, str, float | None]]:
+        return [(name, state, last) for name, (state, last) in list(self.nodes.items())]
+
+
+def wait_for(predicate: Callable[[], bool]) -> None:
+    """Until ``predicate`` holds (the checks run in threads); bounded only against a hang."""
+    deadline = time.monotonic() + 60
+    while not predicate():
+        assert time.monotonic() < deadline, "the early checks never got there"
+        time.sleep(0.01)
+
+
+def test_a_silent_nodes_checks_start_before_the_limit_and_the_recheck_at_the_limit_needs_no_more() -> None:
+    two = hosts(2)
+    gone = two[1].name
+    wall, contacts = Wall(), Contacts()
+    calls: list[str] = []
+    hang = threading.Event()
+
+    def check(host: Host) -> bool:
+        calls.append(host.name)
+        return host.name != gone
+
+    early = EarlyChecks(two, limit_s=10.0, check=check, lead_s=4.0, every_s=EVERY, wall=wall)
+    contacts.nodes = {two[0].name: ("running", wall.now), gone: ("running", wall.now)}
+    early.start(contacts)
+    try:
+        time.sleep(10 * EVERY)
+        assert calls == [], "no check before limit - lead"
+        wall.now += 6.5  # gone has not answered for 6.5 s (due at 6 s, the limit at 10 s);
+        contacts.nodes[two[0].name] = ("running", wall.now)  # the other answered just now
+        wait_for(lambda: len(early.failed([gone]).get(gone, [])) >= 2)
+        assert set(calls) == {gone}, "only the silent node is checked early"
+
+        def at_the_limit(host: Host) -> bool:  # a silent machine: each new check hangs to its timeout
+            if host.name == gone:
+                hang.wait(30)
+                return False
+            return True
+
+        evidence = recheck(
+            two,
+            confirm_s=5.0,
+            check=at_the_limit,
+            silent_before={gone: 10.0},
+            every_s=EVERY,
+            failed_early=early.failed([gone]),
+        )
+    finally:
+        hang.set()
+        early.stop()
+    assert confirmed_lost(evidence[gone], 5.0), "two early failures and the silence confirm it at once"
+    assert evidence[two[0].name].checks == (True,)
+
+
+def test_an_answer_after_a_failed_early_check_voids_it_and_answers_never_count() -> None:
+    (host,) = hosts(1)
+    wall, contacts = Wall(), Contacts()
+    answers = iter([False, False] + [True] * 100_000)
+    early = EarlyChecks(
+        [host], limit_s=2.0, check=lambda _h: next(answers), lead_s=1.0, every_s=EVERY, wall=wall
+    )
+    contacts.nodes = {host.name: ("running", wall.now)}
+    early.start(contacts)
+    try:
+        wall.now += 1.5
+        wait_for(lambda: len(early.failed([host.name]).get(host.name, [])) >= 2)
+        contacts.nodes[host.name] = ("running", wall.now)  # the watcher heard from it again
+        wait_for(lambda: early.failed([host.name]) == {})
+        wall.now += 1.5  # silent again: the checks answer now, and nothing counts against it
+        time.sleep(20 * EVERY)
+        assert early.failed([host.name]) == {}
+        contacts.nodes[host.name] = ("exited", wall.now - 100)  # an exited node is never checked
+    finally:
+        early.stop()
+    evidence = recheck([host], confirm_s=0.0, check=lambda _h: True, every_s=EVERY, failed_early={})
+    assert evidence[host.name].checks == (True,)

@@ -19,6 +19,7 @@ from launch.fleets.kinds.refs import LocalFleetRef
 from launch.job.inventory import Host
 from launch.run import attempts as attempts_module
 from launch.run import lifecycle
+from launch.run import recheck as recheck_module
 from launch.run.reporter import RecordingReporter
 from tests.fakefleet import FakeClock, JobScript, NodeScript, fake_inventory, run_on_fake_fleet
 
@@ -30,7 +31,7 @@ LOST_AFTER = {"unreachable_timeout_s": 30}
 def sshd(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     """The nodes whose sshd does not answer the recovery's re-check (fill in per test)."""
     down: set[str] = set()
-    monkeypatch.setattr(attempts_module, "sshd_answers", lambda host, *_: host.name not in down)
+    monkeypatch.setattr(recheck_module, "sshd_answers", lambda host, *_: host.name not in down)
     return down
 
 
@@ -548,3 +549,30 @@ def test_a_spare_that_does_not_answer_is_not_taken_and_the_next_one_is(
     assert "not reachable" in excluded["n2"]
     assert any("spare n2: not taken, not reachable" in line for line in reporter.lines), reporter.lines
     assert run.fleet.nodes["n3"].attempts == ["2"] and "n2" not in run.fleet.nodes
+
+
+def test_survivors_killed_without_their_grace_are_named_in_the_ended_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
+) -> None:
+    """n1 is lost; n0's ranks have not stepped since (blocked with n1): its agent kills them at
+    once, and the record and ``fab show``'s attempts table say so, for that attempt only."""
+    from rich.console import Console
+
+    from launch.reports.views import attempts_table
+
+    sshd.add("n1")
+    script = lost_in_attempt_1(comes_back=True)
+    script.nodes["n0"] = NodeScript(blocked_at_stop=True, in_attempt=1)
+    reporter = RecordingReporter()
+    run = run_on_fake_fleet(
+        tmp_path, monkeypatch, script, recovery=RECOVERY, stop=LOST_AFTER, reporter=reporter
+    )
+    assert run.summary.outcome == "succeeded", run.summary.reason
+    first, second = attempts_of(run)
+    assert first["grace_cut"] == ["n0"] and second["grace_cut"] == [], (first, second)
+    assert any("killed without the grace" in line for line in reporter.lines), reporter.lines
+    saved = json.loads((run.folder / "attempts.json").read_text())["attempts"]
+    assert attempts_module.attempt_end_from_json(saved[0]).grace_cut == ("n0",)
+    console = Console(record=True, width=300)
+    console.print(attempts_table([first, second]))
+    assert "(no grace: n0)" in console.export_text()

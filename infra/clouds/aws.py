@@ -14,6 +14,8 @@ Security choices, each enforced in tests/infra:
   needed at all.
 * the bucket is versioned, encrypted, private, and retained by ``pulumi destroy``.
 * instances require IMDSv2, encrypt their root volume, and terminate on OS shutdown.
+* a kept-warm fleet (``fleet:warm_until``) gets one-time EventBridge Scheduler schedules that
+  terminate its instances, run as a role allowed only that (``infra.clouds.aws_lifetime``).
 
 Stable under scaling, each enforced by comparing the program at N and N+1 nodes: a node's inputs
 (user data, launch template, placement group) never depend on the node count, since
@@ -33,6 +35,7 @@ import pulumi_aws as aws
 from fleetrun_contract.cluster import nodes_component_type
 from infra.bootstrap import AWS_USER_DATA_LIMIT
 from infra.clouds.aws_catalog import DLAMI_NAME, DLAMI_OWNER, RANK_TAG, aws_provider_arguments
+from infra.clouds.aws_lifetime import AwsNodeLifetime, AwsNodeLifetimeArgs
 from infra.clouds.aws_support import (
     AwsArtifactBucket,
     AwsBucketArgs,
@@ -254,6 +257,18 @@ class AwsGpuCluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
+        if s.warm_until:  # kept warm: the cloud ends the nodes then (infra.clouds.aws_lifetime)
+            AwsNodeLifetime(
+                f"{name}-lifetime",
+                AwsNodeLifetimeArgs(
+                    s.cluster_id,
+                    s.warm_until,
+                    [i.id for i in nodes.instances],
+                    [i.arn for i in nodes.instances],
+                    tags,
+                ),
+                opts=child,
+            )
         self.outputs = ClusterOutputs(
             bucket=bucket.bucket_name,
             zone=network.zone,

@@ -18,6 +18,8 @@ Security choices, each enforced in tests/infra:
   (Google-managed keys, always on) and retained by ``pulumi destroy``.
 * VMs are Shielded VMs (vTPM, integrity monitoring), TERMINATE on host maintenance (required
   for GPUs), block project-wide SSH keys and OS Login, and take only the operator's key.
+* a kept-warm fleet (``fleet:warm_until``) gets a Cloud Scheduler job per VM that deletes it,
+  as an account allowed only that on the cluster's VMs (``infra.clouds.gcp_lifetime``).
 * a preempted spot VM is deleted, not stopped: a stopped VM keeps billing for its disk, loses its
   ephemeral address (the exported ``public_ip`` goes stale) and nothing restarts it. The next
   ``fab up`` refreshes the state and recreates it with the same pinned host key.
@@ -40,6 +42,7 @@ from fleetrun_contract.cluster import nodes_component_type
 from infra.bootstrap import CloudFile
 from infra.clouds.base import ClusterArgs, ClusterOutputs, NodeOutputs, node_user_data
 from infra.clouds.gcp_catalog import CLUSTER_LABEL, DATA_NETWORK_MTU, DLVM_FAMILY, DLVM_PROJECT, RANK_LABEL
+from infra.clouds.gcp_lifetime import GcpNodeLifetime, GcpNodeLifetimeArgs
 from infra.settings import FleetSettings, image_disk_problem
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -468,6 +471,20 @@ class GcpGpuCluster(pulumi.ComponentResource):
             ),
             opts=child,
         )
+        if s.warm_until:  # kept warm: the cloud ends the nodes then (infra.clouds.gcp_lifetime)
+            GcpNodeLifetime(
+                f"{name}-lifetime",
+                GcpNodeLifetimeArgs(
+                    s.cluster_id,
+                    s.warm_until,
+                    s.gcp_project or "",
+                    s.region,
+                    s.zone or "",
+                    [i.name for i in nodes.instances],
+                    identity.self_delete_role.name,
+                ),
+                opts=child,
+            )
         self.outputs = ClusterOutputs(
             bucket=bucket.bucket_name,
             zone=pulumi.Output.from_input(s.zone or ""),

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from launch.cli.runs import open_records
 from launch.errors import SpecError
+from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.select import load_inventory, local_fleet
 from launch.job.overrides import parse_overrides
 from launch.job.spec import JobSpec, load_job_spec
@@ -105,15 +106,22 @@ def doctor(
     if gpu_diag and gpu_diag not in checks.DIAG_LEVELS:
         raise SpecError(f"--gpu-diag {gpu_diag}: expected 1 (seconds), 2 (about 2 minutes) or 3 (about 15)")
     inv = load_inventory(inventory)
+    fleet_ok = True
+    for level, line in fleet_kind(inv.fleet).health():  # a scheduler's login host and partition
+        style = {"ok": "green", "warning": "yellow"}.get(level, "bold red")
+        console.print(Text(f"{level:<7} ", style=style) + Text(clean(line, 600)))
+        fleet_ok = fleet_ok and level != "error"
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
     nodes = None
+    container = None
     if playbook is not None:
         spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths)
         nodes = spec.nodes
         inv = inv if len(inv.hosts) > spec.nodes else inv.first(spec.nodes)
         rdzv_port = spec.rdzv_port
         brings_torch = checks.torch_from_setup(spec.requirements_text(), spec.setup)
+        container = checks.ContainerCheck.of(spec)
     if port is not None:
         rdzv_port = port
     if not isinstance(rdzv_port, int):
@@ -123,7 +131,7 @@ def doctor(
         console.print(f"rdzv_port is auto: testing port {rdzv_port}, one from the range runs draw from")
     known_hosts = inv.write_known_hosts(known_hosts_file(inv.fingerprint()))
     with Fleet(inv.hosts, known_hosts, max_parallel=current().fanout) as fleet:
-        observations, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch)
+        observations, findings = checks.doctor(fleet, inv.hosts, rdzv_port, brings_torch, container)
         if gpu_diag:
             diag_check(
                 console,
@@ -145,8 +153,8 @@ def doctor(
             console.print(Text(f"fewer than {nodes} healthy hosts: a job would not start", style="bold red"))
             return False
         console.print(Text(clean(f"a job of {nodes} node(s) would get: {', '.join(chosen)}", 2000)))
-        return True
-    return not findings.failed
+        return fleet_ok
+    return fleet_ok and not findings.failed
 
 
 def diag_check(

@@ -151,6 +151,7 @@ def plan(c: Any, playbook: str, *, opts: PlaybookOptions) -> None:
         "uplink": "rate-limit this machine's traffic to the nodes (tc tbf), e.g. 200mbit; nodes talk at full speed",
         "bucket": "an S3-compatible server of the fleet's own (moto) as the nodes' bucket, removed by local.down",
         "spot": "spot-like nodes: a metadata endpoint in each node; fab local.preempt serves a notice",
+        "with_slurm": "a real Slurm cluster (slurm-wlm, munge): node 0 its controller and login host, the others its compute nodes",
     }
 )
 @_friendly
@@ -165,6 +166,7 @@ def local_up(
     uplink: str = "",
     bucket: bool = False,
     spot: bool = False,
+    with_slurm: bool = False,
 ) -> None:
     """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
     from launch.cli import app
@@ -178,6 +180,7 @@ def local_up(
         uplink_rate=uplink or None,
         bucket=bucket,
         spot_notices=spot,
+        slurm=with_slurm,
     )
     for host in inventory.hosts:
         via = f" via {host.proxy_jump.label}" if host.proxy_jump else ""
@@ -473,7 +476,8 @@ def exec_(
     help={
         "playbook": PLAYBOOK_HELP,
         "to": "what to export to: pytorchjob (a Kubeflow Training Operator PyTorchJob)",
-        "image": "container image the pods run (built from images/docker/Dockerfile; see its header)",
+        "image": "container image the pods run (default: the playbook's container.image; built from "
+        "images/docker/Dockerfile, see its header)",
         "nodes": "override the playbook's node count, 1 or more (default: the playbook's)",
         "gpus": "GPUs per node (default: procs_per_node when a number, else 1; 0 for a CPU job)",
         "namespace": "Kubernetes namespace of the job (default: default)",

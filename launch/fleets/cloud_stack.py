@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from launch.job.inventory import Inventory
 
-__all__ = ["ClusterLocation", "stack_down", "stack_inventory", "stack_outputs", "stack_up"]
+__all__ = ["ClusterLocation", "set_warm_until", "stack_down", "stack_inventory", "stack_outputs", "stack_up"]
 
 PULUMI_INSTALL_URL = "https://www.pulumi.com/docs/install/"
 PARTIAL_FLEET_LIMIT_S = 120.0
@@ -72,6 +72,8 @@ POLL_S = 0.5
 OnOutput = Callable[[str], Any]
 Leftovers = Callable[[ClusterLocation], list[str]]
 Clock = Callable[[], float]
+wall_clock: Clock = time.time
+"""Unix time, for ``fleet:warm_until`` (a module attribute, so tests set it)."""
 
 
 class TeardownIncomplete(FleetrunError):
@@ -108,6 +110,7 @@ def stack_up(
     stack = _open_stack(stack_name, project_dir, create=True)
     config = _config(stack)
     ops = cloud_ops(config, stack_name)
+    drop_passed_lifetime(stack, config, on_output)
     # Nodes terminated by their watchdog or by a spot interruption are still in the state until
     # a refresh: without it `up` would recreate nothing and export dead addresses.
     _run(lambda: stack.refresh(on_output=on_output, show_secrets=False), "refresh")
@@ -145,12 +148,64 @@ def stack_down(
     location = cluster_location(stack, stack_name)
     bucket = _bucket_of(stack)
     _run(lambda: stack.destroy(on_output=on_output, show_secrets=False, suppress_outputs=True), "destroy")
+    _forget_lifetime(stack)  # it was the destroyed cluster's: a later `fab up` must not inherit it
     confirm_nothing_left(location, leftovers or CLOUDS[location.cloud].leftovers)
     kept = f"; bucket {bucket} was kept (retained on purpose)" if bucket else ""
     on_output(
         f"confirmed: no instance, disk, address or network interface of cluster {location.cluster_id} "
         f"remains in {_where(location)}{kept}"
     )
+
+
+def set_warm_until(
+    stack_name: str, value: str | None, project_dir: Path | None = None, on_output: OnOutput = print
+) -> None:
+    """Set (or, with None, remove) the stack's ``fleet:warm_until`` and ``pulumi up`` it: the
+    program arms (or removes) the cloud's schedule that ends the instances then
+    (``launch.fleets.stack_lifetime``). No refresh first: it would drop nodes that already ended
+    from the state, and this ``up`` would create them again."""
+    from pulumi import automation as auto
+
+    from fleetrun_contract.lifetime import WARM_UNTIL_KEY
+
+    stack = _open_stack(stack_name, project_dir, create=False)
+    if value is not None:
+        _run(lambda: stack.set_config(WARM_UNTIL_KEY, auto.ConfigValue(value)), "config set")
+    elif WARM_UNTIL_KEY in _config(stack):
+        _run(lambda: stack.remove_config(WARM_UNTIL_KEY), "config rm")
+    else:
+        return  # nothing armed: no update
+    _run(
+        lambda: stack.up(on_output=on_output, show_secrets=False, suppress_outputs=True),
+        "up (instance lifetime)",
+    )
+
+
+def drop_passed_lifetime(stack: Stack, config: Mapping[str, str], on_output: OnOutput) -> None:
+    """A ``fleet:warm_until`` that already passed (its cluster's lifetime fired or its warm period
+    is over) is removed before ``fab up``: kept, it would give the new nodes a lifetime in the past,
+    and AWS runs a one-time schedule of a past time at once."""
+    from fleetrun_contract.lifetime import WARM_UNTIL_KEY, parse_warm_until
+
+    value = config.get(WARM_UNTIL_KEY)
+    if not value:
+        return
+    try:
+        passed = parse_warm_until(value).timestamp() <= wall_clock()
+    except ValueError:
+        return  # the program names the bad key
+    if passed:
+        on_output(
+            f"fab up: {WARM_UNTIL_KEY} {value} has passed; removed (a kept-warm lifetime of earlier nodes)"
+        )
+        _forget_lifetime(stack)
+
+
+def _forget_lifetime(stack: Stack) -> None:
+    from fleetrun_contract.lifetime import WARM_UNTIL_KEY
+
+    if WARM_UNTIL_KEY in _config(stack):
+        _run(lambda: stack.remove_config(WARM_UNTIL_KEY), "config rm")
 
 
 def stack_inventory(stack_name: str, project_dir: Path | None = None, save_key: bool = True) -> Inventory:

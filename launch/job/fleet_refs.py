@@ -5,14 +5,18 @@ An ``Inventory`` carries one of these as ``fleet``. Only fleetrun's own state ca
 a lab inventory file always loads as ``LabFleet`` (``launch.fleets.kinds.lab``). The field
 ``kind`` is the discriminator and the registry key (``launch.fleets.kinds.registry``).
 
-Imports nothing from fleetrun, so ``launch.job.inventory`` can import it without a cycle.
+Imports only ``launch.job.endpoints`` (a Slurm cluster's pinned login host and nodes), so
+``launch.job.inventory`` can import it without a cycle.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+
+from launch.job.endpoints import Host, JumpHost
 
 PREFIX_PATTERN = r"^[a-z][a-z0-9]{0,5}\z"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\z"
@@ -62,4 +66,84 @@ class StackFleetRef(_Ref):
     bucket: str | None = Field(default=None, pattern=BUCKET_PATTERN)
 
 
-FleetRef = Annotated[LabFleet | LocalFleetRef | StackFleetRef, Field(discriminator="kind")]
+SLURM_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\z"
+"""A Slurm partition, account or QOS name: what ``sinfo``/``sacctmgr`` show, nothing a shell reads."""
+GRES_PATTERN = r"^[A-Za-z0-9_]{1,32}(:[A-Za-z0-9_.-]{1,64})?:[0-9]{1,4}\z"
+"""``gpu:8`` or ``gpu:a100:8``: one generic resource per node, with its count."""
+CONSTRAINT_PATTERN = r"^[A-Za-z0-9_.&|,*()\[\]-]{1,256}\z"
+"""Slurm's ``--constraint`` expression: feature names joined by ``&``, ``|``, ``,``, brackets, counts."""
+SLURM_HOST_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?\z"
+MAX_JOB_ID = 2**32 - 1
+TIME_LIMIT_RE = re.compile(
+    r"(?:(?P<days>[0-9]{1,3})-(?P<dh>[0-9]{1,2})(?::(?P<dm>[0-9]{2})(?::(?P<ds>[0-9]{2}))?)?"
+    r"|(?P<a>[0-9]{1,6})(?::(?P<b>[0-9]{2})(?::(?P<c>[0-9]{2}))?)?)"
+)
+
+
+def time_limit_seconds(value: str) -> int:
+    """Seconds of a Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``);
+    ValueError for anything else, and for 0, which Slurm reads as no limit at all."""
+    match = TIME_LIMIT_RE.fullmatch(value)
+    if match is None:
+        raise ValueError("expected a Slurm time limit: MM, HH:MM:SS or D-HH:MM:SS (e.g. 04:00:00)")
+    g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
+    if "days" in g:
+        seconds = g["days"] * 86400 + g["dh"] * 3600 + g.get("dm", 0) * 60 + g.get("ds", 0)
+    elif "c" in g:
+        seconds = g["a"] * 3600 + g["b"] * 60 + g["c"]
+    else:
+        seconds = g["a"] * 60 + g.get("b", 0)
+    if seconds <= 0:
+        raise ValueError("a time limit of 0 is no limit in Slurm; give a finite one (e.g. 04:00:00)")
+    return seconds
+
+
+class SlurmFleetRef(_Ref):
+    """A Slurm cluster reached through its login host: the nodes come from an allocation.
+
+    Loaded from the user's file (``launch.fleets.kinds.slurm``), which is untrusted: it says how
+    to ask Slurm for machines and how to reach them (every hop with a pinned host key), never what
+    to destroy. What fleetrun ends is only ``job_ids``, the allocations it made itself, which the
+    file cannot set (the loader refuses the key); nothing is ever powered off. ``time_limit`` is
+    required and finite: with the laptop gone, it is what ends the allocation at the latest.
+    """
+
+    kind: Literal["slurm"] = "slurm"
+    login: JumpHost
+    """The login host fleetrun runs ``sbatch``, ``squeue``, ``scancel`` on, with its pinned key."""
+    partition: str = Field(pattern=SLURM_NAME_PATTERN)
+    account: str | None = Field(default=None, pattern=SLURM_NAME_PATTERN)
+    qos: str | None = Field(default=None, pattern=SLURM_NAME_PATTERN)
+    gres: str | None = Field(default=None, pattern=GRES_PATTERN)
+    """Generic resources per node (``--gres``), e.g. ``gpu:8``."""
+    time_limit: str
+    """The allocation's time limit (``--time``): ``HH:MM:SS`` or ``D-HH:MM:SS``; required, finite."""
+    constraint: str | None = Field(default=None, pattern=CONSTRAINT_PATTERN)
+    exclude: tuple[Annotated[str, Field(pattern=SLURM_HOST_PATTERN)], ...] = Field(
+        default=(), max_length=1024
+    )
+    """Nodes never to ask for (``--exclude``); a run adds the nodes it lost."""
+    nodes: tuple[Host, ...] = Field(min_length=1, max_length=4096)
+    """The cluster's nodes fleetrun may be given, each with its pinned host key (Slurm's node
+    name is the host's ``name``): an allocated node not listed here is refused, never trusted."""
+    drain_on_fault: bool = False
+    """On a ``gpu_fault``, also drain the node for the site (``scontrol update state=drain``):
+    only where this user may; otherwise the node is only excluded from the next allocation."""
+    job_ids: tuple[Annotated[int, Strict(), Field(ge=1, le=MAX_JOB_ID)], ...] = Field(
+        default=(), max_length=64
+    )
+    """The allocations fleetrun made for this run (set by fleetrun only; the first is the run's)."""
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, value: str) -> str:
+        time_limit_seconds(value)
+        return value
+
+    @property
+    def job_id(self) -> int | None:
+        """The run's first allocation, None before one was made."""
+        return self.job_ids[0] if self.job_ids else None
+
+
+FleetRef = Annotated[LabFleet | LocalFleetRef | StackFleetRef | SlurmFleetRef, Field(discriminator="kind")]

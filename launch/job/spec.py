@@ -32,6 +32,7 @@ from launch.errors import SpecError
 from launch.job.builtin import resolve_playbook
 from launch.job.cloudml import JOB_DIR_ARGS, JobDir, TfConfigLayout
 from launch.job.coherence import contradictions
+from launch.job.container import ContainerSpec
 from launch.job.hooks import DEFAULT_HOOK_TIMEOUT_S, HookCommands, HookTimeout
 from launch.job.overrides import Override, apply_overrides, describe_errors
 from launch.job.profiling import ProfileSpec
@@ -141,7 +142,12 @@ class JobSpec(BaseModel):
         hook_timeout_s: the longest one hook command may run before its process group is killed.
         total_steps: for progress and ETA (``FLEETRUN_TOTAL_STEPS``, read by the metrics helper).
         keep_warm_s: on stack and local fleets, instead of tearing down keep the nodes this many
-            seconds for the next run, each node's watchdog powering it off when none claims it.
+            seconds for the next run, each node's watchdog powering it off when none claims it;
+            the laptop tears the fleet down then too, and on a stack the cloud ends the instances
+            5 minutes later (docs/cloud.md, "A kept-warm fleet's lifetime").
+        container: run the ranks inside an image on every node (``image``, ``runtime``: auto,
+            podman, docker or apptainer, extra ``options``, ``shm_size``, ``credentials``); see
+            ``launch.job.container``. Without it the ranks run in the job's virtualenv.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -179,6 +185,7 @@ class JobSpec(BaseModel):
     hook_timeout_s: HookTimeout = DEFAULT_HOOK_TIMEOUT_S
     total_steps: int | None = Field(default=None, ge=1, le=10**12)
     keep_warm_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)  # launch.run.warm
+    container: ContainerSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -200,6 +207,16 @@ class JobSpec(BaseModel):
         """Settings of different sections that cannot take effect together (``launch.job.coherence``)."""
         for field, problem in contradictions(self.stop, self.recovery):
             raise ValueError(f"field '{field}': {problem}")
+        return self
+
+    @model_validator(mode="after")
+    def _container_fits(self) -> JobSpec:
+        """What cannot run inside an image yet: the requirements go into the image itself."""
+        if self.container is not None and self.requirements:
+            raise ValueError(
+                "field 'requirements': with container: the ranks use the image's Python; install the "
+                "requirements in the image (setup: commands still run on the node, outside the image)"
+            )
         return self
 
     @field_validator("min_nodes")
@@ -622,7 +639,16 @@ def torchrun_problems(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def horovod_problems(spec: JobSpec) -> list[tuple[str, str]]:
-    """horovodrun is not elastic: ``nodes: MIN:MAX`` needs torchrun."""
+    """horovodrun is not elastic: ``nodes: MIN:MAX`` needs torchrun. Nor in a container here:
+    horovodrun starts the workers' ranks itself over SSH, from the head, outside any container."""
+    if spec.container is not None:
+        return [
+            (
+                "container",
+                "launcher: horovod does not run in a container yet (horovodrun starts the other nodes' "
+                "ranks over SSH itself, outside the image); use launcher: torchrun with container:",
+            )
+        ]
     if spec.min_nodes is not None:
         return [
             ("nodes", "nodes: MIN:MAX (elastic) needs launcher: torchrun; horovodrun here is not elastic")

@@ -10,6 +10,7 @@ imported only when called. Standard library only otherwise.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -270,25 +271,90 @@ def resume_training_state(
             return None
         data, source, path = got
         return {**_apply(load_state_bytes(data), model, optimizer), "source": source, "path": path}
-    payload: list[Any] = [None]
-    if dist.get_rank() == 0:
-        payload = [_first_loadable(cp, cp.candidates())]
+    first = dist.get_rank() == 0
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    dist.broadcast_object_list(payload, src=0, device=device)
-    if payload[0] is None:
+
+    def broadcast(tensor: Any, _name: str) -> Any:
+        dist.broadcast(tensor, src=0)
+        return tensor
+
+    got = _share_resume(broadcast, _first_loadable(cp, cp.candidates()) if first else None, first, device)
+    if got is None:
         return None
-    data, source, path = payload[0]
+    data, source, path = got
     return {**_apply(load_state_bytes(data), model, optimizer), "source": source, "path": path}
+
+
+RESUME_HEADER_LIMIT = 64 * 1024
+"""The most bytes of the JSON that names rank 0's choice (source and path) in the resume broadcast."""
+
+
+def _share_resume(
+    broadcast: Any, got: tuple[bytes, str, str] | None, first: bool, device: Any
+) -> tuple[bytes, str, str] | None:
+    """Rank 0's choice (``got``) on every rank, as bytes in tensors, never a pickle.
+
+    ``broadcast(tensor, name)`` sends rank 0's tensor to every rank and returns what arrived
+    (``torch.distributed.broadcast`` or Horovod's). Two rounds: the sizes (int64), then one uint8
+    tensor holding a small JSON header (source, path; ``null`` for a fresh start) and the
+    checkpoint's bytes. The object collectives (``broadcast_object_list``, Horovod's
+    ``broadcast_object``) unpickle what arrives; a checkpoint is data, never code, so the state
+    travels as bytes and each rank loads it with ``weights_only`` like any other checkpoint.
+    """
+    import torch
+
+    header, data = b"null", b""
+    if first and got is not None:
+        data = got[0]
+        header = json.dumps({"source": got[1], "path": got[2]}).encode()
+    sizes = torch.tensor([len(header), len(data)] if first else [0, 0], dtype=torch.int64, device=device)
+    sizes = broadcast(sizes, "fleetrun.resume.sizes")
+    head_n, data_n = int(sizes[0]), int(sizes[1])
+    if not 0 < head_n <= RESUME_HEADER_LIMIT or data_n < 0:
+        raise SystemExit(
+            f"fleetrun: the resume broadcast from rank 0 is malformed (sizes {head_n}, {data_n})"
+        )
+    if first:
+        buf = torch.frombuffer(bytearray(header + data), dtype=torch.uint8)
+        buf = buf.to(device) if device is not None else buf
+    else:
+        buf = torch.empty(head_n + data_n, dtype=torch.uint8, device=device)
+    raw = _tensor_bytes(broadcast(buf, "fleetrun.resume.bytes"))
+    try:
+        named = json.loads(raw[:head_n])
+    except ValueError:
+        named = {}
+    if named is None:
+        return None
+    if not (
+        isinstance(named, dict)
+        and isinstance(named.get("source"), str)
+        and isinstance(named.get("path"), str)
+    ):
+        raise SystemExit("fleetrun: the resume broadcast from rank 0 does not name its checkpoint")
+    return raw[head_n:], named["source"][:200], named["path"][:4096]
+
+
+def _tensor_bytes(tensor: Any) -> bytes:
+    """A uint8 tensor's bytes, without numpy (not every node's torch has it)."""
+    import ctypes
+
+    host = tensor.detach().to("cpu").contiguous()
+    return ctypes.string_at(host.data_ptr(), host.numel()) if host.numel() else b""
 
 
 def _resume_under_horovod(hvd: Any, cp: Checkpointer, model: Any, optimizer: Any) -> dict[str, Any] | None:
     """``resume_training_state`` under horovodrun: rank 0's bytes go to every rank with
-    ``hvd.broadcast_object`` (the same guarantee as the torch.distributed path)."""
-    payload = _first_loadable(cp, cp.candidates()) if hvd.rank() == 0 else None
-    payload = hvd.broadcast_object(payload, root_rank=0, name="fleetrun.resume")
-    if payload is None:
+    ``hvd.broadcast`` of tensors (the same guarantee as the torch.distributed path)."""
+    first = hvd.rank() == 0
+
+    def broadcast(tensor: Any, name: str) -> Any:
+        return hvd.broadcast(tensor, root_rank=0, name=name)
+
+    got = _share_resume(broadcast, _first_loadable(cp, cp.candidates()) if first else None, first, None)
+    if got is None:
         return None
-    data, source, path = payload
+    data, source, path = got
     return {**_apply(load_state_bytes(data), model, optimizer), "source": source, "path": path}
 
 

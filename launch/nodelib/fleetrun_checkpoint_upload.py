@@ -25,12 +25,12 @@ if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not
 if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
     from launch.nodelib import fleetrun_bucket
     from launch.nodelib import fleetrun_protocol as protocol
-    from launch.nodelib.fleetrun_checkpoint_files import verify
-    from launch.nodelib.fleetrun_checkpoint_signals import _log
+    from launch.nodelib.fleetrun_checkpoint_files import manifest_digest, verify
+    from launch.nodelib.fleetrun_checkpoint_signals import _log, record_event
 else:
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
-    from fleetrun_checkpoint_files import verify  # noqa: E402
-    from fleetrun_checkpoint_signals import _log  # noqa: E402
+    from fleetrun_checkpoint_files import manifest_digest, verify  # noqa: E402
+    from fleetrun_checkpoint_signals import _log, record_event  # noqa: E402
 
 
 class BucketUploads:
@@ -38,6 +38,9 @@ class BucketUploads:
 
     bucket: fleetrun_bucket.Bucket | None
     keep: int
+    rank: int
+    sharded: bool
+    run_dir: str
     pointer_name: str
     uploaded_step: int | None
     upload_error: str
@@ -113,6 +116,10 @@ class BucketUploads:
         self.uploaded_step, self.upload_error = step, ""
         self._pointer_steps = tuple(kept)
         self._dropping = (self._dropping | set(dropped)) - set(kept)
+        if self.rank == 0 and not self.sharded:
+            # the laptop's word that the step is durable without this node: it then needs no
+            # peer copy of it, and a later attempt may resume from the bucket's copy of it
+            record_event(self.run_dir, "checkpoint_uploaded", step=step, manifest=manifest_digest(local))
 
     def _drop_old(self) -> None:
         """Remove the bucket's copies of the steps the pointer no longer names."""

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -58,6 +59,7 @@ DETAILS_TIMEOUT_S = 20
 MAX_GPUS = 64
 MAX_XIDS = 32
 MAX_TEXT = 120
+MAX_PROCESSES = 256
 SMI = "nvidia-smi"
 
 BASIC_FIELDS = ("index", "uuid", "name", "pci.bus_id", "driver_version")
@@ -570,6 +572,56 @@ def nvml_gpus():
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
         return None, None, None, "NVML failed: " + _nvml_text(exc)[:80]
+
+
+def smi_utilization():
+    """Mean GPU utilisation in percent from nvidia-smi; None without GPUs (or without the tool).
+    The node agent's figure when its background reader has no reading (``mean_utilization``)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=10,
+            check=False,
+        ).stdout[:4096]
+        values = [float(v) for v in out.split() if v.strip()]
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    if not values or not all(math.isfinite(v) and 0 <= v <= 100 for v in values):
+        return None
+    return sum(values) / len(values)
+
+
+def nvml_processes():
+    """The compute processes on the GPUs through NVML: [{"gpu": uuid, "pid", "mem_mib"}], or None
+    when NVML does not load (the caller asks nvidia-smi then). What ``nvidia-smi
+    --query-compute-apps`` prints comes from the same call (``nvmlDeviceGetComputeRunningProcesses``);
+    memory NVML cannot attribute (``usedGpuMemory`` None, as under MIG or in a container) is None."""
+    nvml, _why_not = nvml_loaded()
+    if nvml is None:
+        return None
+    found = []
+    try:
+        for index in range(min(int(nvml.nvmlDeviceGetCount()), MAX_GPUS)):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _nvml_text(nvml.nvmlDeviceGetUUID(handle))[:128]
+                running = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))[:MAX_PROCESSES]
+            except nvml.NVMLError:
+                continue  # a GPU lost or one without process accounting: nothing to list there
+            for proc in running:
+                pid, used = getattr(proc, "pid", None), getattr(proc, "usedGpuMemory", None)
+                if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 2**31:
+                    continue
+                mem = used // (1024 * 1024) if isinstance(used, int) and 0 <= used < 2**62 else None
+                found.append({"gpu": uuid, "pid": pid, "mem_mib": mem})
+    except Exception:  # noqa: BLE001 - a broken binding: nvidia-smi still answers
+        return None
+    return found[:MAX_PROCESSES]
 
 
 def nvlinks():

@@ -19,7 +19,9 @@ the live table and ``fab runs`` turn into a percentage and an ETA.
 
 Every rank's ``log`` also keeps its pace (``pace/<rank>.json`` in the run dir, rewritten at most
 every ``PACE_WRITE_S``): its own steps/s, the time of a fixed tiny CPU probe (timed at most once a
-second, about 1 ms) and the share of wall time the rank was ready to run but not given a CPU
+second, about 1 ms), how long since its previous record (``every_s``: a rank whose record is
+much older than that no longer steps, and a recovery's stop kills it without a grace it cannot
+use, ``fleetrun_stepping``) and the share of wall time the rank was ready to run but not given a CPU
 (``run_delay`` of ``/proc/self/schedstat``: a CPU quota, an overcommitted or starved machine).
 Ranks of synchronous data-parallel training run in lockstep, so steps/s alone cannot say which
 node is slow; the probe time divided by the share of time the rank actually ran can. (A probe
@@ -120,6 +122,7 @@ class Pace:
             "probe_ms": probe_ms / (1.0 - stall),
             "probe_raw_ms": probe_ms,
             "stall": round(stall, 4),
+            "every_s": round(now - first_at, 3),
         }
         self.delay_start = delay
         try:

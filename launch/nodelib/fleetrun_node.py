@@ -21,8 +21,10 @@ in and out is a record of ``fleetrun_protocol.py`` (shipped beside this file).
                                           start only the watchdog (nodes whose ranks the head starts)
   fleetrun_node.py upload RUN_DIR REQUEST copy the run directory with the command in REQUEST (an
                                           UploadRequest computed on the laptop: no cloud logic here)
-  fleetrun_node.py stop RUN_ID [GRACE]    stop every process carrying FLEETRUN_RUN_ID=RUN_ID (the
-                                          watchdog too), then remove the run's tmp (its TMPDIR)
+  fleetrun_node.py stop RUN_ID [GRACE [--only-if-stepping]]
+                                          stop every process carrying FLEETRUN_RUN_ID=RUN_ID (the
+                                          watchdog too), then remove the run's tmp (its TMPDIR);
+                                          --only-if-stepping: no grace once no rank still steps
 
 Everything it reads on the node was written by the job or can be overwritten by it (``rc``,
 ``pid``, ``status.json``, ``metrics.jsonl``), so it is read with a size bound and parsed through
@@ -53,12 +55,14 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
-    from launch.nodelib import fleetrun_gpu, fleetrun_procs
+    from launch.nodelib import fleetrun_containers, fleetrun_gpu, fleetrun_procs, fleetrun_stepping
     from launch.nodelib import fleetrun_protocol as protocol
 else:
+    import fleetrun_containers  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_gpu  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_procs  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_stepping  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 RUN_TMP = "tmp"
 """The job's ``TMPDIR`` in its run dir (torchrun's ``torchelastic_*``): removed when the job ends."""
@@ -454,7 +458,7 @@ def poll_answer(run_dir: str, offset: int, heartbeat: bool = True) -> protocol.P
         ),
         exited_at=exited_at,
         log_tail=_tail(os.path.join(run_dir, "node.log"), LOG_TAIL_BYTES),
-        gpu_util=mean_utilization(gpu) if gpu is not None else gpu_utilization(),
+        gpu_util=mean_utilization(gpu) if gpu is not None else fleetrun_gpu.smi_utilization(),
         gpu=gpu,
         pace=pace_reading(run_dir),
         malformed=tuple(notes[: protocol.MAX_NOTES]),
@@ -601,27 +605,6 @@ def mean_utilization(reading: dict) -> float | None:
     return sum(known) / len(known) if known else None
 
 
-def gpu_utilization() -> float | None:
-    """Mean GPU utilisation in percent from nvidia-smi; None without GPUs (or without the tool)."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=10,
-            check=False,
-        ).stdout[:4096]
-        values = [float(v) for v in out.split() if v.strip()]
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None
-    if not values or not all(math.isfinite(v) and 0 <= v <= 100 for v in values):
-        return None
-    return sum(values) / len(values)
-
-
 def _run_pids(run_id: str, watchdogs: bool | None = None) -> list[int]:
     """Live processes carrying ``FLEETRUN_RUN_ID=run_id``; ``watchdogs`` selects guards (True),
     job processes (False) or both (None)."""
@@ -682,15 +665,24 @@ def _end_wrapper(pid: int, deadline: float) -> None:
         time.sleep(0.02)
 
 
-def stop_run(run_id: str, grace: float, spare: int | None = None) -> protocol.StopAnswer:
+def stop_run(
+    run_id: str, grace: float, spare: int | None = None, only_if_stepping: bool = False
+) -> protocol.StopAnswer:
     """SIGTERM everything of the run, wait ``grace`` seconds, then SIGKILL what is left; then wait
     for the run's wrapper to end (``_end_wrapper``), so that nothing of this start writes into the
     run directory once the stop has returned.
 
+    A run with ``container:`` also has its containers stopped by the runtime, with the same grace,
+    and removed (``fleetrun_containers``); one that could not be removed counts in ``remaining``.
+
     ``spare`` is a pid not to touch (the watchdog stopping the run it belongs to).
+    ``only_if_stepping`` (recovery): no more grace once no rank steps (``fleetrun_stepping``).
     """
     run_dir = os.path.join(os.path.expanduser("~"), ".fleetrun", "runs", run_id)
     wrapper = _wrapper_of(run_dir) if protocol.is_name(run_id) else None
+    launched = fleetrun_stepping.launched_at(run_dir) if protocol.is_name(run_id) else 0.0
+    runtime = fleetrun_containers.runtime_of(run_dir) if protocol.is_name(run_id) else None
+    containers = fleetrun_containers.begin_stop(runtime, run_id, grace)
     guards = [p for p in _run_pids(run_id, watchdogs=True) if p != spare]
     found = [p for p in _run_pids(run_id) if p != spare]
     for pid in found:
@@ -701,7 +693,14 @@ def stop_run(run_id: str, grace: float, spare: int | None = None) -> protocol.St
             pass
     deadline = time.time() + grace
     left = found
+    ranks: fleetrun_stepping.Ranks | None = None
+    cut_short = False
     while left and time.time() < deadline:
+        if only_if_stepping and protocol.is_name(run_id):
+            ranks = fleetrun_stepping.read_ranks(run_dir, time.time(), launched)
+            if ranks.none_stepping:
+                cut_short = True
+                break
         time.sleep(0.1)
         left = [p for p in left if _alive(p)]
     killed = []
@@ -716,6 +715,7 @@ def stop_run(run_id: str, grace: float, spare: int | None = None) -> protocol.St
     time.sleep(0.05)
     if wrapper is not None and wrapper != spare:
         _end_wrapper(wrapper, deadline)
+    left_containers = fleetrun_containers.finish_stop(runtime, run_id, containers, hurry=cut_short)
     remaining = [p for p in _run_pids(run_id) if p != spare]
     tmp = os.path.join(run_dir, RUN_TMP)
     if not remaining and protocol.is_name(run_id) and os.path.isdir(tmp) and not os.path.islink(tmp):
@@ -724,7 +724,10 @@ def stop_run(run_id: str, grace: float, spare: int | None = None) -> protocol.St
         terminated=len(set(found) - set(guards)),
         watchdogs=len(guards),
         killed=len(killed),
-        remaining=len(remaining),
+        remaining=len(remaining) + left_containers,
+        stepping=len(ranks.stepping) if ranks is not None else 0,
+        blocked=len(ranks.blocked) if ranks is not None else 0,
+        grace_cut=cut_short,
     )
 
 
@@ -764,12 +767,13 @@ def main(argv: list[str]) -> int:
         if command == "upload" and len(args) == 2:
             request = protocol.UploadRequest.from_json(args[1])
             return _say(upload(args[0], request.argv).to_json())
-        if command == "stop" and len(args) in (1, 2):
+        if command == "stop" and len(args) in (1, 2, 3) and args[2:] in ([], ["--only-if-stepping"]):
             try:
                 grace = float(args[1]) if len(args) > 1 else 10.0
             except ValueError:
                 return _fail(f"stop: GRACE must be a number of seconds, got {args[1][:40]!r}")
-            answer = stop_run(args[0], min(max(grace, 0.0), 3600.0) if math.isfinite(grace) else 10.0)
+            grace = min(max(grace, 0.0), 3600.0) if math.isfinite(grace) else 10.0
+            answer = stop_run(args[0], grace, only_if_stepping=args[2:] == ["--only-if-stepping"])
             _say(answer.to_json())
             return 0 if not answer.remaining else 1
     except protocol.ProtocolError as exc:

@@ -199,7 +199,14 @@ def torch_facts():
 
 
 def gpu_processes():
-    """The compute processes on the GPUs (``--query-compute-apps``); None without ``nvidia-smi``."""
+    """The compute processes on the GPUs: through NVML first (``fleetrun_gpu.nvml_processes``),
+    else ``nvidia-smi --query-compute-apps``; None when the node has neither reader (no GPUs). A
+    node with NVML and no nvidia-smi binary (a minimal image, a container with the driver's
+    library mounted) is a node with GPUs, as the health reader says (``reader_available``)."""
+    if fleetrun_gpu is not None:
+        via_nvml = fleetrun_gpu.nvml_processes()
+        if via_nvml is not None:
+            return [{**p, "user": user_of(p["pid"])} for p in via_nvml[:MAX_ITEMS]]
     smi = "nvidia-smi"
     if shutil.which(smi) is None:
         return None
@@ -216,7 +223,8 @@ def gpu_processes():
 
 
 def gpu_facts(health, procs):
-    """GPUs and the compute processes on them; no ``nvidia-smi`` means no GPUs, not an error.
+    """GPUs and the compute processes on them; no GPU reader (NVML or ``nvidia-smi``) means no GPUs,
+    not an error (``nvidia_smi`` in the answer: the node has a reader, whichever it is).
 
     The GPUs are those the health reader listed: ``nvidia-smi --query-gpu`` opens every GPU, so
     the probe asks it once. Only without the reader's answer (not sent, or it failed) are they
@@ -269,8 +277,95 @@ def gpu_health(full):
         return {"smi": True, "queried": False, "error": f"{type(exc).__name__}: {exc}"[:200]}
 
 
+CONTAINER_RUNTIMES = ("podman", "docker", "apptainer")
+"""``container.runtime: auto`` takes the first of these the node has (``launch.planning.image_pull``
+says the same: the pull and the launch must agree)."""
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+SINGLE_IMAGE = "Treating single images as manifest lists is not implemented"
+"""Podman 4's ``manifest inspect`` of a plain image: the registry answered with its manifest."""
+
+
+def run_status(argv, timeout=TOOL_TIMEOUT_S):
+    """(exit code, stderr tail) of ``argv``; (None, why) when it cannot run or hangs."""
+    if shutil.which(argv[0]) is None:
+        return None, f"{argv[0]} not found"
+    try:
+        proc = subprocess.run(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"{argv[0]} did not answer in {timeout} s"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, str(exc)[:200]
+    return proc.returncode, proc.stderr[-2000:].decode("utf-8", "replace")
+
+
+def cdi_gpu_specs():
+    """CDI spec files that name ``nvidia.com/gpu`` (what ``--device nvidia.com/gpu=all`` needs)."""
+    found = []
+    for folder in CDI_DIRS:
+        try:
+            names = sorted(os.listdir(folder))[:MAX_ITEMS]
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".yaml", ".yml", ".json")):
+                continue
+            try:
+                with open(os.path.join(folder, name), "rb") as handle:
+                    text = handle.read(1 << 20).decode("utf-8", "replace")
+            except OSError:
+                continue
+            if "nvidia.com" in text and "gpu" in text:
+                found.append(os.path.join(folder, name)[:256])
+    return found
+
+
+def image_facts(runtime, image, sif):
+    """Is ``image`` on this node, and if not, does its registry have it (without pulling it)?"""
+    if runtime == "podman":
+        rc, _ = run_status(["podman", "image", "exists", image])
+    elif runtime == "docker":
+        rc, _ = run_status(["docker", "image", "inspect", image])
+    else:
+        rc = 0 if os.path.isfile(os.path.expanduser(sif)) and os.path.getsize(os.path.expanduser(sif)) else 1
+    if rc == 0:
+        return {"present": True, "pullable": None, "error": None}
+    if runtime == "podman":
+        rc, err = run_status(["podman", "manifest", "inspect", image], timeout=20)
+        if rc != 0 and SINGLE_IMAGE in err:
+            rc = 0
+    elif runtime == "docker":
+        rc, err = run_status(["docker", "manifest", "inspect", image], timeout=20)
+    else:  # Apptainer cannot ask a registry without pulling: fab train's pull says
+        return {"present": False, "pullable": None, "error": None}
+    if rc == 0:
+        return {"present": False, "pullable": True, "error": None}
+    return {"present": False, "pullable": False, "error": err.strip()[-1000:] or f"exit {rc}"}
+
+
+def container_facts(wanted, image, sif, full):
+    """The container runtimes here, which one ``wanted`` (auto or a name) gets, its GPU hook
+    and, in the full mode, the image."""
+    found = {r: shutil.which(r) is not None for r in CONTAINER_RUNTIMES}
+    order = CONTAINER_RUNTIMES if wanted == "auto" else (wanted,)
+    chosen = next((r for r in order if found.get(r)), None)
+    facts = {"wanted": wanted[:16], "found": [r for r in CONTAINER_RUNTIMES if found[r]], "runtime": chosen}
+    if chosen is None or not full:
+        return facts
+    version = tool([chosen, "--version"]) or ""
+    facts["version"] = version.strip().splitlines()[0][:80] if version.strip() else None
+    facts["nvidia_ctk"] = shutil.which("nvidia-ctk") is not None
+    facts["nvidia_container_cli"] = shutil.which("nvidia-container-cli") is not None
+    facts["cdi_gpu"] = cdi_gpu_specs()
+    if image:
+        facts["image"] = image_facts(chosen, image, sif)
+    return facts
+
+
 def main(argv):
     mode, private, port, head, lib_dir = argv[1], argv[2], int(argv[3]), argv[4] == "1", argv[5]
+    container = argv[6:9] if len(argv) >= 9 else None  # RUNTIME IMAGE SIF, with container:
     health = started(gpu_health, mode == "full")
     procs = started(gpu_processes) if mode == "full" else None
     answer = {"v": 1, "mode": mode, "python": platform.python_version()}
@@ -288,6 +383,8 @@ def main(argv):
     if mode == "full":
         answer["iface"], answer["mtu"] = interface_of(private)
         answer.update(torch_facts())
+    if container is not None:
+        answer["container"] = container_facts(container[0], container[1], container[2], mode == "full")
     answer["gpu_health"] = health()
     if procs is not None:
         answer.update(gpu_facts(answer["gpu_health"], procs()))

@@ -404,19 +404,27 @@ class StartAnswer:
 
 @dataclass(frozen=True)
 class StopAnswer:
-    """``fleetrun_node.py stop``: processes of the run terminated, watchdogs among them, killed, left."""
+    """``fleetrun_node.py stop``: processes of the run terminated, watchdogs among them, killed, left;
+    with ``--only-if-stepping``, the ranks found still stepping and blocked at the last look, and
+    whether the grace was cut short because none stepped (``fleetrun_stepping``)."""
 
     terminated: int = 0
     watchdogs: int = 0
     killed: int = 0
     remaining: int = 0
+    stepping: int = 0
+    blocked: int = 0
+    grace_cut: bool = False
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | bool]:
         return {
             "terminated": self.terminated,
             "watchdogs": self.watchdogs,
             "killed": self.killed,
             "remaining": self.remaining,
+            "stepping": self.stepping,
+            "blocked": self.blocked,
+            "grace_cut": self.grace_cut,
         }
 
     def to_json(self) -> str:
@@ -434,6 +442,9 @@ class StopAnswer:
             watchdogs=f.integer("watchdogs", 0, MAX_COUNT, required=False, default=0),
             killed=f.integer("killed", 0, MAX_COUNT, required=False, default=0),
             remaining=f.integer("remaining", 0, MAX_COUNT),
+            stepping=f.integer("stepping", 0, MAX_COUNT, required=False, default=0),
+            blocked=f.integer("blocked", 0, MAX_COUNT, required=False, default=0),
+            grace_cut=f.boolean("grace_cut", False),
         )
 
 

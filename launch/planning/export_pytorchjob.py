@@ -43,7 +43,7 @@ What maps to what:
 The image is ``images/docker/Dockerfile`` built with the playbook's workdir (``POD_WORKDIR``),
 fleetrun's node helpers on ``PYTHONPATH`` (``POD_LIB``) and the entry wrapper; ``setup:`` commands
 do not run in pods, so they are listed in ``notes`` (bake them into the image). ``--image`` is
-checked against the registries' reference grammar (``launch.planning.image_reference``), so a name
+checked against the registries' reference grammar (``launch.job.image_reference``), so a name
 Kubernetes would leave in ``InvalidImageName`` is refused here.
 """
 
@@ -55,11 +55,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launch.errors import SpecError
+from launch.job.image_reference import image_problem
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import ENV_NAME_RE, JobSpec
 from launch.job.validation import printable
 from launch.planning import remote_layout as layout
-from launch.planning.image_reference import image_problem
 from launch.planning.launchers.base import aip_mkdir_line
 from launch.planning.launchers.sagemaker import channel_dir, odd_names_env
 from launch.planning.launchers.torchrun import TorchrunLauncher, entrypoint_tail

@@ -49,6 +49,16 @@ class RunRecord:
     energy_by_attempt: dict[str, Any] = field(default_factory=dict)
     """Each attempt's GPU energy: attempt number (text) -> kWh (``launch.rules.energy.RunEnergy``)."""
 
+    @property
+    def scheduler_jobs(self) -> str:
+        """The scheduler allocations the run was given (a Slurm cluster's job ids, from the
+        inventory it recorded: ``fleet.job_ids``), comma-separated; "" for a fleet without."""
+        fleet = self.inventory.get("fleet") if isinstance(self.inventory, dict) else None
+        ids = fleet.get("job_ids") if isinstance(fleet, dict) else None
+        if not isinstance(ids, list):
+            return ""
+        return ",".join(str(i) for i in ids[:8] if isinstance(i, int) and not isinstance(i, bool))
+
     def duration_s(self, now: float | None = None) -> float:
         """Seconds from start to end (or to ``now`` while not ended)."""
         end = self.ended_at if self.ended_at is not None else (now if now is not None else time.time())

@@ -342,6 +342,7 @@ def runs_table(records: Sequence[RunRecord], *, now: float | None = None, width:
         {
             "state": r.state,
             "id": r.id,
+            "job": r.scheduler_jobs or "-",
             "playbook": r.playbook_name or r.playbook_path or "-",
             "rule": r.stop_rule or "-",
             "started": fmt_time(r.started_at),
@@ -356,6 +357,8 @@ def runs_table(records: Sequence[RunRecord], *, now: float | None = None, width:
     ]
     rows = [{k: clean(v, 400) for k, v in row.items()} for row in rows]
     columns, short_ids = list(RUN_COLUMNS), False
+    if any(r.scheduler_jobs for r in records):  # a scheduler's job ids (Slurm), beside the run id
+        columns.insert(columns.index("id") + 1, "job")
     if width is not None and rows:
 
         def needed(names: Sequence[str], short: bool) -> int:
@@ -393,7 +396,7 @@ def runs_table(records: Sequence[RunRecord], *, now: float | None = None, width:
         _add_row(table, *cells)
     if not records:
         table.caption = "no runs recorded yet"
-    elif len(columns) < len(RUN_COLUMNS):
+    elif any(n not in columns for n in RUN_COLUMNS):
         left_out = ", ".join(n for n in RUN_COLUMNS if n not in columns)
         table.caption = f"too narrow for {left_out} (fab runs --json has every field)"
     return table
@@ -430,6 +433,7 @@ def show_run(record: RunRecord, *, now: float | None = None) -> Group:
         ("playbook sha256", record.playbook_hash or "-"),
         ("git commit", record.git_commit or "- (not a git repository)"),
         ("launcher", record.launcher or "-"),
+        *([("scheduler job", record.scheduler_jobs)] if record.scheduler_jobs else []),
         ("started", fmt_time(record.started_at)),
         ("ended", fmt_time(record.ended_at)),
         ("state", record.state),
@@ -489,6 +493,9 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
             for r in _listed(entry.get("renewed"))
             if isinstance(r, Mapping)
         ]
+        cut = _listed(entry.get("grace_cut"))  # survivors killed at once: none was stepping
+        if cut:
+            changed.append(f"(no grace: {', '.join(str(n) for n in cut[:20])})")
         not_taken = entry.get("not_taken")  # spares (new machines) found bad: the why is in attempts.json
         if isinstance(not_taken, Mapping) and not_taken:
             changed.append(f"(not taken: {', '.join(str(m) for m in list(not_taken)[:20])})")

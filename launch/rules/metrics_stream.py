@@ -119,6 +119,9 @@ class MetricsSummary:
     saved_checkpoints: Mapping[int, str] = field(default_factory=dict)
     """Steps the checkpoint helper reported saving (``checkpoint_saved``) -> the sha256 of their
     manifest: the only steps a node's claim is believed for (``launch.run.checkpoints``)."""
+    uploaded_checkpoints: Mapping[int, str] = field(default_factory=dict)
+    """Steps whose bucket upload completed, pointer included (``checkpoint_uploaded``) -> the
+    sha256 of the manifest uploaded: durable without any node (``durable_resume``)."""
     refused_checkpoints: tuple[str, ...] = ()
     """Checkpoints the helper refused to resume from (``checkpoint_refused``), as lines."""
     resumed_checkpoint: tuple[int | None, str] | None = None
@@ -182,19 +185,29 @@ MAX_SAVED_CHECKPOINTS = 64
 MAX_REFUSED_CHECKPOINTS = 20
 
 
-def note_checkpoint_event(record: Mapping[str, Any], saved: dict[int, str], refused: list[str]) -> None:
+def note_checkpoint_event(
+    record: Mapping[str, Any],
+    saved: dict[int, str],
+    refused: list[str],
+    uploaded: dict[int, str],
+) -> None:
     """Fold a checkpoint helper event in: ``checkpoint_saved`` (a step and its manifest's sha256,
-    the newest 64 kept) or ``checkpoint_refused`` (a line naming step, file and place, 20 kept).
-    Anything malformed is ignored: these come from the job."""
+    the newest 64 kept), ``checkpoint_uploaded`` (the same, once its upload and the bucket's
+    pointer are done; into ``uploaded``) or ``checkpoint_refused`` (a line naming step, file and
+    place, 20 kept). Anything malformed is ignored: these come from the job."""
     step = _step(record.get("step"))
     if step is None or step < 0:
         return
-    if record.get("event") == "checkpoint_saved":
+    kind = record.get("event")
+    if kind in ("checkpoint_saved", "checkpoint_uploaded"):
+        into = saved if kind == "checkpoint_saved" else uploaded
         digest = record.get("manifest")
-        if isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
-            saved[step] = digest
-            for old in sorted(saved)[:-MAX_SAVED_CHECKPOINTS]:
-                del saved[old]
+        if not isinstance(digest, str) or len(digest) != 64:
+            return
+        if all(c in "0123456789abcdef" for c in digest):
+            into[step] = digest
+            for old in sorted(into)[:-MAX_SAVED_CHECKPOINTS]:
+                del into[old]
         return
     if len(refused) < MAX_REFUSED_CHECKPOINTS:
         parts = [str(record.get(k, ""))[:300] for k in ("file", "where", "why")]
@@ -225,6 +238,7 @@ class MetricsStream:
         self.first_nonfinite: LossPoint | None = None
         self.world: dict[str, Any] | None = None
         self.saved_checkpoints: dict[int, str] = {}
+        self.uploaded_checkpoints: dict[int, str] = {}
         self.refused_checkpoints: list[str] = []
         self.resumed_checkpoint: tuple[int | None, str] | None = None
         self._buffer = b""
@@ -295,8 +309,10 @@ class MetricsStream:
         elif record.get("event") == "checkpoint_resumed":
             step, source = _step(record.get("step")), record.get("source")
             self.resumed_checkpoint = (step, source[:40] if isinstance(source, str) else "?")
-        elif record.get("event") in ("checkpoint_saved", "checkpoint_refused"):
-            note_checkpoint_event(record, self.saved_checkpoints, self.refused_checkpoints)
+        elif record.get("event") in ("checkpoint_saved", "checkpoint_uploaded", "checkpoint_refused"):
+            note_checkpoint_event(
+                record, self.saved_checkpoints, self.refused_checkpoints, self.uploaded_checkpoints
+            )
 
     def _on_metric(self, step: int, record: dict[str, Any]) -> None:
         self.records += 1
@@ -353,6 +369,7 @@ class MetricsStream:
             steps_per_second=self.steps_per_second,
             world=None if self.world is None else dict(self.world),
             saved_checkpoints=dict(self.saved_checkpoints),
+            uploaded_checkpoints=dict(self.uploaded_checkpoints),
             refused_checkpoints=tuple(self.refused_checkpoints),
             resumed_checkpoint=self.resumed_checkpoint,
         )

@@ -20,7 +20,8 @@ from typing import TypeVar
 
 from launch.nodelib.fleetrun_checkpoint_torch import torch_bypass
 from launch.rules import gpu_diag, gpu_health
-from launch.rules.probe_facts import ProbeFacts
+from launch.rules.image_pull import classify_pull_error
+from launch.rules.probe_facts import ContainerFacts, ProbeFacts
 
 T = TypeVar("T", str, int)
 
@@ -40,6 +41,9 @@ CHECKS = (
     "interface",
     "clock",
     "disk",
+    "container",
+    "gpu-hook",
+    "image",
     "gpus",
     "gpu-health",
     "gpu-diag",
@@ -103,6 +107,11 @@ class Job:
     torch_from_setup: bool = False
     """The job's requirements or setup install torch: a node without it is fine before setup."""
     full: bool = True
+    container_image: str | None = None
+    """The playbook's ``container.image`` (None: no ``container:``, nothing of it is judged)."""
+    container_login: bool = False
+    """The image comes from a private registry through ``container.credentials``: the doctor
+    does not send them, so an image it cannot see there is a warning, not an error."""
 
 
 @dataclass
@@ -241,15 +250,85 @@ def check_node(findings: Findings, obs: Observation, job: Job) -> None:
             findings.add(obs.node, "disk", WARN, f"only {free} (under {DISK_WARN_BYTES // GiB} GiB)")
         else:
             findings.add(obs.node, "disk", OK, free)
+    if job.container_image is not None:
+        check_container(findings, obs, job)
     if job.full:
         check_gpus(findings, obs)
+
+
+def _gpu_node(obs: Observation) -> bool:
+    facts = obs.facts
+    assert facts is not None
+    return bool(obs.gpus_expected) or bool(facts.gpus) or facts.nvidia_smi
+
+
+def check_container(findings: Findings, obs: Observation, job: Job) -> None:
+    """``container:``: a runtime (which one ``auto`` takes), the GPU hook on a GPU node, the image."""
+    facts = obs.facts
+    assert facts is not None and job.container_image is not None
+    box: ContainerFacts | None = facts.container
+    if box is None:
+        findings.add(
+            obs.node, "container", WARN, "the probe did not report container runtimes (an old probe)"
+        )
+        return
+    if box.runtime is None:
+        wanted = "podman, docker or apptainer" if box.wanted == "auto" else box.wanted
+        findings.add(
+            obs.node, "container", ERROR, f"no container runtime: {wanted} not found on the node's PATH"
+        )
+        return
+    how = " (auto)" if box.wanted == "auto" else ""
+    findings.add(obs.node, "container", OK, f"{box.version or box.runtime}{how}")
+    if not job.full:
+        return
+    if _gpu_node(obs):
+        if box.runtime == "apptainer":
+            findings.add(obs.node, "gpu-hook", OK, "apptainer --nv binds the node's driver libraries")
+        elif box.cdi_gpu:
+            findings.add(obs.node, "gpu-hook", OK, f"CDI spec {box.cdi_gpu[0]} names nvidia.com/gpu")
+        elif box.nvidia_ctk or box.nvidia_container_cli:
+            tool = "nvidia-ctk" if box.nvidia_ctk else "nvidia-container-cli"
+            level = OK if box.runtime == "docker" else WARN
+            why = (
+                ""
+                if level == OK
+                else ": generate the CDI spec (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)"
+            )
+            findings.add(obs.node, "gpu-hook", level, f"NVIDIA Container Toolkit found ({tool}){why}")
+        else:
+            findings.add(
+                obs.node,
+                "gpu-hook",
+                ERROR,
+                f"a GPU node with no GPU hook for {box.runtime}: install the NVIDIA Container Toolkit "
+                "(nvidia-ctk) and generate a CDI spec in /etc/cdi naming nvidia.com/gpu",
+            )
+    image = box.image
+    if image is None:
+        return
+    if image.present:
+        findings.add(obs.node, "image", OK, f"{job.container_image} is on the node")
+    elif image.pullable:
+        findings.add(obs.node, "image", OK, f"{job.container_image} can be pulled (fab train pulls it)")
+    elif image.pullable is None:
+        findings.add(obs.node, "image", OK, f"{job.container_image} is pulled by fab train ({box.runtime})")
+    else:
+        error = classify_pull_error(image.error or "")
+        level = WARN if job.container_login and error.kind == "auth" else ERROR
+        note = (
+            " (the doctor does not send container.credentials; fab train's pull does)"
+            if level == WARN
+            else ""
+        )
+        findings.add(obs.node, "image", level, error.line(job.container_image) + note)
 
 
 def check_gpus(findings: Findings, obs: Observation) -> None:
     facts = obs.facts
     assert facts is not None
     if not facts.nvidia_smi:
-        findings.add(obs.node, "gpus", OK, "no nvidia-smi: no GPUs")
+        findings.add(obs.node, "gpus", OK, "no GPU reader (NVML or nvidia-smi): no GPUs")
         return
     index = {g.uuid: g.index for g in facts.gpus}
     others = [p for p in facts.gpu_procs if p.user != obs.user]

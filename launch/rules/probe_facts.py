@@ -54,6 +54,69 @@ class Gpu:
     uuid: str
 
 
+CONTAINER_RUNTIMES = ("podman", "docker", "apptainer")
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """The ``container.image`` on a node: there already, or can its registry serve it."""
+
+    present: bool
+    pullable: bool | None
+    """None: not asked (present, or Apptainer, which cannot ask a registry without pulling)."""
+    error: str | None
+    """The runtime's answer when the registry could not serve it (classified on the laptop)."""
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    """What the probe found for a playbook's ``container:``: runtimes, the one taken, the GPU hook."""
+
+    wanted: str
+    found: tuple[str, ...]
+    runtime: str | None
+    version: str | None = None
+    nvidia_ctk: bool = False
+    nvidia_container_cli: bool = False
+    cdi_gpu: tuple[str, ...] = ()
+    image: ImageFacts | None = None
+
+
+def _runtime_name(value: object, key: str) -> str:
+    if value not in CONTAINER_RUNTIMES:
+        raise ProtocolError(f"field {key!r}: expected a container runtime, got {_clip(repr(value), 40)}")
+    assert isinstance(value, str)
+    return value
+
+
+def _path(value: object, key: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= 256:
+        raise ProtocolError(f"field {key!r}: expected a path, got {_clip(repr(value), 60)}")
+    return value
+
+
+def parse_container_facts(data: object) -> ContainerFacts:
+    fields = _Fields(data, "probe answer container")
+    runtime = fields.data.get("runtime")
+    image = None
+    if fields.data.get("image") is not None:
+        img = _Fields(fields.data["image"], "probe answer container image")
+        pullable = img.data.get("pullable")
+        if pullable is not None and not isinstance(pullable, bool):
+            raise ProtocolError("probe answer container image: field 'pullable': expected a boolean or null")
+        image = ImageFacts(img.boolean("present", False), pullable, _opt_text(img, "error", 1000))
+    return ContainerFacts(
+        wanted=fields.text("wanted", 16),
+        found=fields.strings("found", len(CONTAINER_RUNTIMES), _runtime_name),
+        runtime=None if runtime is None else _runtime_name(runtime, "runtime"),
+        version=_opt_text(fields, "version", 80),
+        nvidia_ctk=fields.boolean("nvidia_ctk", False),
+        nvidia_container_cli=fields.boolean("nvidia_container_cli", False),
+        cdi_gpu=fields.strings("cdi_gpu", MAX_PROBE_ITEMS, _path) if fields.data.get("cdi_gpu") else (),
+        image=image,
+    )
+
+
 @dataclass(frozen=True)
 class ProbeFacts:
     """What one node said about itself. ``None`` means "not known" (not probed, or no tool)."""
@@ -78,6 +141,8 @@ class ProbeFacts:
     gpu_procs: tuple[GpuProcess, ...] = ()
     gpu_health: GpuHealth | None = None
     """None: the probe had no GPU reader (an old probe); else what ``fleetrun_gpu`` read."""
+    container: ContainerFacts | None = None
+    """None: the playbook has no ``container:`` (not asked)."""
 
 
 def _opt_text(fields: _Fields, key: str, limit: int = MAX_VERSION) -> str | None:
@@ -148,4 +213,7 @@ def parse_probe_answer(text: str | bytes) -> ProbeFacts:
         gpu_health=None
         if fields.data.get("gpu_health") is None
         else parse_gpu_health(fields.data["gpu_health"], "probe answer gpu_health"),
+        container=None
+        if fields.data.get("container") is None
+        else parse_container_facts(fields.data["container"]),
     )

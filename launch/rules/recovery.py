@@ -438,6 +438,9 @@ class AttemptEnd:
     not_taken: tuple[tuple[str, str], ...] = ()
     """Machines the recovery after this attempt checked and did not take in a left-out node's
     place (a spare, or a new machine, whose GPU check failed): each machine and why."""
+    grace_cut: tuple[str, ...] = ()
+    """Survivors whose ranks were killed at once when the attempt was stopped: none was stepping
+    (blocked in a collective with the lost node), so the grace could not buy a checkpoint."""
     energy_kwh: float | None = None
     """The attempt's GPU energy (power over time, ``launch.rules.energy``); None without readings."""
 
@@ -461,6 +464,7 @@ class AttemptEnd:
             "resumed_from": self.resumed_from,
             "renewed": [r.to_json() for r in self.renewed],
             "not_taken": {machine: why for machine, why in self.not_taken},
+            "grace_cut": list(self.grace_cut),
             "energy_kwh": self.energy_kwh,
         }
 

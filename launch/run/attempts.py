@@ -8,7 +8,9 @@ The decisions are pure (``launch.rules.recovery``); this module gathers the evid
    connection to its sshd (the SSH banner must come back), repeated for ``confirm_s`` for nodes
    that do not answer: one slow poll or one dropped packet never starts a recovery.
 2. Survivors get SIGTERM and ``grace_s`` to write a checkpoint, then SIGKILL (the node agent's
-   ``stop``), and their run directory's per-attempt files move to ``attempt-<n>/``.
+   ``stop``), and their run directory's per-attempt files move to ``attempt-<n>/``. A survivor
+   none of whose ranks still steps (blocked in a collective with the lost node) is killed at
+   once: it could not use the grace (``launch.nodelib.fleetrun_stepping``).
 3. Lost nodes are replaced through the fleet kind (``FleetKind.replace``), or left out when the
    job is elastic; a node left out after a ``gpu_fault`` or a straggler gets a spare of the
    inventory, else a new machine from its kind (``FleetKind.renew``), else the same fallback
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from launch.errors import HostError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.job.inventory import Host
+from launch.nodelib.fleetrun_protocol import ProtocolError, StopAnswer
 from launch.paths import known_hosts_file
 from launch.planning import remote_layout as layout
 from launch.planning.launchers import launcher_class
@@ -57,8 +60,7 @@ from launch.run import stages
 from launch.run.checkpoints import Spread, drained_from_bucket, resume_story
 from launch.run.doctor import gather, read_exclusions, record_exclusion, record_renewal
 from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
-from launch.run.peer_copies import run_has_bucket
-from launch.run.recheck import recheck
+from launch.run.recheck import recheck, sshd_check
 from launch.run.stages import Watched
 from launch.run.state import RunContext, RunState
 from launch.run.summary import RunSummary
@@ -66,7 +68,6 @@ from launch.run.target import run_prefix
 from launch.run.watch import AGENT, Watcher
 from launch.run.watching import save_traceback
 from launch.transport.port import FleetPort, NodeLink
-from launch.transport.reachability import CHECK_TIMEOUT_S, sshd_answers
 
 ATTEMPT_FILES = (
     "rc",
@@ -94,11 +95,27 @@ def preempted_nodes(watcher: Watcher | None) -> frozenset[str]:
     return frozenset(n.name for n in watcher.nodes.values() if n.preempted)
 
 
+@dataclass(frozen=True)
+class Stopped:
+    """What ``stop_survivors`` did: each node's error, and each stopped node's agent answer (the
+    ranks it found stepping or blocked, and whether it cut their grace short)."""
+
+    errors: dict[str, str] = field(default_factory=dict)
+    answers: dict[str, StopAnswer] = field(default_factory=dict)
+
+    def without_grace(self) -> list[str]:
+        """The nodes whose ranks were killed at once: none of them was still stepping."""
+        return sorted(name for name, answer in self.answers.items() if answer.grace_cut)
+
+
 def stop_survivors(
     fleet: FleetPort, hosts: Sequence[Host], run_id: str, grace_s: float, attempt: int
-) -> dict[str, str]:
-    """SIGTERM every process of the run on ``hosts`` (``grace_s`` to checkpoint, then SIGKILL) and
-    move the attempt's files to ``attempt-<n>/`` of the run directory. Errors by node name."""
+) -> Stopped:
+    """SIGTERM every process of the run on ``hosts`` and move the attempt's files to
+    ``attempt-<n>/`` of the run directory. Ranks still stepping get ``grace_s`` to checkpoint,
+    then SIGKILL; on a node where none steps (blocked in a collective with a lost peer: no new
+    pace record for a while) the agent kills them at once (``--only-if-stepping``), since they
+    could not reach the step where they would save."""
     run_dir = layout.rundir(run_id)
     keep = f"attempt-{attempt}"
     moves = " ".join(shlex.quote(f) for f in ATTEMPT_FILES)
@@ -109,18 +126,24 @@ def stop_survivors(
         'while [ -n "$p" ] && kill -0 "$p" 2>/dev/null && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n+1)); done; '
     )
     command = (
-        f"{AGENT} stop {shlex.quote(run_id)} {grace_s:g} >/dev/null; "
+        f"answer=$({AGENT} stop {shlex.quote(run_id)} {grace_s:g} --only-if-stepping 2>/dev/null); "
         f'cd "$HOME/{run_dir}" && {wait}mkdir -p {keep} && '
-        f'for f in {moves}; do [ -e "$f" ] && mv -f "$f" {keep}/; done; true'
+        f'for f in {moves}; do [ -e "$f" ] && mv -f "$f" {keep}/; done; printf "%s\n" "$answer"; true'
     )
 
-    def stop(conn: NodeLink) -> str:
+    def stop(conn: NodeLink) -> StopAnswer | None:
         result = conn.run(command, timeout=grace_s + 60)
         if not result.ok:
             raise HostError(conn.host.name, f"could not stop the attempt: {clean(result.stderr[-300:])}")
-        return "stopped"
+        lines = result.stdout.strip().splitlines()
+        try:  # the node's answer is untrusted: one that does not parse only loses the figures
+            return StopAnswer.from_json(lines[-1]) if lines else None
+        except ProtocolError:
+            return None
 
-    return fleet.map(stop, hosts=list(hosts), deadline=grace_s + 90).errors()
+    results = fleet.map(stop, hosts=list(hosts), deadline=grace_s + 90)
+    answers = {n: a for n, a in results.items() if isinstance(a, StopAnswer)}
+    return Stopped(results.errors(), answers)
 
 
 @dataclass(frozen=True)
@@ -154,13 +177,15 @@ def loss_of(
     policy = state.plan.recovery
     say(ctx, f"  attempt {state.attempt}: {decision.rule}; checking which nodes are really gone")
     started = ctx.clock.monotonic()
-    jumps = ctx.port.jumps  # hosts behind a bastion are checked through it
+    early = watched.watcher.early_checks if watched.watcher is not None else None
+    credit = silent_before(decision, ctx.spec.stop.unreachable_timeout_s)
     evidence = recheck(  # overlapping checks, the watcher's silence counted (launch.run.recheck)
         state.hosts,
         policy.confirm_s,
-        check=lambda host: sshd_answers(host, CHECK_TIMEOUT_S, jumps),  # looked up here: tests stand in
+        check=sshd_check(ctx.port.jumps),  # through the bastion where a host has one
         preempted=preempted_nodes(watched.watcher),
-        silent_before=silent_before(decision, ctx.spec.stop.unreachable_timeout_s),
+        silent_before=credit,
+        failed_early=early.failed(credit) if early is not None else None,
     )  # on the real clock: the checks run in threads, which a test's fake clock does not wait for
     state = replace(state, recovery_timings={"recheck": ctx.clock.monotonic() - started})
     back = answered_again(decision, evidence)
@@ -200,6 +225,7 @@ def record(
         resumed_from=resume_story(state.resume_record, summary) if state.ended else None,
         renewed=state.renewed,
         not_taken=state.not_taken,
+        grace_cut=state.grace_cut,
         energy_kwh=watcher.rule_state.energy.kwh if watcher is not None else None,
     )
     return replace(
@@ -209,6 +235,7 @@ def record(
         drained=(),
         renewed=(),
         not_taken=(),
+        grace_cut=(),
     )
 
 
@@ -260,8 +287,13 @@ def replace_lost(
         state = drain(ctx, state, [h for h in state.hosts if h.name in lost])
     say(ctx, f"  stopping the attempt on {len(survivors)} node(s), {policy.grace_s:g} s to checkpoint")
     started = ctx.clock.monotonic()
-    errors = stop_survivors(ctx.port, survivors, state.plan.run_id, policy.grace_s, state.attempt)
+    stopped = stop_survivors(ctx.port, survivors, state.plan.run_id, policy.grace_s, state.attempt)
     state = state.recovery_timed("stop_survivors", ctx.clock.monotonic() - started)
+    errors = stopped.errors
+    cut = stopped.without_grace()
+    if cut:
+        say(ctx, f"  no rank stepping on {', '.join(cut)} (blocked since the loss): killed without the grace")
+        state = replace(state, grace_cut=tuple(cut))
     started = ctx.clock.monotonic()
     if errors:
         why = f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
@@ -490,16 +522,17 @@ def candidate_trouble(ctx: RunContext, state: RunState, host: Host, reach: bool 
 
 
 def prepare_new_nodes(ctx: RunContext, state: RunState, fresh: Collection[str]) -> RunState:
-    """Sync and set up only the new nodes of a later attempt (the others have both); a lab host
+    """Pull the container image to, sync and set up only the new nodes of a later attempt (the others have both); a lab host
     that answered again may still run the lost attempt (a partition healed): it is stopped like
     the survivors were. A fresh machine has nothing to stop."""
     started = ctx.clock.monotonic()
     if fresh:
         new = [h for h in state.hosts if h.name in fresh]  # GPUs checked before they were taken
         say(ctx, f"  attempt {state.attempt}: syncing and setting up {', '.join(sorted(fresh))} only")
+        state = stages.pull_image(ctx, state, new)
         state = stages.sync(ctx, state, ctx.port.subset(fresh))
         state = stages.setup(ctx, state, new)
-        errors = stop_survivors(ctx.port, new, state.plan.run_id, 5.0, state.attempt - 1)
+        errors = stop_survivors(ctx.port, new, state.plan.run_id, 5.0, state.attempt - 1).errors
         if errors:
             raise HostError(
                 next(iter(errors)), f"could not stop the lost attempt there: {'; '.join(errors.values())}"
@@ -514,6 +547,7 @@ def spread_checkpoint(ctx: RunContext, state: RunState) -> RunState:
     peers = ctx.peers
     if peers is not None:
         peers.stop()
+    commands = fleet_kind(state.inventory.fleet).bucket_commands(run_prefix(state.plan.run_id))
     try:
         spread: Spread = ctx.transfers.spread_checkpoint(
             ctx.port,
@@ -522,11 +556,12 @@ def spread_checkpoint(ctx: RunContext, state: RunState) -> RunState:
             state.known_hosts,
             staging,
             recorded=peers.recorded if peers is not None else None,
-            bucket=run_has_bucket(state.inventory, state.plan.run_id),
+            bucket=commands is not None,
             peers=peers.copied if peers is not None else None,
+            uploaded=peers.uploaded if peers is not None else None,
+            bucket_url=commands.url if commands is not None else None,
         )
         # a drain that saw the notice's checkpoint reach the bucket outranks older steps on disks
-        commands = fleet_kind(state.inventory.fleet).bucket_commands(run_prefix(state.plan.run_id))
         drained = state.ended[-1].drained if state.ended else ()
         spread = drained_from_bucket(spread, drained, commands.url if commands is not None else None)
         resume_from, resume_record = spread.resume_from, spread.record
@@ -609,6 +644,7 @@ def attempt_end_from_json(data: object) -> AttemptEnd | None:
             for k, v in (timings.items() if isinstance(timings, dict) else ())
             if isinstance(v, int | float) and not isinstance(v, bool)
         ),
+        grace_cut=names("grace_cut"),
         energy_kwh=kwh_figure(data.get("energy_kwh")),
     )
 

@@ -232,6 +232,24 @@ def choose(
     return Choice(step, tuple(believed[step]), tuple(refused))
 
 
+def newest_durable(
+    on_nodes: int | None, uploaded: Mapping[int, str], recorded: Mapping[int, str]
+) -> tuple[int, str] | None:
+    """Pure: the step a later attempt resumes from and where it is, ``(step, "nodes")`` or
+    ``(step, "bucket")``; None when neither has one.
+
+    A step is durable once a second copy of it exists, whichever came first: a verified copy on
+    a node of the next attempt (``on_nodes``: ``choose``'s step, a peer copy or a survivor's own
+    save, its manifest checked against rank 0's record) or its completed upload (``uploaded``:
+    ``checkpoint_uploaded``, believed only with the manifest rank 0 recorded for that step). The
+    newest wins; a tie goes to the nodes (no download)."""
+    in_bucket = [s for s, digest in uploaded.items() if recorded.get(s) == digest]
+    best_bucket = max(in_bucket, default=None)
+    if best_bucket is not None and (on_nodes is None or best_bucket > on_nodes):
+        return best_bucket, "bucket"
+    return None if on_nodes is None else (on_nodes, "nodes")
+
+
 # -- copying one checkpoint between nodes, through this machine ------------------------------------
 
 RunOn = Callable[[Host, str, float], tuple[bool, str]]
@@ -463,16 +481,34 @@ def spread_latest(
     recorded: Mapping[int, str] | None = None,
     bucket: bool = False,
     peers: Mapping[int, str] | None = None,
+    uploaded: Mapping[int, str] | None = None,
+    bucket_url: str | None = None,
 ) -> Spread:
-    """Copy the newest trusted checkpoint (``choose``) to every node of ``hosts`` that lacks it.
+    """Copy the newest trusted checkpoint (``choose``) to every node of ``hosts`` that lacks it,
+    unless the bucket holds a newer one (``newest_durable``): then every node resumes from that.
 
     ``recorded``: step -> manifest sha256 of every save rank 0 reported (the watcher's metrics);
     ``bucket``: the run has one (the nodes look there themselves when no node holds a step);
     ``peers``: step -> node of the peer copies made during the run (to say where a step came
-    from). A node the copy fails on raises ``HostError``."""
+    from); ``uploaded``: step -> manifest sha256 of the uploads rank 0 reported complete, with
+    ``bucket_url`` the run's bucket prefix. A node the copy fails on raises ``HostError``."""
     claims = complete_claims(fleet, hosts, run_id)
     choice = choose(claims, recorded or {}, run_id)
     refused = "".join(f"; refused {r}" for r in choice.refused[:5])
+    durable = newest_durable(choice.step, uploaded or {}, recorded or {}) if bucket_url else None
+    if durable is not None and durable[1] == "bucket":
+        step = durable[0]
+        newer = (
+            f"newer than any node holds (step {choice.step})"
+            if choice.step is not None
+            else "no node holds one"
+        )
+        return Spread(
+            f"{bucket_url}/checkpoints/step-{step}",
+            f"checkpoint step {step} is in the bucket, {newer}: every node resumes from it{refused}",
+            f"step {step} from the bucket (its upload completed; {newer}){refused}",
+            choice.refused,
+        )
     if choice.step is None:
         if bucket:
             why = "no node holds a checkpoint rank 0 recorded as saved"

@@ -32,7 +32,9 @@ from paramiko import Channel
 
 from launch.errors import HostError
 from launch.job.inventory import Host, Inventory
+from launch.job.spec import JobSpec
 from launch.nodelib.fleetrun_wire import ProtocolError, decode
+from launch.planning.image_pull import is_sif_file, sif_path
 from launch.reports.safe_text import clean
 from launch.rules.gpu_diag import DiagReport, parse_diag
 from launch.rules.gpu_health import expected_fabric_devices, expected_gpus
@@ -103,15 +105,42 @@ def probe_source() -> bytes:
 
 
 @dataclass(frozen=True)
+class ContainerCheck:
+    """A playbook's ``container:`` as the doctor checks it: the runtime asked for (or ``auto``),
+    the image, and whether a login is needed (its credentials are never sent to the probe)."""
+
+    runtime: str
+    image: str
+    login: bool = False
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> ContainerCheck | None:
+        box = spec.container
+        return None if box is None else cls(box.runtime, box.image, bool(box.credentials))
+
+    def probe_args(self) -> list[str]:
+        """RUNTIME IMAGE SIF for the probe; an Apptainer file on the nodes is its own SIF."""
+        if is_sif_file(self.image):
+            return ["apptainer", self.image, self.image]
+        return [self.runtime, self.image, f"~/{sif_path(self.image)}"]
+
+    def job_fields(self) -> dict[str, Any]:
+        return {"container_image": self.image, "container_login": self.login}
+
+
+@dataclass(frozen=True)
 class ProbeResult:
     facts: ProbeFacts | None
     problem: str | None
     offset_s: float | None
 
 
-def probe_command(host: Host, mode: str, head: Host, port: int) -> str:
+def probe_command(
+    host: Host, mode: str, head: Host, port: int, container: ContainerCheck | None = None
+) -> str:
     args = [mode, host.private_address or host.address, str(port), "1" if host.name == head.name else "0"]
-    return " ".join([shlex.quote(host.python), "-", *map(shlex.quote, args), shlex.quote(LIB_DIR)])
+    args += [LIB_DIR, *(container.probe_args() if container is not None else [])]
+    return " ".join([shlex.quote(host.python), "-", *map(shlex.quote, args)])
 
 
 def fan_out_deadline(fleet: FleetPort, nodes: int, per_node_s: float) -> float:
@@ -123,11 +152,14 @@ def fan_out_deadline(fleet: FleetPort, nodes: int, per_node_s: float) -> float:
     return per_node_s * max(1, waves) + 30
 
 
-def run_probe(conn: NodeLink, mode: str, head: Host, port: int, source: bytes) -> ProbeResult:
+def run_probe(
+    conn: NodeLink, mode: str, head: Host, port: int, source: bytes, container: ContainerCheck | None = None
+) -> ProbeResult:
     """One round trip: the probe's facts, or why there are none; an unreachable node raises."""
     host = conn.host
     sent = time.time()
-    result = conn.run_with_input(probe_command(host, mode, head, port), source, timeout=PROBE_TIMEOUT_S)
+    command = probe_command(host, mode, head, port, container)
+    result = conn.run_with_input(command, source, timeout=PROBE_TIMEOUT_S)
     received = time.time()
     lines = result.stdout.strip().splitlines()
     if not result.ok or not lines:
@@ -153,12 +185,14 @@ def gather(
     mode: str,
     port: int,
     on_done: Callable[[str, object], None] | None = None,
+    container: ContainerCheck | None = None,
 ) -> list[Observation]:
-    """Probe every node in parallel (bounded fan-out, a timeout per node)."""
+    """Probe every node in parallel (bounded fan-out, a timeout per node); with ``container``,
+    its runtime, GPU hook and (full mode) image too."""
     head = hosts[0]
     source = probe_source()
     results = fleet.map(
-        lambda c: run_probe(c, mode, head, port, source),
+        lambda c: run_probe(c, mode, head, port, source, container),
         hosts=hosts,
         deadline=fan_out_deadline(fleet, len(hosts), PROBE_TIMEOUT_S),
         on_done=on_done,
@@ -253,10 +287,14 @@ def torch_from_setup(requirements: str, setup: Sequence[str]) -> bool:
 
 
 def doctor(
-    fleet: Fleet, hosts: Sequence[Host], port: int, brings_torch: bool
+    fleet: Fleet,
+    hosts: Sequence[Host],
+    port: int,
+    brings_torch: bool,
+    container: ContainerCheck | None = None,
 ) -> tuple[list[Observation], Findings]:
     """The full doctor: probe, then the port test where the head is reachable and the port free."""
-    observations = gather(fleet, hosts, "full", port)
+    observations = gather(fleet, hosts, "full", port, container=container)
     head = observations[0]
     port_free = head.facts is not None and (head.facts.port is None or not head.facts.port.in_use)
     if port_free:
@@ -265,7 +303,8 @@ def doctor(
         observations = [
             dataclasses.replace(o, rdzv_reach=reach[o.node]) if o.node in reach else o for o in observations
         ]
-    job = Job(head=hosts[0].name, port=port, torch_from_setup=brings_torch, full=True)
+    extra = container.job_fields() if container is not None else {}
+    job = Job(head=hosts[0].name, port=port, torch_from_setup=brings_torch, full=True, **extra)
     return observations, judge(observations, job)
 
 

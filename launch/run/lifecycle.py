@@ -144,15 +144,19 @@ def start_run(
         hold = take_machines(
             inventory, port, plan.run_id, wait, options.allow_busy_gpus, lambda line: reporter.say(line)
         )
-    except BaseException:
+    except BaseException:  # ended before the start: what a scheduler granted goes back
         port.close()
+        fleet_kind(inventory.fleet).release(lambda line: reporter.say(line))
         raise
     try:
+        warm.claim(inventory, plan.run_id, lambda line: reporter.say(line))  # a warm fleet's cloud lifetime
         ctx = _new_run(
             spec, plan, inventory, playbook, records, reporter, options, ask_keep_running, port,
             folder=folder, overrides=overrides, sweep_id=sweep_id, choice=choice, local_hooks=local_hooks,
         )  # fmt: skip
-        return execute(replace(ctx, hold=hold), state_for(spec, plan, inventory, known_hosts, ctx.folder.path))
+        return execute(
+            replace(ctx, hold=hold), state_for(spec, plan, inventory, known_hosts, ctx.folder.path)
+        )
     finally:
         hold.release()  # after the teardown; already done unless the run left before its wrap-up
 
@@ -211,13 +215,14 @@ def _new_run(
 
 
 def execute(ctx: RunContext, state: RunState) -> RunSummary:
-    """Preflight, sync, setup, claim, start, follow, wrap up. Every path out of here after a
+    """Preflight, pull (the container image), sync, setup, claim, start, follow, wrap up. Every path out of here after a
     start stops the job and pulls what exists first."""
     ctx.folder.write_text("plan.txt", state.plan.render())
     run = Progress(ctx, state)
     teardown_applies = True
     try:
         run.state = stages.preflight(ctx, run.state)
+        run.state = stages.pull_image(ctx, run.state)
         run.state = stages.sync(ctx, run.state)
         run.state = stages.setup(ctx, run.state)
         run.state = replace(run.state, target=replace(run.state.target, started_at=ctx.clock.time()))

@@ -28,6 +28,7 @@ from launch.job.overrides import overrides_record, parse_overrides
 from launch.job.spec import JobSpec, load_job_spec
 from launch.job.validation import printable
 from launch.paths import known_hosts_file
+from launch.planning.image_pull import registry_of
 from launch.planning.launchers import launcher_class
 from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
@@ -37,6 +38,7 @@ from launch.run import lifecycle
 from launch.run.doctor import HostChoice, hosts_for_run
 from launch.run.hooks import LocalHooks, local_hooks_verdict, skipped_line
 from launch.run.records import RunRecords
+from launch.run.registry_login import read_login
 from launch.run.reporter import Reporter
 from launch.run.run_folder import new_run_id
 from launch.run.state import AskKeepRunning, RunOptions
@@ -48,6 +50,7 @@ __all__ = [
     "RunRequest",
     "check_channels_fit_the_fleet",
     "check_profiled_ranks_exist",
+    "check_registry_login",
     "launch",
     "launch_warnings",
     "make_plan",
@@ -124,12 +127,36 @@ def teardown_policy(spec: JobSpec, teardown: str | None, sweep_id: str | None) -
 def prepare(request: RunRequest, reporter: Reporter, dry_run: bool = False) -> PreparedRun:
     """The run's playbook, hosts and plan; the launch warnings said (not for a dry run).
     Bad input raises ``SpecError`` before anything is connected to."""
-    say = lambda line: reporter.say((line, "yellow"))  # noqa: E731
     playbook = resolve_playbook(request.playbook)
     changes = parse_overrides(request.overrides)
     spec = load_job_spec(playbook, changes, allowed=request.allow_paths)
     spec = teardown_policy(spec, request.teardown, request.sweep_id)
     every_host = only_hosts(load_inventory(request.inventory, save_keys=not dry_run), request.hosts)
+    if dry_run:
+        return _decide(request, reporter, playbook, spec, every_host, dry_run=True)
+    # a scheduler's machines are asked for now (Slurm: --wait waits in its queue); a run that
+    # ends before its start gives them back (its teardown does it otherwise)
+    every_host = fleet_kind(every_host.fleet).acquire(
+        every_host, spec.nodes, spec.name, lambda line: reporter.say(line), request.wait
+    )
+    try:
+        return _decide(request, reporter, playbook, spec, every_host, dry_run=False)
+    except BaseException:
+        fleet_kind(every_host.fleet).release(lambda line: reporter.say(line))
+        raise
+
+
+def _decide(
+    request: RunRequest,
+    reporter: Reporter,
+    playbook: Path,
+    spec: JobSpec,
+    every_host: Inventory,
+    *,
+    dry_run: bool,
+) -> PreparedRun:
+    """The host choice, the plan and the checks of a run whose machines are known."""
+    say = lambda line: reporter.say((line, "yellow"))  # noqa: E731
     inv, choice = every_host.first(spec.nodes), None
     known_hosts = (
         None if dry_run else every_host.write_known_hosts(known_hosts_file(every_host.fingerprint()))
@@ -143,6 +170,7 @@ def prepare(request: RunRequest, reporter: Reporter, dry_run: bool = False) -> P
     local_hooks = local_hooks_verdict(playbook, spec, request.allow_local_hooks, record=not dry_run)
     plan = dataclasses.replace(plan, on_end_verdict=local_hooks.why)
     if not dry_run:
+        check_registry_login(spec, playbook)
         for warning in launch_warnings(spec, inv):
             reporter.say(("warning: ", "yellow"), warning)
         if not local_hooks.allowed and spec.on_end:  # said now, not only 9 hours later when skipped
@@ -195,6 +223,14 @@ def check_channels_fit_the_fleet(spec: JobSpec, inventory: Inventory, playbook: 
                 "has no bucket (only a cloud stack's fleet has one); use a folder on the nodes (path:) "
                 "or one on this machine (local:)"
             )
+
+
+def check_registry_login(spec: JobSpec, playbook: str | Path) -> None:
+    """``container.credentials`` read now, before any machine is held or touched: unset or
+    malformed is a one-line error naming the playbook and the field (exit 2). The pull stage
+    reads them again where it sends them (``launch.run.stages.pull_image``)."""
+    if spec.container is not None and spec.container.credentials is not None:
+        read_login(spec.container.credentials, registry_of(spec.container.image), playbook)
 
 
 def check_profiled_ranks_exist(spec: JobSpec, world_size: int | None, playbook: str | Path) -> None:

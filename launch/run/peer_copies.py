@@ -19,8 +19,13 @@ the laptop copies each newly saved checkpoint to one other node, in the backgrou
   and the laptop's choice before a later attempt see it like any other. Older peer copies this
   run placed on that node beyond ``KEEP`` are removed; the node's own saves are never touched.
 * Training never waits: the copy runs on the laptop, rank 0 only serves reads.
-* With a bucket the helper's upload is the second copy and nothing is copied here; nor without
-  ``recovery:`` (no later attempt would use the copy, and the final pull would bring it home).
+* With a bucket too: the helper's upload of a step takes several ``aws`` CLI calls, seconds on a
+  loaded node, and until it ends the step lives on the head only; the peer copy of a small
+  checkpoint is often done first. Whichever ends first makes the step durable: a step whose
+  upload rank 0 already reported complete (``checkpoint_uploaded``) is not copied, and a later
+  attempt resumes from the newest durable step of either (``checkpoints.newest_durable``).
+  Nothing is copied without ``recovery:`` (no later attempt would use the copy, and the final
+  pull would bring it home).
 """
 
 from __future__ import annotations
@@ -34,11 +39,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from launch.fleets.kinds.registry import fleet_kind
-from launch.job.inventory import Host, Inventory
+from launch.job.inventory import Host
 from launch.reports.safe_text import clean
 from launch.run.checkpoints import LIST_SCRIPT, checkpoint_dir, copy_step, parse_claims, ssh_run
-from launch.run.target import run_prefix
 
 KEEP = 2
 """Peer copies kept per node (the newest one and the one before, in case the newest is cut)."""
@@ -52,11 +55,6 @@ def saver(watcher: Any) -> str | None:
         if stream is not None and getattr(stream, "saved_checkpoints", None):
             return str(name)
     return None
-
-
-def run_has_bucket(inventory: Inventory, run_id: str) -> bool:
-    """Whether the nodes upload checkpoints to a bucket (the fleet kind gives them commands)."""
-    return fleet_kind(inventory.fleet).bucket_commands(run_prefix(run_id)) is not None
 
 
 PEER_STAGING = ".peer-copies"
@@ -74,6 +72,8 @@ class PeerCopies:
         """Every step rank 0 reported saving, with its manifest sha256 (all attempts)."""
         self.copied: dict[int, str] = {}
         """Step -> node holding a peer copy made by this run."""
+        self.uploaded: dict[int, str] = {}
+        """Step -> manifest sha256 of every upload rank 0 reported complete (all attempts)."""
         self.placed: dict[str, list[int]] = {}
         self.errors: list[str] = []
         self.hosts: list[Host] = []
@@ -99,19 +99,35 @@ class PeerCopies:
         def on_poll(obs: Any) -> None:
             if previous is not None:
                 previous(obs)
-            self.offer(obs.metrics.saved_checkpoints, saver(watcher))
+            self.offer(obs.metrics.saved_checkpoints, saver(watcher), obs.metrics.uploaded_checkpoints)
 
         watcher.on_poll = on_poll
 
-    def offer(self, saved: Mapping[int, str], holder: str | None = None) -> None:
-        """Note the saves seen; queue the newest not yet copied (never raises: a poll callback).
-        ``holder``: the node whose metrics reported the saves (rank 0's), when known."""
+    def durable(self) -> dict[int, str]:
+        """Step -> where its second copy is (a node's name, or ``bucket``): the steps that
+        survive the loss of rank 0's node, as far as this machine has seen."""
+        with self._cond:
+            found = {s: n for s, n in self.copied.items() if s in self.recorded}
+            found.update(
+                {s: "bucket" for s, digest in self.uploaded.items() if self.recorded.get(s) == digest}
+            )
+            return found
+
+    def offer(
+        self, saved: Mapping[int, str], holder: str | None = None, uploaded: Mapping[int, str] | None = None
+    ) -> None:
+        """Note the saves (and completed uploads) seen; queue the newest step not yet durable
+        (never raises: a poll callback). ``holder``: the node whose metrics reported the saves
+        (rank 0's), when known."""
         with self._cond:
             self.recorded.update(saved)
+            self.uploaded.update(uploaded or {})
             self._holder = holder
             if not self.enabled or not saved:
                 return
             step = max(saved)
+            if self.uploaded.get(step) == saved[step]:
+                return  # its upload was first: the bucket holds the second copy
             if step in self.copied or step == self._current or (self._queued or -1) >= step:
                 return
             self._queued = step
@@ -149,8 +165,9 @@ class PeerCopies:
                 self._current = step
                 hosts, known_hosts, digest = list(self.hosts), self.known_hosts, self.recorded.get(step)
                 holder = self._holder
+                raced = digest is not None and self.uploaded.get(step) == digest  # upload done meanwhile
             try:
-                if known_hosts is not None and digest is not None:
+                if known_hosts is not None and digest is not None and not raced:
                     self._copy(step, digest, hosts, known_hosts, holder)
             except Exception as exc:  # noqa: BLE001 - a failed copy is reported, training goes on
                 line = f"peer copy of checkpoint step {step} failed: {clean(f'{type(exc).__name__}: {exc}', 300)}"

@@ -1,8 +1,9 @@
 """The stages of one attempt, each a function of (context, state) that returns the next state.
 
 SkyPilot's sequence with barriers between steps: nothing starts unless every node passed the
-previous stage. preflight (connect, the doctor's cheap checks) -> sync -> setup -> claim (busy
-GPUs, the rendezvous port) -> start -> watch. A stage that fails on some nodes raises
+previous stage. preflight (connect, the doctor's cheap checks) -> pull (the ``container:``
+image, once per node) -> sync -> setup -> claim (busy GPUs, the rendezvous port) -> start ->
+watch. A stage that fails on some nodes raises
 ``StepFailed`` naming them; nothing after it runs. Each stage's time goes into the state's
 timings (``summary.json`` says where a start spent it). A stage that works on fewer nodes (a
 later attempt's new machines) takes ``ctx.port.subset(...)``: nothing is swapped and put back.
@@ -10,6 +11,7 @@ later attempt's new machines) takes ``ctx.port.subset(...)``: nothing is swapped
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -22,14 +24,24 @@ from launch.job.inventory import Host
 from launch.nodelib.fleetrun_protocol import FileBundle, ProtocolError, StartAnswer
 from launch.planning import remote_layout as layout
 from launch.planning.claim import busy_gpus, parse_probe, probe_command
+from launch.planning.image_pull import (
+    NO_RUNTIME_EXIT,
+    PULL_TIMEOUT_S,
+    parse_pull_result,
+    pull_command,
+    pull_script,
+    registry_of,
+)
 from launch.planning.launchers.base import ATTEMPT_FILE, RDZV_PORT_FILE, RESUME_FILE
 from launch.reports.safe_text import clean
+from launch.rules.image_pull import classify_pull_error
 from launch.rules.preflight import errors_by_node
 from launch.rules.stoprules import StopDecision
 from launch.run.channels import copy_channels
-from launch.run.doctor import gather
+from launch.run.doctor import ContainerCheck, gather
 from launch.run.hooks import before_stop_files
-from launch.run.peer_copies import run_has_bucket
+from launch.run.recheck import EarlyChecks, sshd_check
+from launch.run.registry_login import RegistryLogin, read_login
 from launch.run.state import RunContext, RunState
 from launch.run.watch import AGENT, Watcher
 from launch.run.watching import build_watcher, watch_safely
@@ -98,6 +110,7 @@ def preflight(ctx: RunContext, state: RunState) -> RunState:
     # with ``rdzv_port: auto`` the port is chosen free on the head just before the start
     # (``claim``), so there is no fixed port to find in use here
     port = ctx.spec.rdzv_port if isinstance(ctx.spec.rdzv_port, int) else 0
+    container = ContainerCheck.of(ctx.spec)  # the cheap probe: is the runtime there
     hosts = state.hosts
     started = ctx.clock.monotonic()
     with progress_bar(ctx.reporter.console) as progress:
@@ -108,6 +121,7 @@ def preflight(ctx: RunContext, state: RunState) -> RunState:
             "cheap",
             port,
             on_done=lambda _n, _r: progress.advance(task),
+            container=container,
         )
     state = state.timed("connect", ctx.clock.monotonic() - started)
     unreachable = {o.node: HostError(o.node, o.error) for o in observations if o.error is not None}
@@ -120,7 +134,8 @@ def preflight(ctx: RunContext, state: RunState) -> RunState:
         if missing:
             raise StepFailed("connect", dict(missing))
         return state
-    findings = judge(observations, Job(head=hosts[0].name, port=port, full=False))
+    extra = container.job_fields() if container is not None else {}
+    findings = judge(observations, Job(head=hosts[0].name, port=port, full=False, **extra))
     if findings.failed:
         width = max(len(h.name) for h in hosts)
         for verdict in findings.errors:
@@ -128,6 +143,61 @@ def preflight(ctx: RunContext, state: RunState) -> RunState:
         ctx.reporter.say("  (fab doctor checks everything; --skip-doctor launches anyway)")
         raise StepFailed(
             "preflight", {node: HostError(node, why) for node, why in errors_by_node(findings).items()}
+        )
+    return state
+
+
+def pull_image(ctx: RunContext, state: RunState, hosts: list[Host] | None = None) -> RunState:
+    """The playbook's ``container.image`` onto every node of ``hosts`` (the run's by default),
+    all at once, before anything is synced or started: a node that has it already answers at
+    once (``podman image exists``), the others pull it. A node whose pull fails fails the
+    ``pull`` step with one line naming it, the kind (auth, not found, no space, network) and
+    what to do; nothing starts anywhere. Without ``container:`` there is nothing to do.
+
+    Credentials named by ``container.credentials`` are read here, on this machine, and reach
+    each node on the pull script's stdin only (``launch.run.registry_login``)."""
+    container = ctx.spec.container
+    if container is None:
+        return state
+    login: RegistryLogin | None = None
+    if container.credentials:
+        login = read_login(container.credentials, registry_of(container.image))
+    script = pull_script(container.image, container.runtime, state.plan.run_id, login=login is not None)
+    command = pull_command(script)
+    data = login.auth_file() if login is not None else b""
+
+    def private(text: str) -> str:
+        return login.redact(text) if login is not None else text
+
+    def pull_one(conn: NodeLink) -> str:
+        started = ctx.clock.monotonic()
+        result = conn.run_with_input(command, data, timeout=PULL_TIMEOUT_S)
+        output = private((result.stderr or result.stdout)[-65536:])
+        if result.exit_code == NO_RUNTIME_EXIT:
+            why = clean(output.strip().splitlines()[-1] if output.strip() else "no runtime", 300)
+            raise HostError(
+                conn.host.name, f"{why} (container.runtime: {container.runtime}; fab doctor says more)"
+            )
+        if not result.ok:
+            raise HostError(conn.host.name, classify_pull_error(output).line(container.image))
+        answer = parse_pull_result(result.stdout)
+        if answer is None:
+            tail = clean(private(result.stdout.strip()[-200:]), 200)
+            raise HostError(conn.host.name, f"the image pull gave no answer ({tail!r})")
+        what, runtime = answer
+        if what == "present":
+            return f"image present ({runtime})"
+        return f"image pulled ({runtime}) in {ctx.clock.monotonic() - started:.1f} s"
+
+    state, done = fan_out(ctx, state, "pull", pull_one, state.hosts if hosts is None else hosts)
+    if len(done) <= 8:
+        for name, what in done.items():
+            ctx.reporter.say(f"  {name}: {what}")
+    else:
+        pulled = sum(1 for what in done.values() if what.startswith("image pulled"))
+        ctx.reporter.say(
+            f"  pull: {len(done)} nodes, {pulled} pulled {clean(container.image, 200)}, "
+            f"{len(done) - pulled} had it"
         )
     return state
 
@@ -325,7 +395,15 @@ def watch(ctx: RunContext, state: RunState, watcher: Watcher | None = None) -> W
             completion_grace_s=ctx.options.completion_grace_s,
             clock=ctx.clock,
         )
-        if ctx.peers is not None:  # the saves it sees are recorded and copied to a peer node
-            copy = state.plan.recovery.enabled and not run_has_bucket(state.inventory, state.plan.run_id)
-            ctx.peers.follow(watcher, state.hosts, state.known_hosts, copy)
+        if ctx.peers is not None:  # the saves it sees are recorded and copied to a peer node,
+            # with a bucket too: whichever of the upload and the copy ends first is the second copy
+            ctx.peers.follow(watcher, state.hosts, state.known_hosts, state.plan.recovery.enabled)
+        limit = state.target.rules.unreachable_timeout_s
+        if state.plan.recovery.enabled and limit is not None:  # a silent node's re-check starts early
+            watcher.early_checks = EarlyChecks(
+                state.hosts, limit, sshd_check(ctx.port.jumps), wall=ctx.clock.time, clock=time.monotonic
+            )
+            watcher.early_checks.follow(watcher)
+    elif watcher.early_checks is not None:  # the watch goes on after a false alarm: so do the checks
+        watcher.early_checks.follow(watcher)
     return Watched(watch_safely(watcher, ctx.folder.path), watcher)

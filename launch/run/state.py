@@ -107,6 +107,9 @@ class RunState:
     not_taken: tuple[tuple[str, str], ...] = ()
     """Machines the recovery under way checked and did not take (a spare or a new machine with a
     bad GPU), each with why, for the record of the attempt that just ended."""
+    grace_cut: tuple[str, ...] = ()
+    """Survivors whose ranks the stop killed without their grace (none was stepping: blocked with
+    the lost peer), for the record of the attempt that just ended."""
     lib_current: frozenset[str] = frozenset()
     """Nodes whose copy of the node library is current (the sync skips it there)."""
     started_job: bool = False

@@ -6,7 +6,7 @@ run's teardown action, decided where every run ends (``launch.run.wrapup.finish`
 the end of ``fab sweep``): when the playbook's teardown would remove the fleet, the fleet is
 kept until a deadline instead, and then torn down unless a later run on it claimed it.
 
-The deadline has three keepers, so that no single one going away leaves GPUs billing:
+The deadline has up to four keepers, so that no single one going away leaves GPUs billing:
 
 * each node's own timer (``fleetrun_warm``, started detached): it powers the node off with the
   laptop gone; it runs as the node user, so a process the job left behind can fool it;
@@ -14,6 +14,10 @@ The deadline has three keepers, so that no single one going away leaves GPUs bil
   laptop-side process (``python -m launch.run.warm FILE``) tears the fleet down when it passes;
   any later ``fab`` command does the same for a deadline that passed while the laptop slept
   (``enforce_due``, from the command-line edge). Nothing on a node can move it;
+* on a cloud, the instances' lifetime, armed from the laptop in the cloud itself
+  (``launch.run.warm_lifetime``: an EventBridge or Cloud Scheduler schedule that ends the
+  instances a little after the deadline): it needs neither the laptop nor the nodes. A run that
+  reuses the fleet disarms it as it starts (``claim``);
 * "claimed" is decided from the laptop's run records: a run recorded on the same fleet after the
   fleet was kept warm owns it from then on (its own end decides again), not a folder's mtime.
 
@@ -35,10 +39,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from launch.errors import FleetrunError
 from launch.fleets.kinds.base import TeardownOutcome, TeardownState
 from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.teardown import tear_down
@@ -47,6 +52,7 @@ from launch.paths import fleetrun_home
 from launch.planning import remote_layout as layout
 from launch.reports.safe_text import clean
 from launch.rules.stoprules import Teardown
+from launch.run import warm_lifetime
 from launch.run.records import RunRecords
 from launch.transport.port import FleetPort, NodeLink
 
@@ -84,6 +90,8 @@ class WarmEntry:
     deadline: float
     record_dir: Path
     """The owner's folder: ``keep_warm.json`` there, and ``summary.json``'s teardown."""
+    lifetime: str | None = None
+    """What the cloud was armed to do at the deadline (``launch.run.warm_lifetime``), or None."""
 
     @property
     def key(self) -> str:
@@ -96,6 +104,7 @@ class WarmEntry:
             "armed_at": self.armed_at,
             "deadline": self.deadline,
             "record_dir": str(self.record_dir),
+            "lifetime": self.lifetime,
         }
 
     @classmethod
@@ -108,15 +117,18 @@ class WarmEntry:
         try:
             data = json.loads(raw)
             armed_at, deadline = float(data["armed_at"]), float(data["deadline"])
-            owner = data["owner"]
+            owner, lifetime = data["owner"], data.get("lifetime")
             if not isinstance(owner, str) or not isinstance(data["record_dir"], str):
                 raise TypeError("owner and record_dir are text")
+            if lifetime is not None and not isinstance(lifetime, str):
+                raise TypeError("lifetime is text")
             return cls(
                 owner=owner,
                 inventory=Inventory.model_validate(data["inventory"]),
                 armed_at=armed_at,
                 deadline=deadline,
                 record_dir=Path(data["record_dir"]),
+                lifetime=lifetime,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{type(exc).__name__}: {clean(exc, 300)}") from None
@@ -179,7 +191,13 @@ def keep_warm(
     if start_timer:
         start_backstop(path)
     say(f"  kept warm: each node powers itself off in {seconds:g} s unless a new run claims it")
-    return kept_outcome(policy, seconds)
+    # The cloud's lifetime last: its stack update takes a minute, and the laptop's deadline and
+    # timer are kept already if this command is interrupted meanwhile.
+    lifetime = warm_lifetime.arm(inventory, entry.deadline, say)
+    if lifetime is not None:
+        _write_json(path, replace(entry, lifetime=lifetime).to_json())
+        note_result(record_dir, lifetime=lifetime)
+    return kept_outcome(policy, seconds, lifetime)
 
 
 def arm_nodes(port: FleetPort, seconds: float) -> dict[str, str]:
@@ -201,12 +219,13 @@ def arm_nodes(port: FleetPort, seconds: float) -> dict[str, str]:
     return outcome
 
 
-def kept_outcome(policy: Teardown, seconds: float) -> TeardownOutcome:
-    """What the run's report says of its teardown when the fleet was kept warm instead."""
+def kept_outcome(policy: Teardown, seconds: float, lifetime: str | None = None) -> TeardownOutcome:
+    """What the run's report (``summary.json``, ``fab runs``) says of its teardown when the fleet
+    was kept warm instead, with the cloud's lifetime when one was armed."""
     return TeardownOutcome(
         TeardownState.SKIPPED,
         f"kept warm for {seconds:g} s instead (teardown: {Teardown(policy).value}): the fleet is torn down "
-        "then unless a new run claims it",
+        "then unless a new run claims it" + (f"; and {lifetime}" if lifetime else ""),
     )
 
 
@@ -265,6 +284,42 @@ def _locked() -> Iterator[bool]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def claim(inventory: Inventory, run_id: str, say: Say) -> None:
+    """A run is starting on this fleet: when it was kept warm with a lifetime in the cloud, disarm
+    that lifetime first, so the cloud does not end the fleet under the run (the run's own end
+    decides again, and arms a new one when it keeps the fleet warm). Cheap when nothing is armed:
+    one file read. Raises ``FleetrunError`` when the lifetime could not be disarmed: the run would
+    be cut off at a known time."""
+    path = entry_path(inventory)
+    if not path.is_file():
+        return  # not warm
+    # One disarm for the variants of a sweep starting together (waited for: a second stack update
+    # at the same time would be refused); each reads the entry again once it holds the lock.
+    with open(path.with_suffix(".claim"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            entry = WarmEntry.load(path)
+        except (OSError, ValueError):
+            return  # gone meanwhile (or not a ledger entry: the next command's enforce says so)
+        if entry.lifetime is None:
+            return
+        try:
+            _disarm_for(entry, run_id, say)
+        except FleetrunError as exc:
+            raise FleetrunError(
+                f"the fleet was kept warm by {clean(entry.owner, 100)} and {clean(entry.lifetime, 300)}; that could not "
+                f"be disarmed ({clean(exc, 300)}), so this run would be cut off then. Try again, or tear the "
+                "fleet down and bring it up anew"
+            ) from None
+        _write_json(path, replace(entry, lifetime=None).to_json())
+
+
+def _disarm_for(entry: WarmEntry, run_id: str, say: Say) -> None:
+    say(f"fleetrun: {clean(run_id, 100)} reuses the warm fleet: disarming its instance lifetime in the cloud")
+    warm_lifetime.disarm(entry.inventory, say)
+    note_result(entry.record_dir, lifetime_state="disarmed", lifetime_disarmed_by=run_id)
+
+
 def enforce(path: Path, records: RunRecords, say: Say, now: float | None = None) -> TeardownOutcome | None:
     """Keep one ledger entry's deadline: past it, tear the fleet down unless a run claimed it.
     Returns the teardown's outcome, or None when nothing was torn down."""
@@ -284,12 +339,22 @@ def enforce(path: Path, records: RunRecords, say: Say, now: float | None = None)
             return None
         claim = claimed_by(entry, records)
         if claim is not None:
+            if entry.lifetime is not None:  # the claiming run started without disarming it
+                try:
+                    _disarm_for(entry, claim, say)
+                except FleetrunError as exc:
+                    say(f"fleetrun: could not disarm it ({clean(exc, 300)}): {clean(entry.lifetime, 300)}")
             path.unlink(missing_ok=True)
             note_result(entry.record_dir, state="claimed", claimed_by=claim, decided_at=now)
             return None
         say(f"fleetrun: the warm fleet of {clean(entry.owner, 100)} is past its deadline: tearing it down")
         outcome = tear_down(entry.inventory, say=lambda m: say(f"  {m}"))
         path.unlink(missing_ok=True)
+        if entry.lifetime is not None:
+            done = outcome.state is TeardownState.DONE
+            if not done:
+                say(f"  the cloud still ends the instances: {clean(entry.lifetime, 300)}")
+            note_result(entry.record_dir, lifetime_state="removed with the fleet" if done else "still armed")
         note_result(entry.record_dir, state="torn_down", teardown=outcome.to_json(), decided_at=now)
         _record_teardown(entry.record_dir, outcome)
         return outcome

@@ -37,6 +37,7 @@ from launch.rules.stoprules import (
 from launch.rules.stragglers import NodePace, parse_pace
 from launch.run.clock import Clock
 from launch.run.pushed_exits import PushedExits
+from launch.run.recheck import EarlyChecks
 from launch.run.target import WatchTarget
 from launch.transport.port import FleetPort, NodeLink
 
@@ -122,6 +123,9 @@ class Watcher:
         if push_exits:
             events = f'exec {AGENT} events "$HOME/{layout.rundir(target.run_id)}"'
             self.pushed = PushedExits(fleet, events)
+        self.early_checks: EarlyChecks | None = None
+        """With recovery: the checks of silent nodes started before the unreachable limit
+        (``launch.run.recheck.EarlyChecks``), whose failures the re-check after it counts."""
 
     # -- one poll --------------------------------------------------------------------------------
     def _poll_node(self, conn: NodeLink, timeout: float = POLL_ANSWER_TIMEOUT_S) -> PollAnswer:
@@ -152,6 +156,8 @@ class Watcher:
         """Close the poll and event channels; each node's agent exits on end of input."""
         if self.pushed is not None:
             self.pushed.close()
+        if self.early_checks is not None:
+            self.early_checks.stop()
         for conn in self.fleet.connections.values():
             conn.close_sessions()
 

@@ -161,6 +161,20 @@ def nvmlDeviceGetNvLinkState(handle: dict[str, Any], link: int) -> int:
     return 1 if links[link] else 0
 
 
+def nvmlDeviceGetComputeRunningProcesses(handle: dict[str, Any]) -> list[SimpleNamespace]:
+    return [SimpleNamespace(**p) for p in _fact(handle, "processes")]
+
+
+def _report_processes(lines: dict[str, str]) -> list[dict[str, Any]]:
+    """The report's ``Processes`` section as NVML's process records (``usedGpuMemory`` in bytes):
+    ``Processes : None`` is none; one listed process (the path map keeps one) is that one."""
+    pid = lines.get("Processes/Process ID", "")
+    if not pid.isdigit():
+        return []
+    used = lines.get("Processes/Used GPU Memory", "").removesuffix(" MiB")
+    return [{"pid": int(pid), "usedGpuMemory": int(used) * 1024 * 1024 if used.isdigit() else None}]
+
+
 def load_report(text: str) -> dict[str, Any]:
     """``MACHINE`` from an ``nvidia-smi -q`` capture: the facts NVML gave nvidia-smi, each ``N/A``
     of the report a NOT_SUPPORTED here."""
@@ -173,6 +187,7 @@ def load_report(text: str) -> dict[str, Any]:
         facts["bus_id"] = next((v for p, v in lines.items() if p == "PCI/Bus Id"), bus)
         if "clock_events" in facts["unsupported"]:
             facts["throttle"] = None
+        facts["processes"] = _report_processes(lines)
         gpus.append(facts)
     major, _, minor = (cuda or "0.0").partition(".")
     return {"driver": driver, "cuda": int(major) * 1000 + int(minor or 0) * 10, "gpus": gpus}

@@ -175,6 +175,10 @@ class FakeStack:
         self.calls.append(("set_config", key, value.value))
         self.config[key] = value.value
 
+    def remove_config(self, key: str) -> None:
+        self.calls.append(("remove_config", key))
+        del self.config[key]
+
     def refresh(self, **_: Any) -> None:
         self.calls.append(("refresh",))
 
@@ -679,3 +683,29 @@ def test_a_running_clusters_update_is_not_cancelled(monkeypatch: pytest.MonkeyPa
     with pytest.raises(FleetrunError, match="nodes were left as they are"):
         _up(monkeypatch, stack)
     assert ("cancel",) not in stack.calls and not [c for c in stack.calls if c[0] == "destroy"]
+
+
+def test_down_forgets_the_destroyed_clusters_lifetime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept-warm cluster's ``fleet:warm_until`` goes with it: the next ``fab up`` must not give
+    new nodes a lifetime in the past (AWS runs a one-time schedule of a past time at once)."""
+    snap = evaluate("aws")
+    config = {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:warm_until": "2026-11-28T21:05:00Z"}
+    stack = FakeStack(config, snap.outputs)
+    _fake(monkeypatch, stack)
+    stack_down("test", REPO, on_output=lambda _: None, leftovers=lambda location: [])
+    assert ("remove_config", "fleet:warm_until") in stack.calls and "fleet:warm_until" not in stack.config
+
+
+@pytest.mark.parametrize(("now", "kept"), [(1_795_899_899.0, True), (1_795_899_900.0, False)])
+def test_up_drops_a_lifetime_that_has_passed_and_keeps_a_future_one(
+    monkeypatch: pytest.MonkeyPatch, now: float, kept: bool
+) -> None:
+    snap = evaluate("aws")  # 1_795_899_900 is 2026-11-28T21:05:00Z
+    config = {"fleet:cloud": "aws", "fleet:region": "us-east-1", "fleet:warm_until": "2026-11-28T21:05:00Z"}
+    stack = FakeStack(config, snap.outputs)
+    monkeypatch.setattr(cloud_stack, "wall_clock", lambda: now)
+    _outputs, said = _up(monkeypatch, stack)
+    assert ("fleet:warm_until" in stack.config) is kept
+    dropped = [("remove_config", "fleet:warm_until")] if not kept else []
+    assert stack.calls == [*dropped, ("refresh",), ("up", None)]
+    assert any("has passed; removed" in line for line in said) is not kept

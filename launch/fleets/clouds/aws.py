@@ -89,6 +89,12 @@ class AwsOps:
     def poweroff_hook(self) -> str:
         return POWEROFF_HOOK
 
+    def lifetime_note(self, warm_until: str) -> str:
+        return (
+            f"at {warm_until} an EventBridge Scheduler one-time schedule per node terminates its instance "
+            "(ec2:TerminateInstances on that instance only)"
+        )
+
     def leftovers(self, location: ClusterLocation) -> list[str]:
         try:
             import boto3  # type: ignore[import-not-found, unused-ignore]

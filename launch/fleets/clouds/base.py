@@ -106,6 +106,11 @@ class CloudOps(Protocol):
         """What a provider error (as ``pulumi up`` prints it) means for failover."""
         ...
 
+    def lifetime_note(self, warm_until: str) -> str:
+        """What the cloud does at ``fleet:warm_until`` (``infra.clouds.<cloud>_lifetime``), one
+        line for the run's record: who ends the instances, and how."""
+        ...
+
 
 Rules = Sequence[tuple[ErrorKind, re.Pattern[str]]]
 

@@ -110,6 +110,12 @@ class GcpOps:
     def poweroff_hook(self) -> str:
         return POWEROFF_HOOK
 
+    def lifetime_note(self, warm_until: str) -> str:
+        return (
+            f"at {warm_until} a Cloud Scheduler job per node deletes its instance (instances.delete, "
+            "as an account that may delete only the cluster's instances)"
+        )
+
     def leftovers(self, location: ClusterLocation) -> list[str]:
         """Instances in every status (a TERMINATED, i.e. stopped, VM still bills for its disk),
         disks and addresses labelled with the cluster, in every zone and region of the project.

@@ -13,7 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from launch.job.inventory import Host
+    from launch.job.inventory import Host, Inventory
     from launch.nodelib.fleetrun_protocol import BucketCommands
 
 Say = Callable[[str], None]
@@ -53,6 +53,22 @@ class TeardownOutcome:
         return {"state": self.state.value, "message": self.message}
 
 
+class InstanceLifetime(Protocol):
+    """A time at which the cloud itself ends a fleet's instances, armed from the laptop for a
+    kept-warm fleet (``launch.run.warm``): the backstop neither the nodes nor the laptop can
+    miss. Only stack fleets have one (``launch.fleets.stack_lifetime``)."""
+
+    def arm(self, until: float, say: Say) -> str:
+        """End the instances at Unix time ``until`` (rounded up to the minute), replacing any
+        lifetime armed before; returns what was armed, one line for the run's record. Raises
+        ``FleetrunError`` when it could not be armed."""
+        ...
+
+    def disarm(self, say: Say) -> None:
+        """Remove the lifetime (a run claimed the fleet). Raises ``FleetrunError`` on failure."""
+        ...
+
+
 class FleetKind(Protocol):
     """One kind of fleet. Instances are built from the inventory's fleet reference."""
 
@@ -88,12 +104,35 @@ class FleetKind(Protocol):
         """The preemption-notice poller the watchdog runs (``fleetrun_protocol.POLLERS``), or ""."""
         ...
 
+    def acquire(self, inventory: Inventory, nodes: int, job_name: str, say: Say, wait: bool) -> Inventory:
+        """The machines for one run, before it is planned: the inventory as it is where they
+        exist already (lab, local, stack); a scheduler's kind asks for ``nodes`` of them and
+        gives the inventory of what it got, its reference naming what it holds (Slurm's job
+        id), waiting in its queue only with ``wait``. May raise ``FleetrunError``."""
+        ...
+
+    def health(self) -> list[tuple[str, str]]:
+        """``fab doctor``'s checks of the fleet itself, before its nodes: (level, line) with level
+        ``ok``, ``warning`` or ``error`` (a scheduler's login host and partition); none where
+        the nodes are the whole fleet."""
+        ...
+
+    def release(self, say: Say) -> None:
+        """Give back what ``acquire`` took, for a run that ends before it starts (its teardown
+        does it otherwise); nothing where ``acquire`` took nothing."""
+        ...
+
     def tear_down(self, say: Say) -> TeardownOutcome:
         """Remove the fleet and confirm nothing remains. May raise ``FleetrunError``."""
         ...
 
     def tags(self) -> dict[str, str]:
         """The tags/labels that mark this fleet's resources (what a leftovers audit looks for)."""
+        ...
+
+    def lifetime(self) -> InstanceLifetime | None:
+        """The cloud-side lifetime of a kept-warm fleet, or None: lab machines are never powered
+        off (promise 3), and a local fleet has no cloud (its laptop timer keeps its deadline)."""
         ...
 
     def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
@@ -115,6 +154,44 @@ class FleetKind(Protocol):
         ``probe`` as for ``replace``. Recovery asks for this only when no spare of the inventory
         is left, and asks once per recovery (``launch.run.attempts.take_spare``)."""
         ...
+
+
+class StandingMachines:
+    """``acquire`` and ``release`` of a kind whose machines exist before any run (lab machines,
+    the local fleet, a stack): nothing to ask for, nothing to give back per run."""
+
+    def acquire(self, inventory: Inventory, nodes: int, job_name: str, say: Say, wait: bool) -> Inventory:
+        return inventory
+
+    def release(self, say: Say) -> None:
+        return None
+
+    def health(self) -> list[tuple[str, str]]:
+        return []
+
+
+class SiteMachines:
+    """What a kind whose machines belong to the site (lab machines, a Slurm cluster's nodes) answers
+    alike: fleetrun never powers them off (promise 3), so no instance lifetime; no bucket of the
+    fleet's own; no preemption notices to poll."""
+
+    can_power_off: ClassVar[bool] = False
+
+    def bucket_upload_argv(self, dest: str) -> list[str] | None:
+        return None
+
+    def bucket_download_argv(self, src: str) -> list[str] | None:
+        return None
+
+    def bucket_commands(self, prefix: str) -> BucketCommands | None:
+        return None
+
+    def preemption_poller(self) -> str:
+        return ""
+
+    def lifetime(self) -> InstanceLifetime | None:
+        """Never: a site's machines are not fleetrun's to end (promise 3)."""
+        return None
 
 
 UPLOAD_SOURCE = "{src}"

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import (
+    Probe,
+    Say,
+    SiteMachines,
+    StandingMachines,
+    TeardownOutcome,
+    TeardownState,
+)
 from launch.fleets.kinds.refs import LabFleet
 from launch.job.inventory import (  # noqa: F401 - re-exported: the registry loads labs from here
     ALLOWED_KEYS,
@@ -23,7 +30,6 @@ from launch.planning.remote_layout import NO_POWEROFF_HOOK
 
 if TYPE_CHECKING:
     from launch.job.inventory import Host
-    from launch.nodelib.fleetrun_protocol import BucketCommands
 
 REPLACE_POLL_S = 5.0
 
@@ -31,9 +37,8 @@ REPLACE_POLL_S = 5.0
 POWEROFF_HOOK = NO_POWEROFF_HOOK
 
 
-class LabKind:
+class LabKind(StandingMachines, SiteMachines):
     name: ClassVar[str] = "lab"
-    can_power_off: ClassVar[bool] = False
 
     def __init__(self, ref: LabFleet) -> None:
         self.ref = ref
@@ -43,18 +48,6 @@ class LabKind:
 
     def poweroff_hook(self) -> str:
         return POWEROFF_HOOK
-
-    def bucket_upload_argv(self, dest: str) -> list[str] | None:
-        return None
-
-    def bucket_download_argv(self, src: str) -> list[str] | None:
-        return None
-
-    def bucket_commands(self, prefix: str) -> BucketCommands | None:
-        return None
-
-    def preemption_poller(self) -> str:
-        return ""
 
     def tear_down(self, say: Say) -> TeardownOutcome:
         return TeardownOutcome(

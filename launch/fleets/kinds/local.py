@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from launch.errors import FleetrunError
-from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import (
+    InstanceLifetime,
+    Probe,
+    Say,
+    StandingMachines,
+    TeardownOutcome,
+    TeardownState,
+)
 from launch.fleets.kinds.refs import LocalFleetRef
 
 if TYPE_CHECKING:
@@ -35,7 +42,7 @@ PREFIX_TAG = "fleetrun:local-prefix"
 """Every resource of a local fleet (users, namespaces, links, state) is named from its prefix."""
 
 
-class LocalFleetKind:
+class LocalFleetKind(StandingMachines):
     name: ClassVar[str] = "local"
     can_power_off: ClassVar[bool] = True
 
@@ -102,6 +109,10 @@ class LocalFleetKind:
 
     def tags(self) -> dict[str, str]:
         return {PREFIX_TAG: self.ref.prefix}
+
+    def lifetime(self) -> InstanceLifetime | None:
+        """No cloud to keep a lifetime: the laptop timer and the power daemon keep the deadline."""
+        return None
 
     def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
         """A fresh node (empty home, new host key) in the lost one's place; see ``replace_node``."""

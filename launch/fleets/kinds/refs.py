@@ -9,5 +9,6 @@ from launch.job.fleet_refs import (  # noqa: F401 - re-exported: the fleet kinds
     FleetRef,
     LabFleet,
     LocalFleetRef,
+    SlurmFleetRef,
     StackFleetRef,
 )

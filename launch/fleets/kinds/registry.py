@@ -26,14 +26,17 @@ KINDS: dict[str, tuple[str, str]] = {
     "lab": ("lab", "LabKind"),
     "local": ("local", "LocalFleetKind"),
     "stack": ("stack", "StackKind"),
+    "slurm": ("slurm", "SlurmKind"),
 }
 """Kind name (the reference's ``kind``) -> (module in this package, the class built from that reference)."""
 
 SELECTORS: dict[str, tuple[str, str]] = {
     "local": ("local", "load_local_inventory"),
     "stack": ("stack", "load_stack_inventory"),
+    "slurm": ("slurm", "load_slurm_inventory"),
 }
-"""``--inventory NAME[:ARG]`` -> the trusted loader of fleetrun's own state for that kind."""
+"""``--inventory NAME[:ARG]`` -> the loader for that kind: fleetrun's own state (trusted) for
+``local`` and ``stack``; the user's cluster file (untrusted, ``slurm:PATH``) for Slurm."""
 
 FILE_LOADERS: dict[str, tuple[str, str]] = {".json": ("stack", "load_outputs_file")}
 """File suffix -> loader; any other file is a lab inventory (the untrusted loader)."""

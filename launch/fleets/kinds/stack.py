@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from launch.errors import SpecError
 from launch.fleets.clouds import CLOUDS
-from launch.fleets.kinds.base import Probe, Say, TeardownOutcome, TeardownState
+from launch.fleets.kinds.base import (
+    InstanceLifetime,
+    Probe,
+    Say,
+    StandingMachines,
+    TeardownOutcome,
+    TeardownState,
+)
 from launch.fleets.kinds.refs import StackFleetRef
 from launch.fleets.stack_outputs import (  # noqa: F401 - re-exported
     TRUSTED_OUTPUTS_DIR,
@@ -49,7 +56,7 @@ SELECTOR = "stack"
 OUTPUTS_SUFFIX = ".json"
 
 
-class StackKind:
+class StackKind(StandingMachines):
     name: ClassVar[str] = "stack"
     can_power_off: ClassVar[bool] = True
 
@@ -93,6 +100,16 @@ class StackKind:
 
     def tags(self) -> dict[str, str]:
         return {self.cloud.cluster_tag: self.ref.cluster_id}
+
+    def lifetime(self) -> InstanceLifetime | None:
+        """``fleet:warm_until`` in the stack, which the program turns into the cloud's schedule
+        (``launch.fleets.stack_lifetime``). None for a cluster known only from an outputs file:
+        no stack to update."""
+        if not self.ref.stack:
+            return None
+        from launch.fleets.stack_lifetime import StackLifetime
+
+        return StackLifetime(self.ref.stack, self.cloud)
 
     def replace(self, host: Host, say: Say, timeout_s: float, probe: Probe | None = None) -> Host | None:
         """Refresh + up through the Automation API recreates only the missing instance; its new

@@ -36,9 +36,11 @@ import yaml
 from launch.errors import LocalFleetError
 from launch.fleets.kinds.refs import LocalFleetRef
 from launch.fleets.local import daemon, mountns, uplink
+from launch.fleets.local import slurm as local_slurm
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.node import Shape, behind_head, make_node, start_sshd
 from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
+from launch.fleets.local.slurm import PARTITION, LocalSlurm
 from launch.fleets.local.state import Created, StateFile
 from launch.job.inventory import Host, Inventory
 
@@ -139,6 +141,8 @@ class LocalFleet(FleetNames):
         found = [f"user {self.vm_user}"] if _exists_user(self.vm_user) else []
         if os.path.lexists(mountns.mount_dir(self)):
             found.append(str(mountns.mount_dir(self)))
+        if os.path.lexists(LocalSlurm(self).root):
+            found.append(str(LocalSlurm(self).root))
         for i in range(nodes):
             user = self.node_name(i)
             if _exists_user(user):
@@ -170,10 +174,14 @@ class LocalFleet(FleetNames):
         for user in users:
             procs += [f"{user}:{pid}" for pid in run(["pgrep", "-u", user], check=False).stdout.split()]
         netns = set(self.existing_netns())
+        if created["slurm_dir"]:
+            daemons = LocalSlurm.daemon_pids([n for n in created["netns"] if n in netns])
+            procs += [f"{name}:{pid}" for name, pid in daemons]
         links = set(self.existing_links())
         homes = [h for h in created["home"] if os.path.lexists(h) and Path(h).name in owners]
         paths = homes + [p for p in created["netns_etc"] + created["node_home"] if os.path.lexists(p)]
         paths += mountns.mount_leftovers(created)  # VM mode's namespace files and their directory
+        paths += [p for p in created["slurm_dir"] if os.path.lexists(p)]
         return {
             "netns": [n for n in created["netns"] if n in netns],
             "links": [n for n in created["link"] if n in links],
@@ -200,6 +208,8 @@ class LocalFleet(FleetNames):
         uplink_rate: str | None = None,
         bucket: bool = False,
         spot_notices: bool = False,
+        containers: bool = False,
+        slurm: bool = False,
     ) -> Inventory:
         """Build ``nodes`` nodes. ``bastion``: the nodes sit on an internal bridge this machine
         cannot reach, the head also on the external one, and the workers' inventory entries jump
@@ -211,7 +221,11 @@ class LocalFleet(FleetNames):
         ``bucket``: an S3-compatible server of the fleet's own on its bridge, given to the nodes as
         their bucket (``launch.fleets.local.bucket``). ``spot_notices``: a metadata endpoint in every
         node's namespace that ``serve_notice`` makes announce a spot interruption, and the
-        watchdog's poller for it (``launch.fleets.local.spot``).
+        watchdog's poller for it (``launch.fleets.local.spot``). ``containers``: rootless podman on
+        every node, reading images from this machine's shared store (``launch.fleets.local.containers``).
+        ``slurm``: a real Slurm cluster
+        on the nodes (``launch.fleets.local.slurm``): node 0 its controller and login host, the
+        others its compute nodes; implies ``vm`` (a cluster's user is the same on every node).
         All off: the default fleet, as it always was."""
         require_root()
         if not 1 <= nodes <= MAX_NODES:
@@ -220,16 +234,22 @@ class LocalFleet(FleetNames):
             raise LocalFleetError(f"--nodes {nodes}: a bastion fleet has 2..{NODES_PER_BLOCK} nodes")
         if bastion and (bucket or spot_notices):
             raise LocalFleetError("--bucket and --spot are for a fleet without --bastion")
+        if slurm and (bastion or mixed):
+            raise LocalFleetError("--with-slurm is for a fleet without --bastion or --mixed")
+        vm = vm or slurm
         # the bucket's S3 server and the spot notices are imported only for a fleet that has them
         # (``--inventory local`` reads this class for every command, e.g. ``fab exec``)
         from launch.fleets.local import bucket as local_bucket
+        from launch.fleets.local import containers as local_containers
         from launch.fleets.local import spot
 
         if bucket and not local_bucket.have_moto():
             raise LocalFleetError(
                 "--bucket needs moto's S3 server on this machine: pip install 'fleetrun[local-bucket]'"
             )
-        shape = Shape(bastion=bastion, mixed=mixed, vm=vm)
+        if containers and vm:
+            raise LocalFleetError("--containers is for a fleet without --vm")
+        shape = Shape(bastion=bastion, mixed=mixed, vm=vm, containers=containers)
         rate = None if uplink_rate is None else uplink.parse_rate(uplink_rate)
         ensure_tools(say)
         python = ensure_image(say) if build_image else image_python()
@@ -278,9 +298,21 @@ class LocalFleet(FleetNames):
         ]
         if bastion:
             hosts = behind_head(hosts)
+        if containers:
+            local_containers.check_ready([host.user for host in hosts])
+            local_containers.ensure_mqueue()
+        cluster = LocalSlurm(self) if slurm else None
+        if cluster is not None:
+            cluster.write(nodes, record)  # before the sshd start: they bind the nodes' /etc/slurm
         for i in range(nodes):
             start_sshd(self, i, shape)
         self.wait_for_sshd(dict(enumerate(hosts)), bastion)
+        if cluster is not None:
+            cluster.start(nodes)
+            say(
+                f"local fleet {self.prefix}: Slurm cluster {cluster.cluster_name} up: login "
+                f"{cluster.login}, partition {PARTITION} of {nodes - 1} node(s)"
+            )
         self._start_power_daemon()
         ref = LocalFleetRef(prefix=self.prefix)
         if bucket:
@@ -387,10 +419,15 @@ class LocalFleet(FleetNames):
         users = [u for u in created["user"] if self.is_ours(u, created)]
         unmarked = [u for u in created["user"] if _exists_user(u) and u not in users]
         self._kill(created, users)
+        local_slurm.remove(created["slurm_dir"])  # its daemons ran in the nodes' namespaces: killed
         mountns.remove_mounts(created)
         for user in users:
-            gid = pwd.getpwnam(user).pw_gid
-            _remove_queue_folders(pwd.getpwnam(user).pw_uid)
+            try:
+                entry = pwd.getpwnam(user)
+            except KeyError:  # a concurrent teardown of the same fleet removed it first
+                continue
+            gid = entry.pw_gid
+            _remove_queue_folders(entry.pw_uid)
             run(["userdel", "--force", "--remove", user], check=False)
             with contextlib.suppress(KeyError):
                 if grp.getgrgid(gid).gr_name == user:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.fleets.local import mountns
+from launch.fleets.local import containers, mountns
 from launch.fleets.local.naming import NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.prereqs import SSHD, run
 from launch.job.inventory import Host, JumpHost
@@ -33,6 +33,8 @@ class Shape:
     bastion: bool = False
     mixed: bool = False
     vm: bool = False
+    containers: bool = False
+    """Each node's own ``/etc/containers`` for rootless podman (``launch.fleets.local.containers``)."""
 
     def user(self, names: FleetNames, i: int) -> str:
         """Node ``i``'s login: its own (a lab) or, in VM mode, the fleet's one user (a cloud image)."""
@@ -104,6 +106,8 @@ def make_network(names: FleetNames, i: int, total: int, record: Record, shape: S
     hosts_lines = ["127.0.0.1 localhost"] + [f"{names.address(j)} {names.node_name(j)}" for j in range(total)]
     (etc / "hosts").write_text("\n".join(hosts_lines) + "\n")
     (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+    if shape.containers:
+        containers.node_etc(etc)
 
 
 def make_external_link(names: FleetNames, record: Record) -> None:

@@ -4,7 +4,8 @@
 ``netns``, ``netns_etc``, ``link``, ``run_netns``, ``route``: a bastion fleet's
 ``unreachable`` route for its internal subnet in the root namespace; a VM-mode fleet's
 ``node_home``, ``mountns`` and ``mount_dir``: see ``launch.fleets.local.mountns``; ``qdisc``: the
-device whose root ``tbf`` an ``--uplink`` fleet added, see ``launch.fleets.local.uplink``), appended and fsynced *before* the thing is
+device whose root ``tbf`` an ``--uplink`` fleet added, see ``launch.fleets.local.uplink``; ``slurm_dir``: a
+``--with-slurm`` fleet's cluster folder, see ``launch.fleets.local.slurm``), appended and fsynced *before* the thing is
 created (write-ahead), so a crash at any point of ``up`` leaves a record that covers everything
 that may exist. ``up`` checks that no name it is about to use exists before it records or creates
 anything, so a recorded name is never someone else's. Users carry a second proof, a GECOS marker
@@ -30,6 +31,7 @@ KINDS = (
     "mountns",
     "mount_dir",
     "qdisc",
+    "slurm_dir",
 )
 MAX_STATE_BYTES = 4 * 1024 * 1024
 

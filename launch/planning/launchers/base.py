@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.planning import remote_layout as layout
+from launch.planning.container import ContainerRun, launch_lines
 from launch.planning.launchers import cloudml, sagemaker
 from launch.planning.plan import LaunchPlan, NodePlan, RemoteFile, export_line, home_export_line
 
@@ -308,12 +309,76 @@ class Launcher(ABC):
                 "NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
                 '[ "${NPROC:-0}" -gt 0 ] || NPROC=1; export FLEETRUN_PROCS_PER_NODE="$NPROC"'
             )
-        lines.append(f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"')
+        if spec.container is None:
+            lines.append(f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"')
+        else:
+            # The ranks use the image's Python; the few node-side helpers (SM_TRAINING_ENV) the node's.
+            lines.append(f'python() {{ {sh_quote(spec.python or host.python)} "$@"; }}')
         lines.append(mkdir_line(spec))
         lines += sagemaker.runtime_lines(spec)
         lines.append(f'cd "$HOME/{layout.workdir(spec.name)}"')
-        lines.append(f"exec {sagemaker.exec_env_prefix(spec)}{command}")
+        if spec.container is None:
+            lines.append(f"exec {sagemaker.exec_env_prefix(spec)}{command}")
+        else:
+            lines += container_lines(spec, run_id, env, command)
         return "\n".join(lines) + "\n"
+
+
+CONTAINER_EXTRA_ENV = (
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "PYTHONPATH",
+    "MASTER_PORT",
+    "FLEETRUN_ATTEMPT",
+    "FLEETRUN_RESUME_FROM",
+    "FLEETRUN_CONTAINER_RUNTIME",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "NPROC",
+    "FLEETRUN_PROCS_PER_NODE",
+    "SM_NUM_CPUS",
+    "SM_NUM_GPUS",
+    "SM_NETWORK_INTERFACE_NAME",
+    "SM_TRAINING_ENV",
+)
+"""Variables the launch script sets on the node (beside the planned ones) that the ranks read."""
+
+
+def container_mounts(spec: JobSpec, run_id: str) -> tuple[str, ...]:
+    """The node's folders the ranks use, each mounted at its own path: the node library, the
+    workdir, the run folder (checkpoints, outputs and TMPDIR are inside it), the compile cache,
+    the copied channels' folder, and the node-side channel folders."""
+    mounts = [
+        layout.home(layout.LIB),
+        layout.home(layout.workdir(spec.name)),
+        layout.home(layout.rundir(run_id)),
+        layout.home(layout.INDUCTOR_CACHE),
+    ]
+    channels = spec.all_channels()
+    if any(channel.copied for channel in channels.values()):
+        mounts.append(layout.home(sagemaker.channel_dir(spec.name, "")).rstrip("/"))
+    mounts += sorted({c.path for c in channels.values() if c.path is not None})
+    return tuple(mounts)
+
+
+def container_lines(spec: JobSpec, run_id: str, env: dict[str, str], command: str) -> list[str]:
+    """Launch-script lines that start ``command`` inside the playbook's image (``launch.planning.container``)."""
+    assert spec.container is not None
+    names = [*env, *(k for k in CONTAINER_EXTRA_ENV if k not in env), *sorted(sagemaker.odd_names_env(spec))]
+    mounts = container_mounts(spec, run_id)
+    run = ContainerRun(
+        run_id=run_id,
+        node_rank=int(env["FLEETRUN_NODE_RANK"]),
+        spec=spec.container,
+        env_names=tuple(names),
+        mounts=mounts,
+        workdir=layout.home(layout.workdir(spec.name)),
+        command=command,
+    )
+    lines = ["mkdir -p " + " ".join(f'"{m}"' for m in mounts if m.startswith("$HOME/"))]
+    lines.append("FLEETRUN_NODE_GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)")
+    return lines + launch_lines(run, sagemaker.exec_env_prefix(spec))
 
 
 def setup_script(spec: JobSpec, python: str, setup_hash: str) -> str:
