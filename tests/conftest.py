@@ -45,6 +45,7 @@ TEST_SUBNET = 1 + SUBNET_BASE
 FILE_SECONDS = {
     "tests/test_recovery_fleet.py": 650,
     "tests/test_faults.py": 460,
+    "tests/test_slurm_fleet.py": 310,
     "tests/test_shared_fleet.py": 230,
     "tests/test_recovery_network.py": 200,
     "tests/test_train_fleet.py": 200,

@@ -52,10 +52,20 @@ def install(
 CAPTURES = Path(__file__).resolve().parent / "gpu_captures"
 
 
-def replay(folder: Path, q: str | None = None, text: str | None = None) -> dict[str, Any]:
+def replay(
+    folder: Path,
+    q: str | None = None,
+    text: str | None = None,
+    query: str | None = None,
+    error: tuple[str, str, int] | None = None,
+) -> dict[str, Any]:
     """A scenario that answers ``nvidia-smi -q`` with a real capture (``q``: its folder under
     ``tests/gpu_captures``, e.g. ``smi-q/h100-sxm-565.57.01``), copied beside the stand-in; with
     ``text``, that text instead of the capture's, for a derived fault (the caller marks it so).
+    With ``query`` (a ``query-csv`` capture's folder), a ``--query-gpu`` for any of the fields that
+    capture was made with is answered with those columns of it (``project`` in the stand-in).
+    With ``error`` (a ``smi-error`` capture's folder, the stream and the exit status it was
+    printed with), every nvidia-smi command answers with that capture instead.
     Every other nvidia-smi command is refused (no capture answers it), and the kernel log holds no
     Xid line."""
     replayed: dict[str, Any] = {}
@@ -67,6 +77,20 @@ def replay(folder: Path, q: str | None = None, text: str | None = None) -> dict[
         (folder / name).write_text(body)
         (folder / name).chmod(0o644)
         replayed["q"] = name
+    if query is not None:
+        table = (CAPTURES / query / "output.csv").read_bytes()
+        name = f"capture-query-{hashlib.sha256(table).hexdigest()[:16]}.csv"
+        (folder / name).write_bytes(table)
+        (folder / name).chmod(0o644)
+        fields = (CAPTURES / query / "query.txt").read_text().strip()
+        replayed["query"] = {"fields": fields, "file": name, "project": True}
+    if error is not None:
+        capture, stream, code = error
+        said = (CAPTURES / capture / "output.txt").read_bytes()
+        name = f"capture-error-{hashlib.sha256(said).hexdigest()[:16]}.txt"
+        (folder / name).write_bytes(said)
+        (folder / name).chmod(0o644)
+        replayed["error"] = {"file": name, "stream": stream, "exit": code}
     return {"replay": replayed}
 
 

@@ -86,8 +86,8 @@ def test_lost_gpu_is_missing_from_the_count_and_named_by_its_xid(tmp_path: Path)
     level, message = lines(health, 8)["gpu-health"]
     assert level == BAD
     assert (
-        message
-        == "7 GPU(s) of 8 expected; GPU at PCI 0000:28:00: Xid 79 at 14:02: GPU has fallen off the bus (drain)"
+        message == "7 GPU(s) of 8 expected; GPU at PCI 0000:28:00: the driver cannot open it (Unknown Error);"
+        " GPU at PCI 0000:28:00: Xid 79 at 14:02: GPU has fallen off the bus (drain)"
     )
 
 
@@ -255,7 +255,7 @@ GPU 00000000:2A:00.0
     Clocks Event Reasons
         Idle                              : Active
 """
-    monkeypatch.setattr(fleetrun_gpu, "run_tool", lambda argv, timeout=8: (0, report))
+    monkeypatch.setattr(fleetrun_gpu, "run_tool", lambda argv, timeout=8, with_errors=False: (0, report, ""))
     cuda, fabric, driver, gpus = fleetrun_gpu.query_details()
     assert cuda == "12.2" and driver == "535.104.05" and [g["persistence"] for g in gpus] == [True, None]
     assert fabric == {"0000:18:00": ("Completed", "Success"), "0000:2a:00": ("In Progress", None)}

@@ -96,7 +96,8 @@ def one_after_the_other(full: bool) -> dict[str, Any]:
     g = fleetrun_gpu
     answer: dict[str, Any] = {"smi": True, "gpus": [], "driver": None, "cuda": None}
     answer.update(reader="nvidia-smi", reader_note="pynvml not installed")
-    gpus, driver, health = g.query_gpus()
+    heard: list[str] = []
+    gpus, driver, health = g.query_gpus(heard)
     answer.update(queried=gpus is not None, health_fields=health, gpus=gpus or [], driver=driver)
     if gpus:
         remap = g.remapped_rows()
@@ -106,10 +107,15 @@ def one_after_the_other(full: bool) -> dict[str, Any]:
             )
         if full:
             links = g.nvlinks()
-            answer["cuda"], fabric, _driver, _listed = g.query_details()
+            answer["cuda"], fabric, _driver, listed = g.query_details(heard)
+            asked = {gpu["bus_id"]: gpu["recovery"] for gpu in listed}
             for gpu in answer["gpus"]:
                 gpu["nvlink_active"], gpu["nvlink_inactive"] = links.get(gpu["index"], (None, None))
                 gpu["fabric_state"], gpu["fabric_status"] = fabric.get(gpu["bus_id"], (None, None))
+                gpu["recovery"] = asked.get(gpu["bus_id"])
+    lost, said = g.smi_complaints(heard)
+    answer["lost"] = [x for x in lost if x["bus_id"] not in {gpu["bus_id"] for gpu in gpus or []}]
+    answer["smi_said"] = said if gpus is None or lost else None
     answer["xids"], answer["xid_source"] = g.kernel_xids()
     if full:
         answer["ib_devices"] = g.fabric_devices()

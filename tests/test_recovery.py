@@ -187,6 +187,27 @@ def test_classify() -> None:
     assert classify(RANK_FAILED, pre, 5.0) == Loss("preempted", ("n2",), "n2 preempted")
 
 
+def test_a_node_the_fleet_took_is_lost_though_it_answers_and_its_processes_are_to_stop() -> None:
+    """Slurm set n2 DOWN (``node_down``): it answers every check, yet the fleet's word makes it
+    lost, and as it answers its processes are named for stopping (``Loss.answering``)."""
+    down = StopDecision("failed", "node_down", "the fleet took node(s) from the run (n2: down).", ("n2",))
+    taken = {**evidence(n0=(True,), n1=(True,)), "n2": NodeEvidence("n2", (True,), cloud_gone=True)}
+    loss = classify(down, taken, 5.0)
+    assert loss is not None and (loss.kind, loss.nodes, loss.answering) == ("node_lost", ("n2",), ("n2",))
+    assert classify(down, evidence(n0=(True,), n1=(True,), n2=(True,)), 5.0) is None, "no word, no loss"
+    silent = {
+        **evidence(n0=(True,), n1=(True,)),
+        "n2": NodeEvidence("n2", (False,) * 3, 6.0, cloud_gone=True),
+    }
+    assert classify(down, silent, 5.0) == Loss("node_lost", ("n2",), silent_reason(down, silent))
+
+
+def silent_reason(decision: StopDecision, found: dict[str, NodeEvidence]) -> str:
+    loss = classify(decision, found, 5.0)
+    assert loss is not None and loss.answering == (), "a node that does not answer has nothing to stop"
+    return loss.reason
+
+
 def test_unreachable_node_that_answers_again_is_watched_on() -> None:
     from launch.rules.recovery import answered_again
 

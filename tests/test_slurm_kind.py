@@ -14,7 +14,7 @@ import yaml
 from launch.errors import FleetrunError, SpecError
 from launch.fleets.kinds.base import TeardownState
 from launch.fleets.kinds.registry import fleet_kind
-from launch.fleets.kinds.slurm import SlurmKind, load_slurm_inventory, read_extra_jobs
+from launch.fleets.kinds.slurm import SlurmKind, add_extra_job, load_slurm_inventory, read_extra_jobs
 from launch.fleets.select import load_inventory
 from launch.fleets.slurm import answers, commands
 from launch.fleets.slurm.allocation import QueueBusy, wait_granted
@@ -289,6 +289,25 @@ def test_a_node_the_inventory_does_not_pin_is_refused_and_the_job_cancelled(tmp_
     assert login.commands("scancel") == [["scancel", "41"]]
 
 
+def test_a_job_the_scheduler_has_not_looked_at_yet_is_not_said_to_wait(tmp_path: Path) -> None:
+    """Reason ``None`` (submitted, not yet scheduled) right after the submit is no queue position
+    worth a line: the job usually starts at the next cycle; a real reason is said."""
+    undecided = capture("squeue_job_pending").replace("3|", "41|").replace("Priority", "None")
+    waiting = capture("squeue_job_pending").replace("3|", "41|").replace("Priority", "Resources")
+    login = ScriptedLogin(
+        {
+            "squeue-j": [undecided, waiting, running_line(41, "gpu1")],
+            "squeue-p": ["41|9\n"],
+            "scontrol": ["gpu1\n"],
+        }
+    )
+    said: list[str] = []
+    wait_granted(
+        login, ref(tmp_path), 41, said.append, wait=True, sleep=lambda _s: None, monotonic=lambda: 0.0
+    )
+    assert said == ["slurm job 41: pending in partition gpu, position 1 of 1 (Resources)"]
+
+
 def test_a_job_that_ends_in_the_queue_is_an_error(tmp_path: Path) -> None:
     r = ref(tmp_path)
     login = ScriptedLogin({"squeue-j": [capture("squeue_job_after_scancel")]})
@@ -327,6 +346,22 @@ def test_teardown_fails_when_squeue_still_shows_the_job(
     login = ScriptedLogin({"scancel": [""], "squeue-j": [running_line(41, "gpu1")]})
     outcome = held_kind(tmp_path, login, monkeypatch).tear_down(lambda _l: None)
     assert outcome.state is TeardownState.FAILED and "squeue still shows job 41" in outcome.message
+
+
+def test_teardown_asks_squeue_once_for_every_job_and_names_the_one_still_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two allocations (the run's and a replacement's): one ``squeue -j 41,4``; a purged id among
+    several is left out by squeue with exit 0 (captured), so only the one it shows is held."""
+    still = capture("squeue_jobs_one_purged")
+    assert still.startswith("4|RUNNING|")
+    login = ScriptedLogin({"scancel": [""], "squeue-j": [still]})
+    kind = held_kind(tmp_path, login, monkeypatch)
+    add_extra_job(41, 4)
+    outcome = kind.tear_down(lambda _l: None)
+    assert login.commands("squeue") == [["squeue", "-h", "-j", "41,4", "-o", "%i|%T|%r|%N|%Q"]]
+    assert outcome.state is TeardownState.FAILED and "squeue still shows job 4" in outcome.message
+    assert "job 41," not in outcome.message.split("shows", 1)[1]
 
 
 def test_the_watchdogs_hook_cancels_the_runs_allocations_and_powers_nothing_off(
@@ -430,3 +465,27 @@ def test_fab_runs_shows_the_slurm_job_id() -> None:
     console = Console(width=200, record=True)
     console.print(runs_table([lab]))
     assert "41,42" not in console.export_text() and " job " not in console.export_text()
+
+
+def test_ranks_via_srun_starts_each_nodes_launcher_as_a_step_of_its_allocation(tmp_path: Path) -> None:
+    from launch.job.container import ContainerSpec
+    from launch.job.spec import load_job_spec
+    from launch.planning.launchers import launcher_class
+
+    spec = load_job_spec("playbooks/digits-ddp.yaml")
+    inventory = load_inventory(f"slurm:{cluster_file(tmp_path)}")
+    assert isinstance(inventory.fleet, SlurmFleetRef)
+    over_ssh = launcher_class(spec.launcher).for_inventory(inventory).plan(spec, inventory, "r1")
+    assert all("srun" not in node.launch_script for node in over_ssh.nodes), "ssh is the default"
+    srun_ref = inventory.fleet.model_copy(update={"ranks_via": "srun"})
+    inventory = inventory.model_copy(update={"fleet": srun_ref})
+    plan = launcher_class(spec.launcher).for_inventory(inventory).plan(spec, inventory, "r1")
+    for node in plan.nodes:
+        script = node.launch_script or ""
+        last = script.strip().splitlines()[-1]
+        assert last.startswith('exec srun --jobid="$FLEETRUN_SLURM_JOB" --overlap ')
+        assert f"--nodelist={node.host.name} " in last and " sh -c 'python -m torch.distributed.run " in last
+        assert f"-w {node.host.name} -o %i" in script, "the allocation holding this very node"
+    boxed = spec.model_copy(update={"container": ContainerSpec(image="docker.io/library/python:3.12")})
+    with pytest.raises(SpecError, match="slurm.ranks_via"):
+        launcher_class(spec.launcher).for_inventory(inventory).plan(boxed, inventory, "r1")

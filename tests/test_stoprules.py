@@ -82,9 +82,22 @@ def test_unknown_and_invalid_fields_are_rejected() -> None:
 def test_rule_names_are_unique_and_in_documented_order() -> None:
     names = [name for name, _ in RULES]
     assert names == [
-        "gpu_fault", "rank_failed", "vanished", "reported_failed", "nan_loss", "completed", "unreachable",
+        "node_down", "gpu_fault", "rank_failed", "vanished", "reported_failed", "nan_loss", "completed", "unreachable",
         "stalled", "gpu_idle", "straggler", "plateau", "wall_time", "max_cost",
     ]  # fmt: skip
+
+
+def test_a_node_the_fleet_took_fails_the_run_naming_it_while_its_ranks_still_step() -> None:
+    """Slurm set it DOWN: it still answers and its ranks run, so only the fleet's word shows it."""
+    taken = (NodeObservation("node0", "running"), NodeObservation("node1", "running", site_lost="down"))
+    decision = evaluate(quiet(), obs(T0 + 10, nodes=taken, metrics=metrics_from([1.0, 0.9])))
+    assert decision is not None and (decision.outcome, decision.rule) == ("failed", "node_down")
+    assert decision.nodes == ("node1",) and "node1: down" in decision.reason
+    finished = (
+        NodeObservation("node0", "exited", 0),
+        NodeObservation("node1", "exited", 0, site_lost="down"),
+    )
+    assert evaluate(quiet(), obs(T0 + 10, nodes=finished)).rule == "completed"  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------------ healthy run

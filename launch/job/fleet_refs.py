@@ -12,6 +12,7 @@ Imports only ``launch.job.endpoints`` (a Slurm cluster's pinned login host and n
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
@@ -29,6 +30,12 @@ tests, where local fleets live), with a port: never an address outside this mach
 
 class _Ref(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def rank_launch_lines(self, host_name: str) -> tuple[str, str]:
+        """How a node's launch script starts its ranks on this fleet: (shell lines run before,
+        the words put before the launcher's command). Nothing by default: the node's own
+        shell starts them; a scheduler's fleet may start them as one of its job steps."""
+        return "", ""
 
 
 class LabFleet(_Ref):
@@ -133,6 +140,27 @@ class SlurmFleetRef(_Ref):
         default=(), max_length=64
     )
     """The allocations fleetrun made for this run (set by fleetrun only; the first is the run's)."""
+    ranks_via: Literal["ssh", "srun"] = "ssh"
+    """How each node's ranks start: ``ssh``, by the node agent over SSH (the site lets users into
+    the nodes of their allocation); ``srun``, as a step of the allocation (``srun --overlap`` run on
+    the node by the same agent), so Slurm's accounting, cgroups and cleanup hold for them."""
+
+    def rank_launch_lines(self, host_name: str) -> tuple[str, str]:
+        """With ``ranks_via: srun``: the allocation holding this node (the run's first or a
+        replacement's, each ``--exclusive``: the user's one running job on it), and ``srun`` of a
+        one-task step on this node only, sharing the holding job's resources (``--overlap``), the
+        environment and working directory passed on; the launcher's command runs under ``sh -c``."""
+        if self.ranks_via != "srun":
+            return "", ""
+        find = (
+            f'FLEETRUN_SLURM_JOB=$(squeue -h -t RUNNING -u "$(id -un)" -w {shlex.quote(host_name)} -o %i | head -n 1); '
+            '[ -n "$FLEETRUN_SLURM_JOB" ] || { echo "fleetrun: no running Slurm allocation of this user on this node" >&2; exit 3; }'
+        )
+        words = (
+            'srun --jobid="$FLEETRUN_SLURM_JOB" --overlap --nodes=1 --ntasks=1 --kill-on-bad-exit=1 '
+            f"--nodelist={shlex.quote(host_name)} --export=ALL --quiet sh -c "
+        )
+        return find, words
 
     @field_validator("time_limit")
     @classmethod

@@ -59,6 +59,8 @@ DETAILS_TIMEOUT_S = 20
 MAX_GPUS = 64
 MAX_XIDS = 32
 MAX_TEXT = 120
+MAX_SAID = 200
+"""nvidia-smi's complaint is kept whole: NVIDIA's longest ("NVIDIA-SMI has failed because ...") is 135."""
 MAX_PROCESSES = 256
 SMI = "nvidia-smi"
 
@@ -104,11 +106,33 @@ REMAP_FIELDS = ("gpu_uuid", "remapped_rows.uncorrectable", "remapped_rows.pendin
 REFUSED = re.compile(r'Field "([^"]{1,80})" is not a valid field to query')
 UNSUPPORTED_CELLS = ("[n/a]", "[not supported]", "n/a")
 """What nvidia-smi prints for a fact the GPU does not have: a value, ``unsupported``."""
+ERROR_CELLS = ("unknown error", "gpu requires reset", "gpu is lost", "insufficient permissions")
+"""What ``-q`` prints, without the CSV's brackets, for a value it could not read (``ECC Mode / Current :
+Unknown Error`` on a GPU after an uncorrectable error): unread, never a value."""
 XID_LINE = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})[^)]{0,40}\): (\d{1,4}),? ?(.*)"
 )
 """The driver's Xid line; drivers before about 2019 printed the bus without ``PCI:``."""
 ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
+SMI_NO_HANDLE = re.compile(
+    r"Unable to (?:determine|detect) the device handle for GPU ?(?:\d{1,3}: ?)?"
+    r"([0-9A-Fa-f]{3,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?): ?([^\r\n]{0,100})"
+)
+"""nvidia-smi's line for a GPU the driver lists but NVML cannot open (``... for GPU 0000:0B:00.0:
+Unknown Error``; newer drivers print no space after ``GPU``; the reason may be ``GPU is lost. Reboot
+the system to recover this GPU``). It exits non-zero (``man nvidia-smi``: 15, "GPU has fallen off
+the bus or has otherwise become inaccessible") and still lists the GPUs it can open."""
+SMI_FAILED = (
+    "no devices were found",
+    "nvidia-smi has failed",
+    "failed to initialize nvml",
+    "unable to determine the device handle",
+    "unable to detect the device handle",
+    "gpu is lost",
+)
+"""The starts of nvidia-smi's own complaints when it cannot list GPUs (``No devices were found``,
+``NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver``, ``Failed to
+initialize NVML: Driver/library version mismatch``): kept as the reason the GPUs are unread."""
 
 
 def run_tool(argv, timeout=None, with_errors=False):
@@ -182,7 +206,10 @@ def parse_csv(text, fields):
     on driver 535+ comes back headed ``clocks_event_reasons.x``), so the header is only checked to
     hold one column per field. None for anything else (an error message instead of a table,
     another tool's output)."""
-    rows = list(csv.reader(text.splitlines(), skipinitialspace=True))
+    # nvidia-smi's complaint about a GPU it cannot open may come on stdout, before the table of the
+    # others: it is read by smi_complaints, and is no row of the table
+    lines = [ln for ln in text.splitlines() if not SMI_NO_HANDLE.search(ln)]
+    rows = list(csv.reader(lines, skipinitialspace=True))
     if not rows or len(rows[0]) != len(fields):
         return None
     header = [h.split(" [")[0].strip() for h in rows[0]]
@@ -207,11 +234,30 @@ def cell_state(text):
     low = text.strip().lower()
     if low in UNSUPPORTED_CELLS:
         return "unsupported"
-    if low.startswith("[") and low.endswith("]"):
+    if (low.startswith("[") and low.endswith("]")) or low.startswith(ERROR_CELLS):
         return "nvidia-smi said " + text.strip()[:60]
     if not low:
         return "nvidia-smi gave no value"
     return "ok"
+
+
+def smi_complaints(texts):
+    """nvidia-smi's own words in ``texts`` (its stdout and stderr; the drivers differ in which):
+    (the GPUs it names and cannot open, ``[{"bus_id", "index", "why"}]``, and its first complaint
+    line or None). A line of a CSV table or a report never matches: only NVIDIA's messages do."""
+    lost, said = [], None
+    for text in texts:
+        for line in (text or "").splitlines()[:200]:
+            stripped = line.strip()
+            if said is None and stripped.lower().startswith(SMI_FAILED):
+                said = stripped[:MAX_SAID]
+            match = SMI_NO_HANDLE.search(stripped)
+            if match and len(lost) < MAX_GPUS:
+                bus = bus_key(match.group(1))
+                if all(g["bus_id"] != bus for g in lost):
+                    why = match.group(2).strip() or "no reason given"
+                    lost.append({"bus_id": bus, "index": None, "why": why[:MAX_TEXT]})
+    return lost, said
 
 
 def bus_key(bus_id):
@@ -272,12 +318,13 @@ def gpu_from_row(row, refused=None):
     return gpu
 
 
-def ask_fields(fields):
+def ask_fields(fields, heard=None):
     """``nvidia-smi --query-gpu`` for ``fields`` as the driver will answer it: (rows keyed by the
     asked names, fields refused (name: reason)). A refused field (``Field "x" is not a valid field
     to query.``, exit 2) is asked again by its alias when it has one (a pre-535 driver knows
     ``clocks_throttle_reasons.x`` only), else left out and named, and the query sent again; rows
-    None when no table came back at all."""
+    None when no table came back at all. Every answer's stdout and stderr are added to ``heard``
+    (a list) when given: nvidia-smi's complaints about GPUs it cannot open are read from them."""
     asked = list(fields)
     refused = {}
     for _ in range(len(fields) + 2):
@@ -286,6 +333,8 @@ def ask_fields(fields):
         _code, out, err = run_tool(
             [SMI, "--query-gpu=" + ",".join(asked), "--format=csv,nounits"], with_errors=True
         )
+        if heard is not None:
+            heard.extend((out, err))
         rows = parse_csv(out, asked)
         if rows is not None:
             keyed = [{canonical(k): v for k, v in row.items()} for row in rows]
@@ -318,11 +367,12 @@ def ask_fields(fields):
     return None, refused
 
 
-def query_gpus():
+def query_gpus(heard=None):
     """(gpus, driver, health fields read?) from ``--query-gpu``; (None, None, False) when the tool
     gives no table at all. A GPU that fell off the bus makes nvidia-smi exit non-zero but still
-    list the others: the table counts, not the exit code."""
-    rows, refused = ask_fields(BASIC_FIELDS + HEALTH_FIELDS)
+    list the others: the table counts, not the exit code, and the complaint that names the lost
+    GPU goes to ``heard`` (see :func:`ask_fields`)."""
+    rows, refused = ask_fields(BASIC_FIELDS + HEALTH_FIELDS, heard)
     refused = {k: v for k, v in refused.items() if v}
     if rows is None or any(f in refused for f in ("index", "uuid")):
         return None, None, False
@@ -541,14 +591,15 @@ def reader_available():
     return None, f"no GPU reader: {why_not} and no {SMI} on PATH"
 
 
-def nvml_gpus():
+def nvml_gpus(lost=None):
     """(gpus, driver, CUDA version, why not) through NVML: NVIDIA's own library, the one every tool
     (nvidia-smi too) reads through, with a stable API across drivers. ``pynvml`` (the
     ``nvidia-ml-py`` package) is imported here, not at the top: a node without it, or without a
     loadable ``libnvidia-ml.so``, answers (None, None, None, the reason) and the reader falls back
     to nvidia-smi. A GPU NVML cannot open (fallen off the bus) is missing from the list, as it is
     from nvidia-smi's. Xid events: NVML reports only those that happen while a process waits on
-    an event set, so a one-shot read keeps taking them from the kernel log."""
+    an event set, so a one-shot read keeps taking them from the kernel log. Each GPU NVML counts
+    but cannot open goes to ``lost`` (a list) with NVML's reason (``GPU is lost``)."""
     nvml, why_not = nvml_loaded()
     if nvml is None:
         return None, None, None, why_not
@@ -564,8 +615,10 @@ def nvml_gpus():
         for index in range(min(int(nvml.nvmlDeviceGetCount()), MAX_GPUS)):
             try:
                 gpus.append(_nvml_gpu(nvml, index))
-            except nvml.NVMLError:
-                continue  # NVML_ERROR_GPU_IS_LOST and the like: not listed, as nvidia-smi does
+            except nvml.NVMLError as exc:
+                # NVML_ERROR_GPU_IS_LOST and the like: not listed, as nvidia-smi does, but named
+                if lost is not None:
+                    lost.append({"bus_id": None, "index": index, "why": "NVML: " + _nvml_error(nvml, exc)})
         return gpus, driver, cuda, None
     except Exception as exc:  # noqa: BLE001 - a broken binding: nvidia-smi still answers
         _nvml_open["module"] = None  # initialised again at the next read
@@ -649,16 +702,13 @@ def report_blocks(text):
     less indented (``Clocks Event Reasons/HW Thermal Slowdown``, ``ECC Errors/Volatile/DRAM
     Uncorrectable``), so a key indented under another key (HW Thermal Slowdown under HW
     Slowdown) still belongs to the section."""
-    driver = cuda = None
+    versions = {}
     gpus = []
     stack = []
     for line in text.splitlines()[:100000]:
-        match = re.match(r"^(Driver Version|CUDA Version)\s*:\s*(\S+)", line)
+        match = re.match(r"^(Driver Version|CUDA Version|KMD Version|CUDA UMD Version)\s*:\s*(\S+)", line)
         if match:
-            if match.group(1) == "Driver Version":
-                driver = value(match.group(2))
-            else:
-                cuda = value(match.group(2))
+            versions[match.group(1)] = value(match.group(2))
             continue
         match = re.match(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*$", line)
         if match:
@@ -678,6 +728,10 @@ def report_blocks(text):
         key, _, raw = stripped.partition(":")
         path = "/".join([name for _, name in stack] + [key.strip()[:60]])
         gpus[-1][1].setdefault(path, raw.strip()[:MAX_TEXT])
+    # driver 610 marks "Driver Version" and "CUDA Version" deprecated (to go in CUDA 14) for
+    # "KMD Version" and "CUDA UMD Version"
+    driver = versions.get("Driver Version") or versions.get("KMD Version")
+    cuda = versions.get("CUDA Version") or versions.get("CUDA UMD Version")
     return driver, cuda, gpus
 
 
@@ -746,6 +800,10 @@ def gpu_from_report(index, bus, lines):
     state("pcie", width)
     volatile, v_state = _report_ecc(lines, "Volatile")
     aggregate, _a_state = _report_ecc(lines, "Aggregate")
+    mode = get("ECC Mode/Current", "Ecc Mode/Current")
+    if v_state == "unsupported" and cell_state(mode) not in ("ok", "unsupported", "not asked"):
+        # every counter N/A because the ECC mode itself cannot be read: unknown, not a card without ECC
+        v_state = "nvidia-smi said ECC Mode: " + (mode or "").strip()[:60]
     if v_state == "unsupported":
         unsupported.append("ecc")
     elif v_state != "ok":
@@ -764,8 +822,32 @@ def gpu_from_report(index, bus, lines):
         state("remapped_rows", remap)
     temp = get("Temperature/GPU Current Temp")
     state("temperature", temp)
-    power = get("GPU Power Readings/Power Draw", "Power Readings/Power Draw")
+    # "Power Draw" until driver 535's era; 5xx drivers from about 550 print "Instantaneous" and
+    # "Average Power Draw" instead (either may be N/A: the first with a value counts)
+    draws = [
+        get(f"{section}/{name}")
+        for section in ("GPU Power Readings", "Power Readings")
+        for name in ("Power Draw", "Instantaneous Power Draw", "Average Power Draw")
+    ]
+    power = next((d for d in draws if cell_state(d) == "ok"), next((d for d in draws if d is not None), None))
     state("power", power)
+    # what the driver asks for this GPU: "GPU Reset Status" (drivers 550-565), "GPU Recovery
+    # Action" (565 on: None, or the action NVML's nvmlDeviceGetGpuRecoveryAction names)
+    asks = []
+    action = value(get("GPU Recovery Action") or "")
+    if action and action.lower() != "none":
+        asks.append("recovery action " + action)
+    for label in ("Reset Required", "Drain and Reset Recommended"):
+        if yes_no(get("GPU Reset Status/" + label)):
+            asks.append(label.lower())
+    # 580+ (HBM channel and TPC repair): a repair waiting for a reset, or memory past repair
+    for label, said in (
+        ("Channel Repair Pending", "channel repair pending"),
+        ("TPC Repair Pending", "TPC repair pending"),
+        ("Unrepairable Memory", "unrepairable memory"),
+    ):
+        if yes_no(get("ECC Errors/" + label)):
+            asks.append(said)
     used, total = get("FB Memory Usage/Used"), get("FB Memory Usage/Total")
     util = get("Utilization/Gpu")
     gpu.update(
@@ -789,6 +871,7 @@ def gpu_from_report(index, bus, lines):
             "util": number(util),
             "fabric_state": value(get("Fabric/State") or ""),
             "fabric_status": value(get("Fabric/Status") or ""),
+            "recovery": ", ".join(asks)[:60] or None,
             "unsupported": unsupported,
             "unread": unread,
         }
@@ -796,10 +879,13 @@ def gpu_from_report(index, bus, lines):
     return gpu
 
 
-def query_details():
+def query_details(heard=None):
     """``nvidia-smi -q``: (CUDA version, per bus key (fabric state, fabric status), driver, the
-    GPUs as the report lists them (the reader's last resort when ``--query-gpu`` gives no table))."""
-    code, out = run_tool([SMI, "-q"], timeout=DETAILS_TIMEOUT_S)
+    GPUs as the report lists them (the reader's last resort when ``--query-gpu`` gives no table)).
+    Its stdout and stderr go to ``heard`` when given."""
+    code, out, err = run_tool([SMI, "-q"], timeout=DETAILS_TIMEOUT_S, with_errors=True)
+    if heard is not None:
+        heard.extend((out, err))
     if code != 0:
         return None, {}, None, []
     driver, cuda, blocks = report_blocks(out)
@@ -1029,7 +1115,8 @@ def _check_dcgm():
 
 def _gpu_of(result, where):
     """A diagnostic result's GPU: ``entity_id`` of an ``entity_group`` "GPU" (DCGM 4), else the
-    ``gpu_id`` (DCGM 3: a digit string, or a number in the deployment tests); None: not a GPU."""
+    ``gpu_id`` (DCGM 3: a digit string, or a number in the deployment tests) or ``gpu_ids`` (DCGM 2,
+    the name NVVS's JsonOutput.h keeps "to maintain backwards compatibility"); None: not a GPU."""
     group = result.get("entity_group")
     if group is not None:
         if _text(group, where + ".entity_group") != "GPU":
@@ -1038,7 +1125,7 @@ def _gpu_of(result, where):
         if not isinstance(entity, int) or isinstance(entity, bool) or not 0 <= entity < 4096:
             raise DcgmFormatError(f"field {where}.entity_id: expected a GPU id")
         return entity
-    gpu = result.get("gpu_id")
+    gpu = result.get("gpu_id", result.get("gpu_ids"))
     if gpu is None:
         return None
     if isinstance(gpu, str) and gpu.isdigit() and len(gpu) < 5:
@@ -1111,7 +1198,10 @@ def parse_diag(out):
                                 "category": cat_name[:40],
                                 "gpu": _gpu_of(result, here),
                                 "entity": _text(
-                                    result.get("entity_group", "GPU" if "gpu_id" in result else "None"),
+                                    result.get(
+                                        "entity_group",
+                                        "GPU" if "gpu_id" in result or "gpu_ids" in result else "None",
+                                    ),
                                     here + ".entity_group",
                                 )[:20],
                                 "status": kind,
@@ -1207,7 +1297,8 @@ def read_health(full=True):
     NVLink, ``-q``) before it is known whether ``--query-gpu`` lists any, and their answers are
     used only when it does, so the answer is the one the reads would give one after the other; a
     read that raises makes this raise its error, the first in that order, as it did then."""
-    nv_gpus, nv_driver, nv_cuda, why_not = nvml_gpus()
+    nv_lost = []
+    nv_gpus, nv_driver, nv_cuda, why_not = nvml_gpus(nv_lost)
     has_smi = shutil.which(SMI) is not None
     answer = {"smi": has_smi or nv_gpus is not None, "gpus": [], "driver": None, "cuda": None}
     if not answer["smi"]:
@@ -1215,11 +1306,12 @@ def read_health(full=True):
     by_nvml = nv_gpus is not None
     answer["reader"] = "nvml" if by_nvml else "nvidia-smi"
     answer["reader_note"] = why_not
-    reads = {} if by_nvml else {"query": query_gpus, "remap": remapped_rows}
+    heard = {"query": [], "details": []}  # each read's own list: they run in their own threads
+    reads = {} if by_nvml else {"query": lambda: query_gpus(heard["query"]), "remap": remapped_rows}
     if full and not by_nvml:
         reads["nvlink"] = nvlinks
     if full and has_smi:
-        reads["details"] = query_details
+        reads["details"] = lambda: query_details(heard["details"])
     reads["xids"] = kernel_xids
     if full:
         reads["ib"] = fabric_devices
@@ -1242,6 +1334,12 @@ def read_health(full=True):
             answer["reader"] = "nvidia-smi -q"
     answer["queried"] = gpus is not None
     answer["health_fields"] = health
+    # the GPUs the driver names but cannot open, in NVML's or nvidia-smi's words, and nvidia-smi's
+    # own complaint when it listed none: never a silently shorter list
+    lost, said = smi_complaints(heard["query"] + heard["details"])
+    opened = {g["bus_id"] for g in gpus or []}
+    answer["lost"] = ([g for g in lost if g["bus_id"] not in opened] or nv_lost)[:MAX_GPUS]
+    answer["smi_said"] = said if gpus is None or lost else None
     answer["gpus"] = gpus or []
     answer["driver"] = driver
     answer["cuda"] = nv_cuda
@@ -1261,9 +1359,11 @@ def read_health(full=True):
             gpu["nvlink_active"], gpu["nvlink_inactive"] = active, inactive
     if gpus and "details" in got:
         cuda, fabric = got["details"][:2]
+        asked = {g["bus_id"]: g["recovery"] for g in got["details"][3]}
         answer["cuda"] = answer["cuda"] or cuda
         for gpu in answer["gpus"]:
             gpu["fabric_state"], gpu["fabric_status"] = fabric.get(gpu["bus_id"], (None, None))
+            gpu["recovery"] = asked.get(gpu["bus_id"])
     answer["xids"], answer["xid_source"] = got["xids"]
     if full:
         answer["ib_devices"] = got["ib"]

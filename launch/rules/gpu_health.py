@@ -47,6 +47,7 @@ __all__ = [
     "GpuHealth",
     "GpuVerdict",
     "EnergyMeter",
+    "LostGpu",
     "XidEvent",
     "expected_fabric_devices",
     "gpu_reading",
@@ -140,6 +141,11 @@ class GpuFacts:
     nvlink_inactive: int | None = None
     fabric_state: str | None = None
     fabric_status: str | None = None
+    recovery: str | None = None
+    """What the driver asks for this GPU (``-q``: ``GPU Recovery Action`` other than None, ``GPU
+    Reset Status`` ``Reset Required``/``Drain and Reset Recommended`` Yes, 580+'s ``ECC Errors``
+    ``Channel Repair Pending``/``TPC Repair Pending``/``Unrepairable Memory`` Yes); None: nothing
+    asked, or not reported."""
     unsupported: tuple[str, ...] = ()
     """Facts this GPU does not have (NVML's NOT_SUPPORTED, nvidia-smi's ``[N/A]``): a GeForce
     card's ECC, a PCIe card's NVLinks."""
@@ -227,6 +233,24 @@ class DcgmHealth:
 
 
 @dataclass(frozen=True)
+class LostGpu:
+    """A GPU the driver names but cannot open: nvidia-smi's ``Unable to determine the device handle
+    for GPU 0000:09:00.0: Unknown Error`` (or ``GPU is lost. Reboot the system to recover this
+    GPU``), NVML's ``GPU is lost`` for an index it counts. ``man nvidia-smi``: "GPU has fallen off
+    the bus or has otherwise become inaccessible". nvidia-smi lists the others and leaves it out:
+    without this the node's list is only shorter."""
+
+    bus_id: str | None
+    index: int | None
+    why: str
+
+    @property
+    def text(self) -> str:
+        where = f"GPU at PCI {self.bus_id}" if self.bus_id else f"GPU {self.index}"
+        return f"{where}: the driver cannot open it ({self.why})"
+
+
+@dataclass(frozen=True)
 class GpuHealth:
     """One node's answer. ``smi`` False: no nvidia-smi (no GPUs, or no driver)."""
 
@@ -248,6 +272,11 @@ class GpuHealth:
     """Which path read the GPUs: ``nvml`` or ``nvidia-smi`` (None: an older reader)."""
     reader_note: str | None = None
     """Why not NVML, when nvidia-smi read them (``pynvml (nvidia-ml-py) not installed``)."""
+    lost: tuple[LostGpu, ...] = ()
+    """GPUs the driver names but cannot open (not in ``gpus``)."""
+    smi_said: str | None = None
+    """nvidia-smi's own complaint when it listed no GPU or named one it cannot open (``No devices
+    were found``, ``NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver``)."""
 
     @property
     def readers(self) -> str:
@@ -330,6 +359,7 @@ def _gpu(fields: _Fields) -> GpuFacts:
         nvlink_inactive=fields.optional_integer("nvlink_inactive", 0, 1024),
         fabric_state=_opt_text(fields, "fabric_state", 40),
         fabric_status=_opt_text(fields, "fabric_status", 40),
+        recovery=None if fields.data.get("recovery") is None else printable(fields.text("recovery", 60)),
         unsupported=_facts_unsupported(fields),
         unread=_facts_unread(fields),
     )
@@ -442,6 +472,15 @@ def parse_gpu_health(data: object, what: str = "gpu health") -> GpuHealth:
         reader_note=None
         if fields.data.get("reader_note") is None
         else printable(fields.text("reader_note", 120)),
+        lost=tuple(
+            LostGpu(
+                _opt_text(x, "bus_id", 32),
+                x.optional_integer("index", 0, 4096),
+                printable(x.text("why", MAX_TEXT)),
+            )
+            for x in _items(fields, "lost", MAX_GPUS) or []
+        ),
+        smi_said=None if fields.data.get("smi_said") is None else printable(fields.text("smi_said", 200)),
     )
 
 
@@ -544,7 +583,9 @@ def judge_gpu(
         bad.append(f"uncorrectable ECC {gpu.ecc_volatile} (volatile)")
     elif gpu.ecc_aggregate:
         warn.append(f"uncorrectable ECC {gpu.ecc_aggregate} (aggregate, lifetime)")
-    if gpu.ecc_volatile is None and gpu.ecc_aggregate is None and "ecc" not in gpu.unsupported:
+    # the volatile count is what says "since the driver loaded": a lifetime count read beside an
+    # unreadable volatile one does not make the GPU's ECC known
+    if gpu.ecc_volatile is None and "ecc" not in gpu.unsupported:
         ecc_why = gpu.why_unread("ecc") or ("not read" if health_fields else "the driver refused the query")
         unknown.append(f"ECC ({ecc_why})")
     for fact in ("retired_pages", "remapped_rows", "clock_events", "pcie"):
@@ -556,6 +597,8 @@ def judge_gpu(
         bad.append("row remapping pending (reset the GPU)")
     if gpu.retired_pending:
         bad.append("page retirement pending (reset the GPU)")
+    if gpu.recovery:
+        bad.append(f"the driver asks: {gpu.recovery}")
     for xid in xids or ():
         (bad if _xid_bad(xid) else warn).append(_xid_text(xid))
     if gpu.nvlink_inactive and gpu.nvlink_active is not None:
@@ -657,7 +700,11 @@ def judge_node(
         return out
     if not health.queried:
         why = "nvidia-smi gave no GPU list (driver not loaded, or a GPU hangs it)"
-        if expected:
+        if health.smi_said:
+            why = f'nvidia-smi gave no GPU list: "{health.smi_said}"'
+        if health.lost:  # the driver names a GPU it cannot open: that GPU is bad, whatever was expected
+            out.append(GpuVerdict(None, BAD, "; ".join([*(g.text for g in health.lost), why])))
+        elif expected:
             out.append(GpuVerdict(None, BAD, f"{why}, but {expected} GPU(s) expected"))
         else:
             out.append(GpuVerdict(None, UNKNOWN, f"GPU health unknown: {why}"))
@@ -672,6 +719,7 @@ def judge_node(
     missing_lent = [i for i in indices or () if i not in present]
     if missing_lent:
         node_bad.append(f"lent GPU(s) {', '.join(map(str, missing_lent))} not listed by nvidia-smi")
+    node_bad.extend(g.text for g in health.lost)
     known_buses = {g.bus_id for g in health.gpus}
     for bus, events in by_bus.items():
         if bus not in known_buses:  # a GPU gone from the list leaves only its Xids behind
@@ -808,6 +856,10 @@ def new_faults(baseline: GpuHealth, now: GpuHealth) -> list[tuple[str, str]]:
             if was is not None and is_ is not None and is_ > was:
                 faults.append((gpu.label, f"uncorrectable ECC {was} -> {is_} ({label})"))
                 break
+    was_lost = {(g.bus_id, g.index) for g in baseline.lost}
+    for lost in now.lost:  # one listed before is "gone from the list" above already
+        if (lost.bus_id, lost.index) not in was_lost and lost.bus_id not in bus_label:
+            faults.append((f"PCI {lost.bus_id}" if lost.bus_id else f"gpu{lost.index}", lost.text))
     seen = {x.key for x in baseline.xids or ()}
     for xid in now.xids or ():
         if xid.key not in seen and _xid_bad(xid):

@@ -60,7 +60,7 @@ DEFAULT_ON: tuple[LossKind, ...] = ("node_lost", "preempted")
 FAILURE_RULES: frozenset[RuleName] = frozenset({"rank_failed", "vanished", "reported_failed"})
 """Stop rules that a lost node also explains: its peers' collectives fail, their torchrun exits
 non-zero, the lost node's own process is gone without an exit code."""
-LOSS_RULES: frozenset[RuleName] = FAILURE_RULES | {"unreachable", "gpu_fault", "straggler"}
+LOSS_RULES: frozenset[RuleName] = FAILURE_RULES | {"unreachable", "gpu_fault", "straggler", "node_down"}
 """Stop rules after which the laptop looks for a lost node before calling the attempt failed."""
 RANK_FAILED_RULES: frozenset[RuleName] = frozenset({"rank_failed", "vanished"})
 """Stop rules that, without a confirmed lost node, are a rank's own failure (a ``rank_failed`` loss)."""
@@ -141,7 +141,8 @@ class NodeEvidence:
 
     ``checks`` answers in the order they were made: True the node answered (sshd took an SSH
     connection, or the node's watchdog spoke), False it did not (refused, timed out, reset).
-    ``cloud_gone``: the fleet kind says the machine no longer exists. ``preempted``: the node (its
+    ``cloud_gone``: the fleet kind says the machine no longer exists, or that it took the machine
+    from the run (a scheduler marked it DOWN or DRAIN: it may still answer). ``preempted``: the node (its
     watchdog) reported a preemption notice before it went.
     """
 
@@ -182,6 +183,9 @@ class Loss:
     kind: LossKind
     nodes: tuple[str, ...]
     reason: str
+    answering: tuple[str, ...] = ()
+    """Lost nodes that still answer (the fleet took them, they did not go): their processes of
+    the run are stopped too, so none goes on where the run no longer is."""
 
 
 def classify(decision: StopDecision, evidence: Mapping[str, NodeEvidence], confirm_s: float) -> Loss | None:
@@ -210,11 +214,12 @@ def classify(decision: StopDecision, evidence: Mapping[str, NodeEvidence], confi
         for node in lost:
             e = evidence[node]
             why.append(
-                f"{node} (the cloud says the machine is gone)"
+                f"{node} (the fleet says the machine is gone or taken)"
                 if e.cloud_gone
                 else f"{node} (no answer to {len(e.checks)} checks over {e.span_s:.0f} s)"
             )
-        return Loss("node_lost", lost, "lost " + ", ".join(why))
+        answering = tuple(n for n in lost if evidence[n].cloud_gone and any(evidence[n].checks))
+        return Loss("node_lost", lost, "lost " + ", ".join(why), answering)
     if decision.rule in RANK_FAILED_RULES:
         return Loss("rank_failed", decision.nodes, decision.reason)
     return None

@@ -8,7 +8,8 @@ a clock: ``Observation.now`` is the time, so every rule is testable with a fake 
 
 Rules are checked in this order; the first that fires wins (:data:`RULES`):
 
-0. ``gpu_fault``     a new critical Xid, an uncorrectable ECC count that grew, a GPU gone
+0. ``node_down``     the fleet itself took a node (Slurm DOWN/DRAIN)  -> failed
+0b. ``gpu_fault``    a new critical Xid, an uncorrectable ECC count that grew, a GPU gone
                      (the node's counters against its first poll of the attempt)  -> failed
 1. ``rank_failed``   a node's torchrun exited non-zero             -> failed
 2. ``vanished``      a node's process is gone with no exit code    -> failed
@@ -28,7 +29,9 @@ A rank that exited non-zero while another node's ranks are stopped by a signal (
 debugger: alive, never stepping) is ``stalled``, naming the stopped node: the exit is the
 stopped ranks' collective timing out, and the node that exited is their victim, not the cause.
 
-``gpu_fault`` comes first: a GPU that fell off the bus makes its rank (and then every peer) exit
+``node_down`` comes first: the scheduler's word is positive evidence that the node is no longer
+the run's, and its processes there may go on stepping (so no other rule would ever fire).
+``gpu_fault`` comes next: a GPU that fell off the bus makes its rank (and then every peer) exit
 non-zero, and the GPU, not the rank, is what recovery must leave out.
 
 Why this order: evidence of a failure beats evidence of success (a NaN in a run that then
@@ -91,6 +94,7 @@ class Teardown(str, Enum):
 Outcome = Literal["succeeded", "failed", "stopped"]
 NodeState = Literal["running", "exited", "vanished", "unreachable"]
 RuleName = Literal[
+    "node_down",
     "gpu_fault",
     "rank_failed",
     "vanished",
@@ -182,6 +186,9 @@ class NodeObservation:
     stopped_processes: int = 0
     """The job's processes on this node stopped by a signal (SIGSTOP, a debugger): alive, never
     stepping, holding every collective they take part in."""
+    site_lost: str = ""
+    """Why the fleet itself took this node from the run (a scheduler marked it DOWN or DRAIN),
+    though it may still answer; "" while it has not."""
 
 
 @dataclass(frozen=True)
@@ -316,6 +323,21 @@ def _fmt_s(seconds: float) -> str:
 
 def _at_step(metrics: MetricsSummary) -> str:
     return f" (last step {metrics.last_step})" if metrics.last_step is not None else ""
+
+
+def node_down(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
+    """A node the fleet itself took (Slurm: DOWN, DRAIN): the run cannot go on there, whatever
+    its processes still do (always on: the node is no longer the run's)."""
+    taken = [n for n in obs.nodes if n.site_lost and n.state != "exited"]
+    if not taken:
+        return None
+    what = "; ".join(f"{n.node}: {n.site_lost}" for n in taken[:8])
+    return StopDecision(
+        "failed",
+        "node_down",
+        f"the fleet took node(s) from the run ({what}){_at_step(obs.metrics)}.",
+        tuple(n.node for n in taken),
+    )
 
 
 def gpu_fault(rules: StopRules, obs: Observation, state: RuleState) -> StopDecision | None:
@@ -545,6 +567,7 @@ def max_cost(rules: StopRules, obs: Observation, state: RuleState) -> StopDecisi
 
 #: The rules in priority order (see the module docstring for why this order).
 RULES: tuple[tuple[RuleName, Rule], ...] = (
+    ("node_down", node_down),
     ("gpu_fault", gpu_fault),
     ("rank_failed", rank_failed),
     ("vanished", vanished),

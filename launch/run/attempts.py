@@ -187,11 +187,31 @@ def loss_of(
         silent_before=credit,
         failed_early=early.failed(credit) if early is not None else None,
     )  # on the real clock: the checks run in threads, which a test's fake clock does not wait for
+    gone = set(fleet_said_gone(ctx, state))
+    if decision.rule == "node_down":  # the fleet's word the watcher saw stands, even if since taken back
+        gone |= set(decision.nodes)
+    evidence = {n: replace(e, cloud_gone=True) if n in gone else e for n, e in evidence.items()}
     state = replace(state, recovery_timings={"recheck": ctx.clock.monotonic() - started})
     back = answered_again(decision, evidence)
     if back and state.false_alarms < MAX_RECHECKS:
         return replace(state, false_alarms=state.false_alarms + 1), back
     return state, classify(decision, evidence, policy.confirm_s)
+
+
+def fleet_said_gone(ctx: RunContext, state: RunState) -> dict[str, str]:
+    """The run's nodes the fleet itself says are gone or taken (``FleetKind.lost_nodes``: Slurm's
+    DOWN/DRAIN); a question that fails is said and counts as none (the SSH checks decide)."""
+    try:
+        gone = fleet_kind(state.inventory.fleet).lost_nodes([h.name for h in state.hosts])
+    except Exception as exc:  # noqa: BLE001 - the checks' evidence stands without the fleet's word
+        say(
+            ctx,
+            f"  could not ask the fleet which nodes it took: {clean(f'{type(exc).__name__}: {exc}', 300)}",
+        )
+        return {}
+    for name, why in sorted(gone.items()):
+        say(ctx, f"  {clean(name, 100)}: the fleet says {clean(why, 200)}")
+    return gone
 
 
 def record(
@@ -298,6 +318,16 @@ def replace_lost(
     if errors:
         why = f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
         return state, RecoveryPlan(stop=why), {}
+    if loss.answering:  # taken by the fleet, still up: none of the run's processes goes on there
+        left = stop_survivors(
+            ctx.port,
+            [h for h in state.hosts if h.name in loss.answering],
+            state.plan.run_id,
+            0,
+            state.attempt,
+        ).errors
+        for name, why in sorted(left.items()):
+            say(ctx, f"  {name}: the run's processes there not stopped: {clean(why, 300)}")
     for name in lost:
         ctx.port.connections[name].close()
     kind = fleet_kind(state.inventory.fleet)

@@ -38,6 +38,7 @@ from launch.rules.stragglers import NodePace, parse_pace
 from launch.run.clock import Clock
 from launch.run.pushed_exits import PushedExits
 from launch.run.recheck import EarlyChecks
+from launch.run.site_lost import SiteLost
 from launch.run.target import WatchTarget
 from launch.transport.port import FleetPort, NodeLink
 
@@ -82,6 +83,8 @@ class NodeWatch:
     stopped: int = 0
     """The job's processes on this node stopped by a signal at the last good answer."""
     stream: MetricsStream = field(default_factory=MetricsStream)
+    site_lost: str = ""
+    """Why the fleet itself says this node is gone (Slurm: DOWN, DRAIN), "" while it does not."""
 
 
 class Watcher:
@@ -97,6 +100,7 @@ class Watcher:
         on_poll: Callable[[Observation], object] | None = None,
         clock: Clock = time,
         push_exits: bool = False,
+        site_lost: SiteLost | None = None,
     ) -> None:
         self.clock = clock
         """Wall time and sleeping: the ``time`` module, or the run context's (a test's fake clock)."""
@@ -120,6 +124,8 @@ class Watcher:
         """With ``push_exits``: each running node's event channel (``launch.run.pushed_exits``),
         so a rank's exit ends the pause between polls at once. Waited on in real time, so only
         with the real clock: a stand-in clock sleeps as before."""
+        self.site_lost = site_lost
+        """The fleet's own word on which nodes it took (``launch.run.site_lost``), or None."""
         if push_exits:
             events = f'exec {AGENT} events "$HOME/{layout.rundir(target.run_id)}"'
             self.pushed = PushedExits(fleet, events)
@@ -156,6 +162,8 @@ class Watcher:
         """Close the poll and event channels; each node's agent exits on end of input."""
         if self.pushed is not None:
             self.pushed.close()
+        if self.site_lost is not None:
+            self.site_lost.close()
         if self.early_checks is not None:
             self.early_checks.stop()
         for conn in self.fleet.connections.values():
@@ -237,6 +245,7 @@ class Watcher:
                     gpu_health=node.gpu,
                     pace=node.pace,
                     stopped_processes=node.stopped,
+                    site_lost=node.site_lost,
                 )
             )
         exits = {
@@ -284,6 +293,7 @@ class Watcher:
                 self.console.print(
                     safe_text(f"  {name}: unreadable on the node: {'; '.join(node.malformed)}")
                 )
+        self._refresh_site_lost()
         obs = self.observation(now)
         if self.first_step_at is None and obs.metrics.records:
             first = obs.metrics.history[0].time if len(obs.metrics.history) else None
@@ -292,6 +302,19 @@ class Watcher:
                 f"  first step logged {self.first_step_at - self.target.started_at:.1f} s after launch"
             )
         return obs
+
+    def _refresh_site_lost(self) -> None:
+        """The fleet's last answer folded in (asked in the background, never waited for)."""
+        if self.site_lost is None:
+            return
+        line = self.site_lost.refresh([n.name for n in self.nodes.values() if n.state != "exited"])
+        if line:
+            self.console.print(safe_text(line))
+        for node in self.nodes.values():
+            why = self.site_lost.lost.get(node.name, "")
+            if why and not node.site_lost:
+                self.console.print(safe_text(f"  {node.name}: the fleet took it: {why}"))
+            node.site_lost = why
 
     # -- the loop --------------------------------------------------------------------------------
     def title(self) -> str:

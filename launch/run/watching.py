@@ -15,11 +15,13 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launch.fleets.kinds.registry import fleet_kind
 from launch.rules.energy import RunEnergy, resume_meter
 from launch.rules.pricing import cost_so_far
 from launch.rules.stoprules import Observation, StopDecision
 from launch.run.clock import Clock
 from launch.run.records import RunRecords
+from launch.run.site_lost import SiteLost
 from launch.run.summary import TRACEBACK_FILE
 from launch.run.target import WatchTarget
 from launch.run.watch import Watcher
@@ -65,6 +67,7 @@ def build_watcher(
         on_poll=heartbeat,
         clock=clock,
         push_exits=clock is time,  # exits pushed by the nodes are waited on in real time
+        site_lost=SiteLost(fleet_kind(target.inventory.fleet).lost_nodes),
     )
     resume_meter(watcher.rule_state.energy, energy.of_attempt(target.attempt))
     return watcher

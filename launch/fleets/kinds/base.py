@@ -117,6 +117,13 @@ class FleetKind(Protocol):
         the nodes are the whole fleet."""
         ...
 
+    def lost_nodes(self, names: list[str]) -> dict[str, str]:
+        """The nodes among ``names`` that the fleet itself says are gone while they may still
+        answer SSH (a scheduler marked them DOWN or DRAIN): name -> why, in the fleet's words.
+        The watcher asks this as it polls, the recovery before it replaces nodes; empty where
+        the nodes are the whole truth (lab, local, stack). May raise ``FleetrunError``."""
+        ...
+
     def release(self, say: Say) -> None:
         """Give back what ``acquire`` took, for a run that ends before it starts (its teardown
         does it otherwise); nothing where ``acquire`` took nothing."""
@@ -168,6 +175,10 @@ class StandingMachines:
 
     def health(self) -> list[tuple[str, str]]:
         return []
+
+    def lost_nodes(self, names: list[str]) -> dict[str, str]:
+        """None: no scheduler stands between the run and these machines."""
+        return {}
 
 
 class SiteMachines:

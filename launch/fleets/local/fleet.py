@@ -326,6 +326,8 @@ class LocalFleet(FleetNames):
         ref = LocalFleetRef.model_validate(ref.model_dump())  # the endpoint's pattern checked
         inventory = Inventory(hosts=hosts, source=f"local fleet {self.prefix}", fleet=ref)
         self.inventory_path.write_text(yaml.safe_dump(inventory.to_yaml_data(), sort_keys=False))
+        if cluster is not None:
+            say(f"local fleet {self.prefix}: Slurm inventory {cluster.write_inventory(hosts)}")
         say(
             f"local fleet {self.prefix}: {nodes} node(s) up in {time.monotonic() - started:.1f} s; "
             f"inventory {self.inventory_path}"

@@ -30,7 +30,8 @@ GPUs: ``gres.conf`` gives each compute node ``File=`` device nodes of its own
 (``/etc/slurm/dev/nvidia<k>``, character devices with ``/dev/null``'s numbers, created in the node's
 overlay), so Slurm counts, allocates and binds them as real GPUs (``CUDA_VISIBLE_DEVICES`` set per
 step), while the node's ``nvidia-smi`` is the test stand-in. Short timeouts (a node whose slurmd
-stops is DOWN within ~10 s; ``ReturnToService=2``: it comes back when it answers again) and
+stops is DOWN within ~10 s; ``ReturnToService=1``: it comes back when it answers again, but a
+node an administrator set DOWN stays DOWN until resumed, as on most sites) and
 ``MinJobAge`` keep the cluster quick to react for tests and demos.
 """
 
@@ -45,9 +46,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from launch.errors import LocalFleetError
 from launch.fleets.local.naming import FleetNames
 from launch.fleets.local.prereqs import run
+from launch.job.inventory import Host
 
 Record = Callable[[str, str], None]
 
@@ -59,6 +63,10 @@ CONTROLLER = 0
 """The node running munged and slurmctld: the cluster's login host."""
 REQUIRED = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sinfo": "slurm-client", "munged": "munge"}
 DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")
+INVENTORY_FILE = "slurm.yaml"
+TIME_LIMIT = "01:00:00"
+"""The written inventory's allocation time limit: ends an allocation whose laptop and watchdog
+are both gone."""
 NULL_DEVICE = (1, 3)
 """Major and minor of ``/dev/null``: the fake GPU device nodes' numbers (harmless if opened)."""
 
@@ -143,7 +151,7 @@ class LocalSlurm:
             "MpiDefault=none",
             "SchedulerType=sched/backfill",
             "SchedulerParameters=bf_interval=5,sched_interval=5",
-            "ReturnToService=2",
+            "ReturnToService=1",
             "SlurmctldTimeout=10",
             "SlurmdTimeout=10",
             "MessageTimeout=5",
@@ -256,6 +264,41 @@ class LocalSlurm:
             f"local fleet {self.names.prefix}: Slurm's nodes did not come up idle in {timeout:.0f} s "
             f"({states or 'slurmctld not answering'}); see {self.root}/*/*.log"
         )
+
+    # -- the cluster as its users see it --------------------------------------------------------
+    @property
+    def inventory_path(self) -> Path:
+        """The fleet's Slurm inventory (``--inventory slurm:PATH``), beside its own inventory."""
+        return self.names.state_dir / INVENTORY_FILE
+
+    def inventory_data(self, hosts: list[Host], time_limit: str = TIME_LIMIT) -> dict[str, object]:
+        """A Slurm inventory of this cluster, as a lab would write one: the login host (node 0)
+        and the compute nodes, each with its pinned host key; ``hosts`` is the fleet's nodes."""
+        login, *compute = hosts
+        login_entry = {
+            "address": login.address,
+            "port": login.port,
+            "user": login.user,
+            "key": str(login.key),
+            "host_key": login.host_key,
+        }
+        return {
+            "slurm": {
+                "login": login_entry,
+                "partition": PARTITION,
+                "gres": f"gpu:{GPUS}",
+                "time_limit": time_limit,
+            },
+            "defaults": {"user": login.user, "key": str(login.key), "python": login.python},
+            "hosts": [
+                {"name": h.name, "address": h.address, "port": h.port, "host_key": h.host_key}
+                for h in compute
+            ],
+        }
+
+    def write_inventory(self, hosts: list[Host]) -> Path:
+        self.inventory_path.write_text(yaml.safe_dump(self.inventory_data(hosts), sort_keys=False))
+        return self.inventory_path
 
     # -- this machine's view ---------------------------------------------------------------------
     def command(self, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -35,8 +35,18 @@ class QueueBusy(FleetrunError):
     """The allocation would wait in Slurm's queue and the run was not asked to (``--wait``)."""
 
 
-def run_checked(shell: SlurmShell, argv: list[str], timeout: float = commands.COMMAND_TIMEOUT_S) -> str:
+def run_checked(
+    shell: SlurmShell,
+    argv: list[str],
+    timeout: float = commands.COMMAND_TIMEOUT_S,
+    forgotten_ok: bool = False,
+) -> str:
+    """The command's stdout; a non-zero exit is ``SlurmCommandFailed``. ``forgotten_ok``: an
+    ``squeue -j`` the controller answers with ``UNKNOWN_JOB`` (every job named was purged after
+    its end) is an empty answer, not an error."""
     result = shell.run(argv, timeout)
+    if not result.ok and forgotten_ok and UNKNOWN_JOB in result.stderr:
+        return ""
     if not result.ok:
         tail = (result.stderr or result.stdout).strip()[-400:]
         raise SlurmCommandFailed(f"{argv[0]} on the login host exited {result.exit_code}: {clean(tail, 400)}")
@@ -96,7 +106,8 @@ def wait_granted(
                 "fab train --wait waits in Slurm's queue"
             )
         now = (state.state, state.reason, position)
-        if now != shown:
+        undecided = state.reason in UNDECIDED and monotonic() - started < SETTLE_S
+        if now != shown and not undecided:  # not yet looked at: it may well start at once
             where = f"position {position[0]} of {position[1]}" if position else "not yet ranked"
             say(
                 f"slurm job {job_id}: {state.state.lower()} in partition {ref.partition}, {where} ({state.reason})"
@@ -113,21 +124,14 @@ def cancel(shell: SlurmShell, job_ids: tuple[int, ...]) -> None:
 
 
 def still_held(shell: SlurmShell, job_ids: tuple[int, ...]) -> list[int]:
-    """The jobs among ``job_ids`` that ``squeue`` still shows holding nodes (not ended). A job
-    ``squeue`` leaves out (its default states are the live ones) or no longer knows is gone."""
-    held = []
-    for job_id in job_ids:
-        result = shell.run(commands.squeue_job_argv(job_id), commands.COMMAND_TIMEOUT_S)
-        if not result.ok and UNKNOWN_JOB in result.stderr:
-            continue  # purged from the controller (MinJobAge after its end): gone
-        if not result.ok:
-            raise SlurmCommandFailed(
-                f"squeue -j {job_id} exited {result.exit_code}: {clean(result.stderr, 400)}"
-            )
-        state = answers.job_state(result.stdout, job_id)
-        if state is not None and not state.ended:
-            held.append(job_id)
-    return held
+    """The jobs among ``job_ids`` that ``squeue`` still shows holding nodes (not ended), asked in
+    one ``squeue -j`` for all of them. A job ``squeue`` leaves out (its default states are the
+    live ones; a purged id among others is left out silently) or no longer knows is gone."""
+    if not job_ids:
+        return []
+    text = run_checked(shell, commands.squeue_job_argv(*job_ids), forgotten_ok=True)
+    states = [answers.job_state(text, job_id) for job_id in job_ids]
+    return [state.job_id for state in states if state is not None and not state.ended]
 
 
 def lost_nodes(shell: SlurmShell, nodes: list[str]) -> dict[str, str]:

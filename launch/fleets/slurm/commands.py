@@ -95,8 +95,9 @@ def sbatch_argv(ref: SlurmFleetRef, nodes: int, job_name: str, exclude: tuple[st
     return [*argv, f"--wrap={HOLD_SCRIPT}"]
 
 
-def squeue_job_argv(job_id: int) -> list[str]:
-    return ["squeue", "-h", "-j", str(job_id), "-o", "%i|%T|%r|%N|%Q"]
+def squeue_job_argv(*job_ids: int) -> list[str]:
+    """``squeue`` of the named jobs, one line each (a purged id among several is left out)."""
+    return ["squeue", "-h", "-j", ",".join(map(str, job_ids)), "-o", "%i|%T|%r|%N|%Q"]
 
 
 def squeue_pending_argv(partition: str) -> list[str]:

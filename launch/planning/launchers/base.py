@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from abc import ABC, abstractmethod
 
+from launch.errors import SpecError
 from launch.job.inventory import Host, Inventory
 from launch.job.spec import JobSpec
 from launch.planning import remote_layout as layout
@@ -197,7 +198,15 @@ class Launcher(ABC):
                     node_rank=rank,
                     env=env,
                     command=command,
-                    launch_script=self.launch_script(spec, host, run_id, env, command, procs[rank]),
+                    launch_script=self.launch_script(
+                        spec,
+                        host,
+                        run_id,
+                        env,
+                        command,
+                        procs[rank],
+                        inventory.fleet.rank_launch_lines(host.name),
+                    ),
                     setup_script=script,
                     setup_hash=setup_hash,
                     role="head" if rank == 0 else "worker",
@@ -289,9 +298,18 @@ class Launcher(ABC):
         return env
 
     def launch_script(
-        self, spec: JobSpec, host: Host, run_id: str, env: dict[str, str], command: str, procs: int | None
+        self,
+        spec: JobSpec,
+        host: Host,
+        run_id: str,
+        env: dict[str, str],
+        command: str,
+        procs: int | None,
+        fleet_launch: tuple[str, str] = ("", ""),
     ) -> str:
-        """The POSIX sh script a node runs. Started detached by the node agent, so it outlives SSH."""
+        """The POSIX sh script a node runs. Started detached by the node agent, so it outlives SSH.
+        ``fleet_launch``: the fleet's lines before the start and words before the command
+        (``FleetRef.rank_launch_lines``: a Slurm allocation's ``srun`` step)."""
         lines = [
             "#!/bin/sh",
             f"# fleetrun: job {spec.name}, run {run_id}, node {host.name}",
@@ -317,7 +335,17 @@ class Launcher(ABC):
         lines.append(mkdir_line(spec))
         lines += sagemaker.runtime_lines(spec)
         lines.append(f'cd "$HOME/{layout.workdir(spec.name)}"')
-        if spec.container is None:
+        before, srun_words = fleet_launch
+        if srun_words and spec.container is not None:
+            raise SpecError(
+                f"inventory field 'slurm.ranks_via': srun does not start a playbook's container (job {spec.name} "
+                "has 'container'); use ranks_via: ssh, or run without a container"
+            )
+        if before:
+            lines.append(before)
+        if spec.container is None and srun_words:  # the command as one step of the fleet's scheduler
+            lines.append(f"exec {srun_words}{sh_quote(sagemaker.exec_env_prefix(spec) + command)}")
+        elif spec.container is None:
             lines.append(f"exec {sagemaker.exec_env_prefix(spec)}{command}")
         else:
             lines += container_lines(spec, run_id, env, command)
