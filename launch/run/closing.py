@@ -40,7 +40,7 @@ def close_run(
     if line is not None:
         reporter.say(("  profile: ", "yellow"), line)
     hooks = end_hooks(summary.folder, reporter)
-    if hooks is None:
+    if not hooks:  # none, or run by an earlier command: the record's files are as they were
         return summary
     with contextlib.suppress(Exception):  # the record's list of files now names the hooks' logs
         if records is not None:

@@ -139,6 +139,7 @@ def start_run(
     ``execute``. The turn is released after the teardown, whatever ended the run."""
     if known_hosts is None:  # pinned here unless the caller pinned them for the run already
         known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
+    warm.claim(inventory, plan.run_id, lambda line: reporter.say(line))  # a warm fleet's cloud lifetime
     port = SshPool([n.host for n in plan.nodes], known_hosts, max_parallel=options.max_parallel)
     try:
         hold = take_machines(
@@ -149,7 +150,6 @@ def start_run(
         fleet_kind(inventory.fleet).release(lambda line: reporter.say(line))
         raise
     try:
-        warm.claim(inventory, plan.run_id, lambda line: reporter.say(line))  # a warm fleet's cloud lifetime
         ctx = _new_run(
             spec, plan, inventory, playbook, records, reporter, options, ask_keep_running, port,
             folder=folder, overrides=overrides, sweep_id=sweep_id, choice=choice, local_hooks=local_hooks,
