@@ -16,6 +16,7 @@ from invoke import Program
 
 from launch.cli import app
 from launch.cli.main import program
+from launch.run import closing, opening
 
 PROGRAMS = pytest.mark.parametrize(
     "make", [lambda: program("fab"), lambda: program("fleetrun")], ids=["fab", "fleetrun"]
@@ -228,14 +229,14 @@ def test_the_end_of_a_run_says_why_a_profiled_rank_left_no_trace(tmp_path: Path)
         "profile: {steps: '2-3', ranks: [1, 7]}\n"
     )
     spec = load_job_spec(playbook)
-    app.check_profiled_ranks_exist(spec, None, playbook)  # unknown world size: nothing to refuse yet
-    line = app.missing_profile_ranks_line(spec, {"world_size": 2, "ranks": []})
+    opening.check_profiled_ranks_exist(spec, None, playbook)  # unknown world size: nothing to refuse yet
+    line = closing.missing_profile_ranks_line(spec, {"world_size": 2, "ranks": []})
     assert line == "no trace from rank(s) 7 (profile.ranks): the job ran 2 process(es), ranks 0-1"
-    assert app.missing_profile_ranks_line(spec, {"world_size": 8}) is None
+    assert closing.missing_profile_ranks_line(spec, {"world_size": 8}) is None
     for garbage in (None, {"world_size": "2"}, {"world_size": True}, [2], {"world_size": 0}):
-        assert app.missing_profile_ranks_line(spec, garbage) is None
+        assert closing.missing_profile_ranks_line(spec, garbage) is None
     with pytest.raises(Exception, match=r"field 'profile.ranks': rank\(s\) 7 do not exist"):
-        app.check_profiled_ranks_exist(spec, 4, playbook)
+        opening.check_profiled_ranks_exist(spec, 4, playbook)
 
 
 @PROGRAMS

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -281,11 +283,13 @@ def test_train_saves_the_verdict_and_warns_at_launch(
     _spec(tmp_path, nodes=2, on_end="touch pwned")
     plans = []
 
-    def started(spec: object, plan: object, *args: object, **kwargs: object) -> None:
-        plans.append(plan)
+    def started(ctx: object, state: Any) -> None:  # the stages, after the folder and the record
+        plans.append(state.plan)
         raise _Started
 
-    monkeypatch.setattr(lifecycle, "start_run", started)
+    held = SimpleNamespace(release=lambda: None)  # the queue turn: no machines behind a lab file
+    monkeypatch.setattr(lifecycle, "take_machines", lambda *args: held)
+    monkeypatch.setattr(lifecycle, "execute", started)
     console = Console(record=True, width=400)
     with pytest.raises(_Started):
         app.train(

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from launch.cli import app
 from launch.fleets.kinds.base import TeardownOutcome, TeardownState
 from launch.fleets.kinds.local import LocalFleetKind
 from launch.fleets.kinds.refs import LocalFleetRef, StackFleetRef
 from launch.reports.views import render_text, runs_table, show_run
+from launch.run import closing, opening
 from launch.run.records import RunRecords
 from launch.run.reporter import RichReporter
 from launch.run.summary import TRACEBACK_FILE
@@ -310,7 +310,7 @@ def test_job_message_with_brackets_and_malformed_world(
     )
     run = run_on_fake_fleet(tmp_path, monkeypatch, job, reporter=RichReporter(console))
     assert (run.summary.outcome, run.summary.rule) == ("failed", "reported_failed")
-    app.report(run.summary, console)
+    closing.report(run.summary, RichReporter(console))
     out = buffer.getvalue()
     assert "could not open [/data/shard-7]" in out and "world size [bold]" in out and "[/x]@?[2J" in out
     assert "\x1b" not in out and "\x07" not in out
@@ -318,7 +318,7 @@ def test_job_message_with_brackets_and_malformed_world(
 
 @pytest.mark.parametrize("world", [None, "x", {"ranks": "x"}, {"ranks": [None]}, {"world_size": {}}])
 def test_world_line_takes_any_shape(world: object) -> None:
-    line = app.world_line(world)
+    line = closing.world_line(world)
     assert line is None or line.plain.startswith("  world size")
 
 
@@ -389,8 +389,8 @@ def test_cost_cap_warning_uses_the_real_price(tmp_path: Path) -> None:
     from launch.job.spec import JobSpec
 
     spec = JobSpec(name="j", workdir=tmp_path, entrypoint="python t.py", stop={"max_cost_usd": 5})  # type: ignore[arg-type]
-    assert app.launch_warnings(spec, fake_inventory(1, "p4d.24xlarge")) == []
-    unpriced = app.launch_warnings(spec, fake_inventory(1))
+    assert opening.launch_warnings(spec, fake_inventory(1, "p4d.24xlarge")) == []
+    unpriced = opening.launch_warnings(spec, fake_inventory(1))
     assert len(unpriced) == 1 and "cannot fire" in unpriced[0]
 
 
@@ -428,13 +428,12 @@ def test_fab_show_runs_and_logs_read_back_a_fake_run(tmp_path: Path, monkeypatch
 def test_the_end_of_a_run_says_its_outcome_and_teardown_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str
 ) -> None:
-    """The wrap-up's progress lines and the summary (``app.report``) both printed the outcome
-    line and the teardown line; the summary says them, once."""
+    """The wrap-up's progress lines and the summary (``closing.report``, the life cycle's last
+    stages) both printed the outcome line and the teardown line; the summary says them, once."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=200, force_terminal=False)
     job = JobScript(steps=2, finish_status=status, finish_message="done or not", finish_exit_code=0)
-    run = run_on_fake_fleet(tmp_path, monkeypatch, job, reporter=RichReporter(console))
-    app.report(run.summary, console)
+    run = run_on_fake_fleet(tmp_path, monkeypatch, job, reporter=RichReporter(console))  # reports at its end
     out = buffer.getvalue()
     assert run.summary.outcome == status
     assert out.count(f"{status} ({run.summary.rule})") == 1, out

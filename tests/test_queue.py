@@ -235,7 +235,7 @@ def test_an_entry_of_this_laptop_whose_process_or_run_is_gone_holds_nothing() ->
     """A ``fab`` killed here (kill -9) or a run of this process whose entries could not be
     removed (a local fleet torn down first) is not waited for until its lease runs out; a live
     run of this process and another laptop's entry are."""
-    from launch.cli import queue as queueing
+    from launch.run import queue_turn as queueing
 
     dead = subprocess.Popen(["true"])
     dead.wait()

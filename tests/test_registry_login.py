@@ -101,8 +101,8 @@ def test_fab_train_reads_the_login_before_touching_anything(
 ) -> None:
     import yaml
 
-    from launch.cli.app import check_registry_login
     from launch.job.spec import load_job_spec
+    from launch.run.opening import check_registry_login
 
     (tmp_path / "work").mkdir()
     playbook = tmp_path / "job.yaml"

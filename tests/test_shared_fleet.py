@@ -78,7 +78,7 @@ def in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, dict[str, obj
 
 
 def train(playbook: Path) -> RunResult:
-    """A run that shares the machines on purpose: another run holds them (``launch.cli.queue``),
+    """A run that shares the machines on purpose: another run holds them (``launch.run.queue_turn``),
     so without ``--allow-busy-gpus`` it would be refused."""
     result = app.train(
         playbook,

@@ -138,9 +138,9 @@ def queue(c: Any, inventory: str = "local") -> None:
 
     Example: fab queue --inventory lab.yaml
     """
-    from launch.cli import queue as queueing
     from launch.fleets.select import load_inventory
     from launch.paths import known_hosts_file
+    from launch.run import queue_turn as queueing
 
     inv = load_inventory(inventory)
     queueing.show_queue(inv, inv.write_known_hosts(known_hosts_file(inv.fingerprint())))

@@ -10,8 +10,10 @@ With ``--parallel K`` the inventory's hosts are cut into K slots of the playbook
 hosts each (in inventory order), and each slot runs its share of the variants one after another:
 no two variants ever share a node, and each run keeps its own rendezvous port and run directory.
 Each variant is its own ``fab train`` process (its own watcher, on-node watchdog and record),
-with the fleet kept between variants (``--teardown never``); the playbook's teardown policy, and its
-``keep_warm_s``, are applied once, when the sweep is over (``launch.run.lifecycle.end_sweep``). Ctrl-C stops the whole sweep: no new variant starts, each
+one run through the one life cycle, hooks included; its ``--sweep-id`` makes the run keep the
+fleet for the next variant (``launch.run.opening.teardown_policy``), and the playbook's teardown
+policy, and its ``keep_warm_s``, are applied once, when the sweep is over
+(``launch.run.lifecycle.end_sweep``). Ctrl-C stops the whole sweep: no new variant starts, each
 running one stops and wraps up (pull, record) as ``fab train`` does without a terminal to ask,
 and the sweep's own file says which variants never started.
 """
@@ -192,7 +194,7 @@ def run_sweep(
     def run_slot(slot: int) -> None:
         while (variant := next_variant()) is not None:
             log = folder / f"variant-{variant.index}.log"
-            argv = [*_fab(), "train", str(path), "--inventory", inventory, "--teardown", "never"]
+            argv = [*_fab(), "train", str(path), "--inventory", inventory]
             argv += ["--hosts", ",".join(slots[slot]), "--sweep-id", sweep.sweep_id]
             for allowed in allow_paths:
                 argv += ["--allow-path", str(allowed)]

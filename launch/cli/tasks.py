@@ -388,12 +388,9 @@ def watch(c: Any, run: str) -> None:
     """Re-attach to a run whose watcher was lost; stop, pull and tear down when a rule fires."""
     from rich.console import Console
 
-    from launch.cli import app
     from launch.cli import runs as history
 
-    result = history.reattach(run, Console())
-    app.report(result, Console())
-    app.end_hooks(result, Console())
+    result = history.reattach(run, Console())  # followed to its end: wrap-up, report, on_end
     if not result.ok:
         raise Exit(code=1)
 

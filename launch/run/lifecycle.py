@@ -1,13 +1,17 @@
 """A run's life cycle, the one path ``fab train``, ``fab watch RUN`` and ``fab pull RUN`` take.
 
-``start_run`` sets a run up (pinned host keys, run folder, run record) and ``execute`` drives it:
-the stages of ``launch.run.stages`` over one ``RunState``, then ``follow`` (watch, and with a
-``recovery:`` section recover and watch the next attempt, ``launch.run.attempts``), then the
-wrap-up (``launch.run.wrapup``: secure the artifacts, write the reports, finish). ``reattach``
+``start_run`` sets a run up (pinned host keys, the run's turn on the machines through its own
+connection pool, run folder with the host choice and the ``on_end`` verdict, run record) and
+``execute`` drives it: the stages of ``launch.run.stages`` over one ``RunState``, then ``follow``
+(watch, and with a ``recovery:`` section recover and watch the next attempt,
+``launch.run.attempts``), then the wrap-up (``launch.run.wrapup``: secure the artifacts, write
+the reports, tear down or keep warm, finish), the machines' release, and the run's close
+(``launch.run.closing``: the report, the ``on_end`` hooks). ``launch.run.opening`` is the front
+door before it (playbook, host choice, plan). ``reattach``
 rebuilds the state of a run whose watcher went away from the run's own records (``watch.json``,
 the attempts recorded so far, the playbook it started with, its hash checked) and follows it
-the same way, recovery included. ``pull_again`` is the wrap-up's pull and teardown for a run
-that already ended.
+the same way, recovery included, and closes it the same way. ``pull_again`` is the wrap-up's
+pull and teardown for a run that already ended, then its ``on_end`` hooks if none ran yet.
 
 Every way out of ``execute`` after the fleet was touched goes through the wrap-up, an unexpected
 exception included (a ``failed`` run with ``traceback.txt``). The life cycle never prompts: what
@@ -35,10 +39,13 @@ from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
 from launch.rules.recovery import AttemptEnd
 from launch.rules.stoprules import StopDecision
-from launch.run import attempts, stages, warm
+from launch.run import attempts, closing, stages, warm
 from launch.run.clock import Clock
+from launch.run.doctor import HostChoice
+from launch.run.hooks import LocalHooks, save_on_end
 from launch.run.peer_copies import PEER_STAGING, PeerCopies
 from launch.run.provenance import file_sha256, git_commit_of
+from launch.run.queue_turn import take_machines
 from launch.run.records import FINAL_STATES, RunRecord, RunRecords, pid_alive
 from launch.run.reporter import Reporter
 from launch.run.run_folder import RunFolder
@@ -119,15 +126,64 @@ def start_run(
     known_hosts: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     sweep_id: str | None = None,
+    wait: bool = False,
+    choice: HostChoice | None = None,
+    local_hooks: LocalHooks | None = None,
 ) -> RunSummary:
-    """``fab train`` after the plan: pin the host keys (unless ``known_hosts`` holds them), make the run folder (unless the caller
-    made it: ``fab train`` writes ``hosts.json`` and the end hooks there first) and the run record
+    """A run after its plan: pin the host keys (unless ``known_hosts`` holds them), take the
+    run's turn on the machines through the run's connection pool (refused, or with ``wait``
+    queued, when another run holds them: ``launch.run.queue_turn``; before anything is recorded),
+    make the run folder (``hosts.json``: the host ``choice``; ``on-end.json``: the hooks and their
+    ``local_hooks`` verdict, so whichever command ends the run runs them) and the run record
     (which playbook, its hash, the code's commit, the ``--set`` overrides, the sweep), then
-    ``execute``."""
+    ``execute``. The turn is released after the teardown, whatever ended the run."""
     if known_hosts is None:  # pinned here unless the caller pinned them for the run already
         known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
     warm.claim(inventory, plan.run_id, lambda line: reporter.say(line))  # a warm fleet's cloud lifetime
+    port = SshPool([n.host for n in plan.nodes], known_hosts, max_parallel=options.max_parallel)
+    try:
+        hold = take_machines(
+            inventory, port, plan.run_id, wait, options.allow_busy_gpus, lambda line: reporter.say(line)
+        )
+    except BaseException:  # ended before the start: what a scheduler granted goes back
+        port.close()
+        fleet_kind(inventory.fleet).release(lambda line: reporter.say(line))
+        raise
+    try:
+        ctx = _new_run(
+            spec, plan, inventory, playbook, records, reporter, options, ask_keep_running, port,
+            folder=folder, overrides=overrides, sweep_id=sweep_id, choice=choice, local_hooks=local_hooks,
+        )  # fmt: skip
+        return execute(
+            replace(ctx, hold=hold), state_for(spec, plan, inventory, known_hosts, ctx.folder.path)
+        )
+    finally:
+        hold.release()  # after the teardown; already done unless the run left before its wrap-up
+
+
+def _new_run(
+    spec: JobSpec,
+    plan: LaunchPlan,
+    inventory: Inventory,
+    playbook: Path,
+    records: RunRecords,
+    reporter: Reporter,
+    options: RunOptions,
+    ask_keep_running: AskKeepRunning | None,
+    port: FleetPort,
+    *,
+    folder: RunFolder | None,
+    overrides: Mapping[str, Any] | None,
+    sweep_id: str | None,
+    choice: HostChoice | None,
+    local_hooks: LocalHooks | None,
+) -> RunContext:
+    """The run folder and record of a run about to start, and its context."""
     folder = folder or RunFolder.create(plan.run_id)
+    if choice is not None:  # which hosts the job got, which were skipped and why, the spares
+        folder.write_json("hosts.json", choice.record())
+    if local_hooks is not None:
+        save_on_end(folder.path, spec, local_hooks)
     records.start(
         run_id=plan.run_id,
         playbook_path=str(Path(playbook).resolve()),
@@ -146,8 +202,7 @@ def start_run(
         f" run {plan.run_id}: job {spec.name} on {len(plan.nodes)} node(s) "
         f"of {inventory.source} with {spec.launcher}; run folder {folder.path}",
     )
-    port = SshPool([n.host for n in plan.nodes], known_hosts, max_parallel=options.max_parallel)
-    ctx = RunContext(
+    return RunContext(
         spec=spec,
         port=port,
         folder=folder,
@@ -157,7 +212,6 @@ def start_run(
         ask_keep_running=ask_keep_running,
         peers=PeerCopies(plan.run_id, folder.path / PEER_STAGING, reporter.say),
     )
-    return execute(ctx, state_for(spec, plan, inventory, known_hosts, folder.path))
 
 
 def execute(ctx: RunContext, state: RunState) -> RunSummary:
@@ -217,7 +271,8 @@ def follow(run: Progress, watcher: Watcher | None = None) -> StopDecision:
 
 
 def wrap_up_run(run: Progress, decision: StopDecision, teardown_applies: bool) -> RunSummary:
-    """The wrap-up of the attempt the run reached (``launch.run.wrapup``), then its attempts."""
+    """The wrap-up of the attempt the run reached (``launch.run.wrapup``), then its attempts;
+    then the machines are released and the run closed (``launch.run.closing``: report, hooks)."""
     ctx, state = run.ctx, run.state
     if ctx.peers is not None:  # no more peer copies: the one in flight gets a moment to finish
         ctx.peers.stop()
@@ -238,7 +293,9 @@ def wrap_up_run(run: Progress, decision: StopDecision, teardown_applies: bool) -
     )
     if state.ended and (state.plan.recovery.enabled or len(state.ended) > 1):
         attempts.record_attempts(ctx, state, summary)
-    return summary
+    if ctx.hold is not None:
+        ctx.hold.release()
+    return closing.close_run(summary, ctx.reporter, ctx.records, ctx.spec)
 
 
 def _keep_running(ctx: RunContext, state: RunState) -> bool:
@@ -339,7 +396,7 @@ def reattach(
             target, port, reporter.console, records, poll_interval=poll_interval, clock=clock or time
         )
         decision = watch_safely(watcher, target.folder)
-        return wrap_up(
+        summary = wrap_up(
             target,
             port,
             decision,
@@ -350,6 +407,7 @@ def reattach(
             clock=clock or time,
             ended=recorded_attempts(record),  # their energy counts too
         )
+        return closing.close_run(summary, reporter, records, None)
     options = RunOptions(poll_interval=poll_interval)
     peers = PeerCopies(record.id, folder.path / PEER_STAGING, reporter.say)
     ctx = RunContext(
@@ -377,6 +435,9 @@ class PulledAgain:
 
     pull_errors: dict[str, str]
     teardown: TeardownOutcome
+    hooks: tuple[dict[str, Any], ...] = ()
+    """What the ``on_end`` hooks did, when this pull ran them (none had run: the command that
+    ended the run left before its close); empty when they had run already or there are none."""
 
     @property
     def ok(self) -> bool:
@@ -420,7 +481,10 @@ def pull_again(
     folder.write_json("summary.json", summary)
     records.update(record.id, artifacts=folder.artifacts())
     reporter.say(f"  teardown: {teardown}")
-    return PulledAgain(dict(errors), teardown)
+    hooks = closing.end_hooks(folder.path, reporter) or []
+    if hooks:
+        records.update(record.id, artifacts=folder.artifacts())
+    return PulledAgain(dict(errors), teardown, tuple(hooks))
 
 
 # -- the end of a sweep ---------------------------------------------------------------------------

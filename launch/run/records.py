@@ -173,10 +173,23 @@ class RunRecords:
         _private_file(self.path)  # run history and hyperparameters: the owner's only
         self._db = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._wal(timeout_s)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
+
+    def _wal(self, timeout_s: float) -> None:
+        """WAL mode, waited for: two processes opening a new file at once (two sweep variants'
+        first ``fab train``) can be told "database is locked" at once, without SQLite's busy wait."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def close(self) -> None:
         self._db.close()

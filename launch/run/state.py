@@ -38,6 +38,7 @@ from launch.transport.port import FleetPort
 
 if TYPE_CHECKING:
     from launch.run.peer_copies import PeerCopies
+    from launch.run.queue_turn import QueueHold
 
 AskKeepRunning = Callable[[str], bool]
 """Asked on Ctrl-C while watching (with the run id): True keeps the job running on its nodes."""
@@ -73,6 +74,9 @@ class RunContext:
     peers: PeerCopies | None = None
     """The run's recorded saves and their copies to a peer node (``launch.run.peer_copies``):
     every attempt's watcher feeds it; the checkpoint spread before a later attempt reads it."""
+    hold: QueueHold | None = None
+    """The run's turn on shared machines (``launch.run.queue_turn``): released once the wrap-up's
+    teardown is over, before the ``on_end`` hooks run (``launch.run.lifecycle.wrap_up_run``)."""
 
     def with_port(self, port: FleetPort) -> RunContext:
         return dataclasses.replace(self, port=port)

@@ -114,6 +114,9 @@ class RunSummary:
     watch: dict[str, Any] = field(default_factory=dict)
     """How the watcher learnt the end: its poll rounds and the changes the nodes pushed on their
     event channels (``launch.run.pushed_exits``) in the order heard."""
+    hooks: tuple[dict[str, Any], ...] = ()
+    """What the playbook's ``on_end`` commands did (``launch.run.closing``), once they ran: each
+    one's command, ``ok``, exit code, or why it was skipped; ``hooks.json`` in the run folder."""
 
     @property
     def ok(self) -> bool:

@@ -1,12 +1,14 @@
-"""How a run holds shared machines (``fab train``, with or without ``--wait``) and ``fab queue``.
+"""A run's turn on shared machines (a stage of the run's life cycle) and ``fab queue``'s listing.
 
 The queue entries and their rules are in ``launch.planning.queue``; here are the connections.
-Every real run puts its entry on every machine it uses (``take_machines``). Without ``--wait`` a
-machine another run holds (an earlier live entry wanting a GPU this run wants) refuses the run
-at once, naming the holder; with ``--wait`` the run refreshes its entries each poll and starts
-once it is first on all of them. Either way a ``QueueHold`` then keeps the entries fresh from a
-thread (its own connections) until the run ended, and removes them; Ctrl-C while waiting removes
-them too. The GPU check at claim time (``launch.planning.claim``) still refuses GPUs that other
+Every real run puts its entry on every machine it uses (``take_machines``, called by
+``launch.run.lifecycle.start_run`` over the run's own connection pool, before the run record is
+made: a refused run leaves none). Without ``--wait`` a machine another run holds (an earlier live
+entry wanting a GPU this run wants) refuses the run at once, naming the holder; with ``--wait``
+the run refreshes its entries each poll and starts once it is first on all of them. Either way a
+``QueueHold`` then keeps the entries fresh from a thread until the run's teardown is over, and
+removes them; Ctrl-C while waiting removes them too. The refresh thread has connections of its
+own (``FleetPort.outside``): it runs beside the stages, and a recovery replaces the run's pool. The GPU check at claim time (``launch.planning.claim``) still refuses GPUs that other
 users' processes hold outside fleetrun, and ``--allow-busy-gpus`` starts beside both on purpose
 (two runs sharing machines, as the shared-hosts docs describe).
 """
@@ -26,7 +28,8 @@ from launch.errors import FleetrunError, HostError
 from launch.job.inventory import Host, Inventory
 from launch.planning import queue
 from launch.reports.safe_text import clean
-from launch.transport.ssh import Fleet, NodeConnection
+from launch.transport.port import FleetPort, NodeLink
+from launch.transport.ssh import Fleet
 
 POLL_S = 2.0
 
@@ -102,7 +105,7 @@ class QueueRefused(HostError):
 
 
 def _act(
-    fleet: Fleet,
+    fleet: FleetPort,
     action: str,
     run_id: str,
     ttl: float,
@@ -114,7 +117,7 @@ def _act(
     left out of the listing instead; the run's pre-launch check names it with its verdict."""
     who = owner()
 
-    def one(conn: NodeConnection) -> tuple[list[queue.Entry], list[str]]:
+    def one(conn: NodeLink) -> tuple[list[queue.Entry], list[str]]:
         gpus = queue.gpus_arg(conn.host.gpus)
         command = queue.script_command(conn.host.python, action, run_id, who, ttl, os.getpid(), gpus)
         result = conn.run_with_input(command, queue.SCRIPT.encode(), timeout=30)
@@ -146,8 +149,8 @@ def _act(
 class QueueHold:
     """The run's entries, refreshed from a thread until ``release`` (then removed)."""
 
-    def __init__(self, hosts: list[Host], known_hosts: Path, run_id: str, ttl: float) -> None:
-        self.fleet = Fleet(hosts, known_hosts)
+    def __init__(self, fleet: FleetPort, run_id: str, ttl: float) -> None:
+        self.fleet = fleet
         self.run_id, self.ttl = run_id, ttl
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh, name="fleetrun-queue-hold", daemon=True)
@@ -159,6 +162,9 @@ class QueueHold:
                 _act(self.fleet, "touch", self.run_id, self.ttl)
 
     def release(self) -> None:
+        """Stop refreshing and remove the run's entries; a second call does nothing."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join(timeout=30)
         _live(self.run_id, False)
@@ -187,20 +193,20 @@ def _who(blockers: dict[str, list[queue.Entry]]) -> str:
 
 def take_machines(
     inventory: Inventory,
-    known_hosts: Path,
+    fleet: FleetPort,
     run_id: str,
     wait: bool,
     share: bool = False,
     say: Callable[[str], None] = print,
 ) -> QueueHold:
-    """Hold every host of ``inventory`` for run ``run_id`` (its entries kept fresh until
-    ``QueueHold.release``). A host another run holds: ``wait`` queues behind it (``wait_turn``);
-    else the run is refused (``FleetrunError``, one line naming host and holder) unless ``share``
-    (``--allow-busy-gpus``: sharing the machines on purpose), which holds them alongside."""
+    """Hold every host of ``inventory`` for run ``run_id`` through ``fleet`` (the run's pool, left
+    open for the run's stages), its entries kept fresh until ``QueueHold.release``. A host another
+    run holds: ``wait`` queues behind it (``wait_turn``); else the run is refused
+    (``FleetrunError``, one line naming host and holder) unless ``share`` (``--allow-busy-gpus``:
+    sharing the machines on purpose), which holds them alongside."""
     if wait:
-        return wait_turn(inventory, known_hosts, run_id, say)
+        return wait_turn(inventory, fleet, run_id, say)
     ttl = ttl_s()
-    fleet = Fleet(inventory.hosts, known_hosts)
     _live(run_id, True)
     try:
         listing = _act(fleet, "enqueue", run_id, ttl, _Warnings(say), skip_unreachable=True)
@@ -224,18 +230,16 @@ def take_machines(
         _live(run_id, False)
         with contextlib.suppress(Exception):
             _act(fleet, "leave", run_id, ttl)
-        fleet.close()
         raise
-    fleet.close()
-    return QueueHold(list(inventory.hosts), known_hosts, run_id, ttl)
+    return QueueHold(fleet.outside(list(inventory.hosts), fleet.known_hosts), run_id, ttl)
 
 
 def wait_turn(
-    inventory: Inventory, known_hosts: Path, run_id: str, say: Callable[[str], None] = print
+    inventory: Inventory, fleet: FleetPort, run_id: str, say: Callable[[str], None] = print
 ) -> QueueHold:
-    """Queue on every host of ``inventory`` and return once this run is first on all of them."""
+    """Queue on every host of ``inventory`` through ``fleet`` and return once this run is first
+    on all of them."""
     ttl = ttl_s()
-    fleet = Fleet(inventory.hosts, known_hosts)
     warn = _Warnings(say)
     shown = ""
     _live(run_id, True)
@@ -255,11 +259,9 @@ def wait_turn(
         _live(run_id, False)
         with contextlib.suppress(Exception):
             _act(fleet, "leave", run_id, ttl)
-        fleet.close()
         raise
-    fleet.close()
     say(f"run {run_id}: its turn on {len(inventory.hosts)} machine(s)")
-    return QueueHold(list(inventory.hosts), known_hosts, run_id, ttl)
+    return QueueHold(fleet.outside(list(inventory.hosts), fleet.known_hosts), run_id, ttl)
 
 
 def show_queue(inventory: Inventory, known_hosts: Path, say: Callable[[str], None] = print) -> int:
