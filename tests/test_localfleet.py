@@ -41,9 +41,7 @@ def test_not_root_gets_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
         LocalFleet(prefix=fleet_prefix("x")).up(2)
 
 
-def test_the_image_is_probed_once_per_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_image_is_probed_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each fleet module's ``up`` asks for the image; importing torch to check it costs seconds of
     CPU each time, so a process checks a complete image once."""
     from launch.fleets.local import prereqs
