@@ -27,7 +27,7 @@ SUBNET_BASE = int(os.environ.get("FLEETRUN_TEST_SUBNET_BASE", "0"))
 # Under pytest-xdist (`make test` runs two workers, whole files each) every worker builds its own
 # session fleet: the worker's number joins the tag and moves the subnets by SUBNETS_PER_WORKER.
 # Module fleets (fleet_subnet offsets, all below SUBNETS_PER_WORKER) are unique per file already.
-SUBNETS_PER_WORKER = 20
+SUBNETS_PER_WORKER = 25
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
     TEST_TAG += _WORKER[2:]
@@ -86,7 +86,7 @@ def fleet_prefix(letter: str) -> str:
 
 
 def fleet_subnet(offset: int) -> int:
-    """A module's fleet subnet: ``offset`` (unique per test file, 2..19) past this run's base."""
+    """A module's fleet subnet: ``offset`` (unique per test file, 2..SUBNETS_PER_WORKER - 1) past this run's base."""
     if not 0 < offset < SUBNETS_PER_WORKER:
         raise ValueError(f"fleet subnet offset {offset}: expected 1..{SUBNETS_PER_WORKER - 1}")
     return offset + SUBNET_BASE

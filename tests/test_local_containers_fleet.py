@@ -56,7 +56,7 @@ def test_a_mount_found_in_place_is_never_undone(mqueue_at: Path) -> None:
 
 @needs_root()
 def test_a_containers_fleet_down_undoes_its_mqueue_mount(fleetrun_home: object, mqueue_at: Path) -> None:
-    fleet = LocalFleet(prefix=fleet_prefix("e"), subnet=fleet_subnet(18))
+    fleet = LocalFleet(prefix=fleet_prefix("e"), subnet=fleet_subnet(20))
     try:
         fleet.up(1, containers=True, say=lambda m: None)
         assert mounted(mqueue_at)
@@ -70,7 +70,7 @@ def test_a_containers_fleet_down_undoes_its_mqueue_mount(fleetrun_home: object, 
 @needs_root()
 def test_a_node_user_podman_sees_the_shared_store_image(fleetrun_home: object) -> None:
     tag = ensure_test_image()
-    fleet = LocalFleet(prefix=fleet_prefix("i"), subnet=fleet_subnet(18))
+    fleet = LocalFleet(prefix=fleet_prefix("i"), subnet=fleet_subnet(20))
     try:
         inventory = fleet.up(1, containers=True, say=lambda m: None)
         found = node_podman(inventory.hosts[0].user, fleet.netns(0), "image", "exists", tag)
