@@ -403,7 +403,6 @@ def watch(ctx: RunContext, state: RunState, watcher: Watcher | None = None) -> W
             watcher.early_checks = EarlyChecks(
                 state.hosts, limit, sshd_check(ctx.port.jumps), wall=ctx.clock.time, clock=time.monotonic
             )
-            watcher.early_checks.follow(watcher)
-    elif watcher.early_checks is not None:  # the watch goes on after a false alarm: so do the checks
+    if watcher.early_checks is not None:  # again when the watch goes on after a false alarm
         watcher.early_checks.follow(watcher)
     return Watched(watch_safely(watcher, ctx.folder.path), watcher)
