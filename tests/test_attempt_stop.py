@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 from launch.job.inventory import Host
 from launch.planning import remote_layout as layout
-from launch.run.attempts import stop_survivors
+from launch.run.attempts import Stopped, stop_survivors
 from launch.transport.port import CommandResult, NodeResults
 from tests.conftest import SAMPLE_HOST_KEYS
 
@@ -157,12 +157,10 @@ def host() -> Host:
     return Host(name="n0", address="127.0.0.1", user="u", host_key=SAMPLE_HOST_KEYS[0])
 
 
-def test_survivors_blocked_since_the_loss_are_killed_without_their_grace(tmp_path: Path) -> None:
-    """A rank whose last step was long ago (blocked in a collective with the lost node) ignores
-    SIGTERM, as fleetrun_checkpoint's handler only sets a flag: the stop kills it at once instead
-    of waiting out a 10-minute grace it cannot use (the test would then run into its timeout)."""
-    run_id = "job-20261128-200000-b10c4d"
-    run_dir, pid = start_job(tmp_path, run_id, "blocked")
+def stop_one(tmp_path: Path, run_id: str, kind: str) -> tuple[Path, Stopped]:
+    """Start a ``kind`` rank on n0 and stop it as a recovery does (a 600 s grace); the rank is
+    gone afterwards (reaped here if the stop left it)."""
+    run_dir, pid = start_job(tmp_path, run_id, kind)
     try:
         stopped = stop_survivors(
             ShellFleet(LocalLink(tmp_path)),  # type: ignore[arg-type]
@@ -175,6 +173,15 @@ def test_survivors_blocked_since_the_loss_are_killed_without_their_grace(tmp_pat
     finally:
         if not gone(pid):
             os.kill(pid, signal.SIGKILL)
+    return run_dir, stopped
+
+
+def test_survivors_blocked_since_the_loss_are_killed_without_their_grace(tmp_path: Path) -> None:
+    """A rank whose last step was long ago (blocked in a collective with the lost node) ignores
+    SIGTERM, as fleetrun_checkpoint's handler only sets a flag: the stop kills it at once instead
+    of waiting out a 10-minute grace it cannot use (the test would then run into its timeout)."""
+    run_id = "job-20261128-200000-b10c4d"
+    run_dir, stopped = stop_one(tmp_path, run_id, "blocked")
     assert stopped.errors == {}
     answer = stopped.answers["n0"]
     assert answer.grace_cut and answer.blocked == 1 and answer.stepping == 0, answer
@@ -186,19 +193,7 @@ def test_survivors_blocked_since_the_loss_are_killed_without_their_grace(tmp_pat
 
 def test_survivors_still_stepping_get_their_grace_and_save(tmp_path: Path) -> None:
     run_id = "job-20261128-200000-57e99d"
-    run_dir, pid = start_job(tmp_path, run_id, "stepping")
-    try:
-        stopped = stop_survivors(
-            ShellFleet(LocalLink(tmp_path)),  # type: ignore[arg-type]
-            [host()],
-            run_id,
-            600.0,
-            1,
-        )
-        assert gone(pid)
-    finally:
-        if not gone(pid):
-            os.kill(pid, signal.SIGKILL)
+    run_dir, stopped = stop_one(tmp_path, run_id, "stepping")
     assert stopped.errors == {}
     answer = stopped.answers["n0"]
     assert not answer.grace_cut and answer.stepping == 1, answer
