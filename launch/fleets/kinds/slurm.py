@@ -263,7 +263,7 @@ class SlurmKind(SiteMachines):
         unknown = [n for n in names if n not in by_name]
         if unknown:
             raise FleetrunError(
-                f"Slurm allocated {', '.join(unknown)}, which the inventory does not list with a pinned "
+                f"Slurm allocated {clean(', '.join(unknown[:20]), 400)}, which the inventory does not list with a pinned "
                 "host key; add it to 'hosts' or to 'slurm.exclude'"
             )
         return [by_name[n] for n in names]
