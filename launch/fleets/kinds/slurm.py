@@ -103,6 +103,11 @@ class SlurmKind(SiteMachines):
         return tuple(dict.fromkeys((*self.ref.job_ids, *read_extra_jobs(first))))
 
     # -- the FleetKind interface ------------------------------------------------------------
+    def holding(self) -> SlurmFleetRef:
+        """The reference naming every allocation of the run (the first, then the replacements')."""
+        jobs = self.job_ids()[: MAX_EXTRA_JOBS + 1]
+        return self.ref if jobs == self.ref.job_ids else self.ref.model_copy(update={"job_ids": jobs})
+
     def describe(self) -> str:
         jobs = self.job_ids()
         held = f", job {', '.join(map(str, jobs))}" if jobs else ""
