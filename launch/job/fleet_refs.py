@@ -119,13 +119,17 @@ class SlurmFleetRef(_Ref):
     login: JumpHost
     """The login host fleetrun runs ``sbatch``, ``squeue``, ``scancel`` on, with its pinned key."""
     partition: str = Field(pattern=SLURM_NAME_PATTERN)
+    """The partition the allocations are asked in (``--partition``); ``fab doctor`` checks it in ``sinfo``."""
     account: str | None = Field(default=None, pattern=SLURM_NAME_PATTERN)
+    """The account the allocations are charged to (``--account``); default: the user's default account."""
     qos: str | None = Field(default=None, pattern=SLURM_NAME_PATTERN)
+    """The quality of service (``--qos``); default: the account's default."""
     gres: str | None = Field(default=None, pattern=GRES_PATTERN)
     """Generic resources per node (``--gres``), e.g. ``gpu:8``."""
     time_limit: str
     """The allocation's time limit (``--time``): ``HH:MM:SS`` or ``D-HH:MM:SS``; required, finite."""
     constraint: str | None = Field(default=None, pattern=CONSTRAINT_PATTERN)
+    """Node features every node must have (``--constraint``), e.g. ``a100&ib``."""
     exclude: tuple[Annotated[str, Field(pattern=SLURM_HOST_PATTERN)], ...] = Field(
         default=(), max_length=1024
     )
