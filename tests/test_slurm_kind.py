@@ -474,8 +474,16 @@ def test_doctor_checks_the_login_host_and_the_partition(
         "ok",
         "login host alice@login.lab.example:22: reached with its pinned key (slurm-wlm 22.05.8)",
     )
-    assert ("warning", "down or drained (never given to a run): gpu1") in lines
+    nodes = [(level, line) for level, line in lines if line.startswith("node ")]
+    assert nodes == [  # each node the inventory gives, one line
+        ("ok", "node gpu0: idle in partition gpu (gpu:8)"),
+        ("warning", "node gpu1: down*: Slurm gives it to no run"),
+        ("ok", "node gpu2: allocated in partition gpu (gpu:8)"),
+    ]
     assert [level for level, line in lines if "gpu3" in line] == ["error"]  # no pinned key for it
+    login = ScriptedLogin({"sinfo": [capture("sinfo_version"), "gpu0|idle|gpu:8|gpu*\n"]})
+    lines = held_kind(tmp_path, login, monkeypatch).health()
+    assert ("warning", "node gpu2: not in partition gpu: no run gets it") in lines
     login = ScriptedLogin({"sinfo": [capture("sinfo_version"), capture("sinfo_partition_missing")]})
     assert held_kind(tmp_path, login, monkeypatch).health()[-1][0] == "error"
 

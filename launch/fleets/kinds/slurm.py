@@ -58,6 +58,8 @@ FLEETRUN_ONLY = ("job_ids", "kind", "nodes")
 JOB_TAG = "fleetrun:slurm-jobs"
 MAX_EXTRA_JOBS = 63
 DRAIN_REASON_CHARS = 120
+DOCTOR_NODE_LINES = 64
+"""``fab doctor`` says this many of the inventory's nodes one line each, then counts the rest."""
 
 
 def extra_jobs_file(first: int) -> Path:
@@ -237,10 +239,8 @@ class SlurmKind(SiteMachines):
                 lines.append(
                     ("error", f"partition {ref.partition}: no {kind} gres on {', '.join(without[:20])}")
                 )
+        lines += self._node_lines(states)
         listed = {h.name for h in ref.nodes}
-        lost = sorted(n.name for n in states.values() if n.lost)
-        if lost:
-            lines.append(("warning", f"down or drained (never given to a run): {', '.join(lost[:20])}"))
         unlisted = sorted(set(states) - listed - set(ref.exclude))
         if unlisted:
             lines.append(
@@ -250,10 +250,33 @@ class SlurmKind(SiteMachines):
                     f"{', '.join(unlisted[:20])} (add them to 'hosts' or to 'slurm.exclude')",
                 )
             )
-        outside = sorted(listed - set(states))
-        if outside:
+        return lines
+
+    def _node_lines(self, states: dict[str, answers.NodeState]) -> list[tuple[str, str]]:
+        """One line per node the inventory gives (the first ``DOCTOR_NODE_LINES``, then one
+        line counting the rest): Slurm's state of it in the partition, or why no run gets it."""
+        ref, lines = self.ref, []
+        counts = {"ok": 0, "warning": 0}
+        for i, host in enumerate(ref.nodes):
+            node = states.get(host.name)
+            if host.name in ref.exclude:
+                level, line = "ok", f"node {host.name}: excluded (slurm.exclude): never asked for"
+            elif node is None:
+                level, line = "warning", f"node {host.name}: not in partition {ref.partition}: no run gets it"
+            elif node.lost:
+                level, line = "warning", f"node {host.name}: {node.state}: Slurm gives it to no run"
+            else:
+                level, line = (
+                    "ok",
+                    f"node {host.name}: {node.state} in partition {ref.partition} ({node.gres or 'no gres'})",
+                )
+            counts[level] += 1
+            if i < DOCTOR_NODE_LINES:
+                lines.append((level, line))
+        rest = len(ref.nodes) - DOCTOR_NODE_LINES
+        if rest > 0:
             lines.append(
-                ("warning", f"listed but not in partition {ref.partition}: {', '.join(outside[:20])}")
+                ("ok", f"and {rest} more node(s); in all {counts['ok']} usable, {counts['warning']} not")
             )
         return lines
 
