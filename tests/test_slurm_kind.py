@@ -395,6 +395,24 @@ def test_a_lost_node_is_replaced_by_a_new_allocation_that_excludes_it(
     assert login.commands("scancel")[-1] == ["scancel", "41", "42"]
 
 
+def test_a_replacement_slurm_answers_with_two_nodes_is_cancelled_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    login = ScriptedLogin(
+        {
+            "sbatch": ["42\n"],
+            "squeue-j": [running_line(42, "gpu[1-2]")],
+            "scontrol": ["gpu1\ngpu2\n"],
+            "scancel": [""],
+        }
+    )
+    said: list[str] = []
+    kind = held_kind(tmp_path, login, monkeypatch)
+    assert kind.replace(kind.ref.nodes[0], said.append, 60.0) is None
+    assert login.commands("scancel") == [["scancel", "42"]]
+    assert "gpu0: no replacement from Slurm: slurm job 42: 2 nodes for a 1-node job" in said
+
+
 def test_a_replacement_allocation_goes_into_the_run_record_and_the_next_attempts_plan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

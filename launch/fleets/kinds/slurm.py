@@ -200,6 +200,8 @@ class SlurmKind(SiteMachines):
         say(f"{host.name}: lost; slurm job {job_id} asks for a node in its place (excluding it)")
         try:
             granted = allocation.wait_granted(shell, self.ref, job_id, say, wait=True, timeout_s=timeout_s)
+            if len(granted.nodes) != 1:  # Slurm's answer, not ours: a 1-node job on any other count
+                raise FleetrunError(f"slurm job {job_id}: {len(granted.nodes)} nodes for a 1-node job")
             (new,) = self._known(granted.nodes)
         except FleetrunError as exc:
             say(f"{host.name}: no replacement from Slurm: {clean(exc, 300)}")
