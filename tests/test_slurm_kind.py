@@ -411,6 +411,7 @@ def test_a_replacement_slurm_answers_with_two_nodes_is_cancelled_not_a_crash(
     assert kind.replace(kind.ref.nodes[0], said.append, 60.0) is None
     assert login.commands("scancel") == [["scancel", "42"]]
     assert "gpu0: no replacement from Slurm: slurm job 42: 2 nodes for a 1-node job" in said
+    assert kind.job_ids() == (41,) and kind.holding().job_ids == (41,), "it never held a node"
 
 
 def test_a_replacement_allocation_goes_into_the_run_record_and_the_next_attempts_plan(

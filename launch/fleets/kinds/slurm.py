@@ -83,6 +83,13 @@ def add_extra_job(first: int, job_id: int) -> None:
         out.write(f"{job_id}\n")
 
 
+def drop_extra_job(first: int, job_id: int) -> None:
+    """Forget a replacement that never held a node and is cancelled (the record names only the
+    allocations the run held; the teardown has nothing left to cancel of it)."""
+    kept = [j for j in read_extra_jobs(first) if j != job_id]
+    extra_jobs_file(first).write_text("".join(f"{j}\n" for j in kept), encoding="ascii")
+
+
 class SlurmKind(SiteMachines):
     name: ClassVar[str] = "slurm"
 
@@ -205,7 +212,8 @@ class SlurmKind(SiteMachines):
             (new,) = self._known(granted.nodes)
         except FleetrunError as exc:
             say(f"{host.name}: no replacement from Slurm: {clean(exc, 300)}")
-            allocation.cancel(shell, (job_id,))
+            allocation.cancel(shell, (job_id,))  # raises when not cancelled: the teardown tries again
+            drop_extra_job(first, job_id)
             return None
         say(f"{host.name}: replaced by {new.name} (slurm job {job_id})")
         return new
