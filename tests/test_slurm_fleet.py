@@ -23,8 +23,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launch.fleets.kinds.base import TeardownState
+from launch.fleets.kinds.slurm import SlurmKind, load_slurm_inventory
 from launch.fleets.local import LocalFleet
 from launch.fleets.local.slurm import LocalSlurm
+from launch.fleets.slurm import commands
+from launch.job.fleet_refs import SlurmFleetRef
 from launch.run.records import RunRecords
 from tests.conftest import REPO, fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 from tests.faultkit import wait_for
@@ -244,6 +248,60 @@ def test_a_node_set_down_during_a_run_resumes_on_a_new_allocation_without_it(
     assert [a.get("loss") for a in record.attempts][:1] == ["node_lost"]
     shown = fab("show", record.id, home=fleetrun_home)
     assert shown.returncode == 0 and f"{first_job},{second_job}" in shown.stdout, "every allocation held"
+
+
+def test_a_gpu_fault_node_is_excluded_where_the_user_may_not_drain_and_drained_where_the_site_may(
+    cluster: LocalFleet, fleetrun_home: Path
+) -> None:
+    """``drain_on_fault: true`` against the real slurmctld, without a training run: the fleet's
+    user (no Slurm operator) asks ``scontrol update state=drain`` for a held node in ``renew``:
+    refused by the controller, said, and the node only excluded from the new allocation. The
+    same argv as the site's administrator drains it: ``sinfo`` and the watcher's question
+    (``lost_nodes``) then call it drained, and ``fab doctor`` warns in that node's own line."""
+    slurm = LocalSlurm(cluster)
+    inventory = load_slurm_inventory(str(slurm.inventory_path))
+    assert isinstance(inventory.fleet, SlurmFleetRef)
+    ref = inventory.fleet.model_copy(update={"drain_on_fault": True})
+    said: list[str] = []
+    held = SlurmKind(ref).acquire(
+        inventory.model_copy(update={"fleet": ref}), 1, "t-drain", said.append, True
+    )
+    assert isinstance(held.fleet, SlurmFleetRef)
+    kind = SlurmKind(held.fleet)
+    (node,) = held.hosts
+    drained, ended = "", False
+    try:
+        new = kind.renew(node, said.append, 120.0)
+        assert new is not None and new.name != node.name, said
+        refused = next(line for line in said if line.startswith(f"{node.name}: not drained ("))
+        assert "scontrol on the login host exited" in refused, refused
+        assert slurm.node_states()[node.name] == "allocated", "the user's scontrol changed nothing"
+        first, second = kind.job_ids()
+        assert first == held.fleet.job_id and str(second) in [row[0] for row in squeue(cluster)]
+        ended = kind.tear_down(said.append).state is TeardownState.DONE
+        assert ended and squeue(cluster) == []
+        reason = f"fleetrun: gpu_fault in run job {first}"
+        drain = slurm.command(commands.drain_argv(node.name, reason))
+        assert drain.returncode == 0, drain.stderr
+        drained = node.name
+        wait_for(lambda: slurm.node_states()[node.name] == "drained", 60, f"{node.name} drained")
+        shown = slurm.command(["scontrol", "show", "node", node.name]).stdout
+        assert f"Reason={reason} " in shown, shown
+        assert kind.lost_nodes([node.name, new.name]) == {node.name: "drained"}
+        doctor = fab("doctor", "--inventory", inventory_arg(cluster), home=fleetrun_home)
+        print(doctor.stdout)  # the real output, for a look with -s
+        lines = [" ".join(line.split()) for line in doctor.stdout.splitlines()]
+        assert any(
+            x.startswith("ok login host ") and "with its pinned key (slurm-wlm " in x for x in lines
+        ), lines
+        assert f"warning node {node.name}: drained: Slurm gives it to no run" in lines
+        others = [h.name for h in inventory.hosts if h.name != node.name]
+        assert all(f"ok node {n}: idle in partition gpu (gpu:2)" in lines for n in others), lines
+    finally:
+        if drained:
+            slurm.command(["scontrol", "update", f"nodename={drained}", "state=resume"])
+        if not ended:
+            slurm.command(["scancel", *map(str, kind.job_ids())])
 
 
 def test_with_the_laptop_gone_the_watchdog_cancels_the_allocation(
