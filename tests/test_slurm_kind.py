@@ -192,6 +192,14 @@ def test_hostile_slurm_output_is_refused_as_data(parse: Callable[[str], object],
     assert "\n" not in str(info.value) and len(str(info.value)) < 400
 
 
+def test_a_reason_naming_unavailable_nodes_in_slurms_compressed_form_is_read() -> None:
+    state = answers.job_state(capture("squeue_job_pending_nodes_drained"), 3)
+    assert state is not None and state.reason == "ReqNodeNotAvail, UnavailableNodes:frslmnode[1-2]"
+    many = ",".join(f"node{i}" for i in range(500))
+    long = answers.job_state(f"3|PENDING|ReqNodeNotAvail, UnavailableNodes:{many}||5\n", 3)
+    assert long is not None and len(long.reason) == 200 and long.reason.endswith("...")
+
+
 def test_an_odd_reason_is_shown_as_unreadable_not_printed() -> None:
     state = answers.job_state("7|PENDING|\x1b[31mowned\x1b[0m||5\n", 7)
     assert state is not None and state.reason == "(unreadable reason)"

@@ -23,7 +23,11 @@ MAX_LINES = 100_000
 HOST_RE = re.compile(SLURM_HOST_PATTERN.removeprefix("^").removesuffix(r"\z"))
 JOB_ID_RE = re.compile(r"([0-9]{1,10})(?:;[A-Za-z0-9_.-]{1,64})?")
 STATE_RE = re.compile(r"[A-Z_]{1,32}")
-REASON_RE = re.compile(r"[A-Za-z0-9_(),.:= /-]{0,200}")
+REASON_RE = re.compile(r"[A-Za-z0-9_(),.:= /\[\]-]{0,4000}")
+"""Slurm's reasons are words, and node lists in its compressed form: ``ReqNodeNotAvail,
+UnavailableNodes:node[1-2]`` (captured)."""
+REASON_CHARS = 200
+"""A longer reason (a long list of unavailable nodes) is shown cut, ending in ``...``."""
 NODE_STATE_RE = re.compile(r"[a-z_]{1,24}[*~#!%$@^-]{0,3}(\+[a-z_+]{1,64})?")
 
 JOB_ENDED = frozenset(
@@ -119,6 +123,8 @@ def job_state(text: str, job_id: int) -> JobState | None:
             raise SlurmAnswerError(f"squeue: job {job_id}: state {_shown(state)} is not a Slurm state")
         if not REASON_RE.fullmatch(reason):
             reason = "(unreadable reason)"
+        elif len(reason) > REASON_CHARS:
+            reason = reason[: REASON_CHARS - 3] + "..."
         if not NODELIST_RE.fullmatch(nodelist):
             raise SlurmAnswerError(f"squeue: job {job_id}: node list {_shown(nodelist)} refused")
         prio = int(priority) if priority.isdigit() and len(priority) <= 12 else 0
