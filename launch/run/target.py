@@ -72,6 +72,12 @@ class WatchTarget:
         """The command ``node`` runs to copy its run directory (``{src}``) to the fleet's bucket."""
         return fleet_kind(self.inventory.fleet).bucket_upload_argv(bucket_dest(self.run_id, node))
 
+    def upload_env(self) -> dict[str, str]:
+        """What that command needs in its environment (the local fleet's S3 key), never on its
+        command line: the fleet's bucket commands' own environment."""
+        commands = fleet_kind(self.inventory.fleet).bucket_commands(run_prefix(self.run_id))
+        return dict(commands.env) if commands is not None else {}
+
     def guard_config(self, node: str) -> GuardConfig:
         """``guard.json`` for the on-node watchdog of ``node`` (``fleetrun_guard.py``).
 
@@ -99,6 +105,7 @@ class WatchTarget:
             max_wall_time_s=rules.max_wall_time_s,
             unreachable_timeout_s=rules.unreachable_timeout_s,
             upload_argv=tuple(self.upload_argv(node) or ()),
+            upload_env=self.upload_env(),
             bucket=kind.bucket_commands(run_prefix(self.run_id)),
             preemption=kind.preemption_poller(),
         )

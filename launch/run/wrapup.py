@@ -137,13 +137,19 @@ def upload_to_bucket(fleet: FleetPort, target: WatchTarget, reporter: Reporter) 
     run_dir = layout.rundir(target.run_id)
     if all(target.upload_argv(h.name) is None for h in fleet.hosts):
         return {}  # the fleet kind has no bucket (local fleet, lab machines): nothing to say
+    env = target.upload_env()
 
     def upload(conn: NodeLink) -> str:
         argv = target.upload_argv(conn.host.name)
         if argv is None:
             return "no bucket"
         command = 'cd "$HOME" && ' + shlex.join([run_dir if a == UPLOAD_SOURCE else a for a in argv])
-        result = conn.run(command, timeout=3600)
+        if env:  # on stdin, a variable a line: a command line is in every node user's ``ps``
+            command = f'while IFS= read -r kv; do export "$kv"; done && {command}'
+            lines = "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
+            result = conn.run_with_input(command, lines.encode(), timeout=3600)
+        else:
+            result = conn.run(command, timeout=3600)
         if not result.ok:
             tail = (result.stderr or result.stdout).strip()[-300:]
             raise HostError(conn.host.name, f"upload failed (exit {result.exit_code}): {tail}")
