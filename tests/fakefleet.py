@@ -687,9 +687,11 @@ def run_on_fake_fleet(
     spares: tuple[Host, ...] = (),
     keep_warm_s: float | None = None,
     container: dict[str, Any] | None = None,
+    hold: Any = None,
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and run it through the real life cycle
-    (``launch.run.lifecycle.execute``), the fake fleet and the fake clock in its context."""
+    (``launch.run.lifecycle.execute``), the fake fleet and the fake clock in its context
+    (``hold``: the run's ``QueueHold``, or a stand-in recording what recovery asks of it)."""
     from launch.cli.app import make_plan
     from launch.run.lifecycle import execute, state_for
     from launch.run.provenance import file_sha256
@@ -742,6 +744,7 @@ def run_on_fake_fleet(
         ),
         clock=clock,
         ask_keep_running=ask_keep_running,
+        hold=hold,
     )
     state = state_for(spec, plan, inventory, tmp_path / "known_hosts", folder.path, now=clock.now)
     summary = execute(ctx, state)
