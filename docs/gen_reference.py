@@ -279,7 +279,8 @@ def field_table(
         if example:
             text += f" Example: `{example}`."
         rows.append(
-            f"| `{full}` | {type_name(info.annotation)} | {default_text(info)} | {constraints(info)} | {text} |"
+            f"| `{full}` | {type_name(info.annotation)} | {default_text(info)} | "
+            f"{constraints(info).replace('|', chr(92) + '|')} | {text} |"
         )
     return "\n".join(rows) + "\n", missing
 
@@ -348,7 +349,40 @@ def inventory_page() -> tuple[str, list[str]]:
         table, lacking = field_table(Section(model, path, model.__name__), {})
         parts.append(table + "\n")
         missing += lacking
-    return "".join(parts), missing
+    slurm, lacking = slurm_section()
+    return "".join(parts) + slurm, missing + lacking
+
+
+def slurm_section() -> tuple[str, list[str]]:
+    """The Slurm inventory (``--inventory slurm:FILE``): the ``slurm`` section's fields from
+    ``SlurmFleetRef``, less those only fleetrun sets (the loader refuses them in the file)."""
+    from launch.fleets.kinds.slurm import FLEETRUN_ONLY, SECTION
+    from launch.job.fleet_refs import SlurmFleetRef
+
+    refused = ", ".join(f"`{key}`" for key in FLEETRUN_ONLY)
+    intro = (
+        "## Slurm inventory\n\n"
+        f"`--inventory slurm:FILE`: a lab inventory (`defaults`, `hosts`: the nodes Slurm may give, "
+        f"each with its pinned host key, named as Slurm names them) plus a `{SECTION}` section: how "
+        "to ask the cluster for an allocation, through its login host. The file is untrusted like a "
+        f"lab inventory; {refused} in the section are refused (only fleetrun sets them: the "
+        "allocations it made, recorded with the run). See the [Slurm tutorial](../tutorials/slurm.md).\n\n"
+        "```yaml\n"
+        "slurm:\n"
+        "  login: {address: login.lab.example, user: alice, key: ~/.ssh/id_ed25519,\n"
+        '          host_key: "ssh-ed25519 AAAA..."}\n'
+        "  partition: gpu\n"
+        '  gres: "gpu:8"\n'
+        '  time_limit: "04:00:00"\n'
+        "defaults: {user: alice, key: ~/.ssh/id_ed25519,\n"
+        '           proxy_jump: {address: login.lab.example, user: alice, host_key: "ssh-ed25519 AAAA..."}}\n'
+        "hosts:\n"
+        '  - {name: gpu1, address: 10.1.0.11, host_key: "ssh-ed25519 AAAA..."}\n'
+        "```\n\n"
+        f"### SlurmFleetRef\n\n`{SECTION}`\n\n{_model_intro(SlurmFleetRef)}"
+    )
+    table, lacking = field_table(Section(SlurmFleetRef, SECTION, "SlurmFleetRef"), {}, skip=FLEETRUN_ONLY)
+    return intro + table + "\n", lacking
 
 
 def stack_page() -> str:

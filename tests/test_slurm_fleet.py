@@ -232,6 +232,7 @@ def test_a_node_set_down_during_a_run_resumes_on_a_new_allocation_without_it(
     assert f"{victim}: the fleet took it: down" in text, "the watcher saw Slurm's DOWN"
     (spare,) = {cluster.node_name(i) for i in range(1, NODES)} - set(hostnames(cluster, nodelist))
     assert f"{victim}: replaced by {spare} (slurm job " in text
+    second_job = text.split(f"{victim}: replaced by {spare} (slurm job ", 1)[1].split(")", 1)[0]
     world = " ".join(text.split()).split("world size 3:")[1][:300]
     assert f"@{spare}(" in world and f"@{victim}(" not in world, "the next attempt ran without the DOWN node"
     assert "succeeded (completed)" in text
@@ -239,8 +240,10 @@ def test_a_node_set_down_during_a_run_resumes_on_a_new_allocation_without_it(
     assert not run_processes(cluster, "trainer.task"), "nothing of the run goes on, on the DOWN node either"
     with RunRecords(fleetrun_home / "runs.db") as records:
         record = next(r for r in records.list(limit=5) if r.playbook_name == "t-slurm-down")
-    assert record.state == "succeeded" and record.scheduler_jobs.startswith(first_job)
+    assert record.state == "succeeded" and record.scheduler_jobs == f"{first_job},{second_job}"
     assert [a.get("loss") for a in record.attempts][:1] == ["node_lost"]
+    shown = fab("show", record.id, home=fleetrun_home)
+    assert shown.returncode == 0 and f"{first_job},{second_job}" in shown.stdout, "every allocation held"
 
 
 def test_with_the_laptop_gone_the_watchdog_cancels_the_allocation(

@@ -395,6 +395,70 @@ def test_a_lost_node_is_replaced_by_a_new_allocation_that_excludes_it(
     assert login.commands("scancel")[-1] == ["scancel", "41", "42"]
 
 
+def test_a_replacement_slurm_answers_with_two_nodes_is_cancelled_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    login = ScriptedLogin(
+        {
+            "sbatch": ["42\n"],
+            "squeue-j": [running_line(42, "gpu[1-2]")],
+            "scontrol": ["gpu1\ngpu2\n"],
+            "scancel": [""],
+        }
+    )
+    said: list[str] = []
+    kind = held_kind(tmp_path, login, monkeypatch)
+    assert kind.replace(kind.ref.nodes[0], said.append, 60.0) is None
+    assert login.commands("scancel") == [["scancel", "42"]]
+    assert "gpu0: no replacement from Slurm: slurm job 42: 2 nodes for a 1-node job" in said
+    assert kind.job_ids() == (41,) and kind.holding().job_ids == (41,), "it never held a node"
+
+
+def test_a_replacement_allocation_goes_into_the_run_record_and_the_next_attempts_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After ``replace`` made a second allocation, the recovery's ``note_fleet_held`` puts the
+    kind's ``holding()`` in the run's inventory, its watch target and its record: ``fab runs``
+    and ``fab show`` name both jobs, and the next attempt's ``srun`` looks among both."""
+    from types import SimpleNamespace
+
+    from launch.job.spec import load_job_spec
+    from launch.planning.launchers import launcher_class
+    from launch.reports.views import render_text, show_run
+    from launch.run.attempts import note_fleet_held
+    from launch.run.lifecycle import state_for
+    from launch.run.records import RunRecords
+    from launch.run.reporter import RecordingReporter
+
+    login = ScriptedLogin(
+        {"sbatch": ["42\n"], "squeue-j": [running_line(42, "gpu2")], "scontrol": ["gpu2\n"]}
+    )
+    kind = held_kind(tmp_path, login, monkeypatch)
+    assert kind.holding() is kind.ref, "nothing new held: the reference as given"
+    fleet = kind.ref.model_copy(update={"ranks_via": "srun"})
+    kind = SlurmKind(fleet, login)
+    inventory = slurm_inventory(tmp_path).model_copy(update={"fleet": fleet})
+    spec = load_job_spec("playbooks/digits-ddp.yaml").model_copy(update={"nodes": 2})
+    plan = launcher_class(spec.launcher).for_inventory(inventory).plan(spec, inventory, "r1")
+    state = state_for(spec, plan, inventory, tmp_path / "known_hosts", tmp_path)
+    with RunRecords(tmp_path / "runs.db") as records:
+        rid = records.start(run_id="r1", playbook_name="digits", inventory=inventory.to_yaml_data()).id
+        ctx = SimpleNamespace(
+            records=records, folder=SimpleNamespace(path=tmp_path), reporter=RecordingReporter()
+        )
+        assert note_fleet_held(ctx, state, kind.holding()) is state  # type: ignore[arg-type]
+        assert kind.replace(kind.ref.nodes[1], lambda _l: None, 60.0) is not None
+        after = note_fleet_held(ctx, state, kind.holding())  # type: ignore[arg-type]
+        record = records.get(rid)
+    assert record is not None and record.scheduler_jobs == "41,42"
+    assert [h["name"] for h in record.inventory["hosts"]] == ["gpu0", "gpu1", "gpu2"], "hosts as started"
+    assert "41,42" in render_text(show_run(record), width=200)
+    for inv in (after.inventory, after.target.inventory):
+        assert isinstance(inv.fleet, SlurmFleetRef) and inv.fleet.job_ids == (41, 42)
+    next_plan = launcher_class(spec.launcher).for_inventory(after.inventory).plan(spec, after.inventory, "r1")
+    assert all("-j 41,42 -w" in (n.launch_script or "") for n in next_plan.nodes)
+
+
 def test_a_gpu_fault_drains_the_node_only_where_the_inventory_allows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -429,8 +493,16 @@ def test_doctor_checks_the_login_host_and_the_partition(
         "ok",
         "login host alice@login.lab.example:22: reached with its pinned key (slurm-wlm 22.05.8)",
     )
-    assert ("warning", "down or drained (never given to a run): gpu1") in lines
+    nodes = [(level, line) for level, line in lines if line.startswith("node ")]
+    assert nodes == [  # each node the inventory gives, one line
+        ("ok", "node gpu0: idle in partition gpu (gpu:8)"),
+        ("warning", "node gpu1: down*: Slurm gives it to no run"),
+        ("ok", "node gpu2: allocated in partition gpu (gpu:8)"),
+    ]
     assert [level for level, line in lines if "gpu3" in line] == ["error"]  # no pinned key for it
+    login = ScriptedLogin({"sinfo": [capture("sinfo_version"), "gpu0|idle|gpu:8|gpu*\n"]})
+    lines = held_kind(tmp_path, login, monkeypatch).health()
+    assert ("warning", "node gpu2: not in partition gpu: no run gets it") in lines
     login = ScriptedLogin({"sinfo": [capture("sinfo_version"), capture("sinfo_partition_missing")]})
     assert held_kind(tmp_path, login, monkeypatch).health()[-1][0] == "error"
 
@@ -477,7 +549,7 @@ def test_ranks_via_srun_starts_each_nodes_launcher_as_a_step_of_its_allocation(t
     assert isinstance(inventory.fleet, SlurmFleetRef)
     over_ssh = launcher_class(spec.launcher).for_inventory(inventory).plan(spec, inventory, "r1")
     assert all("srun" not in node.launch_script for node in over_ssh.nodes), "ssh is the default"
-    srun_ref = inventory.fleet.model_copy(update={"ranks_via": "srun"})
+    srun_ref = inventory.fleet.model_copy(update={"ranks_via": "srun", "job_ids": (41,)})
     inventory = inventory.model_copy(update={"fleet": srun_ref})
     plan = launcher_class(spec.launcher).for_inventory(inventory).plan(spec, inventory, "r1")
     for node in plan.nodes:
@@ -485,7 +557,15 @@ def test_ranks_via_srun_starts_each_nodes_launcher_as_a_step_of_its_allocation(t
         last = script.strip().splitlines()[-1]
         assert last.startswith('exec srun --jobid="$FLEETRUN_SLURM_JOB" --overlap ')
         assert f"--nodelist={node.host.name} " in last and " sh -c 'python -m torch.distributed.run " in last
-        assert f"-w {node.host.name} -o %i" in script, "the allocation holding this very node"
+        assert "\nFLEETRUN_SLURM_JOB=41\n" in script, "the run's own allocation, never looked up by user"
+        assert "squeue" not in script and "-u " not in script
+    # after a replacement: the node's holder among the run's own allocations only
+    replaced = inventory.model_copy(update={"fleet": srun_ref.model_copy(update={"job_ids": (41, 57)})})
+    plan = launcher_class(spec.launcher).for_inventory(replaced).plan(spec, replaced, "r1")
+    for node in plan.nodes:
+        script = node.launch_script or ""
+        assert f"squeue -h -t RUNNING -j 41,57 -w {node.host.name} -o %i | head -n 1" in script
+        assert "id -un" not in script, "never the user's first running job on the node"
     boxed = spec.model_copy(update={"container": ContainerSpec(image="docker.io/library/python:3.12")})
     with pytest.raises(SpecError, match="slurm.ranks_via"):
         launcher_class(spec.launcher).for_inventory(inventory).plan(boxed, inventory, "r1")

@@ -119,13 +119,17 @@ class SlurmFleetRef(_Ref):
     login: JumpHost
     """The login host fleetrun runs ``sbatch``, ``squeue``, ``scancel`` on, with its pinned key."""
     partition: str = Field(pattern=SLURM_NAME_PATTERN)
+    """The partition the allocations are asked in (``--partition``); ``fab doctor`` checks it in ``sinfo``."""
     account: str | None = Field(default=None, pattern=SLURM_NAME_PATTERN)
+    """The account the allocations are charged to (``--account``); default: the user's default account."""
     qos: str | None = Field(default=None, pattern=SLURM_NAME_PATTERN)
+    """The quality of service (``--qos``); default: the account's default."""
     gres: str | None = Field(default=None, pattern=GRES_PATTERN)
     """Generic resources per node (``--gres``), e.g. ``gpu:8``."""
     time_limit: str
     """The allocation's time limit (``--time``): ``HH:MM:SS`` or ``D-HH:MM:SS``; required, finite."""
     constraint: str | None = Field(default=None, pattern=CONSTRAINT_PATTERN)
+    """Node features every node must have (``--constraint``), e.g. ``a100&ib``."""
     exclude: tuple[Annotated[str, Field(pattern=SLURM_HOST_PATTERN)], ...] = Field(
         default=(), max_length=1024
     )
@@ -146,19 +150,29 @@ class SlurmFleetRef(_Ref):
     the node by the same agent), so Slurm's accounting, cgroups and cleanup hold for them."""
 
     def rank_launch_lines(self, host_name: str) -> tuple[str, str]:
-        """With ``ranks_via: srun``: the allocation holding this node (the run's first or a
-        replacement's, each ``--exclusive``: the user's one running job on it), and ``srun`` of a
-        one-task step on this node only, sharing the holding job's resources (``--overlap``), the
-        environment and working directory passed on; the launcher's command runs under ``sh -c``."""
+        """With ``ranks_via: srun``: the allocation holding this node, found among this run's own
+        allocations only (``job_ids``: the first and each replacement's, each ``--exclusive``,
+        so exactly one of them holds it; never another job of the same user that happens to run
+        there), and ``srun`` of a one-task step on this node only, sharing the holding job's
+        resources (``--overlap``), the environment and working directory passed on; the
+        launcher's command runs under ``sh -c``."""
         if self.ranks_via != "srun":
             return "", ""
-        find = (
-            f'FLEETRUN_SLURM_JOB=$(squeue -h -t RUNNING -u "$(id -un)" -w {shlex.quote(host_name)} -o %i | head -n 1); '
-            '[ -n "$FLEETRUN_SLURM_JOB" ] || { echo "fleetrun: no running Slurm allocation of this user on this node" >&2; exit 3; }'
-        )
+        node = shlex.quote(host_name)
+        if len(self.job_ids) == 1:  # the run's one allocation holds every node: nothing to look up
+            find = f"FLEETRUN_SLURM_JOB={self.job_ids[0]}"
+        elif not self.job_ids:  # planned before an allocation was made (a dry run): none to join
+            find = 'echo "fleetrun: this run holds no Slurm allocation" >&2; exit 3'
+        else:
+            jobs = ",".join(map(str, self.job_ids))
+            find = (
+                f"FLEETRUN_SLURM_JOB=$(squeue -h -t RUNNING -j {jobs} -w {node} -o %i | head -n 1); "
+                f'[ -n "$FLEETRUN_SLURM_JOB" ] || {{ echo "fleetrun: none of the Slurm allocations of this run '
+                f'({jobs}) runs on this node" >&2; exit 3; }}'
+            )
         words = (
             'srun --jobid="$FLEETRUN_SLURM_JOB" --overlap --nodes=1 --ntasks=1 --kill-on-bad-exit=1 '
-            f"--nodelist={shlex.quote(host_name)} --export=ALL --quiet sh -c "
+            f"--nodelist={node} --export=ALL --quiet sh -c "
         )
         return find, words
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from launch.errors import HostError
 from launch.fleets.kinds.registry import fleet_kind
+from launch.job.fleet_refs import FleetRef
 from launch.job.inventory import Host
 from launch.nodelib.fleetrun_protocol import ProtocolError, StopAnswer
 from launch.paths import known_hosts_file
@@ -366,6 +367,7 @@ def replace_lost(
         else:
             replaced[name] = new
     state = state.recovery_timed("replace", ctx.clock.monotonic() - started)
+    state = note_fleet_held(ctx, state, kind.holding())
     if failed:
         fallback = without(failed, [h.name for h in state.hosts], state.plan.min_nodes)
         if fallback.stop is not None:
@@ -373,6 +375,27 @@ def replace_lost(
             return state, RecoveryPlan(stop=f"could not replace {named}; {fallback.stop}"), replaced
         return state, RecoveryPlan(replace=tuple(replaced), drop=plan.drop + fallback.drop), replaced
     return state, RecoveryPlan(replace=tuple(replaced), drop=plan.drop), replaced
+
+
+def note_fleet_held(ctx: RunContext, state: RunState, held: FleetRef) -> RunState:
+    """The fleet's reference after the kind made machines for this recovery (a scheduler's new
+    allocations, ``FleetKind.holding``) in the run's inventory and in its record: the next
+    attempt's plan (the watchdogs' hook, ``srun``'s allocation), ``fab runs`` and ``fab show``
+    then name every allocation the run held, not only the first. The record keeps the hosts
+    the run started on; only its fleet changes. A failed write is said, never the run's end."""
+    if held == state.inventory.fleet:
+        return state
+    inventory = state.inventory.model_copy(update={"fleet": held})
+    target = replace(state.target, inventory=state.target.inventory.model_copy(update={"fleet": held}))
+    try:
+        record = ctx.records.get(state.plan.run_id)
+        if record is not None:
+            fleet = inventory.to_yaml_data()["fleet"]
+            ctx.records.update(state.plan.run_id, inventory={**record.inventory, "fleet": fleet})
+    except Exception as exc:  # noqa: BLE001 - the record is the run's memo, not its course
+        save_traceback(ctx.folder.path, exc, "recording the fleet's new allocations")
+        say(ctx, f"  could not record {clean(fleet_kind(held).describe(), 200)}: {clean(exc, 300)}")
+    return replace(state, inventory=inventory, target=target)
 
 
 def drain(ctx: RunContext, state: RunState, noticed: Sequence[Host]) -> RunState:

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
+    from launch.job.fleet_refs import FleetRef
     from launch.job.inventory import Host, Inventory
     from launch.nodelib.fleetrun_protocol import BucketCommands
 
@@ -122,6 +123,14 @@ class FleetKind(Protocol):
         answer SSH (a scheduler marked them DOWN or DRAIN): name -> why, in the fleet's words.
         The watcher asks this as it polls, the recovery before it replaces nodes; empty where
         the nodes are the whole truth (lab, local, stack). May raise ``FleetrunError``."""
+        ...
+
+    def holding(self) -> FleetRef:
+        """The fleet's reference as it stands now, naming everything the run holds: a
+        scheduler's kind adds the allocations its ``replace``/``renew`` made (Slurm's job ids)
+        to the one ``acquire`` named. The recovery puts it in the run's inventory and record,
+        so the next attempt's plan, ``fab runs`` and ``fab show`` name every allocation; the
+        reference as it was given where nothing is asked for per run."""
         ...
 
     def release(self, say: Say) -> None:

@@ -43,6 +43,10 @@ class LabKind(StandingMachines, SiteMachines):
     def __init__(self, ref: LabFleet) -> None:
         self.ref = ref
 
+    def holding(self) -> LabFleet:
+        """The reference as given: these machines are not asked for per run."""
+        return self.ref
+
     def describe(self) -> str:
         return "lab machines"
 

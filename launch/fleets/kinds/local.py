@@ -49,6 +49,10 @@ class LocalFleetKind(StandingMachines):
     def __init__(self, ref: LocalFleetRef) -> None:
         self.ref = ref
 
+    def holding(self) -> LocalFleetRef:
+        """The reference as given: these machines are not asked for per run."""
+        return self.ref
+
     def describe(self) -> str:
         return f"local fleet {self.ref.prefix}"
 

@@ -58,6 +58,8 @@ FLEETRUN_ONLY = ("job_ids", "kind", "nodes")
 JOB_TAG = "fleetrun:slurm-jobs"
 MAX_EXTRA_JOBS = 63
 DRAIN_REASON_CHARS = 120
+DOCTOR_NODE_LINES = 64
+"""``fab doctor`` says this many of the inventory's nodes one line each, then counts the rest."""
 
 
 def extra_jobs_file(first: int) -> Path:
@@ -79,6 +81,13 @@ def add_extra_job(first: int, job_id: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="ascii") as out:
         out.write(f"{job_id}\n")
+
+
+def drop_extra_job(first: int, job_id: int) -> None:
+    """Forget a replacement that never held a node and is cancelled (the record names only the
+    allocations the run held; the teardown has nothing left to cancel of it)."""
+    kept = [j for j in read_extra_jobs(first) if j != job_id]
+    extra_jobs_file(first).write_text("".join(f"{j}\n" for j in kept), encoding="ascii")
 
 
 class SlurmKind(SiteMachines):
@@ -103,6 +112,11 @@ class SlurmKind(SiteMachines):
         return tuple(dict.fromkeys((*self.ref.job_ids, *read_extra_jobs(first))))
 
     # -- the FleetKind interface ------------------------------------------------------------
+    def holding(self) -> SlurmFleetRef:
+        """The reference naming every allocation of the run (the first, then the replacements')."""
+        jobs = self.job_ids()[: MAX_EXTRA_JOBS + 1]
+        return self.ref if jobs == self.ref.job_ids else self.ref.model_copy(update={"job_ids": jobs})
+
     def describe(self) -> str:
         jobs = self.job_ids()
         held = f", job {', '.join(map(str, jobs))}" if jobs else ""
@@ -193,10 +207,13 @@ class SlurmKind(SiteMachines):
         say(f"{host.name}: lost; slurm job {job_id} asks for a node in its place (excluding it)")
         try:
             granted = allocation.wait_granted(shell, self.ref, job_id, say, wait=True, timeout_s=timeout_s)
+            if len(granted.nodes) != 1:  # Slurm's answer, not ours: a 1-node job on any other count
+                raise FleetrunError(f"slurm job {job_id}: {len(granted.nodes)} nodes for a 1-node job")
             (new,) = self._known(granted.nodes)
         except FleetrunError as exc:
             say(f"{host.name}: no replacement from Slurm: {clean(exc, 300)}")
-            allocation.cancel(shell, (job_id,))
+            allocation.cancel(shell, (job_id,))  # raises when not cancelled: the teardown tries again
+            drop_extra_job(first, job_id)
             return None
         say(f"{host.name}: replaced by {new.name} (slurm job {job_id})")
         return new
@@ -232,10 +249,8 @@ class SlurmKind(SiteMachines):
                 lines.append(
                     ("error", f"partition {ref.partition}: no {kind} gres on {', '.join(without[:20])}")
                 )
+        lines += self._node_lines(states)
         listed = {h.name for h in ref.nodes}
-        lost = sorted(n.name for n in states.values() if n.lost)
-        if lost:
-            lines.append(("warning", f"down or drained (never given to a run): {', '.join(lost[:20])}"))
         unlisted = sorted(set(states) - listed - set(ref.exclude))
         if unlisted:
             lines.append(
@@ -245,10 +260,33 @@ class SlurmKind(SiteMachines):
                     f"{', '.join(unlisted[:20])} (add them to 'hosts' or to 'slurm.exclude')",
                 )
             )
-        outside = sorted(listed - set(states))
-        if outside:
+        return lines
+
+    def _node_lines(self, states: dict[str, answers.NodeState]) -> list[tuple[str, str]]:
+        """One line per node the inventory gives (the first ``DOCTOR_NODE_LINES``, then one
+        line counting the rest): Slurm's state of it in the partition, or why no run gets it."""
+        ref, lines = self.ref, []
+        counts = {"ok": 0, "warning": 0}
+        for i, host in enumerate(ref.nodes):
+            node = states.get(host.name)
+            if host.name in ref.exclude:
+                level, line = "ok", f"node {host.name}: excluded (slurm.exclude): never asked for"
+            elif node is None:
+                level, line = "warning", f"node {host.name}: not in partition {ref.partition}: no run gets it"
+            elif node.lost:
+                level, line = "warning", f"node {host.name}: {node.state}: Slurm gives it to no run"
+            else:
+                level, line = (
+                    "ok",
+                    f"node {host.name}: {node.state} in partition {ref.partition} ({node.gres or 'no gres'})",
+                )
+            counts[level] += 1
+            if i < DOCTOR_NODE_LINES:
+                lines.append((level, line))
+        rest = len(ref.nodes) - DOCTOR_NODE_LINES
+        if rest > 0:
             lines.append(
-                ("warning", f"listed but not in partition {ref.partition}: {', '.join(outside[:20])}")
+                ("ok", f"and {rest} more node(s); in all {counts['ok']} usable, {counts['warning']} not")
             )
         return lines
 

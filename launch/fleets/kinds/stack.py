@@ -64,6 +64,10 @@ class StackKind(StandingMachines):
         self.ref = ref
         self.cloud = CLOUDS[ref.cloud]
 
+    def holding(self) -> StackFleetRef:
+        """The reference as given: these machines are not asked for per run."""
+        return self.ref
+
     def describe(self) -> str:
         return f"stack {self.ref.stack or '(unnamed)'} (cluster {self.ref.cluster_id}, {self.ref.cloud})"
 
