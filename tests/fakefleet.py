@@ -684,6 +684,7 @@ def run_on_fake_fleet(
     spares: tuple[Host, ...] = (),
     keep_warm_s: float | None = None,
     container: dict[str, Any] | None = None,
+    sweep_id: str | None = None,
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and run it through the real life cycle
     (``launch.run.lifecycle.execute``), the fake fleet and the fake clock in its context."""
@@ -720,6 +721,7 @@ def run_on_fake_fleet(
         launcher=spec.launcher,
         run_dir=str(folder.path),
         started_at=clock.now,
+        sweep_id=sweep_id,
     )
     fleet = FakeFleet(inventory.hosts, job, clock)
     reporter = reporter or RecordingReporter()
@@ -740,6 +742,8 @@ def run_on_fake_fleet(
         clock=clock,
         ask_keep_running=ask_keep_running,
     )
-    state = state_for(spec, plan, inventory, tmp_path / "known_hosts", folder.path, now=clock.now)
+    state = state_for(
+        spec, plan, inventory, tmp_path / "known_hosts", folder.path, now=clock.now, sweep_id=sweep_id
+    )
     summary = execute(ctx, state)
     return FakeRun(summary, fleet, records, reporter, folder.path, clock, playbook)

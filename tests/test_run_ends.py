@@ -10,6 +10,9 @@ the local fleet's teardown is recorded instead of run (it needs root).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,8 @@ import pytest
 from launch.fleets.kinds.base import TeardownOutcome, TeardownState
 from launch.fleets.kinds.local import LocalFleetKind
 from launch.fleets.kinds.refs import LocalFleetRef
-from launch.job.spec import load_job_spec
 from launch.rules.stoprules import Teardown
-from launch.run import lifecycle, warm
+from launch.run import lifecycle, sweeps, warm
 from launch.run.records import RunRecords
 from launch.run.reporter import RecordingReporter
 from tests.fakefleet import FakeClock, JobScript, NodeScript, fake_inventory, run_on_fake_fleet
@@ -92,25 +94,35 @@ def end_by_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -
     return Ended(run.summary.teardown, run.folder, run.fleet, record.state)
 
 
+def sweep_file(home: Path, sweep_id: str, variants: list[dict[str, Any]], *, state: str = "running") -> Path:
+    """The sweep's ``sweep.json`` as ``fab sweep`` writes it while it runs (this process as the
+    sweep's own)."""
+    folder = home / "sweeps" / sweep_id
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"index": i, "sets": [], **v} for i, v in enumerate(variants)]
+    data = {
+        "sweep_id": sweep_id,
+        "playbook": "job.yaml",
+        "state": state,
+        "pid": os.getpid(),
+        "variants": rows,
+    }
+    (folder / sweeps.SWEEP_FILE).write_text(json.dumps(data))
+    return folder
+
+
 def end_by_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -> Ended:
-    """A variant runs as ``fab sweep`` starts it (``--teardown never``); the sweep's end decides."""
+    """The sweep's last variant (the one before it succeeded), with the playbook's own teardown
+    and keep-warm, as ``fab sweep`` starts it: it ends the fleet as ``fab train`` does."""
     book = playbook_of(ending)
+    sweep_file(tmp_path, "sw-1", [{"state": "succeeded"}, {"state": "running", "pid": os.getpid()}])
     run = run_on_fake_fleet(
-        tmp_path, monkeypatch, book["job"], inventory=inventory(), teardown="never",
-        keep_warm_s=book["keep_warm_s"],
+        tmp_path, monkeypatch, book["job"], inventory=inventory(), teardown=book["teardown"],
+        keep_warm_s=book["keep_warm_s"], sweep_id="sw-1",
     )  # fmt: skip
-    assert run.summary.teardown.state is TeardownState.SKIPPED and "kept warm" not in str(
-        run.summary.teardown
-    )
-    assert run.playbook is not None
-    spec = load_job_spec(run.playbook).model_copy(update={"teardown": Teardown(book["teardown"])})
-    sweep_folder = tmp_path / "sweeps" / "sw-1"
-    sweep_folder.mkdir(parents=True)
-    teardown = lifecycle.end_sweep(
-        inventory(), spec, run.summary.ok, "sw-1", sweep_folder, lambda _m: None, port=run.fleet
-    )
     record = run.records.get("fake-run-1")
-    return Ended(teardown, sweep_folder, run.fleet, record.state)
+    assert record.sweep_id == "sw-1"
+    return Ended(run.summary.teardown, run.folder, run.fleet, record.state)
 
 
 def end_by_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -> Ended:
@@ -221,9 +233,8 @@ def test_every_command_ends_a_run_the_same_way(
     assert teardowns == ["frend"] and not ledger[0].exists()
     kept = json.loads((ended.folder / warm.RESULT_FILE).read_text())
     assert kept["state"] == "torn_down" and kept["teardown"]["state"] == "done"
-    if command != "sweep":  # a sweep has no summary.json of its own
-        summary = json.loads((ended.folder / "summary.json").read_text())
-        assert summary["teardown"]["state"] == "done" and summary["kept_warm"] is True
+    summary = json.loads((ended.folder / "summary.json").read_text())
+    assert summary["teardown"]["state"] == "done" and summary["kept_warm"] is True
 
 
 # -- the laptop's keepers of the deadline ----------------------------------------------------------
@@ -286,3 +297,86 @@ def test_the_laptop_timer_tears_down_at_its_deadline(
     path = ledger_entry(tmp_path, armed_at=1_000.0)
     assert warm.backstop(path, sleep=lambda _s: None) == 0
     assert teardowns == ["frend"] and not path.exists()
+
+
+# -- a sweep's variants share the fleet -----------------------------------------------------------
+def test_a_variant_keeps_the_fleet_for_the_next_and_the_last_ends_it_as_train_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path, teardowns: list[str], timers: list[Path]
+) -> None:
+    """A sweep of two variants, one after another, of a playbook with ``teardown: always`` and
+    ``keep_warm_s``: the first keeps the fleet for the second (no teardown, no warm timer), the
+    second keeps it warm as ``fab train`` would. (Before, every variant ran ``teardown: never``
+    and only the sweep's own end, in the command layer, decided.)"""
+    book = playbook_of("warm_claimed")
+    folder = sweep_file(home, "sw-2", [{"state": "running", "pid": os.getpid()}, {"state": "pending"}])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = run_on_fake_fleet(
+        tmp_path / "a", monkeypatch, book["job"], inventory=inventory(), teardown="always",
+        keep_warm_s=KEEP_WARM_S, sweep_id="sw-2",
+    )  # fmt: skip
+    kept = first.summary.teardown
+    assert kept.state is TeardownState.SKIPPED and kept.message.startswith(
+        "kept for sweep sw-2 (1 variant(s) to start"
+    )
+    assert teardowns == [] and timers == [] and not any(n.warm_timers for n in first.fleet.nodes.values())
+    sweep_file(home, "sw-2", [{"state": "succeeded"}, {"state": "running", "pid": os.getpid()}])
+    second = run_on_fake_fleet(
+        tmp_path / "b", monkeypatch, playbook_of("warm_claimed")["job"], inventory=inventory(),
+        teardown="always", keep_warm_s=KEEP_WARM_S, sweep_id="sw-2",
+    )  # fmt: skip
+    assert second.summary.teardown.message.startswith("kept warm for 60 s instead (teardown: always)")
+    assert {n: node.warm_timers for n, node in second.fleet.nodes.items()} == {"n0": ["60"], "n1": ["60"]}
+    assert len(timers) == 1 and teardowns == []
+    assert sorted(p.name for p in (folder / "ended").iterdir()) == [str(os.getpid())]
+
+
+def test_two_variants_ending_together_leave_the_fleet_to_the_last(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Variant A ends while B still runs: A keeps the fleet for B; B, ending next, finds A's mark
+    and decides (neither keeps it for the other). A variant whose process is gone, or pending
+    variants of a sweep that stopped or whose process is gone, hold nothing."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        me = os.getpid()
+        sweep_file(home, "sw-3", [{"state": "running", "pid": me}, {"state": "running", "pid": other.pid}])
+        assert "1 variant(s) still running" in (sweeps.leave("sw-3", "run-a") or "")
+        monkeypatch.setattr(sweeps.os, "getpid", lambda: other.pid)  # B's process ends its run
+        assert sweeps.leave("sw-3", "run-b") is None
+    finally:
+        other.kill()
+        other.wait()
+    monkeypatch.undo()
+    sweep_file(
+        home, "sw-4", [{"state": "running", "pid": other.pid}, {"state": "running", "pid": os.getpid()}]
+    )
+    assert sweeps.leave("sw-4", "run-c") is None, "a variant whose process is gone holds nothing"
+    sweep_file(
+        home, "sw-5", [{"state": "running", "pid": os.getpid()}, {"state": "pending"}], state="stopping"
+    )
+    assert sweeps.leave("sw-5", "run-d") is None, "a stopped sweep starts nothing more"
+    folder = sweep_file(home, "sw-6", [{"state": "running", "pid": os.getpid()}, {"state": "pending"}])
+    data = json.loads((folder / sweeps.SWEEP_FILE).read_text())
+    (folder / sweeps.SWEEP_FILE).write_text(json.dumps({**data, "pid": other.pid}))
+    assert sweeps.leave("sw-6", "run-e") is None, "a sweep process that is gone starts nothing more"
+    assert sweeps.leave("../sw-6", "run-f") is None and sweeps.leave(None, "run-g") is None
+
+
+def test_a_sweep_variant_is_prepared_with_the_playbooks_own_teardown_and_keep_warm(
+    tmp_path: Path, home: Path
+) -> None:
+    """``fab sweep`` starts each variant as ``fab train --sweep ID``: its run keeps the playbook's
+    teardown and keep-warm (it was forced to ``never``, so a sweep ignored ``keep_warm_s``)."""
+    import yaml
+
+    from launch.run import opening
+    from tests.fakefleet import fake_spec
+
+    playbook, _spec = fake_spec(tmp_path, 2, teardown="on_success", keep_warm_s=KEEP_WARM_S)
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(yaml.safe_dump({"hosts": inventory().to_yaml_data()["hosts"]}))
+    request = opening.RunRequest.of(playbook, inventory=str(lab), sweep_id="sw-7", hosts=["n1", "n0"])
+    prepared = opening.prepare(request, RecordingReporter(), dry_run=True)
+    assert prepared.spec.teardown is Teardown.ON_SUCCESS and prepared.spec.keep_warm_s == KEEP_WARM_S
+    assert [h.name for h in prepared.inventory.hosts] == ["n1", "n0"] and request.sweep_id == "sw-7"

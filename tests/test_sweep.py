@@ -329,7 +329,7 @@ args = sys.argv[1:]
 sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
 db = Path(os.environ["FLEETRUN_HOME"]) / "runs.db"
 with RunRecords(db) as records:  # as fab train records its run
-    run = records.start(sweep_id=args[args.index("--sweep-id") + 1], overrides=overrides_record(parse_overrides(sets)))
+    run = records.start(sweep_id=args[args.index("--sweep") + 1], overrides=overrides_record(parse_overrides(sets)))
 with open(sys.argv[0] + ".started", "a") as out:
     out.write("x\\n")
 def interrupted(*_args):

@@ -40,33 +40,19 @@ DEFAULT_RDZV_PORT = JobSpec.model_fields["rdzv_port"].default
 
 def train(
     playbook: str | Path,
-    inventory: str | None = None,
+    *,
     dry_run: bool = False,
     console: Console | None = None,
-    poll_interval: float = 1.0,
-    teardown: str | None = None,
     ask_on_interrupt: bool = True,
-    allow_busy_gpus: bool = False,
-    skip_doctor: bool = False,
-    overrides: Sequence[str] = (),
-    hosts: Sequence[str] = (),
-    sweep_id: str | None = None,
-    wait: bool = False,
-    allow_paths: tuple[Path, ...] = (),
-    allow_local_hooks: bool = False,
+    **request: Any,
 ) -> RunResult | LaunchPlan:
-    """``fab train``: the run's request (``launch.run.opening.RunRequest`` says what each option
-    does), its preparation (hosts, plan), then the run's life cycle from the queue turn to the
-    last hook (``opening.launch``). ``--dry-run`` prints the plan and stops."""
-    console = console or Console()
-    reporter = RichReporter(console)
-    request = RunRequest(
-        playbook, inventory, tuple(overrides), teardown, tuple(hosts), sweep_id, wait,
-        allow_busy_gpus, skip_doctor, allow_paths, allow_local_hooks, poll_interval,
-    )  # fmt: skip
-    prepared = opening.prepare(request, reporter, dry_run=dry_run)
+    """``fab train``: the run's request (``request``: the fields of ``launch.run.opening.RunRequest``,
+    which says what each does), its preparation (hosts, plan), then the run's life cycle from the
+    queue turn to the last hook (``opening.launch``). ``--dry-run`` prints the plan and stops."""
+    reporter = RichReporter(console or Console())
+    prepared = opening.prepare(RunRequest.of(playbook, **request), reporter, dry_run=dry_run)
     if dry_run:
-        console.print(prepared.plan.render(), markup=False, highlight=False, soft_wrap=True)
+        reporter.console.print(prepared.plan.render(), markup=False, highlight=False, soft_wrap=True)
         return prepared.plan
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
     with open_records() as records:

@@ -2,8 +2,8 @@
 
 A researcher who runs again in five minutes should not wait for a new cluster (SageMaker's warm
 pools, SkyPilot's autostop); one who does not should not pay for an idle one. Keeping warm is the
-run's teardown action, decided where every run ends (``launch.run.wrapup.finish``, ``fab pull``,
-the end of ``fab sweep``): when the playbook's teardown would remove the fleet, the fleet is
+run's teardown action, decided where every run ends (``launch.run.wrapup.finish``, ``fab pull``;
+each ``fab sweep`` variant is such a run): when the playbook's teardown would remove the fleet, the fleet is
 kept until a deadline instead, and then torn down unless a later run on it claimed it.
 
 The deadline has up to four keepers, so that no single one going away leaves GPUs billing:

@@ -29,7 +29,7 @@ from launch.rules.energy import RunEnergy
 from launch.rules.pricing import cost_so_far, price_per_node_hour
 from launch.rules.recovery import AttemptEnd
 from launch.rules.stoprules import PEER_GONE_RULES, StopDecision
-from launch.run import warm
+from launch.run import sweeps, warm
 from launch.run.artifacts import revoke_cluster_keys, stop_all
 from launch.run.clock import Clock
 from launch.run.lost_nodes import LostProbe, only, without
@@ -375,8 +375,12 @@ def recorded_energy(records: RunRecords, run_id: str) -> RunEnergy:
 
 
 def end_fleet(target: WatchTarget, fleet: FleetPort, say: Callable[[str], None]) -> TeardownOutcome:
-    """The teardown action once the policy says the fleet goes: kept warm until a deadline
-    (``launch.run.warm``) when the run asks for it, else torn down now."""
+    """The teardown action once the policy says the fleet goes: kept for the run's sweep while
+    other variants of it still need the fleet (``launch.run.sweeps``), else kept warm until a
+    deadline (``launch.run.warm``) when the run asks for it, else torn down now."""
+    held = sweeps.leave(target.sweep_id, target.run_id)
+    if held is not None:
+        return TeardownOutcome(TeardownState.SKIPPED, held)
     if target.keep_warm_s:
         return warm.keep_warm(
             fleet, target.inventory, target.run_id, target.folder, target.teardown, target.keep_warm_s, say
@@ -430,6 +434,9 @@ def finish(
             )
         else:
             teardown = decided.outcome()
+            steps.run(
+                "leaving the sweep", lambda: sweeps.leave(target.sweep_id, target.run_id), lambda _m: None
+            )
     finally:
         if reports.is_alive():
             reports.join()
