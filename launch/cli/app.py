@@ -16,7 +16,6 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from launch.cli.runs import open_records
 from launch.errors import SpecError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.select import load_inventory, local_fleet
@@ -47,16 +46,12 @@ def train(
     **request: Any,
 ) -> RunResult | LaunchPlan:
     """``fab train``: the run's request (``request``: the fields of ``launch.run.opening.RunRequest``,
-    which says what each does), its preparation (hosts, plan), then the run's life cycle from the
-    queue turn to the last hook (``opening.launch``). ``--dry-run`` prints the plan and stops."""
+    which says what each does) handed to the run's front door (``opening.run``): its preparation
+    (hosts, plan), then its life cycle from the queue turn to the last hook. ``--dry-run`` prints
+    the plan and stops. What to do on Ctrl-C is asked on this terminal."""
     reporter = RichReporter(console or Console())
-    prepared = opening.prepare(RunRequest.of(playbook, **request), reporter, dry_run=dry_run)
-    if dry_run:
-        reporter.console.print(prepared.plan.render(), markup=False, highlight=False, soft_wrap=True)
-        return prepared.plan
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
-    with open_records() as records:
-        return opening.launch(prepared, records, reporter, ask)
+    return opening.run(RunRequest.of(playbook, **request), reporter, ask, dry_run=dry_run)
 
 
 def doctor(

@@ -28,7 +28,7 @@ from launch.job.inventory import Inventory
 from launch.job.overrides import overrides_record, parse_overrides
 from launch.job.spec import JobSpec, load_job_spec
 from launch.job.validation import printable
-from launch.paths import known_hosts_file
+from launch.paths import fleetrun_home, known_hosts_file
 from launch.planning.image_pull import registry_of
 from launch.planning.launchers import launcher_class
 from launch.planning.plan import LaunchPlan
@@ -57,6 +57,7 @@ __all__ = [
     "make_plan",
     "only_hosts",
     "prepare",
+    "run",
 ]
 
 
@@ -185,6 +186,20 @@ def _decide(
         if not local_hooks.allowed and spec.on_end:  # said now, not only 9 hours later when skipped
             reporter.say(("warning: ", "yellow"), skipped_line(len(spec.on_end), local_hooks.playbook))
     return PreparedRun(request, playbook, spec, plan, inv, known_hosts, choice, local_hooks)
+
+
+def run(
+    request: RunRequest, reporter: Reporter, ask: AskKeepRunning | None, *, dry_run: bool = False
+) -> RunSummary | LaunchPlan:
+    """One run of a request, front door to last hook: ``prepare``, then ``launch`` with the run
+    records under ``FLEETRUN_HOME``. The playbook read here goes down to the nodes from here
+    (never back up to the command). A dry run prints the plan (``--dry-run``) and returns it."""
+    prepared = prepare(request, reporter, dry_run=dry_run)
+    if dry_run:
+        reporter.console.print(prepared.plan.render(), markup=False, highlight=False, soft_wrap=True)
+        return prepared.plan
+    with RunRecords(fleetrun_home() / "runs.db") as records:
+        return launch(prepared, records, reporter, ask)
 
 
 def launch(
