@@ -86,6 +86,8 @@ def doctor(
         )
     if gpu_diag and gpu_diag not in checks.DIAG_LEVELS:
         raise SpecError(f"--gpu-diag {gpu_diag}: expected 1 (seconds), 2 (about 2 minutes) or 3 (about 15)")
+    # the playbook first: bad input is refused before the inventory is read or anything contacted
+    spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths) if playbook else None
     inv = load_inventory(inventory)
     fleet_ok = True
     for level, line in fleet_kind(inv.fleet).health():  # a scheduler's login host and partition
@@ -96,8 +98,7 @@ def doctor(
     rdzv_port = DEFAULT_RDZV_PORT
     nodes = None
     container = None
-    if playbook is not None:
-        spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths)
+    if spec is not None:
         nodes = spec.nodes
         inv = inv if len(inv.hosts) > spec.nodes else inv.first(spec.nodes)
         rdzv_port = spec.rdzv_port
