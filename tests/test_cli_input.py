@@ -257,6 +257,11 @@ def test_the_end_of_a_run_says_why_a_profiled_rank_left_no_trace(tmp_path: Path)
         (["local.up", "--vm=yes"], ("local.up: unexpected argument 'yes'",)),
         (["train", "a.yaml", "b.yaml"], ("train: unexpected argument 'b.yaml'",)),
         (["--list", "nowhere"], ("--list", "nowhere")),
+        (["train", "job.yaml", "--set"], ("train: --set needs a value",)),  # once ignored: no change
+        (["train", "job.yaml", "--set", "--dry-run"], ("train: --set needs a value",)),
+        (["plan", "job.yaml", "-s", "nodes=2", "-s"], ("plan: --set needs a value",)),
+        (["sweep", "job.yaml", "--grid", "--parallel", "2"], ("sweep: --grid needs a value",)),
+        (["export", "job.yaml", "--allow-path"], ("export: --allow-path needs a value",)),
     ],
 )
 def test_every_parse_error_is_one_line_and_exit_2(
