@@ -35,7 +35,7 @@ from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
-from launch.run import lifecycle
+from launch.run import lifecycle, warm
 from launch.run.doctor import HostChoice, hosts_for_run
 from launch.run.hooks import LocalHooks, local_hooks_verdict, skipped_line
 from launch.run.records import RunRecords
@@ -286,5 +286,15 @@ def only_hosts(inventory: Inventory, names: Sequence[str]) -> Inventory:
 
 def launch_warnings(spec: JobSpec, inventory: Inventory) -> list[str]:
     """Configured rules that cannot work on this fleet, judged with the price the watcher's cost
-    rule will use (``price_per_node_hour`` of the head's machine type; the playbook's override wins)."""
-    return configuration_warnings(spec.stop, price_per_node_hour(inventory.head.instance_type))
+    rule will use (``price_per_node_hour`` of the head's machine type; the playbook's override wins),
+    and a ``keep_warm_s`` this fleet's kind cannot honour (only machines that can power themselves
+    off are kept warm: a local fleet's, a cloud stack's)."""
+    warnings = configuration_warnings(spec.stop, price_per_node_hour(inventory.head.instance_type))
+    kind = fleet_kind(inventory.fleet)
+    if spec.keep_warm_s and not warm.applies(inventory, spec.keep_warm_s):
+        warnings.append(
+            f"keep_warm_s {spec.keep_warm_s:g}: a {clean(kind.name, 40)} fleet is not kept warm (only a local "
+            f"fleet or a cloud stack's machines power themselves off at a deadline); its teardown "
+            f"({Teardown(spec.teardown).value}) applies as the playbook says"
+        )
+    return warnings
