@@ -380,3 +380,38 @@ def test_a_sweep_variant_is_prepared_with_the_playbooks_own_teardown_and_keep_wa
     prepared = opening.prepare(request, RecordingReporter(), dry_run=True)
     assert prepared.spec.teardown is Teardown.ON_SUCCESS and prepared.spec.keep_warm_s == KEEP_WARM_S
     assert [h.name for h in prepared.inventory.hosts] == ["n1", "n0"] and request.sweep_id == "sw-7"
+
+
+# -- another run on the same fleet --------------------------------------------------------------
+def test_a_run_ending_while_another_runs_on_its_fleet_leaves_the_fleet_to_that_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path, teardowns: list[str], timers: list[Path]
+) -> None:
+    """Two runs on disjoint hosts of one fleet (``fab train --hosts``, a sweep's two slots): the
+    first to end does not tear the fleet down under the other (a teardown removes the whole
+    fleet), nor does a warm deadline passed while the other still runs; a watcher that is gone
+    holds nothing."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        records = RunRecords(tmp_path / "runs.db")
+        records.start(run_id="other-run", inventory=inventory().to_yaml_data(), watcher_pid=other.pid)
+        run = run_on_fake_fleet(
+            tmp_path,
+            monkeypatch,
+            JobScript(steps=4),
+            inventory=inventory(),
+            teardown="always",
+            records=records,
+        )
+        kept = run.summary.teardown
+        assert (
+            kept.state is TeardownState.SKIPPED and "run other-run still runs on this fleet" in kept.message
+        )
+        assert teardowns == []
+        armed_at = records.get("other-run").started_at + 1  # kept warm after the other run started
+        entry = warm.WarmEntry("fake-run-1", inventory(), armed_at, armed_at + KEEP_WARM_S, run.folder)
+        assert warm.claimed_by(entry, records) == "other-run", "started before the arming, still running"
+    finally:
+        other.kill()
+        other.wait()
+    assert warm.run_still_on(inventory(), "fake-run-1", records) is None
+    assert warm.claimed_by(entry, records) is None

@@ -473,7 +473,7 @@ def pull_again(
         write_reports(folder, reporter, record.hyperparameters)
         decided = decide_teardown(target.teardown, record.state, errors, {})
         if decided.action is TeardownAction.TEAR_DOWN:
-            teardown = end_fleet(target, port, reporter.say)
+            teardown = end_fleet(target, port, reporter.say, records)
         else:
             teardown = decided.outcome()
     finally:
