@@ -685,6 +685,7 @@ def run_on_fake_fleet(
     keep_warm_s: float | None = None,
     container: dict[str, Any] | None = None,
     sweep_id: str | None = None,
+    on_end: list[str] | None = None,
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and run it through the real life cycle
     (``launch.run.lifecycle.execute``), the fake fleet and the fake clock in its context."""
@@ -708,9 +709,14 @@ def run_on_fake_fleet(
         min_nodes=min_nodes,
         keep_warm_s=keep_warm_s,
         container=container,
+        on_end=on_end,
     )
     plan = make_plan(spec, inventory, run_id="fake-run-1")
     folder = RunFolder.create(plan.run_id, base=tmp_path / "runs")
+    if on_end:  # allowed, as start_run saves them after fab train --allow-local-hooks
+        from launch.run.hooks import LocalHooks, save_on_end
+
+        save_on_end(folder.path, spec, LocalHooks(True, "allowed (the tests)", str(playbook)))
     records = records or RunRecords(tmp_path / "runs.db")
     records.start(
         run_id=plan.run_id,

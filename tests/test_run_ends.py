@@ -31,6 +31,8 @@ from tests.fakefleet import FakeClock, JobScript, NodeScript, fake_inventory, ru
 COMMANDS = ("train", "sweep", "watch", "pull")
 ENDINGS = ("succeeded", "failed", "warm_claimed", "laptop_gone")
 KEEP_WARM_S = 60.0
+HOOK = 'echo "$FLEETRUN_OUTCOME" >> "$FLEETRUN_RUN_DIR/hook-ran"'
+"""The playbook's on_end: it leaves the outcome it was told, once per time it ran."""
 
 
 @pytest.fixture
@@ -72,6 +74,7 @@ def playbook_of(ending: str) -> dict[str, Any]:
         "teardown": "on_success" if ending == "failed" else "always",
         "keep_warm_s": KEEP_WARM_S if warm_too else None,
         "job": JobScript(steps=6, nodes={"n1": NodeScript(exit_at_step=4)} if ending == "failed" else {}),
+        "on_end": [HOOK],
     }
 
 
@@ -88,7 +91,7 @@ def end_by_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -
     book = playbook_of(ending)
     run = run_on_fake_fleet(
         tmp_path, monkeypatch, book["job"], inventory=inventory(), teardown=book["teardown"],
-        keep_warm_s=book["keep_warm_s"],
+        keep_warm_s=book["keep_warm_s"], on_end=book["on_end"],
     )  # fmt: skip
     record = run.records.get("fake-run-1")
     return Ended(run.summary.teardown, run.folder, run.fleet, record.state)
@@ -118,7 +121,7 @@ def end_by_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -
     sweep_file(tmp_path, "sw-1", [{"state": "succeeded"}, {"state": "running", "pid": os.getpid()}])
     run = run_on_fake_fleet(
         tmp_path, monkeypatch, book["job"], inventory=inventory(), teardown=book["teardown"],
-        keep_warm_s=book["keep_warm_s"], sweep_id="sw-1",
+        keep_warm_s=book["keep_warm_s"], on_end=book["on_end"], sweep_id="sw-1",
     )  # fmt: skip
     record = run.records.get("fake-run-1")
     assert record.sweep_id == "sw-1"
@@ -143,7 +146,7 @@ def end_by_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -
     with pytest.raises(KeyboardInterrupt):
         run_on_fake_fleet(
             tmp_path, monkeypatch, book["job"], inventory=inventory(), teardown=book["teardown"],
-            keep_warm_s=book["keep_warm_s"], clock=clock, ask_keep_running=lambda _run_id: True,
+            keep_warm_s=book["keep_warm_s"], on_end=book["on_end"], clock=clock, ask_keep_running=lambda _run_id: True,
         )  # fmt: skip
     fleet = fleets[0]
     assert fleet.step < 4, "detached before the job ended"
@@ -167,7 +170,7 @@ def end_by_pull(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) ->
     job.nodes.setdefault("n0", NodeScript()).fail_pull = True
     run = run_on_fake_fleet(
         tmp_path, monkeypatch, job, inventory=inventory(), teardown=book["teardown"],
-        keep_warm_s=book["keep_warm_s"],
+        keep_warm_s=book["keep_warm_s"], on_end=book["on_end"],
     )  # fmt: skip
     assert run.summary.teardown.state is (
         TeardownState.SKIPPED if ending == "failed" else TeardownState.BLOCKED
@@ -198,6 +201,10 @@ def test_every_command_ends_a_run_the_same_way(
 ) -> None:
     ended = END_BY[command](tmp_path, monkeypatch, ending)
     assert ended.record_state == ("failed" if ending == "failed" else "succeeded")
+    # the on_end hook ran once, told the run's outcome, whichever command ended the run
+    assert (ended.folder / "hook-ran").read_text().split() == [ended.record_state], command
+    (hook,) = json.loads((ended.folder / "hooks.json").read_text())
+    assert hook["ok"] and hook["command"] == HOOK
     armed = {name: node.warm_timers for name, node in ended.fleet.nodes.items()}
     ledger = sorted(warm.ledger().glob("*.json")) if warm.ledger().is_dir() else []
     if ending == "succeeded":
