@@ -422,3 +422,22 @@ def test_a_run_ending_while_another_runs_on_its_fleet_leaves_the_fleet_to_that_r
         other.wait()
     assert warm.run_still_on(inventory(), "fake-run-1", records) is None
     assert warm.claimed_by(entry, records) is None
+
+
+def test_the_sweep_says_how_its_fleet_ended_in_the_last_variants_words(tmp_path: Path, home: Path) -> None:
+    records = RunRecords(home / "runs.db")
+    for name, ended_at, message in (
+        ("v0", 10.0, "kept for sweep sw-8 (...)"),
+        ("v1", 20.0, "kept warm for 60 s"),
+    ):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "summary.json").write_text(
+            json.dumps({"teardown": {"state": "skipped", "message": message}})
+        )
+        records.start(run_id=name, sweep_id="sw-8", run_dir=str(folder), started_at=ended_at - 5)
+        records.finish(name, state="succeeded", ended_at=ended_at)
+    records.start(run_id="v2", sweep_id="sw-8", run_dir=str(tmp_path / "nowhere"), started_at=1.0)
+    records.finish("v2", state="failed", ended_at=30.0)  # refused before its wrap-up: no summary
+    assert sweeps.fleet_end("sw-8", records) == "kept warm for 60 s (run v1, the last variant to end)"
+    assert sweeps.fleet_end("sw-none", records) is None

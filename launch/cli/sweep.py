@@ -37,7 +37,8 @@ from launch.job.overrides import overrides_record, parse_overrides
 from launch.paths import fleetrun_home
 from launch.planning.sweep_plan import plan_sweep, slots_of, variant_outcome
 from launch.reports.safe_text import clean
-from launch.run.sweeps import Sweep, Variant, sweep_folder
+from launch.run.records import RunRecords
+from launch.run.sweeps import Sweep, Variant, fleet_end, sweep_folder
 
 __all__ = ["Sweep", "Variant", "recorded_state", "run_sweep"]
 
@@ -53,8 +54,6 @@ def _fab() -> list[str]:
 def recorded_state(sweep_id: str, sets: Sequence[str]) -> str | None:
     """The state in the record of the sweep's run made with these ``--set`` items (each variant's
     are its own), or None when its ``fab train`` wrote no record (refused before it started)."""
-    from launch.run.records import RunRecords
-
     wanted = json.dumps(overrides_record(parse_overrides(sets)), sort_keys=True, default=repr)
     with RunRecords(fleetrun_home() / "runs.db") as records:
         for record in records.of_sweep(sweep_id):
@@ -112,6 +111,10 @@ def run_sweep(
         f"a time on {len(slots)} slot(s) of {planned.spec.nodes} node(s); fab runs --sweep {sweep_id}"
     )
     runner.run_all()
+    with RunRecords(fleetrun_home() / "runs.db") as records:
+        ended = fleet_end(sweep_id, records)
+    if ended is not None:
+        say(f"fleet: {ended}")
     counts: dict[str, int] = {}
     for variant in sweep.variants:
         counts[variant.state] = counts.get(variant.state, 0) + 1

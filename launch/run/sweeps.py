@@ -31,9 +31,9 @@ from typing import Any
 
 from launch.paths import fleetrun_home
 from launch.reports.safe_text import clean
-from launch.run.records import pid_alive
+from launch.run.records import RunRecords, pid_alive
 
-__all__ = ["SWEEP_FILE", "Sweep", "Variant", "leave", "sweep_folder"]
+__all__ = ["SWEEP_FILE", "Sweep", "Variant", "fleet_end", "leave", "sweep_folder"]
 
 SWEEP_FILE = "sweep.json"
 ENDED = "ended"
@@ -151,3 +151,20 @@ def leave(sweep_id: str | None, run_id: str) -> str | None:
         f"kept for sweep {clean(sweep_id, 128)} ({', '.join(parts)} on the fleet): the variant "
         "that ends last decides as the playbook says"
     )
+
+
+def fleet_end(sweep_id: str, records: RunRecords) -> str | None:
+    """How the sweep's fleet ended, in the words of the variant that ended last (its run's
+    ``summary.json`` teardown): what ``fab sweep`` says when it is over. None when no variant's
+    run got that far."""
+    ended = [r for r in records.of_sweep(sweep_id) if r.ended_at is not None and r.run_dir]
+    for record in sorted(ended, key=lambda r: r.ended_at or 0.0, reverse=True):
+        try:
+            with (Path(record.run_dir or "") / "summary.json").open("rb") as fh:
+                summary = json.loads(fh.read(MAX_SWEEP_BYTES + 1))
+            message = summary["teardown"]["message"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(message, str):
+            return f"{clean(message, 600)} (run {clean(record.id, 100)}, the last variant to end)"
+    return None
