@@ -322,6 +322,9 @@ class FakeConnection:
         name = self.host.name
         if " - cheap " in command or " - full " in command:
             return CommandResult(name, 0, self.probe_answer(command), "")
+        if command.startswith('while IFS= read -r kv; do export "$kv"; done && cd "$HOME" && '):
+            self.node.fleet.uploads.append((name, shlex.split(command.split("&& ", 2)[2])))
+            return CommandResult(name, 0, "", "")  # a bucket upload whose key comes on stdin
         if command.startswith("sh -c ") and "FLEETRUN_PULL=" in command:  # the container image pull
             node.pull_inputs.append(data)
             if node.script.pull_error is not None:
@@ -684,9 +687,13 @@ def run_on_fake_fleet(
     spares: tuple[Host, ...] = (),
     keep_warm_s: float | None = None,
     container: dict[str, Any] | None = None,
+    hold: Any = None,
+    sweep_id: str | None = None,
+    on_end: list[str] | None = None,
 ) -> FakeRun:
     """Plan a 2-node torchrun job for ``inventory`` and run it through the real life cycle
-    (``launch.run.lifecycle.execute``), the fake fleet and the fake clock in its context."""
+    (``launch.run.lifecycle.execute``), the fake fleet and the fake clock in its context
+    (``hold``: the run's ``QueueHold``, or a stand-in recording what recovery asks of it)."""
     from launch.cli.app import make_plan
     from launch.run.lifecycle import execute, state_for
     from launch.run.provenance import file_sha256
@@ -707,9 +714,14 @@ def run_on_fake_fleet(
         min_nodes=min_nodes,
         keep_warm_s=keep_warm_s,
         container=container,
+        on_end=on_end,
     )
     plan = make_plan(spec, inventory, run_id="fake-run-1")
     folder = RunFolder.create(plan.run_id, base=tmp_path / "runs")
+    if on_end:  # allowed, as start_run saves them after fab train --allow-local-hooks
+        from launch.run.hooks import LocalHooks, save_on_end
+
+        save_on_end(folder.path, spec, LocalHooks(True, "allowed (the tests)", str(playbook)))
     records = records or RunRecords(tmp_path / "runs.db")
     records.start(
         run_id=plan.run_id,
@@ -720,6 +732,7 @@ def run_on_fake_fleet(
         launcher=spec.launcher,
         run_dir=str(folder.path),
         started_at=clock.now,
+        sweep_id=sweep_id,
     )
     fleet = FakeFleet(inventory.hosts, job, clock)
     reporter = reporter or RecordingReporter()
@@ -739,7 +752,10 @@ def run_on_fake_fleet(
         ),
         clock=clock,
         ask_keep_running=ask_keep_running,
+        hold=hold,
     )
-    state = state_for(spec, plan, inventory, tmp_path / "known_hosts", folder.path, now=clock.now)
+    state = state_for(
+        spec, plan, inventory, tmp_path / "known_hosts", folder.path, now=clock.now, sweep_id=sweep_id
+    )
     summary = execute(ctx, state)
     return FakeRun(summary, fleet, records, reporter, folder.path, clock, playbook)

@@ -8,8 +8,10 @@ collection (what a checkout's ``fabfile.py`` gets where Fabric's script was inst
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -139,6 +141,26 @@ def test_a_shared_option_is_one_definition_in_every_command() -> None:
     for param, by_task in seen.items():
         assert len(set(by_task.values())) == 1, (param, by_task)
     assert set(seen["inventory"]) >= {"train", "plan", "sweep", "doctor", "exec", "queue"}
+
+
+NAME_SUFFIXES = re.compile(r"-(id|ids|name|file|dir|path|count)$")
+"""What a second spelling of one option's name tends to add (``--sweep-id`` beside ``--sweep``)."""
+
+
+def test_one_thing_has_one_name_in_every_command() -> None:
+    """Every task's options walked: two commands that name one thing differently (``fab train
+    --sweep-id ID`` and ``fab runs --sweep ID`` both meant a sweep's id) fail, as do two
+    spellings of a shared option (``--allow-paths``, ``--overrides``) beside the shared one."""
+    spellings: dict[str, set[str]] = {}
+    for name in TASKS:
+        for arg in _arguments(name):
+            long = arg.names[0]
+            spellings.setdefault(NAME_SUFFIXES.sub("", long), set()).add(long)
+            for option in SHARED.values():
+                if long != option.flag:
+                    close = difflib.SequenceMatcher(None, long, option.flag).ratio() >= 0.8
+                    assert not close and arg.help != option.help, (name, long, option.flag)
+    assert not {k: v for k, v in spellings.items() if len(v) > 1}
 
 
 def test_every_command_that_reads_a_playbook_takes_the_playbook_options() -> None:

@@ -257,6 +257,11 @@ def test_the_end_of_a_run_says_why_a_profiled_rank_left_no_trace(tmp_path: Path)
         (["local.up", "--vm=yes"], ("local.up: unexpected argument 'yes'",)),
         (["train", "a.yaml", "b.yaml"], ("train: unexpected argument 'b.yaml'",)),
         (["--list", "nowhere"], ("--list", "nowhere")),
+        (["train", "job.yaml", "--set"], ("train: --set needs a value",)),  # once ignored: no change
+        (["train", "job.yaml", "--set", "--dry-run"], ("train: --set needs a value",)),
+        (["plan", "job.yaml", "-s", "nodes=2", "-s"], ("plan: --set needs a value",)),
+        (["sweep", "job.yaml", "--grid", "--parallel", "2"], ("sweep: --grid needs a value",)),
+        (["export", "job.yaml", "--allow-path"], ("export: --allow-path needs a value",)),
     ],
 )
 def test_every_parse_error_is_one_line_and_exit_2(
@@ -415,3 +420,23 @@ def test_doctor_accepts_allow_path(
     args = ["doctor", str(playbook), "-i", str(inventory)]
     code, out, err = _refused_then_accepted(make, args, code_dir, capsys)
     assert_one_error_line(code, out, err, "doctor reached the fleet: n0, n1")
+
+
+@PROGRAMS
+def test_doctor_refuses_a_bad_playbook_before_it_reads_the_inventory(
+    make: Callable[[], Program],
+    outside: tuple[Path, Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``fab doctor PLAYBOOK`` names the playbook's problem first: its inventory (here a local
+    fleet that is not up) is not read, nor its fleet's health asked (a scheduler's login host)."""
+    from launch.cli import app
+
+    def not_read(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("the inventory was read before the playbook")
+
+    monkeypatch.setattr(app, "load_inventory", not_read)
+    playbook, code_dir, _inventory = outside
+    code, out, err = run_cli(make, ["prog", "doctor", str(playbook), "-i", "local:frnone"], capsys)
+    assert_one_error_line(code, out, err, f"--allow-path {code_dir}")

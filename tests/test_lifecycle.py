@@ -394,6 +394,17 @@ def test_cost_cap_warning_uses_the_real_price(tmp_path: Path) -> None:
     assert len(unpriced) == 1 and "cannot fire" in unpriced[0]
 
 
+def test_keep_warm_on_a_fleet_that_cannot_keep_it_is_said_at_launch(tmp_path: Path) -> None:
+    """``keep_warm_s`` on lab machines or a Slurm allocation was ignored without a word."""
+    from launch.fleets.kinds.refs import LocalFleetRef
+    from launch.job.spec import JobSpec
+
+    spec = JobSpec(name="j", workdir=tmp_path, entrypoint="python t.py", keep_warm_s=600)  # type: ignore[arg-type]
+    (line,) = opening.launch_warnings(spec, fake_inventory(1))
+    assert line.startswith("keep_warm_s 600: a lab fleet is not kept warm") and "(always)" in line
+    assert opening.launch_warnings(spec, fake_inventory(1, fleet=LocalFleetRef(prefix="frw"))) == []
+
+
 def test_fab_show_runs_and_logs_read_back_a_fake_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from launch.cli import runs as history
 

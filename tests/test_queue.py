@@ -258,3 +258,23 @@ def test_a_nesting_bomb_in_the_listing_is_skipped_not_a_recursion_error() -> Non
     text = f'QUEUE {bomb}\nQUEUE-SKIP {bomb}\nQUEUE-SKIP "a note"\n'
     assert parse_listing(text) == []
     assert skipped_notes(text) == ["a note"]
+
+
+def test_the_last_leave_removes_the_users_emptied_folder_and_an_enqueue_makes_it_again() -> None:
+    """A run that ends leaves no trace of the queue on the machine (the peers bench found every
+    node's ``/tmp`` still holding ``fleetrun-queue-<host>.u<uid>`` after teardown); a folder that
+    still holds another run's entry stays."""
+    top = Path(tempfile.mkdtemp(prefix="fleetrun-queue-test-"))
+    try:
+        top.chmod(0o1777)
+        _script(top, "enqueue", "run-a")
+        _script(top, "enqueue", "run-b")
+        (folder,) = [p for p in top.iterdir() if p.name.startswith("fleetrun-queue-")]
+        _script(top, "leave", "run-a")
+        assert folder.is_dir(), "run-b's entry is still in it"
+        _script(top, "leave", "run-b")
+        assert list(top.iterdir()) == [], "the emptied folder went with the last entry"
+        again = parse_listing(_script(top, "enqueue", "run-c"))
+        assert [e.run_id for e in again] == ["run-c"]
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

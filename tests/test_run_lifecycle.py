@@ -463,6 +463,54 @@ def test_a_spare_bad_at_its_check_is_excluded_and_the_next_one_taken(
     assert run.fleet.nodes["n3"].attempts == ["2"] and "n2" not in run.fleet.nodes  # never trained on
 
 
+class _Hold:
+    """The run's ``QueueHold`` as recovery meets it: ``held`` names the spares another run holds."""
+
+    def __init__(self, held: dict[str, str]) -> None:
+        self.held, self.asked, self.followed = held, list[str](), list[list[str]]()
+        self.released = False
+
+    def refused(self, host: Any, known_hosts: Path) -> str | None:
+        self.asked.append(host.name)
+        return self.held.get(host.name)
+
+    def follow(self, hosts: list[Any], known_hosts: Path) -> None:
+        self.followed.append([h.name for h in hosts])
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_spare_another_run_holds_is_passed_over_not_excluded_and_the_hold_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spare is a shared machine: recovery holds it before taking it (``QueueHold.refused``);
+    one another run holds is passed over (said, recorded as not taken) but not excluded (it is
+    not bad: free again later); the next attempt's hosts are what the run then holds."""
+    monkeypatch.setattr(
+        LocalFleetKind, "renew", lambda *a, **k: pytest.fail("renewed while a spare was left")
+    )
+    hold = _Hold({"n2": "held by another run (n2: behind run-x (ann@lap))"})
+    reporter = RecordingReporter()
+    run = run_with_two_spares(
+        tmp_path,
+        monkeypatch,
+        gpu_fault_on_n1(),
+        inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
+        reporter=reporter,
+        hold=hold,
+    )
+    assert (run.summary.outcome, run.summary.rule) == ("succeeded", "completed"), run.summary.reason
+    first, second = attempts_of(run)
+    assert second["nodes"] == ["n0", "n3"] and "held by another run" in first["not_taken"]["n2"]
+    assert hold.asked == ["n2", "n3"] and hold.followed == [["n0", "n3"]]
+    excluded = json.loads((run.folder / "hosts.json").read_text())["excluded"]
+    assert set(excluded) == {"n1"}, "a held spare is not bad: not excluded"
+    assert any("spare n2: not taken, held by another run" in line for line in reporter.lines)
+    assert "n2" not in run.fleet.nodes, "never trained on"
+    assert hold.released, "let go once the run's teardown is over"
+
+
 def test_every_spare_bad_and_a_fixed_size_ends_the_run_naming_each(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

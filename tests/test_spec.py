@@ -245,6 +245,8 @@ def test_the_dry_run_names_the_workdir_it_would_send(tmp_path: Path) -> None:
         ("stop: {plateau_unit: records}", "stop.plateau_unit", "stop.plateau_patience"),
         ("stop: {gpu_idle_percent: 20}", "stop.gpu_idle_percent", "stop.gpu_idle_timeout_s"),
         ("stop: {max_cost_usd: 5, price_per_node_hour: 0}", "stop.max_cost_usd", "stop.price_per_node_hour"),
+        ("keep_warm_s: 600\nteardown: never", "keep_warm_s", "teardown"),
+        ("recovery: {on: [node_lost, gpu_fault]}", "recovery.on", "recovery.max_restarts"),
     ],
 )
 def test_settings_that_cannot_take_effect_together_are_one_line_naming_both(
@@ -266,6 +268,9 @@ def test_settings_that_cannot_take_effect_together_are_one_line_naming_both(
         "stop: {plateau_patience: 5, plateau_min_delta: 0.1, plateau_unit: records}",
         "stop: {gpu_idle_percent: 20, gpu_idle_timeout_s: 600}",
         "stop: {max_cost_usd: 5, price_per_node_hour: 2.5}",
+        "keep_warm_s: 600\nteardown: on_success",
+        "recovery: {max_restarts: 0, on: [node_lost]}",  # written off on purpose
+        "recovery: {max_restarts: 2}",  # the default losses
     ],
 )
 def test_settings_that_work_together_are_accepted(tmp_path: Path, sections: str) -> None:

@@ -329,7 +329,7 @@ args = sys.argv[1:]
 sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
 db = Path(os.environ["FLEETRUN_HOME"]) / "runs.db"
 with RunRecords(db) as records:  # as fab train records its run
-    run = records.start(sweep_id=args[args.index("--sweep-id") + 1], overrides=overrides_record(parse_overrides(sets)))
+    run = records.start(sweep_id=args[args.index("--sweep") + 1], overrides=overrides_record(parse_overrides(sets)))
 with open(sys.argv[0] + ".started", "a") as out:
     out.write("x\\n")
 def interrupted(*_args):
@@ -388,3 +388,54 @@ def test_ctrl_c_waits_for_every_running_variant_to_wrap_up(tmp_path: Path) -> No
     (saved,) = (tmp_path / "home" / "sweeps").glob("*/sweep.json")
     states = [v["state"] for v in json.loads(saved.read_text())["variants"]]
     assert states == ["stopped", "stopped", "not started", "not started"], states
+
+
+LEAVING_TRAIN = """
+import sys, time
+from launch.run import sweeps
+args = sys.argv[1:]
+sweep = args[args.index("--sweep") + 1]
+sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+time.sleep(0.3)
+held = sweeps.leave(sweep, "run-" + sets[0])  # what the variant's wrap-up asks at its end
+with open(sys.argv[0] + ".ends", "a") as out:
+    out.write(f"{sets[0]}|{held}\\n")
+"""
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_each_variant_leaves_the_fleet_to_the_sweep_and_the_last_one_decides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: int
+) -> None:
+    """The orchestration with its real sweep.json: each stand-in for ``fab train`` asks at its end,
+    as a variant's wrap-up does, whether the sweep still needs the fleet; every variant but the
+    one that ends last is told to keep it (for the variants to start, or the other slot's still
+    running), and exactly one, the last, decides as the playbook says."""
+    from launch.cli import sweep as sweeping
+    from tests.conftest import SAMPLE_HOST_KEYS
+
+    fake = tmp_path / "leaving_train.py"
+    fake.write_text(LEAVING_TRAIN)
+    monkeypatch.setattr(sweeping, "_fab", lambda: [sys.executable, str(fake)])
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    playbook = write_playbook(tmp_path / "job.yaml", workdir, nodes=1, teardown="always")
+    hosts = [
+        {"name": f"n{i}", "address": f"203.0.113.{i + 1}", "user": "u", "host_key": SAMPLE_HOST_KEYS[i]}
+        for i in range(2)
+    ]
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(json.dumps({"hosts": hosts}))
+    grid = ["hyperparameters.lr=0.1,0.2,0.3,0.4"]
+    result = sweeping.run_sweep(
+        str(playbook), grid, inventory=str(inventory), parallel=parallel, say=lambda _l: None
+    )
+    assert [v.state for v in result.variants] == ["succeeded"] * 4
+    ends = [line.split("|", 1) for line in (tmp_path / "leaving_train.py.ends").read_text().splitlines()]
+    assert len(ends) == 4 and [held for _sets, held in ends].count("None") == 1, ends
+    kept = [held for _sets, held in ends if held != "None"]
+    assert all(h.startswith(f"kept for sweep {result.sweep_id} (") for h in kept), kept
+    if parallel == 1:  # one after another: the last to start is the last to end
+        assert ends[-1] == ["hyperparameters.lr=0.4", "None"] and "3 variant(s) to start" in ends[0][1]

@@ -16,7 +16,6 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from launch.cli.runs import open_records
 from launch.errors import SpecError
 from launch.fleets.kinds.registry import fleet_kind
 from launch.fleets.select import load_inventory, local_fleet
@@ -40,37 +39,19 @@ DEFAULT_RDZV_PORT = JobSpec.model_fields["rdzv_port"].default
 
 def train(
     playbook: str | Path,
-    inventory: str | None = None,
+    *,
     dry_run: bool = False,
     console: Console | None = None,
-    poll_interval: float = 1.0,
-    teardown: str | None = None,
     ask_on_interrupt: bool = True,
-    allow_busy_gpus: bool = False,
-    skip_doctor: bool = False,
-    overrides: Sequence[str] = (),
-    hosts: Sequence[str] = (),
-    sweep_id: str | None = None,
-    wait: bool = False,
-    allow_paths: tuple[Path, ...] = (),
-    allow_local_hooks: bool = False,
+    **request: Any,
 ) -> RunResult | LaunchPlan:
-    """``fab train``: the run's request (``launch.run.opening.RunRequest`` says what each option
-    does), its preparation (hosts, plan), then the run's life cycle from the queue turn to the
-    last hook (``opening.launch``). ``--dry-run`` prints the plan and stops."""
-    console = console or Console()
-    reporter = RichReporter(console)
-    request = RunRequest(
-        playbook, inventory, tuple(overrides), teardown, tuple(hosts), sweep_id, wait,
-        allow_busy_gpus, skip_doctor, allow_paths, allow_local_hooks, poll_interval,
-    )  # fmt: skip
-    prepared = opening.prepare(request, reporter, dry_run=dry_run)
-    if dry_run:
-        console.print(prepared.plan.render(), markup=False, highlight=False, soft_wrap=True)
-        return prepared.plan
+    """``fab train``: the run's request (``request``: the fields of ``launch.run.opening.RunRequest``,
+    which says what each does) handed to the run's front door (``opening.run``): its preparation
+    (hosts, plan), then its life cycle from the queue turn to the last hook. ``--dry-run`` prints
+    the plan and stops. What to do on Ctrl-C is asked on this terminal."""
+    reporter = RichReporter(console or Console())
     ask = ask_keep_running_on_terminal(reporter) if ask_on_interrupt else None
-    with open_records() as records:
-        return opening.launch(prepared, records, reporter, ask)
+    return opening.run(RunRequest.of(playbook, **request), reporter, ask, dry_run=dry_run)
 
 
 def doctor(
@@ -105,6 +86,8 @@ def doctor(
         )
     if gpu_diag and gpu_diag not in checks.DIAG_LEVELS:
         raise SpecError(f"--gpu-diag {gpu_diag}: expected 1 (seconds), 2 (about 2 minutes) or 3 (about 15)")
+    # the playbook first: bad input is refused before the inventory is read or anything contacted
+    spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths) if playbook else None
     inv = load_inventory(inventory)
     fleet_ok = True
     for level, line in fleet_kind(inv.fleet).health():  # a scheduler's login host and partition
@@ -115,8 +98,7 @@ def doctor(
     rdzv_port = DEFAULT_RDZV_PORT
     nodes = None
     container = None
-    if playbook is not None:
-        spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths)
+    if spec is not None:
         nodes = spec.nodes
         inv = inv if len(inv.hosts) > spec.nodes else inv.first(spec.nodes)
         rdzv_port = spec.rdzv_port

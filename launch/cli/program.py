@@ -159,6 +159,27 @@ class FleetrunProgram(Program):  # type: ignore[misc]
     def parse_tasks(self) -> None:
         with self._usage_errors():
             super().parse_tasks()
+            self._check_repeatable_values(list(self.core.unparsed))
+
+    def _check_repeatable_values(self, tokens: list[str]) -> None:
+        """A repeatable option (``--set``, ``--allow-path``, ``--grid``) given without its value,
+        last or before another option: a parse error. Invoke starts such an option's value as an
+        empty list, which its parser takes for a value given, so ``fab train job.yaml --set``
+        used to run with no change at all."""
+        contexts = self.parser.contexts
+        context: Any = None
+        waiting: str | None = None
+        for token in tokens:
+            if waiting is not None:
+                if token in context.flags or token == "--":
+                    raise ParseError(f"Flag <list: {waiting}> needed value and was not given one!", context)
+                waiting = None
+            elif token in contexts:
+                context = contexts[token]
+            elif context is not None and token in context.flags and context.flags[token].kind is list:
+                waiting = context.flags[token].names[0]
+        if waiting is not None:
+            raise ParseError(f"Flag <list: {waiting}> needed value and was not given one!", context)
 
     def parse_cleanup(self) -> None:
         with self._usage_errors():

@@ -27,7 +27,7 @@ from launch.reports.views import runs_table, show_run
 from launch.run import lifecycle
 from launch.run.records import RunRecord
 from launch.run.reporter import RichReporter
-from launch.run.run_folder import read_log_text
+from launch.run.run_folder import read_log_text, read_teardown
 from launch.run.summary import RunSummary
 from launch.run.target import WatchTarget
 from launch.transport.ssh import Fleet
@@ -45,7 +45,8 @@ def show(run: str, console: Console) -> RunRecord:
     with open_records() as records:
         records.mark_stale_as_interrupted(time.time())
         record = find_run(records, run)
-    console.print(show_run(record))
+    teardown = read_teardown(Path(record.run_dir)) if record.run_dir else None
+    console.print(show_run(record, teardown=teardown))
     return record
 
 

@@ -9,13 +9,13 @@ records (``fab runs --sweep ID``, ``fab compare sweep:ID``).
 With ``--parallel K`` the inventory's hosts are cut into K slots of the playbook's ``nodes``
 hosts each (in inventory order), and each slot runs its share of the variants one after another:
 no two variants ever share a node, and each run keeps its own rendezvous port and run directory.
-Each variant is its own ``fab train`` process (its own watcher, on-node watchdog and record),
-one run through the one life cycle, hooks included; its ``--sweep-id`` makes the run keep the
-fleet for the next variant (``launch.run.opening.teardown_policy``), and the playbook's teardown
-policy, and its ``keep_warm_s``, are applied once, when the sweep is over
-(``launch.run.lifecycle.end_sweep``). Ctrl-C stops the whole sweep: no new variant starts, each
-running one stops and wraps up (pull, record) as ``fab train`` does without a terminal to ask,
-and the sweep's own file says which variants never started.
+``run_sweep`` is a loop over those runs: each variant is its own ``fab train`` process (its own
+watcher, on-node watchdog and record), one run through the one life cycle, hooks, teardown and
+``keep_warm_s`` included, ending as ``fab train`` ends; while the sweep still needs the fleet, a
+variant's end keeps it for the others, and the one that ends last decides as the playbook says
+(``launch.run.sweeps``, from this sweep's ``sweep.json``). Ctrl-C stops the whole sweep: no new
+variant starts, each running one stops and wraps up (pull, record) as ``fab train`` does without
+a terminal to ask, and the sweep's own file says which variants never started.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,42 +37,10 @@ from launch.job.overrides import overrides_record, parse_overrides
 from launch.paths import fleetrun_home
 from launch.planning.sweep_plan import plan_sweep, slots_of, variant_outcome
 from launch.reports.safe_text import clean
+from launch.run.records import RunRecords
+from launch.run.sweeps import Sweep, Variant, fleet_end, sweep_folder
 
-
-@dataclass
-class Variant:
-    """One combination of the grid: its ``--set`` items, and what became of it."""
-
-    index: int
-    sets: list[str]
-    slot: int | None = None
-    state: str = (
-        "pending"  # pending, running, not started, or its run's: succeeded, failed, stopped, interrupted
-    )
-    exit_code: int | None = None
-    log: str = ""
-
-
-@dataclass
-class Sweep:
-    """What a sweep ran, written to ``$FLEETRUN_HOME/sweeps/<id>.json`` as it goes."""
-
-    sweep_id: str
-    playbook: str
-    variants: list[Variant]
-    slots: list[list[str]]
-    state: str = "running"
-    started_at: float = field(default_factory=time.time)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "sweep_id": self.sweep_id,
-            "playbook": self.playbook,
-            "state": self.state,
-            "started_at": self.started_at,
-            "slots": self.slots,
-            "variants": [v.__dict__ for v in self.variants],
-        }
+__all__ = ["Sweep", "Variant", "recorded_state", "run_sweep"]
 
 
 def _fab() -> list[str]:
@@ -87,8 +54,6 @@ def _fab() -> list[str]:
 def recorded_state(sweep_id: str, sets: Sequence[str]) -> str | None:
     """The state in the record of the sweep's run made with these ``--set`` items (each variant's
     are its own), or None when its ``fab train`` wrote no record (refused before it started)."""
-    from launch.run.records import RunRecords
-
     wanted = json.dumps(overrides_record(parse_overrides(sets)), sort_keys=True, default=repr)
     with RunRecords(fleetrun_home() / "runs.db") as records:
         for record in records.of_sweep(sweep_id):
@@ -123,158 +88,161 @@ def run_sweep(
     every variant as for ``fab train``."""
     from launch.fleets.select import load_inventory
     from launch.run.hooks import local_hooks_verdict
-    from launch.run.lifecycle import end_sweep
 
     path = resolve_playbook(playbook)
     planned = plan_sweep(
-        path,
-        grid_items,
-        sets,
-        sample=sample,
-        seed=seed,
-        parallel=parallel,
-        max_failures=max_failures,
+        path, grid_items, sets, sample=sample, seed=seed, parallel=parallel, max_failures=max_failures,
         allowed=allow_paths,
-    )  # every variant valid before any starts
-    spec = planned.spec
+    )  # fmt: skip  # every variant valid before any starts
     for line in planned.repeated:
         say(f"warning: {line}")
     inv = load_inventory(inventory)
     if allow_local_hooks:
-        verdict = local_hooks_verdict(path, spec, allow=True, record=True)
+        verdict = local_hooks_verdict(path, planned.spec, allow=True, record=True)
         say(f"on_end hooks of {verdict.playbook}: {verdict.why}")
-    slots = slots_of([h.name for h in inv.hosts], spec.nodes, parallel)
-    sweep = Sweep(
-        sweep_id=time.strftime("sw-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2),
-        playbook=str(path),
-        variants=[Variant(i, items) for i, items in enumerate(planned.variants)],
-        slots=slots,
-    )
-    folder = fleetrun_home() / "sweeps" / sweep.sweep_id
-    folder.mkdir(parents=True, exist_ok=True)
-    record = folder / "sweep.json"
-    guard = threading.Lock()
-    stopping = threading.Event()
-    children: dict[int, subprocess.Popen[bytes]] = {}
-
-    def save() -> None:
-        tmp = record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(sweep.to_json(), indent=2))
-        tmp.replace(record)
-
-    queue = list(sweep.variants)
-
-    ended_as: list[str] = []
-
-    def stop_all(state: str) -> None:
-        """No new variant starts; each running one gets the Ctrl-C ``fab train`` wraps up on."""
-        if not stopping.is_set():
-            ended_as.append(state)
-        stopping.set()
-        with guard:
-            for child in children.values():
-                with contextlib.suppress(OSError):
-                    child.send_signal(signal.SIGINT)
-
-    def next_variant() -> Variant | None:
-        with guard:
-            if stopping.is_set() or not queue:
-                return None
-            return queue.pop(0)
-
-    finished: list[int] = []
-
-    def worker(slot: int) -> None:
-        try:
-            run_slot(slot)
-        finally:
-            with guard:
-                finished.append(slot)
-
-    def run_slot(slot: int) -> None:
-        while (variant := next_variant()) is not None:
-            log = folder / f"variant-{variant.index}.log"
-            argv = [*_fab(), "train", str(path), "--inventory", inventory]
-            argv += ["--hosts", ",".join(slots[slot]), "--sweep-id", sweep.sweep_id]
-            for allowed in allow_paths:
-                argv += ["--allow-path", str(allowed)]
-            for item in variant.sets:
-                argv += ["--set", item]
-            with guard:
-                variant.slot, variant.state, variant.log = slot, "running", str(log)
-                save()
-            say(f"  variant {variant.index} on {','.join(slots[slot])}: {' '.join(variant.sets)}")
-            with open(log, "wb") as out:
-                # its own process group: a Ctrl-C here reaches it once, from run_sweep, not twice
-                child = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-                with guard:
-                    children[variant.index] = child
-                if stopping.is_set():
-                    child.send_signal(signal.SIGINT)
-                code = child.wait()
-            with guard:
-                children.pop(variant.index, None)
-                variant.exit_code = code
-                variant.state = variant_outcome(code, recorded_state(sweep.sweep_id, variant.sets))
-                save()
-                failed = sum(v.state in ("failed", "stopped", "interrupted") for v in sweep.variants)
-                over_budget = max_failures > 0 and failed >= max_failures and not stopping.is_set()
-            say(f"  variant {variant.index}: {variant.state} (log {log})")
-            if over_budget:
-                say(
-                    f"{failed} variant(s) did not succeed (--max-failures {max_failures}): stopping the sweep"
-                )
-                stop_all("stopped")
-
+    sweep_id = time.strftime("sw-%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+    slots = slots_of([h.name for h in inv.hosts], planned.spec.nodes, parallel)
+    sweep = Sweep(sweep_id, str(path), [Variant(i, items) for i, items in enumerate(planned.variants)], slots)
+    argv = [*_fab(), "train", str(path), "--inventory", inventory, "--sweep", sweep_id]
+    argv += [a for allowed in allow_paths for a in ("--allow-path", str(allowed))]
+    runner = SweepRunner(sweep, argv, max_failures, say)
     say(
-        f"sweep {sweep.sweep_id}: {len(sweep.variants)} variant(s) of {clean(spec.name, 100)}, {parallel} at a time "
-        f"on {len(slots)} slot(s) of {spec.nodes} node(s); fab runs --sweep {sweep.sweep_id}"
+        f"sweep {sweep_id}: {len(sweep.variants)} variant(s) of {clean(planned.spec.name, 100)}, {parallel} at "
+        f"a time on {len(slots)} slot(s) of {planned.spec.nodes} node(s); fab runs --sweep {sweep_id}"
     )
-    save()
-    threads = [threading.Thread(target=worker, args=(i,), name=f"sweep-slot-{i}") for i in range(parallel)]
-    for thread in threads:
-        thread.start()
-
-    def all_done() -> bool:
-        with guard:
-            return len(finished) == len(threads)
-
-    # The workers say when they are done; the threads are joined only then. (A Ctrl-C that lands
-    # inside ``Thread.join`` can leave a live thread reading as dead, and the sweep would end
-    # before its running variants had wrapped up.)
-    try:
-        while not all_done():
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        say("interrupted: no new variant starts; the running ones stop and wrap up")
-        stop_all("interrupted")
-        while not all_done():
-            try:
-                time.sleep(0.5)
-            except KeyboardInterrupt:
-                say("still wrapping up the running variants (their records and pulls); please wait")
-    for thread in threads:
-        thread.join()
-    with guard:
-        for variant in sweep.variants:
-            if variant.state == "pending":
-                variant.state = "not started"
-        sweep.state = ended_as[0] if ended_as else "finished"
-        save()
-    ok = all(v.state == "succeeded" for v in sweep.variants)
-    say(f"sweep over: teardown: {end_sweep(inv, spec, ok, sweep.sweep_id, folder, say)}")
+    runner.run_all()
+    with RunRecords(fleetrun_home() / "runs.db") as records:
+        ended = fleet_end(sweep_id, records)
+    if ended is not None:
+        say(f"fleet: {ended}")
     counts: dict[str, int] = {}
     for variant in sweep.variants:
         counts[variant.state] = counts.get(variant.state, 0) + 1
     say(
-        f"sweep {sweep.sweep_id} {sweep.state}: "
+        f"sweep {sweep_id} {sweep.state}: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
-        + f"; compare: fab compare sweep:{sweep.sweep_id}"
+        + f"; compare: fab compare sweep:{sweep_id}"
     )
     return sweep
+
+
+class SweepRunner:
+    """The loop over a sweep's variant runs: one thread per slot takes the next variant and runs
+    it as ``fab train`` on the slot's hosts, until none is left or the sweep stops (Ctrl-C,
+    ``--max-failures``); ``sweep.json`` says as it goes what each variant is doing, which is what
+    a variant's end reads to know whether the sweep still needs the fleet."""
+
+    def __init__(self, sweep: Sweep, argv: list[str], max_failures: int, say: Callable[[str], None]) -> None:
+        folder = sweep_folder(sweep.sweep_id)
+        assert folder is not None, "a sweep id this module made names a folder"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.sweep, self.argv, self.max_failures, self.say, self.folder = (
+            sweep,
+            argv,
+            max_failures,
+            say,
+            folder,
+        )
+        self.guard = threading.Lock()
+        self.queue = list(sweep.variants)
+        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.finished: list[int] = []
+        self.ended_as: list[str] = []
+
+    def save(self) -> None:
+        self.sweep.save(self.folder)
+
+    def run_all(self) -> None:
+        """Every slot's thread until the sweep is over; a Ctrl-C stops it and waits for the
+        running variants to wrap up. The workers say when they are done and the threads are
+        joined only then (a Ctrl-C inside ``Thread.join`` can leave a live thread reading as dead)."""
+        self.save()
+        slots = range(len(self.sweep.slots))
+        threads = [threading.Thread(target=self.worker, args=(i,), name=f"sweep-slot-{i}") for i in slots]
+        for thread in threads:
+            thread.start()
+        try:
+            while not self.all_done(len(threads)):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            self.say("interrupted: no new variant starts; the running ones stop and wrap up")
+            self.stop_all("interrupted")
+            while not self.all_done(len(threads)):
+                try:
+                    time.sleep(0.5)
+                except KeyboardInterrupt:
+                    self.say("still wrapping up the running variants (their records and pulls); please wait")
+        for thread in threads:
+            thread.join()
+        with self.guard:
+            for variant in self.sweep.variants:
+                if variant.state == "pending":
+                    variant.state = "not started"
+            self.sweep.state = self.ended_as[0] if self.ended_as else "finished"
+            self.save()
+
+    def all_done(self, threads: int) -> bool:
+        with self.guard:
+            return len(self.finished) == threads
+
+    def stop_all(self, state: str) -> None:
+        """No new variant starts (said in ``sweep.json`` first, so a variant ending now does not
+        keep the fleet for one that never will); each running one gets the Ctrl-C ``fab train``
+        wraps up on."""
+        with self.guard:
+            if self.sweep.state == "running":
+                self.ended_as.append(state)
+                self.sweep.state = "stopping"
+                self.save()
+            for child in self.children.values():
+                with contextlib.suppress(OSError):
+                    child.send_signal(signal.SIGINT)
+
+    def next_variant(self, slot: int) -> Variant | None:
+        with self.guard:
+            if self.sweep.state != "running" or not self.queue:
+                return None
+            variant = self.queue.pop(0)
+            variant.slot, variant.state = slot, "running"
+            variant.log = str(self.folder / f"variant-{variant.index}.log")
+            self.save()
+            return variant
+
+    def worker(self, slot: int) -> None:
+        try:
+            while (variant := self.next_variant(slot)) is not None:
+                self.run_variant(variant, self.sweep.slots[slot])
+        finally:
+            with self.guard:
+                self.finished.append(slot)
+
+    def run_variant(self, variant: Variant, hosts: list[str]) -> None:
+        """One variant's ``fab train`` on ``hosts``, to its end; then what became of it."""
+        argv = [*self.argv, "--hosts", ",".join(hosts)]
+        argv += [a for item in variant.sets for a in ("--set", item)]
+        self.say(f"  variant {variant.index} on {','.join(hosts)}: {' '.join(variant.sets)}")
+        with open(variant.log, "wb") as out:
+            # its own process group: a Ctrl-C here reaches it once, from the sweep, not twice
+            child = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            with self.guard:
+                self.children[variant.index] = child
+                variant.pid = child.pid
+                self.save()
+                if self.sweep.state != "running":
+                    child.send_signal(signal.SIGINT)
+            code = child.wait()
+        with self.guard:
+            self.children.pop(variant.index, None)
+            variant.exit_code, variant.pid = code, None
+            variant.state = variant_outcome(code, recorded_state(self.sweep.sweep_id, variant.sets))
+            self.save()
+            failed = sum(v.state in ("failed", "stopped", "interrupted") for v in self.sweep.variants)
+            over_budget = 0 < self.max_failures <= failed and self.sweep.state == "running"
+        self.say(f"  variant {variant.index}: {variant.state} (log {variant.log})")
+        if over_budget:
+            self.say(
+                f"{failed} variant(s) did not succeed (--max-failures {self.max_failures}): stopping the sweep"
+            )
+            self.stop_all("stopped")

@@ -13,14 +13,37 @@ happens to sit beside another setting is not a contradiction the user made.
 from __future__ import annotations
 
 from launch.rules.recovery import RecoveryPolicy
-from launch.rules.stoprules import StopRules
+from launch.rules.stoprules import StopRules, Teardown
 
 
-def contradictions(stop: StopRules, recovery: RecoveryPolicy) -> list[tuple[str, str]]:
+def contradictions(
+    stop: StopRules,
+    recovery: RecoveryPolicy,
+    *,
+    teardown: Teardown = Teardown.ALWAYS,
+    keep_warm_s: float | None = None,
+) -> list[tuple[str, str]]:
     """``(field, problem)`` for each pair that cannot take effect together; the problem names
-    the other field and what to change."""
+    the other field and what to change. ``teardown``, ``keep_warm_s``: the playbook's own."""
     found: list[tuple[str, str]] = []
     on = set(recovery.on)
+    if keep_warm_s is not None and Teardown(teardown) is Teardown.NEVER:
+        found.append(
+            (
+                "keep_warm_s",
+                "keeps the fleet warm instead of tearing it down, but field 'teardown' is never, so the "
+                "fleet is never torn down and nothing ends it after the run: set teardown: always (or "
+                "on_success) or remove keep_warm_s",
+            )
+        )
+    if on and "on" in recovery.model_fields_set and "max_restarts" not in recovery.model_fields_set:
+        found.append(
+            (
+                "recovery.on",
+                f"lists {', '.join(recovery.on)}, but field 'recovery.max_restarts' is not set (0), so no "
+                "loss ever starts a new attempt: set recovery.max_restarts (attempts after the first)",
+            )
+        )
     if "gpu_fault" in on and not stop.gpu_fault:
         found.append(
             (

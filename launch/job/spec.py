@@ -205,7 +205,9 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _settings_agree(self) -> JobSpec:
         """Settings of different sections that cannot take effect together (``launch.job.coherence``)."""
-        for field, problem in contradictions(self.stop, self.recovery):
+        for field, problem in contradictions(
+            self.stop, self.recovery, teardown=self.teardown, keep_warm_s=self.keep_warm_s
+        ):
             raise ValueError(f"field '{field}': {problem}")
         return self
 

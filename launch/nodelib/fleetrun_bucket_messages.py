@@ -58,6 +58,7 @@ __all__ = [
     "BucketPointer",
     "Manifest",
     "PreemptionNotice",
+    "env_field",
 ]
 
 MAX_MANIFEST_BYTES = 4 * MiB
@@ -114,13 +115,7 @@ class BucketCommands:
         url = f.data.get("url")
         if not isinstance(url, str) or not _URL_RE.fullmatch(url):
             raise f._fail("url", "a bucket URL such as <scheme>://<bucket>/<prefix>", url)
-        env = f.data.get("env") or {}
-        if not isinstance(env, dict) or len(env) > MAX_BUCKET_ENV:
-            raise f._fail("env", f"an object of at most {MAX_BUCKET_ENV} variables", env)
-        for name, value in env.items():
-            if not _ENV_NAME_RE.fullmatch(name):
-                raise f._fail("env", "upper-case variable names", name)
-            _arg(value, f"env.{name}")
+        env = env_field(f, "env")
         copy = _argv(f, "copy", ("{src}", "{dest}"))
         sync = _argv(f, "sync", ("{src}", "{dest}"))
         if not copy or not sync:
@@ -132,6 +127,20 @@ class BucketCommands:
             remove=_argv(f, "remove", ("{dest}",)),
             env=dict(env),
         )
+
+
+def env_field(f: _Fields, key: str) -> dict[str, str]:
+    """An object of environment variables for a command (upper-case names, bounded values with
+    no newline: they reach a node's shell one per line on stdin, never on a command line)."""
+    env = f.data.get(key) or {}
+    if not isinstance(env, dict) or len(env) > MAX_BUCKET_ENV:
+        raise f._fail(key, f"an object of at most {MAX_BUCKET_ENV} variables", env)
+    for name, value in env.items():
+        if not _ENV_NAME_RE.fullmatch(name):
+            raise f._fail(key, "upper-case variable names", name)
+        if "\n" in _arg(value, f"{key}.{name}"):
+            raise f._fail(key, "values without a newline", name)
+    return dict(env)
 
 
 @dataclass(frozen=True)

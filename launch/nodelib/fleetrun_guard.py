@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
@@ -215,7 +216,13 @@ def _step(label: str, action: Any, fallback: Any) -> Any:
 
 
 def shut_down(
-    run_dir: str, run_id: str, upload_argv: tuple[str, ...], rule: str, reason: str, malformed: int = 0
+    run_dir: str,
+    run_id: str,
+    upload_argv: tuple[str, ...],
+    rule: str,
+    reason: str,
+    malformed: int = 0,
+    upload_env: Mapping[str, str] | None = None,
 ) -> None:
     """Stop the run on this node, upload, record the outcome, run the power-off hook.
 
@@ -226,7 +233,9 @@ def shut_down(
     if hook is not None:  # bounded, and its failure changes nothing below: only logged and recorded
         log(f"before_stop hook: exit {hook['rc']}{' (killed at its timeout)' if hook['timed_out'] else ''}")
     stopped = _step("stopping the run", lambda: fleetrun_node.stop_run(run_id, 10.0, spare=os.getpid()), None)
-    uploaded = _step("the upload", lambda: fleetrun_node.upload(run_dir, upload_argv).upload, "upload failed")
+    uploaded = _step(
+        "the upload", lambda: fleetrun_node.upload(run_dir, upload_argv, upload_env).upload, "upload failed"
+    )
     log(uploaded)
     outcome = protocol.GuardOutcome(
         rule=rule,
@@ -401,9 +410,10 @@ def main(run_dir: str) -> int:
     """Watch, then shut down; on any error of its own, shut down anyway (rule ``guard_error``)."""
     run_id = os.environ.get("FLEETRUN_RUN_ID", "")
     upload_argv: tuple[str, ...] = ()
+    upload_env: Mapping[str, str] = {}
     try:
         cfg = fleetrun_node.read_guard_config(run_dir)
-        run_id, upload_argv = cfg.run_id, cfg.upload_argv
+        run_id, upload_argv, upload_env = cfg.run_id, cfg.upload_argv, cfg.upload_env
         log(
             f"watching run {run_id}; takes over when the watcher is silent for {cfg.watcher_lost_after_s:.0f} s"
         )
@@ -416,7 +426,7 @@ def main(run_dir: str) -> int:
             "no run id (guard.json unreadable and FLEETRUN_RUN_ID unset): cannot tell which processes to stop"
         )
         return 1
-    shut_down(run_dir, run_id, upload_argv, rule, reason, malformed)
+    shut_down(run_dir, run_id, upload_argv, rule, reason, malformed, upload_env)
     return 0
 
 

@@ -49,7 +49,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
@@ -474,8 +474,9 @@ def stopped_processes(run_dir: str) -> int:
     return 0 if root is None else fleetrun_procs.stopped_in_tree(root)
 
 
-def upload(run_dir: str, argv: Sequence[str]) -> protocol.UploadAnswer:
-    """Copy the run directory with ``argv`` (``{src}`` = the run directory), the node's own role.
+def upload(run_dir: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> protocol.UploadAnswer:
+    """Copy the run directory with ``argv`` (``{src}`` = the run directory), the node's own role;
+    ``env`` is added to its environment (a key never goes on its command line).
 
     The command comes from the laptop (``bucket_upload_argv``), so the node knows no cloud.
     Used by the watchdog before a power-off and by the watcher for cloud fleets; a missing CLI or
@@ -490,7 +491,13 @@ def upload(run_dir: str, argv: Sequence[str]) -> protocol.UploadAnswer:
     command = [arg.replace("{src}", run_dir) for arg in argv]
     try:
         proc = subprocess.run(
-            command, capture_output=True, text=True, errors="replace", timeout=3600, check=False
+            command,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=3600,
+            check=False,
+            env={**os.environ, **env} if env else None,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return protocol.UploadAnswer(f"upload to {command[-1]} failed: {exc}", False)

@@ -59,7 +59,9 @@ class GuardConfig:
     watchdog with the run id) and the watchdog. Limits in seconds; None switches a rule off.
     ``expects_metrics``: this node should see the job's metrics appear (the startup-timeout
     rule); ``upload_argv``: the command that copies the run directory to the bucket, with
-    ``{src}`` for the directory (empty: no bucket). The cloud-specific part of an upload is
+    ``{src}`` for the directory (empty: no bucket), and ``upload_env`` what it needs in its
+    environment (the local fleet's S3 key): kept out of the argv, which every user of the node
+    can read in ``ps``; this file is the run directory's (0700). The cloud-specific part of an upload is
     decided on the laptop, so nodes need no per-cloud logic. ``bucket``: the run's checkpoint
     storage commands (``fleetrun_checkpoint``; None: checkpoints stay on the node);
     ``preemption``: which notice poller the watchdog runs (one of ``POLLERS``, "" for none),
@@ -81,6 +83,7 @@ class GuardConfig:
     max_wall_time_s: float | None = None
     unreachable_timeout_s: float | None = None
     upload_argv: tuple[str, ...] = ()
+    upload_env: Mapping[str, str] = field(default_factory=dict)
     bucket: BucketCommands | None = None  # noqa: F405
     preemption: str = ""
     metadata_address: str = "169.254.169.254"
@@ -103,6 +106,7 @@ class GuardConfig:
             "max_wall_time_s": self.max_wall_time_s,
             "unreachable_timeout_s": self.unreachable_timeout_s,
             "upload_argv": list(self.upload_argv),
+            "upload_env": dict(self.upload_env),
             "bucket": None if self.bucket is None else self.bucket.to_dict(),
             "preemption": self.preemption,
             "metadata_address": self.metadata_address,
@@ -143,6 +147,7 @@ class GuardConfig:
             max_wall_time_s=f.positive("max_wall_time_s"),
             unreachable_timeout_s=f.positive("unreachable_timeout_s"),
             upload_argv=upload_argv,
+            upload_env=env_field(f, "upload_env"),  # noqa: F405
             bucket=None if bucket is None else BucketCommands.from_dict(bucket, "guard.json: bucket"),  # noqa: F405
             preemption=str(poller),
             metadata_address=f.address(f.data.get("metadata_address", "169.254.169.254"), "metadata_address"),

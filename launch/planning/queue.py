@@ -24,7 +24,8 @@ An entry is a file named by its arrival time (nanoseconds) and run id, holding J
 (``owner``, user@laptop), the laptop process (``pid``), the GPUs it wants (``gpus``, null for all)
 and its lease (``lease_s``: how long it lives without a refresh). Its laptop refreshes it (its
 mtime) each poll while waiting and every ``lease_s / 4`` while the run runs, and removes it when
-the run ends or on Ctrl-C. The reader checks the lease: an entry not refreshed within it (a
+the run ends or on Ctrl-C (and the user's folder with it once it is empty: a machine is left
+without a trace of the queue). The reader checks the lease: an entry not refreshed within it (a
 laptop that went away: killed, lid closed, network lost) is stale, and one dated in the future
 (its mtime or its name; an honest entry never is, both come from the machine's own clock) is
 skipped too: each with a warning, never blocking the next run for longer than the lease. An
@@ -123,7 +124,11 @@ own = [e for p in mine for e in entries(p, uid) if e[0].split("-", 1)[1] == run_
 if action == "enqueue" and not own:
     name = "%020d-%s" % (time.time_ns(), run_id)
     full = os.path.join(mine[0], name)
-    fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileNotFoundError:  # the folder went empty and was removed by a "leave" of ours just now
+        os.mkdir(mine[0], 0o755); os.chmod(mine[0], 0o755)
+        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     body = {"owner": owner[:200], "pid": int(pid) if pid.isdigit() else 0, "lease_s": lease}
     body["gpus"] = None if gpus == "all" else [int(g) for g in gpus.split(",") if g.isdigit()][:1024]
     os.write(fd, json.dumps(body).encode()); os.close(fd)
@@ -137,6 +142,11 @@ for n, full, st in own:
     except OSError:
         pass
 if action == "leave":
+    for path in mine:  # an emptied folder goes too: a machine is left as the run found it
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass  # another run of this user still has an entry in it
     sys.exit(0)
 now = time.time()
 for path in mine:  # this user's own entries whose lease ran out (a laptop of theirs that went away)

@@ -423,8 +423,11 @@ def overrides_text(overrides: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={fmt_number(v)}" for k, v in list(overrides.items())[:64])
 
 
-def show_run(record: RunRecord, *, now: float | None = None) -> Group:
-    """``fab show <id>``: every field of one run, then the end-of-run summary."""
+def show_run(
+    record: RunRecord, *, now: float | None = None, teardown: tuple[str, str] | None = None
+) -> Group:
+    """``fab show <id>``: every field of one run, then the end-of-run summary. ``teardown``: how
+    the run's fleet ended (state, message: ``summary.json``'s), shown as ``fleet``."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
@@ -437,6 +440,7 @@ def show_run(record: RunRecord, *, now: float | None = None) -> Group:
         ("started", fmt_time(record.started_at)),
         ("ended", fmt_time(record.ended_at)),
         ("state", record.state),
+        *([("fleet", clean(f"{teardown[0]}: {teardown[1]}", 600))] if teardown else []),
         (
             "watcher",
             f"pid {record.watcher_pid} on {record.watcher_host}, heartbeat {fmt_time(record.heartbeat_at)}",

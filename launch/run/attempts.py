@@ -462,6 +462,11 @@ def take_spare(
             say(ctx, f"  spare {spare.name}: not taken, {trouble}; trying the next")
             not_taken.append((spare.name, trouble))
             continue
+        held = spare_held(ctx, state, spare)
+        if held is not None:  # another run's turn on it: not bad, not excluded, just not free
+            say(ctx, f"  spare {spare.name}: not taken, {held}; trying the next")
+            not_taken.append((spare.name, held))
+            continue
         record_exclusion(ctx.folder.path, name, reason)
         say(ctx, f"  {name}: excluded for the rest of the run; spare {spare.name} takes its place")
         return Taken(spare, None, tuple(not_taken))
@@ -529,6 +534,8 @@ def adopt(ctx: RunContext, state: RunState, recovery: Recovery) -> tuple[RunCont
     hook = fleet_kind(inventory.fleet).poweroff_hook()
     new_plan = launcher.plan(spec, inventory, state.plan.run_id, poweroff_hook=hook)
     port = ctx.port.reconnect([n.host for n in new_plan.nodes], known_hosts)
+    if ctx.hold is not None:  # the run holds what it uses: a new machine held, a left one let go
+        ctx.hold.follow([n.host for n in new_plan.nodes], known_hosts)
     fresh = fresh_names(recovery)
     state = replace(
         state,
@@ -546,6 +553,15 @@ def adopt(ctx: RunContext, state: RunState, recovery: Recovery) -> tuple[RunCont
         rdzv_port=None,
     )
     return ctx.with_port(port), state
+
+
+def spare_held(ctx: RunContext, state: RunState, spare: Host) -> str | None:
+    """Hold ``spare`` for the run before it is taken (``QueueHold.refused``), or who holds it: a
+    spare is a shared machine like the run's others, held from its first use to the run's end."""
+    if ctx.hold is None:
+        return None
+    inventory = state.inventory.model_copy(update={"hosts": [spare]})
+    return ctx.hold.refused(spare, inventory.write_known_hosts(known_hosts_file(inventory.fingerprint())))
 
 
 def candidate_trouble(ctx: RunContext, state: RunState, host: Host, reach: bool = True) -> str | None:

@@ -23,14 +23,14 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from launch.errors import FleetrunError
 from launch.fleets.kinds.registry import fleet_kind
-from launch.fleets.teardown import TeardownOutcome, tear_down
+from launch.fleets.teardown import TeardownOutcome
 from launch.job.inventory import Inventory
 from launch.job.spec import JobSpec, load_job_spec
 from launch.paths import known_hosts_file
@@ -64,7 +64,6 @@ from launch.transport.ssh import SshPool
 __all__ = [
     "Progress",
     "PulledAgain",
-    "end_sweep",
     "execute",
     "follow",
     "pull_again",
@@ -95,8 +94,10 @@ def state_for(
     known_hosts: Path,
     folder: Path,
     now: float | None = None,
+    sweep_id: str | None = None,
 ) -> RunState:
-    """The state of a run about to start (attempt 1, nothing done yet)."""
+    """The state of a run about to start (attempt 1, nothing done yet); ``sweep_id``: the
+    ``fab sweep`` it is a variant of."""
     target = WatchTarget(
         run_id=plan.run_id,
         job=spec.name,
@@ -108,6 +109,7 @@ def state_for(
         folder=folder,
         instance_type=inventory.head.instance_type,
         keep_warm_s=spec.keep_warm_s if warm.applies(inventory, spec.keep_warm_s) else None,
+        sweep_id=sweep_id,
     )
     return RunState(plan=plan, inventory=inventory, known_hosts=known_hosts, target=target)
 
@@ -155,7 +157,8 @@ def start_run(
             folder=folder, overrides=overrides, sweep_id=sweep_id, choice=choice, local_hooks=local_hooks,
         )  # fmt: skip
         return execute(
-            replace(ctx, hold=hold), state_for(spec, plan, inventory, known_hosts, ctx.folder.path)
+            replace(ctx, hold=hold),
+            state_for(spec, plan, inventory, known_hosts, ctx.folder.path, sweep_id=sweep_id),
         )
     finally:
         hold.release()  # after the teardown; already done unless the run left before its wrap-up
@@ -470,7 +473,7 @@ def pull_again(
         write_reports(folder, reporter, record.hyperparameters)
         decided = decide_teardown(target.teardown, record.state, errors, {})
         if decided.action is TeardownAction.TEAR_DOWN:
-            teardown = end_fleet(target, port, reporter.say)
+            teardown = end_fleet(target, port, reporter.say, records)
         else:
             teardown = decided.outcome()
     finally:
@@ -485,30 +488,3 @@ def pull_again(
     if hooks:
         records.update(record.id, artifacts=folder.artifacts())
     return PulledAgain(dict(errors), teardown, tuple(hooks))
-
-
-# -- the end of a sweep ---------------------------------------------------------------------------
-def end_sweep(
-    inventory: Inventory,
-    spec: JobSpec,
-    all_succeeded: bool,
-    sweep_id: str,
-    folder: Path,
-    say: Callable[[str], None],
-    port: FleetPort | None = None,
-) -> TeardownOutcome:
-    """``fab sweep``'s variants keep the fleet for one another; once they all ended, the fleet
-    ends as one run of the playbook would: the same decision (outcome ``succeeded`` when every
-    variant did), kept warm when the playbook asks for it. ``port``: a stand-in for the tests."""
-    decided = decide_teardown(spec.teardown, "succeeded" if all_succeeded else "failed", {}, {})
-    if decided.action is not TeardownAction.TEAR_DOWN:
-        return decided.outcome()
-    if not warm.applies(inventory, spec.keep_warm_s):
-        return tear_down(inventory, say=lambda m: say(f"  {m}"))
-    if port is None:
-        known_hosts = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
-        port = SshPool(inventory.hosts, known_hosts)
-    try:
-        return warm.keep_warm(port, inventory, sweep_id, folder, spec.teardown, spec.keep_warm_s or 0, say)
-    finally:
-        port.close()

@@ -3,8 +3,8 @@
 Every command that starts a run (``fab train``, and ``fab sweep`` for each variant, which is one
 ``fab train`` of the playbook with its ``--set`` items) comes through here, so a run's edges are
 decided in one place: the playbook read with its overrides and its teardown (``--teardown``; a
-sweep's variant keeps the fleet for the next one, the sweep's end decides once:
-``lifecycle.end_sweep``), the inventory cut to ``--hosts``, the host keys pinned once for the
+sweep's variant has its playbook's, and keeps the fleet for the sweep's other variants while
+they need it: ``launch.run.sweeps``), the inventory cut to ``--hosts``, the host keys pinned once for the
 whole inventory (spares included: the host choice, the queue turn and the stages all read that
 one file), the host choice (with spares, the first healthy hosts: ``doctor.hosts_for_run``), the
 plan, the ``on_end`` verdict and the launch warnings (``prepare``). ``launch`` then hands the run
@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from launch.errors import SpecError
 from launch.fleets.kinds.registry import fleet_kind
@@ -27,14 +28,14 @@ from launch.job.inventory import Inventory
 from launch.job.overrides import overrides_record, parse_overrides
 from launch.job.spec import JobSpec, load_job_spec
 from launch.job.validation import printable
-from launch.paths import known_hosts_file
+from launch.paths import fleetrun_home, known_hosts_file
 from launch.planning.image_pull import registry_of
 from launch.planning.launchers import launcher_class
 from launch.planning.plan import LaunchPlan
 from launch.reports.safe_text import clean
 from launch.rules.pricing import price_per_node_hour
 from launch.rules.stoprules import Teardown, configuration_warnings
-from launch.run import lifecycle
+from launch.run import lifecycle, warm
 from launch.run.doctor import HostChoice, hosts_for_run
 from launch.run.hooks import LocalHooks, local_hooks_verdict, skipped_line
 from launch.run.records import RunRecords
@@ -56,6 +57,7 @@ __all__ = [
     "make_plan",
     "only_hosts",
     "prepare",
+    "run",
 ]
 
 
@@ -66,7 +68,8 @@ class RunRequest:
     ``teardown`` overrides the playbook's (``always``/``on_success``/``never``); ``overrides``:
     ``--set key=value`` items, recorded with the run; ``hosts``: run on these hosts of the
     inventory (by name, head first) instead of its first ones; ``sweep_id``: the ``fab sweep``
-    this run is a variant of (recorded; the sweep ends the fleet); ``wait``: queue for the
+    this run is a variant of (recorded; its end leaves the fleet to the sweep's other variants
+    while they need it); ``wait``: queue for the
     machines in arrival order instead of starting at once; ``skip_doctor``: launch without the
     pre-launch checks; ``allow_local_hooks``: the playbook's ``on_end`` may run on this machine."""
 
@@ -82,6 +85,15 @@ class RunRequest:
     allow_paths: tuple[Path, ...] = ()
     allow_local_hooks: bool = False
     poll_interval: float = 1.0
+
+    @classmethod
+    def of(cls, playbook: str | Path, **fields: Any) -> RunRequest:
+        """The request from keyword options as a caller holds them (lists, ``None`` for unset);
+        an unknown name is a ``TypeError``, as for any call."""
+        for name in ("overrides", "hosts", "allow_paths"):
+            if fields.get(name) is not None:
+                fields[name] = tuple(fields[name])
+        return cls(playbook, **{k: v for k, v in fields.items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -109,19 +121,17 @@ def make_plan(
     return launcher.plan(spec, inventory, run_id or new_run_id(spec.name), poweroff_hook=hook)
 
 
-def teardown_policy(spec: JobSpec, teardown: str | None, sweep_id: str | None) -> JobSpec:
-    """The run's teardown: ``--teardown`` over the playbook's; a sweep's variant keeps the fleet
-    for the next variant (``never``), the sweep applying the playbook's own teardown and
-    keep-warm once, at its end (``lifecycle.end_sweep``)."""
-    if teardown is not None:
-        try:
-            spec = spec.model_copy(update={"teardown": Teardown(teardown)})
-        except ValueError:
-            choices = ", ".join(t.value for t in Teardown)
-            raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
-    if sweep_id is not None:
-        spec = spec.model_copy(update={"teardown": Teardown.NEVER})
-    return spec
+def teardown_policy(spec: JobSpec, teardown: str | None) -> JobSpec:
+    """The run's teardown: ``--teardown`` over the playbook's. A sweep's variant has its
+    playbook's, as any run: while the sweep still needs the fleet, its end keeps it for the
+    other variants (``launch.run.sweeps``)."""
+    if teardown is None:
+        return spec
+    try:
+        return spec.model_copy(update={"teardown": Teardown(teardown)})
+    except ValueError:
+        choices = ", ".join(t.value for t in Teardown)
+        raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
 
 
 def prepare(request: RunRequest, reporter: Reporter, dry_run: bool = False) -> PreparedRun:
@@ -130,7 +140,7 @@ def prepare(request: RunRequest, reporter: Reporter, dry_run: bool = False) -> P
     playbook = resolve_playbook(request.playbook)
     changes = parse_overrides(request.overrides)
     spec = load_job_spec(playbook, changes, allowed=request.allow_paths)
-    spec = teardown_policy(spec, request.teardown, request.sweep_id)
+    spec = teardown_policy(spec, request.teardown)
     every_host = only_hosts(load_inventory(request.inventory, save_keys=not dry_run), request.hosts)
     if dry_run:
         return _decide(request, reporter, playbook, spec, every_host, dry_run=True)
@@ -176,6 +186,20 @@ def _decide(
         if not local_hooks.allowed and spec.on_end:  # said now, not only 9 hours later when skipped
             reporter.say(("warning: ", "yellow"), skipped_line(len(spec.on_end), local_hooks.playbook))
     return PreparedRun(request, playbook, spec, plan, inv, known_hosts, choice, local_hooks)
+
+
+def run(
+    request: RunRequest, reporter: Reporter, ask: AskKeepRunning | None, *, dry_run: bool = False
+) -> RunSummary | LaunchPlan:
+    """One run of a request, front door to last hook: ``prepare``, then ``launch`` with the run
+    records under ``FLEETRUN_HOME``. The playbook read here goes down to the nodes from here
+    (never back up to the command). A dry run prints the plan (``--dry-run``) and returns it."""
+    prepared = prepare(request, reporter, dry_run=dry_run)
+    if dry_run:
+        reporter.console.print(prepared.plan.render(), markup=False, highlight=False, soft_wrap=True)
+        return prepared.plan
+    with RunRecords(fleetrun_home() / "runs.db") as records:
+        return launch(prepared, records, reporter, ask)
 
 
 def launch(
@@ -262,5 +286,15 @@ def only_hosts(inventory: Inventory, names: Sequence[str]) -> Inventory:
 
 def launch_warnings(spec: JobSpec, inventory: Inventory) -> list[str]:
     """Configured rules that cannot work on this fleet, judged with the price the watcher's cost
-    rule will use (``price_per_node_hour`` of the head's machine type; the playbook's override wins)."""
-    return configuration_warnings(spec.stop, price_per_node_hour(inventory.head.instance_type))
+    rule will use (``price_per_node_hour`` of the head's machine type; the playbook's override wins),
+    and a ``keep_warm_s`` this fleet's kind cannot honour (only machines that can power themselves
+    off are kept warm: a local fleet's, a cloud stack's)."""
+    warnings = configuration_warnings(spec.stop, price_per_node_hour(inventory.head.instance_type))
+    kind = fleet_kind(inventory.fleet)
+    if spec.keep_warm_s and not warm.applies(inventory, spec.keep_warm_s):
+        warnings.append(
+            f"keep_warm_s {spec.keep_warm_s:g}: a {clean(kind.name, 40)} fleet is not kept warm (only a local "
+            f"fleet or a cloud stack's machines power themselves off at a deadline); its teardown "
+            f"({Teardown(spec.teardown).value}) applies as the playbook says"
+        )
+    return warnings

@@ -147,19 +147,69 @@ def _act(
 
 
 class QueueHold:
-    """The run's entries, refreshed from a thread until ``release`` (then removed)."""
+    """The run's entries, refreshed from a thread until ``release`` (then removed).
 
-    def __init__(self, fleet: FleetPort, run_id: str, ttl: float) -> None:
+    A recovery changes the run's machines: ``refused`` holds a spare before recovery takes it (or
+    says who holds it), ``follow`` moves the hold to the next attempt's hosts (a new machine held,
+    a machine the run left let go), so the run holds exactly what it uses, start to end."""
+
+    def __init__(self, fleet: FleetPort, run_id: str, ttl: float, share: bool = False) -> None:
         self.fleet = fleet
-        self.run_id, self.ttl = run_id, ttl
+        self.run_id, self.ttl, self.share = run_id, ttl, share
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._refresh, name="fleetrun-queue-hold", daemon=True)
         self._thread.start()
 
     def _refresh(self) -> None:
         while not self._stop.wait(max(1.0, self.ttl / 4)):
+            with self._lock:  # never held over the network: a lost node's touch may take its deadline
+                fleet = self.fleet
             with contextlib.suppress(Exception):  # a missed refresh is retried; the lease allows 3
-                _act(self.fleet, "touch", self.run_id, self.ttl)
+                _act(fleet, "touch", self.run_id, self.ttl)
+
+    def refused(self, host: Host, known_hosts: Path) -> str | None:
+        """Hold ``host`` too (a spare recovery wants), or why not: another run holds it (unless
+        the run shares machines on purpose), or its queue could not be written. Refused: nothing
+        of this run is left on it."""
+        port = self.fleet.outside([host], known_hosts)
+        try:
+            listing = _act(port, "enqueue", self.run_id, self.ttl)
+            blockers = _blockers_of({host.name: _gpus(host)}, listing, self.run_id, self.ttl)
+            if blockers and not self.share:
+                with contextlib.suppress(Exception):
+                    _act(port, "leave", self.run_id, self.ttl)
+                return clean(f"held by another run ({_who(blockers)})", 400)
+            return None
+        except FleetrunError as exc:
+            return clean(f"its queue: {exc}", 400)
+        finally:
+            port.close()
+
+    def follow(self, hosts: list[Host], known_hosts: Path) -> None:
+        """Hold the next attempt's ``hosts``: a new one gets its entry, one the run no longer uses
+        is let go (in the background: a lost machine may not answer; its entry then expires with
+        its lease)."""
+        with self._lock:
+            old = self.fleet
+            kept = {(h.name, h.address) for h in hosts}
+            gone = [h for h in old.hosts if (h.name, h.address) not in kept]
+            before = {(h.name, h.address) for h in old.hosts}
+            if gone:
+                leaving = old.outside(gone, old.known_hosts)
+                threading.Thread(target=self._leave, args=(leaving,), daemon=True).start()
+            self.fleet = fleet = old.reconnect(list(hosts), known_hosts)
+        new = [h.name for h in hosts if (h.name, h.address) not in before]
+        if new:  # a spare was held by ``refused`` already; a new machine is held here
+            with contextlib.suppress(Exception):
+                _act(fleet.subset(new), "enqueue", self.run_id, self.ttl, skip_unreachable=True)
+
+    def _leave(self, port: FleetPort) -> None:
+        try:
+            with contextlib.suppress(Exception):
+                _act(port, "leave", self.run_id, self.ttl)
+        finally:
+            port.close()
 
     def release(self) -> None:
         """Stop refreshing and remove the run's entries; a second call does nothing."""
@@ -168,15 +218,22 @@ class QueueHold:
         self._stop.set()
         self._thread.join(timeout=30)
         _live(self.run_id, False)
+        with self._lock:
+            fleet = self.fleet
         with contextlib.suppress(Exception):
-            _act(self.fleet, "leave", self.run_id, self.ttl)
-        self.fleet.close()
+            _act(fleet, "leave", self.run_id, self.ttl)
+        fleet.close()
 
 
 def _blockers(
     inventory: Inventory, listing: dict[str, list[queue.Entry]], run_id: str, ttl: float
 ) -> dict[str, list[queue.Entry]]:
-    gpus = {h.name: _gpus(h) for h in inventory.hosts}
+    return _blockers_of({h.name: _gpus(h) for h in inventory.hosts}, listing, run_id, ttl)
+
+
+def _blockers_of(
+    gpus: dict[str, tuple[int, ...] | None], listing: dict[str, list[queue.Entry]], run_id: str, ttl: float
+) -> dict[str, list[queue.Entry]]:
     waiting = {
         name: queue.ahead_of(entries, run_id, ttl, gpus.get(name), gone_here)
         for name, entries in listing.items()
@@ -231,7 +288,7 @@ def take_machines(
         with contextlib.suppress(Exception):
             _act(fleet, "leave", run_id, ttl)
         raise
-    return QueueHold(fleet.outside(list(inventory.hosts), fleet.known_hosts), run_id, ttl)
+    return QueueHold(fleet.outside(list(inventory.hosts), fleet.known_hosts), run_id, ttl, share)
 
 
 def wait_turn(

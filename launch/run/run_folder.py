@@ -73,6 +73,28 @@ def read_pulled_tail(path: Path, limit: int) -> tuple[bytes, int] | None:
         return fh.read(limit), skipped
 
 
+MAX_SUMMARY_BYTES = 4 * 1024 * 1024
+
+
+def read_teardown(folder: Path) -> tuple[str, str] | None:
+    """How the run's fleet ended (``summary.json``'s ``teardown``: its state and message, as the
+    run's end and a kept-warm fleet's later teardown wrote them), for ``fab show``; None when the
+    run has no summary yet or it does not say. Read like any file a hook may have touched: bounded,
+    a regular file, only strings taken."""
+    try:
+        raw = read_pulled(folder / "summary.json", MAX_SUMMARY_BYTES)
+        data = json.loads(raw) if raw is not None else None
+    except (OSError, UnsafePulledFile, ValueError, RecursionError):
+        return None
+    teardown = data.get("teardown") if isinstance(data, dict) else None
+    if not isinstance(teardown, dict):
+        return None
+    state, message = teardown.get("state"), teardown.get("message")
+    if not isinstance(state, str) or not isinstance(message, str):
+        return None
+    return state, message
+
+
 def read_log_text(path: Path, limit: int = MAX_LOG_VIEW_BYTES) -> str:
     """A pulled log for display (``fab logs``): its tail, decoded leniently, or why there is none."""
     try:

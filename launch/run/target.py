@@ -50,6 +50,9 @@ class WatchTarget:
     keep_warm_s: float | None = None
     """The teardown, when it removes the fleet, keeps it warm this long instead (``launch.run.warm``);
     None where the playbook asks for none or the fleet cannot power off (a lab's machines)."""
+    sweep_id: str | None = None
+    """The ``fab sweep`` this run is a variant of: its end keeps the fleet for the sweep's other
+    variants while they need it (``launch.run.sweeps``), whichever command ends it."""
 
     def save(self) -> Path:
         data = {
@@ -63,6 +66,7 @@ class WatchTarget:
             "instance_type": self.instance_type,
             "attempt": self.attempt,
             "keep_warm_s": self.keep_warm_s,
+            "sweep_id": self.sweep_id,
         }
         path = self.folder / "watch.json"
         path.write_text(json.dumps(data, indent=2, default=str))
@@ -71,6 +75,12 @@ class WatchTarget:
     def upload_argv(self, node: str) -> list[str] | None:
         """The command ``node`` runs to copy its run directory (``{src}``) to the fleet's bucket."""
         return fleet_kind(self.inventory.fleet).bucket_upload_argv(bucket_dest(self.run_id, node))
+
+    def upload_env(self) -> dict[str, str]:
+        """What that command needs in its environment (the local fleet's S3 key), never on its
+        command line: the fleet's bucket commands' own environment."""
+        commands = fleet_kind(self.inventory.fleet).bucket_commands(run_prefix(self.run_id))
+        return dict(commands.env) if commands is not None else {}
 
     def guard_config(self, node: str) -> GuardConfig:
         """``guard.json`` for the on-node watchdog of ``node`` (``fleetrun_guard.py``).
@@ -99,6 +109,7 @@ class WatchTarget:
             max_wall_time_s=rules.max_wall_time_s,
             unreachable_timeout_s=rules.unreachable_timeout_s,
             upload_argv=tuple(self.upload_argv(node) or ()),
+            upload_env=self.upload_env(),
             bucket=kind.bucket_commands(run_prefix(self.run_id)),
             preemption=kind.preemption_poller(),
         )
@@ -126,6 +137,7 @@ class WatchTarget:
                 instance_type=data.get("instance_type"),
                 attempt=_attempt(data.get("attempt", 1)),
                 keep_warm_s=_keep_warm(data.get("keep_warm_s")),
+                sweep_id=_sweep_id(data.get("sweep_id")),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # pydantic's errors are ValueErrors
             raise FleetrunError(
@@ -147,3 +159,12 @@ def _keep_warm(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 7 * 24 * 3600:
         raise ValueError(f"keep_warm_s {value!r} is not a number of seconds from 0 to 7 days")
     return float(value)
+
+
+def _sweep_id(value: object) -> str | None:
+    """``sweep_id`` of a ``watch.json`` (untrusted): None, or text that names a sweep's folder."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 128:
+        raise ValueError(f"sweep_id {str(value)[:100]!r} is not a sweep id")
+    return value

@@ -2,8 +2,8 @@
 
 A researcher who runs again in five minutes should not wait for a new cluster (SageMaker's warm
 pools, SkyPilot's autostop); one who does not should not pay for an idle one. Keeping warm is the
-run's teardown action, decided where every run ends (``launch.run.wrapup.finish``, ``fab pull``,
-the end of ``fab sweep``): when the playbook's teardown would remove the fleet, the fleet is
+run's teardown action, decided where every run ends (``launch.run.wrapup.finish``, ``fab pull``;
+each ``fab sweep`` variant is such a run): when the playbook's teardown would remove the fleet, the fleet is
 kept until a deadline instead, and then torn down unless a later run on it claimed it.
 
 The deadline has up to four keepers, so that no single one going away leaves GPUs billing:
@@ -53,7 +53,7 @@ from launch.planning import remote_layout as layout
 from launch.reports.safe_text import clean
 from launch.rules.stoprules import Teardown
 from launch.run import warm_lifetime
-from launch.run.records import RunRecords
+from launch.run.records import RunRecords, pid_alive
 from launch.transport.port import FleetPort, NodeLink
 
 TIMER = f"{layout.LIB}/fleetrun_warm.py"
@@ -252,11 +252,12 @@ def start_backstop(path: Path) -> None:
 
 # -- the deadline's keepers on the laptop ---------------------------------------------------------
 def claimed_by(entry: WarmEntry, records: RunRecords) -> str | None:
-    """The run this laptop recorded on the warm fleet since it was kept warm, if any."""
+    """The run this laptop recorded on the warm fleet since it was kept warm, or one that still
+    runs on it (started before, on other hosts of the fleet: a sweep's other slot), if any."""
     for record in records.list(limit=CLAIM_SCAN):
-        if record.started_at < entry.armed_at:
-            break  # the most recent first: no later one is older
         if record.id == entry.owner:
+            continue
+        if record.started_at < entry.armed_at and not _still_running(record):
             continue
         try:
             inventory = Inventory.model_validate(record.inventory)
@@ -264,6 +265,27 @@ def claimed_by(entry: WarmEntry, records: RunRecords) -> str | None:
             continue
         if fleet_key(inventory) == entry.key:
             return record.id
+    return None
+
+
+def _still_running(record: Any) -> bool:
+    """A run this laptop recorded that is running with its watcher alive here."""
+    return record.state == "running" and bool(record.watcher_pid) and pid_alive(record.watcher_pid)
+
+
+def run_still_on(inventory: Inventory, run_id: str, records: RunRecords) -> str | None:
+    """Another run this laptop recorded that is still running on ``inventory``'s fleet (other
+    hosts of it: ``fab train --hosts``, a sweep's other slot), whose watcher is alive: tearing
+    the fleet down would end it too. None when there is none."""
+    key = fleet_key(inventory)
+    for record in records.list(limit=CLAIM_SCAN):
+        if record.id == run_id or not _still_running(record):
+            continue
+        try:
+            if fleet_key(Inventory.model_validate(record.inventory)) == key:
+                return record.id
+        except ValueError:
+            continue
     return None
 
 

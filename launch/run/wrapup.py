@@ -24,12 +24,13 @@ from launch.fleets.kinds.base import UPLOAD_SOURCE, TeardownOutcome, TeardownSta
 from launch.fleets.teardown import tear_down
 from launch.planning import remote_layout as layout
 from launch.reports.plot import plot_loss
+from launch.reports.safe_text import clean
 from launch.reports.tensorboard import write_tensorboard
 from launch.rules.energy import RunEnergy
 from launch.rules.pricing import cost_so_far, price_per_node_hour
 from launch.rules.recovery import AttemptEnd
-from launch.rules.stoprules import PEER_GONE_RULES, StopDecision
-from launch.run import warm
+from launch.rules.stoprules import PEER_GONE_RULES, StopDecision, Teardown
+from launch.run import sweeps, warm
 from launch.run.artifacts import revoke_cluster_keys, stop_all
 from launch.run.clock import Clock
 from launch.run.lost_nodes import LostProbe, only, without
@@ -137,13 +138,19 @@ def upload_to_bucket(fleet: FleetPort, target: WatchTarget, reporter: Reporter) 
     run_dir = layout.rundir(target.run_id)
     if all(target.upload_argv(h.name) is None for h in fleet.hosts):
         return {}  # the fleet kind has no bucket (local fleet, lab machines): nothing to say
+    env = target.upload_env()
 
     def upload(conn: NodeLink) -> str:
         argv = target.upload_argv(conn.host.name)
         if argv is None:
             return "no bucket"
         command = 'cd "$HOME" && ' + shlex.join([run_dir if a == UPLOAD_SOURCE else a for a in argv])
-        result = conn.run(command, timeout=3600)
+        if env:  # on stdin, a variable a line: a command line is in every node user's ``ps``
+            command = f'while IFS= read -r kv; do export "$kv"; done && {command}'
+            lines = "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
+            result = conn.run_with_input(command, lines.encode(), timeout=3600)
+        else:
+            result = conn.run(command, timeout=3600)
         if not result.ok:
             tail = (result.stderr or result.stdout).strip()[-300:]
             raise HostError(conn.host.name, f"upload failed (exit {result.exit_code}): {tail}")
@@ -374,9 +381,23 @@ def recorded_energy(records: RunRecords, run_id: str) -> RunEnergy:
     return RunEnergy.from_json(record.energy_by_attempt if record is not None else None)
 
 
-def end_fleet(target: WatchTarget, fleet: FleetPort, say: Callable[[str], None]) -> TeardownOutcome:
-    """The teardown action once the policy says the fleet goes: kept warm until a deadline
-    (``launch.run.warm``) when the run asks for it, else torn down now."""
+def end_fleet(
+    target: WatchTarget, fleet: FleetPort, say: Callable[[str], None], records: RunRecords | None = None
+) -> TeardownOutcome:
+    """The teardown action once the policy says the fleet goes: kept for the run's sweep while
+    other variants of it still need the fleet (``launch.run.sweeps``), kept while another run
+    this laptop recorded still runs on it (``records``; that run's end decides), else kept warm
+    until a deadline (``launch.run.warm``) when the run asks for it, else torn down now."""
+    held = sweeps.leave(target.sweep_id, target.run_id)
+    if held is not None:
+        return TeardownOutcome(TeardownState.SKIPPED, held)
+    other = warm.run_still_on(target.inventory, target.run_id, records) if records is not None else None
+    if other is not None:
+        return TeardownOutcome(
+            TeardownState.SKIPPED,
+            f"kept: run {clean(other, 100)} still runs on this fleet (teardown: {Teardown(target.teardown).value}); "
+            "its own end decides",
+        )
     if target.keep_warm_s:
         return warm.keep_warm(
             fleet, target.inventory, target.run_id, target.folder, target.teardown, target.keep_warm_s, say
@@ -425,11 +446,14 @@ def finish(
             teardown_started_at = clock.time()
             teardown = steps.run(
                 "keeping the fleet warm" if target.keep_warm_s else "tearing the fleet down",
-                lambda: end_fleet(target, fleet, reporter.say),
+                lambda: end_fleet(target, fleet, reporter.say, records),
                 lambda msg: TeardownOutcome(TeardownState.FAILED, msg),
             )
         else:
             teardown = decided.outcome()
+            steps.run(
+                "leaving the sweep", lambda: sweeps.leave(target.sweep_id, target.run_id), lambda _m: None
+            )
     finally:
         if reports.is_alive():
             reports.join()

@@ -65,8 +65,9 @@ class LocalFleetKind(StandingMachines):
             return None
         from launch.fleets.clouds import fill
 
-        env = [f"{k}={v}" for k, v in sorted(commands.env.items())]
-        return ["env", *env, *fill(commands.sync, dest=commands.url)]
+        # Its environment (the fleet's S3 key) travels apart (``WatchTarget.upload_env``): an
+        # argument is in every node user's ``ps``.
+        return fill(commands.sync, dest=commands.url)
 
     def bucket_commands(self, prefix: str) -> BucketCommands | None:
         """The S3 commands against the fleet's own S3-compatible server, run with the image's ``aws``
