@@ -54,6 +54,7 @@ from launch.run.state import AskKeepRunning, RunContext, RunOptions, RunState
 from launch.run.summary import RunSummary, TeardownAction, decide_teardown
 from launch.run.target import WatchTarget
 from launch.run.transfers import Transfers
+from launch.run.waiting import waiting
 from launch.run.watch import Watcher
 from launch.run.watchdog_files import fetch_watchdog_files
 from launch.run.watching import build_watcher, crash_decision, watch_safely
@@ -144,9 +145,8 @@ def start_run(
     warm.claim(inventory, plan.run_id, lambda line: reporter.say(line))  # a warm fleet's cloud lifetime
     port = SshPool([n.host for n in plan.nodes], known_hosts, max_parallel=options.max_parallel)
     try:
-        hold = take_machines(
-            inventory, port, plan.run_id, wait, options.allow_busy_gpus, lambda line: reporter.say(line)
-        )
+        with waiting(reporter, f"run {plan.run_id}: its turn on the machines") as say:
+            hold = take_machines(inventory, port, plan.run_id, wait, options.allow_busy_gpus, say)
     except BaseException:  # ended before the start: what a scheduler granted goes back
         port.close()
         fleet_kind(inventory.fleet).release(lambda line: reporter.say(line))

@@ -44,6 +44,7 @@ from launch.run.reporter import Reporter
 from launch.run.run_folder import new_run_id
 from launch.run.state import AskKeepRunning, RunOptions
 from launch.run.summary import RunSummary
+from launch.run.waiting import waiting
 from launch.settings import current
 
 __all__ = [
@@ -146,9 +147,9 @@ def prepare(request: RunRequest, reporter: Reporter, dry_run: bool = False) -> P
         return _decide(request, reporter, playbook, spec, every_host, dry_run=True)
     # a scheduler's machines are asked for now (Slurm: --wait waits in its queue); a run that
     # ends before its start gives them back (its teardown does it otherwise)
-    every_host = fleet_kind(every_host.fleet).acquire(
-        every_host, spec.nodes, spec.name, lambda line: reporter.say(line), request.wait
-    )
+    kind = fleet_kind(every_host.fleet)
+    with waiting(reporter, f"machines for {spec.name} from {kind.describe()}") as say:
+        every_host = kind.acquire(every_host, spec.nodes, spec.name, say, request.wait)
     try:
         return _decide(request, reporter, playbook, spec, every_host, dry_run=False)
     except BaseException:
