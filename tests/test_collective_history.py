@@ -217,3 +217,19 @@ def test_doctor_collective_flags_a_node_under_its_history(
         in buffer.getvalue()
     )
     assert len(list((runs / "collective").glob("*.json"))) == 6
+
+
+def test_the_doctors_last_line_counts_the_fleets_own_warnings_and_errors() -> None:
+    """A Slurm partition's drained node is a warning above the table: the one-line outcome used to
+    say "0 warning(s): the nodes are ready" under it."""
+    from launch.reports.doctor_view import print_findings
+    from launch.rules.preflight import Findings
+
+    findings = Findings()
+    findings.add("n1", "ssh", "ok", "reachable")
+    console = Console(record=True, width=200)
+    print_findings(console, findings, ["n1"], site=["ok", "warning", "ok"])
+    assert "no errors, 1 warning(s): the nodes are ready" in console.export_text()
+    console = Console(record=True, width=200)
+    print_findings(console, findings, ["n1"], site=["error"])
+    assert "1 error(s), 0 warning(s): a job on these nodes would fail or hang" in console.export_text()

@@ -90,10 +90,12 @@ def doctor(
     spec = load_job_spec(playbook, parse_overrides(overrides), allowed=allow_paths) if playbook else None
     inv = load_inventory(inventory)
     fleet_ok = True
+    site: list[str] = []
     for level, line in fleet_kind(inv.fleet).health():  # a scheduler's login host and partition
         style = {"ok": "green", "warning": "yellow"}.get(level, "bold red")
         console.print(Text(f"{level:<7} ", style=style) + Text(clean(line, 600)))
         fleet_ok = fleet_ok and level != "error"
+        site.append(level)
     brings_torch = False
     rdzv_port = DEFAULT_RDZV_PORT
     nodes = None
@@ -125,7 +127,7 @@ def doctor(
             )
         if collective:
             collective_check(console, fleet, inv.hosts, findings, nodes, rdzv_port)
-    print_findings(console, findings, [h.name for h in inv.hosts], verbose=verbose)
+    print_findings(console, findings, [h.name for h in inv.hosts], verbose=verbose, site=site)
     if nodes is not None and len(inv.hosts) > nodes:
         # spares: a job needs only ``nodes`` healthy hosts; the others' errors do not fail it
         chosen, excluded = pick_hosts([h.name for h in inv.hosts], errors_by_node(findings), nodes)

@@ -30,8 +30,16 @@ def verdict_line(verdict: Verdict, width: int = 12) -> Text:
     )
 
 
-def print_findings(console: Console, findings: Findings, nodes: Sequence[str], verbose: bool = False) -> None:
-    """Verdict lines (only problems unless ``verbose``), a table, and the one-line outcome."""
+def print_findings(
+    console: Console,
+    findings: Findings,
+    nodes: Sequence[str],
+    verbose: bool = False,
+    site: Sequence[str] = (),
+) -> None:
+    """Verdict lines (only problems unless ``verbose``), a table, and the one-line outcome, which
+    counts the fleet's own checks too (``site``: the level of each line a scheduler's health check
+    printed above: a drained node is a warning of the whole answer, not only of its line)."""
     width = max([len(clean(n, 64)) for n in nodes] + [4])
     for verdict in findings.verdicts:
         if verbose or verdict.level != OK:
@@ -54,8 +62,10 @@ def print_findings(console: Console, findings: Findings, nodes: Sequence[str], v
             *reader,
         )
     console.print(table)
-    errors = len(findings.errors)
-    warnings = sum(1 for v in findings.verdicts if v.level == WARN)
+    errors = len(findings.errors) + sum(1 for level in site if level == "error")
+    warnings = sum(1 for v in findings.verdicts if v.level == WARN) + sum(
+        1 for level in site if level == "warning"
+    )
     if errors:
         console.print(
             Text(
