@@ -275,6 +275,8 @@ class FakeConnection:
         name = self.host.name
         if command == "true":  # the wrap-up's probe of a node the watcher lost
             return CommandResult(name, 0, "", "")
+        if command.startswith("tail -c ") and command.endswith('/metrics.jsonl"'):  # late saves
+            return CommandResult(name, 0, bytes(node.metrics).decode(errors="replace"), "")
         if "MANIFEST.json" in command:  # the complete checkpoints this node holds
             return CommandResult(name, 0, json.dumps(sorted(node.checkpoints, reverse=True)) + "\n", "")
         if "fleetrun_warm.py" in command:  # keep warm: the node's own timer, started detached

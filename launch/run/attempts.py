@@ -40,6 +40,7 @@ from launch.planning.launchers import launcher_class
 from launch.reports.plot import plot_loss
 from launch.reports.safe_text import clean
 from launch.rules.energy import kwh_figure
+from launch.rules.metrics_stream import MetricsStream
 from launch.rules.preflight import Job, judge
 from launch.rules.recovery import (
     EXCLUDING_LOSSES,
@@ -319,6 +320,7 @@ def replace_lost(
     if errors:
         why = f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
         return state, RecoveryPlan(stop=why), {}
+    late_saves(ctx, state, {h.name for h in survivors})
     if loss.answering:  # taken by the fleet, still up: none of the run's processes goes on there
         left = stop_survivors(
             ctx.port,
@@ -396,6 +398,37 @@ def note_fleet_held(ctx: RunContext, state: RunState, held: FleetRef) -> RunStat
         save_traceback(ctx.folder.path, exc, "recording the fleet's new allocations")
         say(ctx, f"  could not record {clean(fleet_kind(held).describe(), 200)}: {clean(exc, 300)}")
     return replace(state, inventory=inventory, target=target)
+
+
+LATE_METRICS_BYTES = 256 * 1024
+"""How much of the end of rank 0's metrics is read after a stop: its saves during the grace."""
+
+
+def late_saves(ctx: RunContext, state: RunState, survivors: Collection[str]) -> None:
+    """The saves rank 0 made during the stop's grace, which is what the grace is for: the watcher
+    had stopped reading its metrics, so they were never recorded and the next attempt refused
+    them as unknown ("never recorded as saved by rank 0") and resumed from an older step. Read
+    from the end of rank 0's metrics of the ended attempt (moved to ``attempt-<n>/`` by the stop),
+    on its node when it survived, through the same parser and the same trust as the watcher's:
+    rank 0's own stream. Best effort: a node that does not answer leaves the record as it was."""
+    peers = ctx.peers
+    holder = peers.holder if peers is not None else None
+    if peers is None or holder is None or holder not in survivors or holder not in ctx.port.connections:
+        return
+    path = f"$HOME/{layout.rundir(state.plan.run_id)}/attempt-{state.attempt}/metrics.jsonl"
+    try:
+        result = ctx.port.connections[holder].run(f'tail -c {LATE_METRICS_BYTES} "{path}"', timeout=20)
+    except HostError:
+        return
+    if not result.ok:
+        return
+    stream = MetricsStream()
+    stream.feed(result.stdout.encode(errors="replace")[-LATE_METRICS_BYTES:])
+    stream.flush()
+    late = {s: d for s, d in stream.saved_checkpoints.items() if s not in peers.recorded}
+    if late:
+        peers.note_saves(late)
+        say(ctx, f"  rank 0 saved step {max(late)} during the stop's grace: recorded")
 
 
 def drain(ctx: RunContext, state: RunState, noticed: Sequence[Host]) -> RunState:

@@ -103,6 +103,19 @@ class PeerCopies:
 
         watcher.on_poll = on_poll
 
+    @property
+    def holder(self) -> str | None:
+        """The node whose metrics reported the saves (rank 0's), as last seen."""
+        with self._cond:
+            return self._holder
+
+    def note_saves(self, saved: Mapping[int, str]) -> None:
+        """Saves rank 0 recorded after the watcher stopped reading (during a stop's grace): they
+        count like any recorded save for the next attempt's choice; no copy is queued (the
+        attempt is over: the checkpoint spread moves them)."""
+        with self._cond:
+            self.recorded.update(saved)
+
     def durable(self) -> dict[int, str]:
         """Step -> where its second copy is (a node's name, or ``bucket``): the steps that
         survive the loss of rank 0's node, as far as this machine has seen."""
