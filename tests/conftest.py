@@ -34,6 +34,9 @@ if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
     SUBNET_BASE += SUBNETS_PER_WORKER * int(_WORKER[2:])
 TEST_PREFIX = f"frt{TEST_TAG}"
 TEST_SUBNET = 1 + SUBNET_BASE
+STEPS_JOB = REPO / "tests" / "stdlib_job"
+"""The torch-free trainer's folder (``python steps.py ...``): the job of fleet tests whose subject
+is not training; its ranks start in a fraction of a second where each digits rank imports torch."""
 
 
 # `make test` hands whole files to the xdist workers (``--dist loadfile --no-loadscope-reorder``)

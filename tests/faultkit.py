@@ -68,11 +68,10 @@ def first_metrics(fleet: LocalFleet) -> bool:
     )
 
 
-def worker_pids(user: str) -> list[int]:
-    """The training workers of a node (not torchrun's agent, which shares the module name)."""
-    out = subprocess.run(
-        ["pgrep", "-u", user, "-f", "trainer.task"], capture_output=True, text=True
-    ).stdout.split()
+def worker_pids(user: str, job: str = "trainer.task") -> list[int]:
+    """The training workers of a node running ``job`` (a module or script name on their command
+    line), not torchrun's agent, which names it too."""
+    out = subprocess.run(["pgrep", "-u", user, "-f", job], capture_output=True, text=True).stdout.split()
     pids = []
     for pid in out:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")

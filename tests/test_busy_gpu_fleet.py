@@ -14,7 +14,7 @@ import pytest
 from launch.cli import app
 from launch.fleets.local import LocalFleet
 from launch.run.summary import RunResult
-from tests.conftest import TEST_PREFIX, needs_root, write_playbook
+from tests.conftest import STEPS_JOB, TEST_PREFIX, needs_root, write_playbook
 from tests.faultkit import quiet
 
 pytestmark = needs_root()
@@ -53,10 +53,11 @@ def busy_node(fleet: LocalFleet) -> Iterator[str]:
 
 
 def test_busy_gpu_refuses_the_start_and_the_override_runs(
-    fleet: LocalFleet, busy_node: str, digits_workdir: Path, tmp_path: Path
+    fleet: LocalFleet, busy_node: str, tmp_path: Path
 ) -> None:
+    """The job is the torch-free trainer: the claim and its override are the subject."""
     playbook = write_playbook(
-        tmp_path / "job.yaml", digits_workdir, name="t-busy", entrypoint="python -m trainer.task --epochs 1"
+        tmp_path / "job.yaml", STEPS_JOB, name="t-busy", entrypoint="python steps.py --steps 20"
     )
     refused = app.train(
         playbook, inventory=INVENTORY, console=quiet(), poll_interval=0.5, ask_on_interrupt=False

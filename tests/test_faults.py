@@ -3,6 +3,12 @@ back, teardown done (or blocked when artifacts are not safe), the run record rig
 
 Each test builds its own 2-node fleet (prefix ``frf``) with ``teardown: always``, because a
 correct run removes the fleet, and the laptop-loss tests power nodes off.
+
+The job is the torch-free trainer (``tests/stdlib_job/steps.py``) wherever the subject is a stop
+rule, the watcher, the watchdog or the teardown: it logs the same records through the node
+library and its ranks start in a fraction of a second, where the digits example's import torch
+and data load cost seconds per rank. The stall test keeps the digits example: its rank 0 stalls
+because it waits in a collective for the stopped rank, which only a real distributed job does.
 """
 
 from __future__ import annotations
@@ -22,7 +28,15 @@ from launch.fleets.local import LocalFleet
 from launch.fleets.teardown import TeardownState
 from launch.run.records import RunRecords
 from launch.run.summary import RunResult
-from tests.conftest import REPO, fleet_prefix, fleet_subnet, needs_root, user_processes, write_playbook
+from tests.conftest import (
+    REPO,
+    STEPS_JOB,
+    fleet_prefix,
+    fleet_subnet,
+    needs_root,
+    user_processes,
+    write_playbook,
+)
 from tests.faultkit import first_metrics, quiet, run_with_fault, wait_for, worker_pids
 
 pytestmark = needs_root()
@@ -48,6 +62,7 @@ def record_of(result: RunResult):  # noqa: ANN201 - RunRecord
 
 
 def playbook_for(tmp_path: Path, digits_workdir: Path, args: str, **stop: object) -> Path:
+    """The digits example (torch, a collective every step) with ``args``."""
     return write_playbook(
         tmp_path / "job.yaml",
         digits_workdir,
@@ -55,6 +70,19 @@ def playbook_for(tmp_path: Path, digits_workdir: Path, args: str, **stop: object
         nodes=2,
         teardown="always",
         entrypoint=f"python -m trainer.task {args}",
+        stop={"watcher_lost_after_s": 300, **stop},
+    )
+
+
+def steps_playbook(tmp_path: Path, args: str, **stop: object) -> Path:
+    """The torch-free trainer (``tests/stdlib_job/steps.py``) with ``args``."""
+    return write_playbook(
+        tmp_path / "job.yaml",
+        STEPS_JOB,
+        name="t-fault",
+        nodes=2,
+        teardown="always",
+        entrypoint=f"python steps.py {args}",
         stop={"watcher_lost_after_s": 300, **stop},
     )
 
@@ -79,10 +107,12 @@ def assert_torn_down(fleet: LocalFleet, result: RunResult) -> None:
     assert not any(fleet.leftovers().values())
 
 
-def test_kill_one_rank(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
+def test_kill_one_rank(fresh_fleet: LocalFleet, tmp_path: Path) -> None:
     victim = fresh_fleet.node_name(1)
-    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 200 --step-sleep 0.05")
-    result = run_with_fault(playbook, fresh_fleet, lambda: os.kill(worker_pids(victim)[0], signal.SIGKILL))
+    playbook = steps_playbook(tmp_path, "--steps 4000 --step-sleep 0.05")
+    result = run_with_fault(
+        playbook, fresh_fleet, lambda: os.kill(worker_pids(victim, "steps.py")[0], signal.SIGKILL)
+    )
     assert result.outcome == "failed" and result.rule == "rank_failed"
     assert result.failed_nodes[0] == victim, result.reason
     assert "SIGKILL" in (result.folder / "nodes" / victim / "node.log").read_text()
@@ -92,18 +122,16 @@ def test_kill_one_rank(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: 
     assert_torn_down(fresh_fleet, result)
 
 
-def test_rank_exit_is_pushed_not_polled(
-    fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
-) -> None:
+def test_rank_exit_is_pushed_not_polled(fresh_fleet: LocalFleet, tmp_path: Path) -> None:
     """A poll every 300 s: the killed rank's exit still ends the run at the watcher's second poll,
     because the node agent pushed it on its event channel and that cut the pause short (had the
     watcher waited for the poll, the test would take five minutes and the push would be missing)."""
     victim = fresh_fleet.node_name(1)
-    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 200 --step-sleep 0.05")
+    playbook = steps_playbook(tmp_path, "--steps 4000 --step-sleep 0.05")
     result = run_with_fault(
         playbook,
         fresh_fleet,
-        lambda: os.kill(worker_pids(victim)[0], signal.SIGKILL),
+        lambda: os.kill(worker_pids(victim, "steps.py")[0], signal.SIGKILL),
         poll_interval=300,
     )
     assert result.outcome == "failed" and result.rule == "rank_failed", result.reason
@@ -125,8 +153,8 @@ def test_hang_sigstop_is_a_stall(fresh_fleet: LocalFleet, digits_workdir: Path, 
     assert_torn_down(fresh_fleet, result)
 
 
-def test_nan_loss(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
-    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 200 --step-sleep 0.02 --nan-at-step 20")
+def test_nan_loss(fresh_fleet: LocalFleet, tmp_path: Path) -> None:
+    playbook = steps_playbook(tmp_path, "--steps 4000 --step-sleep 0.02 --nan-at-step 20")
     result = run_with_fault(playbook, fresh_fleet, None)
     assert result.outcome == "failed" and result.rule == "nan_loss"
     assert "at step 20" in result.reason
@@ -134,11 +162,10 @@ def test_nan_loss(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path)
     assert_torn_down(fresh_fleet, result)
 
 
-def test_plateau(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
-    playbook = playbook_for(
+def test_plateau(fresh_fleet: LocalFleet, tmp_path: Path) -> None:
+    playbook = steps_playbook(
         tmp_path,
-        digits_workdir,
-        "--epochs 200 --step-sleep 0.02 --lr 0",
+        "--steps 4000 --step-sleep 0.02 --lr 0",
         plateau_patience=30,
         plateau_min_delta=0.05,
     )
@@ -148,14 +175,14 @@ def test_plateau(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) 
     assert_torn_down(fresh_fleet, result)
 
 
-def test_wall_time(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
-    # 12 s: the rule is what is tested, not a long run; on a loaded machine torch's start-up may
-    # take all of it (then no step was logged, checked below)
-    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 500 --step-sleep 0.05", max_wall_time_s=12)
+def test_wall_time(fresh_fleet: LocalFleet, tmp_path: Path) -> None:
+    # 12 s: the rule is what is tested, not a long run; on a loaded machine the job's start-up
+    # may take all of it (then no step was logged, checked below)
+    playbook = steps_playbook(tmp_path, "--steps 10000 --step-sleep 0.05", max_wall_time_s=12)
     result = run_with_fault(playbook, fresh_fleet, None)
     assert result.outcome == "stopped" and result.rule == "wall_time", result.reason
     assert "limit 12" in result.reason, result.reason
-    # the plot is written even when a loaded machine's torch start-up took the whole limit;
+    # the plot is written even when a loaded machine's start-up took the whole limit;
     # the TensorBoard files whenever a step was logged
     assert (result.folder / "loss.png").exists()
     logged = (result.folder / "metrics.jsonl").exists()
@@ -163,14 +190,13 @@ def test_wall_time(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
     assert_torn_down(fresh_fleet, result)
 
 
-def test_partition(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
+def test_partition(fresh_fleet: LocalFleet, tmp_path: Path) -> None:
     """The cut-off node cannot be stopped or pulled by the laptop: teardown is blocked (its logs are
     only there), and its own watchdog stops the job there and powers it off."""
     victim = fresh_fleet.node_name(1)
-    playbook = playbook_for(
+    playbook = steps_playbook(
         tmp_path,
-        digits_workdir,
-        "--epochs 500 --step-sleep 0.05",
+        "--steps 10000 --step-sleep 0.05",
         unreachable_timeout_s=6,
         watcher_lost_after_s=5,
     )
@@ -189,11 +215,9 @@ def test_partition(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
     assert outcome["rule"] in ("peer_lost", "completed")
 
 
-def test_laptop_watcher_killed(
-    fresh_fleet: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
-) -> None:
+def test_laptop_watcher_killed(fresh_fleet: LocalFleet, fleetrun_home: Path, tmp_path: Path) -> None:
     """The dead man's switch: with the watcher gone, the nodes' watchdogs finish the job and power off."""
-    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 6 --step-sleep 0.05", watcher_lost_after_s=5)
+    playbook = steps_playbook(tmp_path, "--steps 140 --step-sleep 0.05", watcher_lost_after_s=5)
     kill_watcher_after_first_step(playbook, fresh_fleet, fleetrun_home)
     for i in range(2):
         wait_for(lambda i=i: fresh_fleet.powered_off(i), 180, f"node {i} to power itself off")
@@ -257,12 +281,10 @@ def test_pull_failure_blocks_teardown(fresh_fleet: LocalFleet, tmp_path: Path) -
     assert not any(fresh_fleet.leftovers().values())
 
 
-def test_watcher_crash_then_reattach(
-    fresh_fleet: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
-) -> None:
-    # 6 epochs (about 140 steps, as test_laptop_watcher_killed): the job still trains when the
-    # watcher is killed at its first step and when `fab watch` re-attaches a second later
-    playbook = playbook_for(tmp_path, digits_workdir, "--epochs 6 --step-sleep 0.05")
+def test_watcher_crash_then_reattach(fresh_fleet: LocalFleet, fleetrun_home: Path, tmp_path: Path) -> None:
+    # 300 steps of 0.05 s: the job still trains when the watcher is killed at its first step and
+    # when `fab watch` re-attaches a second later
+    playbook = steps_playbook(tmp_path, "--steps 300 --step-sleep 0.05")
     kill_watcher_after_first_step(playbook, fresh_fleet, fleetrun_home)
     with RunRecords(fleetrun_home / "runs.db") as records:
         records.mark_stale_as_interrupted(time.time())

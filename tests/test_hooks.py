@@ -26,7 +26,7 @@ from launch.errors import SpecError
 from launch.job.spec import load_job_spec
 from launch.run import lifecycle
 from launch.run.hooks import LocalHooks, before_stop_files, local_hooks_verdict, run_on_end, save_on_end
-from tests.conftest import TEST_PREFIX, fab, needs_root, sample_inventory, write_playbook
+from tests.conftest import STEPS_JOB, TEST_PREFIX, fab, needs_root, sample_inventory, write_playbook
 
 ALLOWED = LocalHooks(True, "allowed (test)", "job.yaml")
 
@@ -311,16 +311,17 @@ def test_train_saves_the_verdict_and_warns_at_launch(
 
 @needs_root()
 def test_a_run_whose_on_end_hooks_fail_and_hang_still_succeeds(
-    fleet: object, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+    fleet: object, fleetrun_home: Path, tmp_path: Path
 ) -> None:
     """On the session's fleet: the run's outcome, exit code and teardown line are the usual ones;
-    ``hooks.json`` records the failing and the killed hook; ``before_stop`` reached the nodes."""
+    ``hooks.json`` records the failing and the killed hook; ``before_stop`` reached the nodes.
+    The job is the torch-free trainer: hooks are the subject, not training."""
     playbook = write_playbook(
         tmp_path / "job.yaml",
-        digits_workdir,
+        STEPS_JOB,
         name="t-hooks",
         nodes=2,
-        entrypoint="python -m trainer.task --epochs 1",
+        entrypoint="python steps.py --steps 20",
         on_end=["exit 1", "sleep 600", 'cat > "$FLEETRUN_RUN_DIR/seen.json"'],
         before_stop=["echo bye"],
         hook_timeout_s=3,

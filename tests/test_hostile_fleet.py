@@ -30,6 +30,7 @@ from launch.fleets.local import LocalFleet
 from launch.run.summary import RunResult
 from tests.conftest import (
     REPO,
+    STEPS_JOB,
     fleet_prefix,
     fleet_subnet,
     needs_root,
@@ -194,16 +195,18 @@ def lab_inventory(fleet: LocalFleet, path: Path) -> Path:
 
 
 def test_a_lab_run_and_its_watchdog_never_power_anything_off(
-    fresh_fleet: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+    fresh_fleet: LocalFleet, fleetrun_home: Path, tmp_path: Path
 ) -> None:
+    """The job is the torch-free trainer (``tests/stdlib_job``): what is tested is the teardown
+    and the watchdog on lab machines, not training."""
     inventory = lab_inventory(fresh_fleet, tmp_path / "hosts.yaml")
     playbook = write_playbook(
         tmp_path / "job.yaml",
-        digits_workdir,
+        STEPS_JOB,
         name="t-lab",
         nodes=2,
         teardown="always",
-        entrypoint="python -m trainer.task --epochs 1",
+        entrypoint="python steps.py --steps 20",
     )
     console, _ = terminal()
     result = app.train(
@@ -218,11 +221,11 @@ def test_a_lab_run_and_its_watchdog_never_power_anything_off(
     # and runs the lab's power-off hook, which powers nothing off
     long_job = write_playbook(
         tmp_path / "long.yaml",
-        digits_workdir,
+        STEPS_JOB,
         name="t-lab-long",
         nodes=2,
         teardown="always",
-        entrypoint="python -m trainer.task --epochs 200 --step-sleep 0.05",
+        entrypoint="python steps.py --steps 100000 --step-sleep 0.05",
         stop={"watcher_lost_after_s": 5, "max_wall_time_s": 30},
     )
     fab = subprocess.Popen(

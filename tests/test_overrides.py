@@ -20,7 +20,7 @@ from launch.job.spec import load_job_spec
 from launch.reports.compare import ComparedRun, RunMetrics, compare_rows, compare_table
 from launch.reports.views import show_run
 from launch.run.records import RunRecords
-from tests.conftest import REPO, SAMPLE_HOST_KEYS, TEST_PREFIX, fab, needs_root, write_playbook
+from tests.conftest import REPO, SAMPLE_HOST_KEYS, STEPS_JOB, TEST_PREFIX, fab, needs_root, write_playbook
 
 
 def _spec(tmp_path: Path, *sets: str, **fields: object):  # type: ignore[no-untyped-def]
@@ -190,13 +190,12 @@ def test_doctor_set_without_a_playbook_says_so(tmp_path: Path) -> None:
 
 
 @needs_root()
-def test_a_run_with_set_uses_and_records_it(
-    fleet: object, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
-) -> None:
+def test_a_run_with_set_uses_and_records_it(fleet: object, fleetrun_home: Path, tmp_path: Path) -> None:
     """On the session's fleet: 2 of its 3 nodes, a learning rate the trainer receives, a wall-time
-    rule; ``fab show`` and ``fab compare`` print what was set."""
+    rule; ``fab show`` and ``fab compare`` print what was set. The job is the torch-free trainer:
+    the overrides are the subject, not training."""
     playbook = write_playbook(
-        tmp_path / "job.yaml", digits_workdir, name="t-set", entrypoint="python -m trainer.task --epochs 1"
+        tmp_path / "job.yaml", STEPS_JOB, name="t-set", entrypoint="python steps.py --steps 20"
     )
     runs = tmp_path / "runs"
     proc = fab(

@@ -24,7 +24,7 @@ from launch.planning.queue import (
     skipped_notes,
 )
 from launch.run.records import RunRecords
-from tests.conftest import REPO, TEST_PREFIX, fab, needs_root, write_playbook
+from tests.conftest import REPO, STEPS_JOB, TEST_PREFIX, fab, needs_root, write_playbook
 
 
 def test_the_listing_is_parsed_strictly_and_only_live_entries_block() -> None:
@@ -73,19 +73,33 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen[str], timeout: float 
 
 @needs_root()
 def test_two_laptops_run_one_after_the_other_and_a_killed_waiter_does_not_block(
-    fleet: object, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+    fleet: object, fleetrun_home: Path, tmp_path: Path
 ) -> None:
     """Laptop A runs, without ``--wait``: it holds the machine all the same (``fab queue
     INVENTORY`` shows it, and a plain ``fab train`` from laptop P is refused, naming A's run);
     laptop K queues behind it and is killed (kill -9); laptop B queues behind both. B starts after
-    A ended (arrival order) and is not held up for ever by K's entry."""
+    A ended (arrival order) and is not held up for ever by K's entry.
+
+    The job is the torch-free trainer, held at its first step until B waits (a release file the
+    node users can see): A still runs while the others queue, whatever the machine's load."""
+    release_dir = Path(tempfile.mkdtemp(prefix="fleetrun-queue-"))
+    release_dir.chmod(0o755)  # the node users look for the release file here
+    release = release_dir / "release"
     playbook = write_playbook(
         tmp_path / "job.yaml",
-        digits_workdir,
+        STEPS_JOB,
         name="t-queue",
         nodes=1,
-        entrypoint="python -m trainer.task --epochs 3",
+        entrypoint=f"python steps.py --steps 20 --hold-until {release}",
     )
+    try:
+        _one_after_the_other(playbook, release, fleetrun_home, tmp_path)
+    finally:
+        release.touch()
+        shutil.rmtree(release_dir, ignore_errors=True)
+
+
+def _one_after_the_other(playbook: Path, release: Path, fleetrun_home: Path, tmp_path: Path) -> None:
     ttl = {"FLEETRUN_QUEUE_TTL_S": "6"}
     homes = {}
     for name in ("a", "k", "b", "p"):  # four laptops: their own state, the fleet's keys copied in
@@ -118,6 +132,8 @@ def test_two_laptops_run_one_after_the_other_and_a_killed_waiter_does_not_block(
     k.wait()
     b = _start(playbook, homes["b"], tmp_path / "runs-b", ttl, logs["b"])
     _wait_for(logs["b"], "waiting for the machines (arrival order)", b)
+    assert a.poll() is None, "A still holds the machine while B waits"
+    release.touch()
     assert a.wait(timeout=600) == 0, logs["a"].read_text()[-3000:]
     assert b.wait(timeout=600) == 0, logs["b"].read_text()[-3000:]
     assert "t-queue-" in logs["b"].read_text().split("waiting for the machines", 1)[1], "B saw who was ahead"

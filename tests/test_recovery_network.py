@@ -27,6 +27,7 @@ from launch.fleets.local import LocalFleet
 from launch.run.summary import RunResult
 from tests.conftest import (
     REPO,
+    STEPS_JOB,
     assert_nothing_running,
     fleet_prefix,
     fleet_subnet,
@@ -92,10 +93,15 @@ def train_watched(book: Path, fleet: LocalFleet, during: object = None) -> tuple
 
 
 def test_rank_failing_every_time_stops_after_max_restarts(fleet3: LocalFleet, tmp_path: Path) -> None:
-    book = playbook(
-        tmp_path,
-        "--steps 45 --step-sleep 0.1 --fail-rank 1 --fail-step 8",
-        {"max_restarts": 1, "on": ["rank_failed"]},
+    """The job is the torch-free trainer (rank 1 fails at step 8 of every attempt; the others
+    step on until stopped): the restart policy is the subject, not the training state."""
+    book = write_playbook(
+        tmp_path / "job.yaml",
+        STEPS_JOB,
+        name="t-recover-net",
+        entrypoint="python steps.py --checkpoint-every 5 --steps 4000 --step-sleep 0.1 --fail-rank 1 --fail-step 8",
+        recovery={"grace_s": 2, "confirm_s": 2, "max_restarts": 1, "on": ["rank_failed"]},
+        stop={"watcher_lost_after_s": 300},
     )
     result = run_with_fault(book, fleet3, None)
     assert result.outcome == "failed" and result.rule == "rank_failed", result.reason

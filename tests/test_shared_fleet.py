@@ -19,7 +19,7 @@ from launch.paths import known_hosts_file
 from launch.run.artifacts import stop_all
 from launch.run.summary import RunResult
 from launch.transport.ssh import Fleet
-from tests.conftest import REPO, TEST_PREFIX, needs_root, write_playbook
+from tests.conftest import REPO, STEPS_JOB, TEST_PREFIX, needs_root, write_playbook
 from tests.faultkit import is_step_record, quiet, wait_for
 
 pytestmark = needs_root()
@@ -172,20 +172,22 @@ def test_two_runs_on_the_same_nodes_at_once_both_succeed_on_their_own_ports(
 
 
 def test_stopping_one_run_leaves_the_other_running_to_success(
-    fleet: LocalFleet, digits_workdir: Path, tmp_path: Path, fleetrun_home: Path
+    fleet: LocalFleet, tmp_path: Path, fleetrun_home: Path
 ) -> None:
+    """Both jobs are the torch-free trainer (under torchrun, each run with its own rendezvous):
+    the subject is which processes a stop reaches, not training."""
     victim = write_playbook(
         tmp_path / "v.yaml",
-        digits_workdir,
+        STEPS_JOB,
         name="t-share-v",
-        entrypoint="python -m trainer.task --epochs 50 --step-sleep 0.05",
+        entrypoint="python steps.py --steps 100000 --step-sleep 0.05",
         stop={"watcher_lost_after_s": 600},
     )
     survivor = write_playbook(
         tmp_path / "s.yaml",
-        digits_workdir,
+        STEPS_JOB,
         name="t-share-s",
-        entrypoint="python -m trainer.task --epochs 3 --step-sleep 0.03",
+        entrypoint="python steps.py --steps 200 --step-sleep 0.05",
     )
     # the victim's watcher is `fab train` as a user runs it, SIGKILLed once both runs train
     fab = subprocess.Popen(
