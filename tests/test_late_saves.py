@@ -70,3 +70,16 @@ def test_rank_0s_node_lost_or_silent_changes_nothing(tmp_path: Path) -> None:
     failing = _ctx(tmp_path, _Conn(text, ok=False))
     late_saves(failing, _state(), {"n0"})
     assert failing.peers.recorded == {10: DIGEST_10} and failing.reporter.lines == []
+
+
+def test_rank_0s_node_is_known_before_its_first_save() -> None:
+    """Before any save the node whose metrics stream has records is rank 0's (it alone writes
+    metrics): a first save made during the grace is looked for there."""
+    from launch.run.peer_copies import saver
+
+    def node(records: int = 0, saved: dict[int, str] | None = None) -> Any:
+        return SimpleNamespace(stream=SimpleNamespace(records=records, events=0, saved_checkpoints=saved or {}))
+
+    assert saver(SimpleNamespace(nodes={"n0": node(), "n1": node(records=3)})) == "n1"
+    assert saver(SimpleNamespace(nodes={"n0": node(records=3), "n1": node(saved={5: DIGEST_10})})) == "n1"
+    assert saver(SimpleNamespace(nodes={"n0": node(), "n1": node()})) is None

@@ -49,11 +49,16 @@ STOP_WAIT_S = 20.0
 
 
 def saver(watcher: Any) -> str | None:
-    """The node whose metrics stream reported checkpoint saves (rank 0's), or None."""
-    for name, node in getattr(watcher, "nodes", {}).items():
-        stream = getattr(node, "stream", None)
+    """The node whose metrics stream reported checkpoint saves (rank 0's), else the one whose
+    stream has any record (rank 0 alone writes metrics: where its first save will be reported,
+    even one made after the watcher stopped, ``launch.run.attempts.late_saves``), or None."""
+    streams = [(str(n), getattr(node, "stream", None)) for n, node in getattr(watcher, "nodes", {}).items()]
+    for name, stream in streams:
         if stream is not None and getattr(stream, "saved_checkpoints", None):
-            return str(name)
+            return name
+    for name, stream in streams:
+        if stream is not None and (getattr(stream, "records", 0) or getattr(stream, "events", 0)):
+            return name
     return None
 
 
