@@ -78,7 +78,9 @@ def test_rank_0s_node_is_known_before_its_first_save() -> None:
     from launch.run.peer_copies import saver
 
     def node(records: int = 0, saved: dict[int, str] | None = None) -> Any:
-        return SimpleNamespace(stream=SimpleNamespace(records=records, events=0, saved_checkpoints=saved or {}))
+        return SimpleNamespace(
+            stream=SimpleNamespace(records=records, events=0, saved_checkpoints=saved or {})
+        )
 
     assert saver(SimpleNamespace(nodes={"n0": node(), "n1": node(records=3)})) == "n1"
     assert saver(SimpleNamespace(nodes={"n0": node(records=3), "n1": node(saved={5: DIGEST_10})})) == "n1"

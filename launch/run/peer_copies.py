@@ -57,7 +57,8 @@ def saver(watcher: Any) -> str | None:
         if stream is not None and getattr(stream, "saved_checkpoints", None):
             return name
     for name, stream in streams:
-        if stream is not None and (getattr(stream, "records", 0) or getattr(stream, "events", 0)):
+        wrote = [getattr(stream, key, 0) for key in ("records", "events")] if stream is not None else []
+        if any(wrote):
             return name
     return None
 
