@@ -8,12 +8,21 @@ tools, an ``/etc/passwd``, and the venv itself at the same path it has on the no
 root's podman into the shared store (``podman import``), ``PATH`` leading to the venv. Built
 once per content (the tag carries a digest of the recipe and the venv), like ``/opt/fleetrun``
 itself, under a lock so two sessions never build it at once.
+
+Every file of the image is owned by the first id of the node users' one subordinate range
+(``containers.SHARED_SUBIDS``), not by root: root's uid 0 is not mapped in a node user's rootless
+namespace, and overlay cannot copy up a file whose owner is unmapped (a mount point such as
+``/home/<user>`` could not be made: EOVERFLOW), while the range's first id is container uid 1 in
+every node user's namespace. The image also carries an empty ``/run/.containerenv``, which
+podman otherwise creates at each start. On a real machine each user pulls the image into their
+own store, which maps it; the shared store and range are the local fleet's test arrangement.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import os
 import shlex
 import shutil
@@ -22,10 +31,11 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from launch.fleets.local.containers import IMAGE_RUNROOT, IMAGE_STORE
+from launch.fleets.local import LocalFleet
+from launch.fleets.local.containers import IMAGE_RUNROOT, IMAGE_STORE, SHARED_SUBIDS
 from launch.fleets.local.prereqs import image_dir
 
-RECIPE = "fleetrun-test-image-v2"
+RECIPE = "fleetrun-test-image-v3"
 IMAGE_NAME = "localhost/fleetrun-test"
 TOOLS = ("sh", "dash", "env", "id", "cat", "mkdir", "sleep", "ls", "rm", "nproc", "true", "grep", "head")
 VENV_PATH = "/opt/fleetrun/image/venv/bin"
@@ -76,6 +86,16 @@ def _real_dir(path: Path) -> Path:
     return Path(os.path.realpath(path.parent)) / path.name
 
 
+OWNER = SHARED_SUBIDS[0]
+"""The owner of every file of the image (see the module docstring)."""
+
+
+def _owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = OWNER
+    info.uname = info.gname = ""
+    return info
+
+
 def _add(tar: tarfile.TarFile, path: str) -> None:
     """``path`` and, if it is a link, what it points to (links kept as links)."""
     seen = set(tar.getnames())
@@ -86,9 +106,9 @@ def _add(tar: tarfile.TarFile, path: str) -> None:
             for parent in reversed(current.parents[:-1]):
                 parent_name = str(parent).lstrip("/")
                 if parent_name and parent_name not in seen:
-                    tar.add(str(parent), arcname=parent_name, recursive=False)
+                    tar.add(str(parent), arcname=parent_name, recursive=False, filter=_owned)
                     seen.add(parent_name)
-            tar.add(str(current), arcname=name, recursive=False)
+            tar.add(str(current), arcname=name, recursive=False, filter=_owned)
             seen.add(name)
         if not current.is_symlink():
             return
@@ -117,7 +137,7 @@ def build_rootfs_tar(out: Path) -> None:
         with tarfile.open(out, "w") as tar:
             for top in ("/bin", "/sbin", "/lib", "/lib64"):
                 if os.path.islink(top):  # merged /usr: the links themselves
-                    tar.add(top, arcname=top.lstrip("/"), recursive=False)
+                    tar.add(top, arcname=top.lstrip("/"), recursive=False, filter=_owned)
             for path in sorted({*map(str, binaries), *libs}):
                 _add(tar, path)
             for link in ("/usr/bin/python3", "/usr/bin/sh"):
@@ -130,7 +150,7 @@ def build_rootfs_tar(out: Path) -> None:
                 if info.name in seen:
                     return None
                 seen.add(info.name)
-                return info
+                return _owned(info)
 
             tar.add(str(stdlib), arcname=str(stdlib).lstrip("/"), filter=once)
             for parent in reversed(venv.parents[:-1]):
@@ -141,7 +161,10 @@ def build_rootfs_tar(out: Path) -> None:
                 info = tarfile.TarInfo(empty)
                 info.type = tarfile.DIRTYPE
                 info.mode = 0o1777 if empty == "tmp" else 0o755
-                tar.addfile(info)
+                tar.addfile(_owned(info))
+            marker = tarfile.TarInfo("run/.containerenv")  # podman fills it at each start
+            marker.mode = 0o644
+            tar.addfile(_owned(marker), io.BytesIO(b""))
 
 
 def _share_store() -> None:
@@ -179,11 +202,25 @@ def ensure_test_image() -> str:
     return tag
 
 
-def node_podman(user: str, netns: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """The node user's own podman, as a session on the node has it (its namespace, its /etc)."""
+def node_podman(
+    fleet: LocalFleet, i: int, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Node ``i``'s user's own podman, as a session on the node has it: in the namespaces of the
+    node's sshd (its network, its /etc, the cgroup mounts its start script made). Not ``ip netns
+    exec``, whose fresh mount namespace has no cgroups: podman's pause process, made by a user's
+    first podman call and joined by every later one, would keep that namespace, and no container
+    of the user could start after it. A node powered off (its sshd gone) is asked through ``ip
+    netns exec`` (enough to list or remove; nothing starts on it any more)."""
+    user = fleet.node_name(i)
     command = "cd && podman " + " ".join(shlex.quote(a) for a in args)
+    try:
+        sshd = int((fleet.node_dir(i) / "sshd.pid").read_text().split()[0])
+        os.kill(sshd, 0)
+        enter = ["nsenter", "-t", str(sshd), "-m", "-n", "-u"]
+    except (OSError, ValueError, IndexError):
+        enter = ["ip", "netns", "exec", fleet.netns(i)]
     return subprocess.run(
-        ["ip", "netns", "exec", netns, "su", "-s", "/bin/sh", user, "-c", command],
+        [*enter, "su", "-s", "/bin/sh", user, "-c", command],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -191,8 +228,8 @@ def node_podman(user: str, netns: str, *args: str, timeout: float = 120) -> subp
     )
 
 
-def containers_on(user: str, netns: str) -> list[str]:
-    """Every container (any state) of the node user, as ``podman ps -a`` lists them."""
-    done = node_podman(user, netns, "ps", "-a", "--format", "{{.Names}}")
+def containers_on(fleet: LocalFleet, i: int) -> list[str]:
+    """Every container (any state) of node ``i``'s user, as ``podman ps -a`` lists them."""
+    done = node_podman(fleet, i, "ps", "-a", "--format", "{{.Names}}")
     assert done.returncode == 0, done.stderr
     return done.stdout.split()

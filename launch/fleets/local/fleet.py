@@ -185,6 +185,9 @@ class LocalFleet(FleetNames):
         paths += [p for p in created["slurm_dir"] if os.path.lexists(p)]
         if created["mqueue"] and local_containers.holds_mqueue(self.prefix):
             paths.append(str(local_containers.MQUEUE_LEDGER / "holders" / self.prefix))
+        # userdel removes a user's subordinate ids; a line left for one of the fleet's users
+        # (gone or not) is the fleet's leftover (a next user of that name would inherit the range)
+        paths += local_containers.subid_lines(owners)
         return {
             "netns": [n for n in created["netns"] if n in netns],
             "links": [n for n in created["link"] if n in links],
