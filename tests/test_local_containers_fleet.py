@@ -5,6 +5,7 @@ fresh ``/sys`` lacks. Runs in containers on such a fleet: tests/test_container_r
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,3 +103,18 @@ def test_a_cgroup2_only_machine_gets_one_cgroup2_mount_and_a_bare_name_gets_none
     assert local_containers.cgroup_mount_commands(named) == [
         "mkdir -p /sys/fs/cgroup/systemd && mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd"
     ]
+
+
+@needs_root()
+def test_a_users_podman_state_in_tmp_goes_and_nothing_else(tmp_path: Path) -> None:
+    """What a removed (or replaced) node user of uid 4242 left at the top of /tmp goes; another
+    user's entries stay, and a link of the user's is removed without following it."""
+    theirs, other, target = tmp_path / "containers-user-4242", tmp_path / "keep", tmp_path / "target"
+    (theirs / "containers").mkdir(parents=True)
+    other.mkdir()
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    for path in (theirs, theirs / "containers", tmp_path / "link"):
+        os.lchown(path, 4242, 4242)
+    local_containers.remove_tmp_of(4242, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "target"]

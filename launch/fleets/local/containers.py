@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import re
 import shlex
 import shutil
@@ -154,6 +155,23 @@ def subid_lines(users: set[str]) -> list[str]:
             continue
         found += [f"{name}:{line}" for line in lines if line.split(":", 1)[0] in users]
     return found
+
+
+def remove_tmp_of(uid: int, where: Path = Path("/tmp")) -> None:
+    """Everything user ``uid`` has at the top of ``/tmp`` (this machine's, without a mount
+    namespace per node). Rootless podman keeps its run state there (``/tmp/containers-user-<uid>``,
+    ``/tmp/podman-run-<uid>``): a replaced node's would name the old machine's containers and
+    pause process (a new VM's ``/tmp`` is empty), and one left by a removed user would be found
+    by the next user given the same uid. Links are removed, not followed."""
+    with contextlib.suppress(OSError), os.scandir(where) as found:
+        for entry in found:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
 
 
 def containers_conf() -> str:

@@ -438,6 +438,8 @@ class LocalFleet(FleetNames):
                 continue
             gid = entry.pw_gid
             remove_queue_folders(entry.pw_uid)
+            if created["mqueue"]:  # a --containers fleet: its users' podman state in /tmp
+                local_containers.remove_tmp_of(entry.pw_uid)
             run(["userdel", "--force", "--remove", user], check=False)
             with contextlib.suppress(KeyError):
                 if grp.getgrgid(gid).gr_name == user:

@@ -12,6 +12,7 @@ gives every node the same user and home path and its own ``/tmp`` (``launch.flee
 
 from __future__ import annotations
 
+import pwd
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -160,6 +161,8 @@ def make_user(
         first, count = containers.SHARED_SUBIDS
         ids = f"{first}-{first + count - 1}"
         run(["usermod", "--add-subuids", ids, "--add-subgids", ids, name])
+        # podman run state a removed user of the same uid left in /tmp would be taken for this one's
+        containers.remove_tmp_of(pwd.getpwnam(name).pw_uid)
     ssh_dir = home / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text(operator_pub + "\n")

@@ -77,22 +77,6 @@ def serve(fleet: LocalFleet, interval: float = 0.5) -> None:
         time.sleep(interval)
 
 
-def remove_tmp_of(uid: int) -> None:
-    """Everything the node user ``uid`` has at the top of ``/tmp`` (shared with this machine
-    without a mount namespace): a new VM's ``/tmp`` is empty. Rootless podman keeps its run state
-    there (``/tmp/podman-run-<uid>``, ``/tmp/containers-user-<uid>``, ``/tmp/run-<uid>``), which
-    would name containers and a pause process of the old machine. Links are removed, not followed."""
-    with contextlib.suppress(OSError), os.scandir("/tmp") as found:
-        for entry in found:
-            with contextlib.suppress(OSError):
-                if entry.stat(follow_symlinks=False).st_uid != uid:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
-
-
 def replace_node(fleet: LocalFleet, host: Host) -> Host:
     """A fresh machine in place of a lost node, as a cloud gives one: same name and address, an
     empty disk and a NEW host key (the operator must pin it again; the old one is refused).
@@ -118,7 +102,7 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     remove_queue_folders(entry.pw_uid)
     containers = bool(created["mqueue"])  # a --containers fleet (its mqueue hold is recorded)
     if containers:
-        remove_tmp_of(entry.pw_uid)
+        local_containers.remove_tmp_of(entry.pw_uid)
     for name in os.listdir(home):
         if name == ".ssh":
             continue
