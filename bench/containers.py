@@ -3,8 +3,8 @@ image vs. in the virtualenv, on the same local fleet. Goal: at most +1 s with th
 on the nodes.
 
 One ``--containers`` local fleet of ``--nodes`` nodes (``LocalFleet.up(containers=True)``: each
-node user's rootless podman, the test image of ``tests/containerkit.py`` in the machine's shared
-store, so no pull: the pull stage answers "present"). The job is the digits trainer, one epoch.
+node user's rootless podman, the fleet's image (``launch.fleets.local.container_image``) in the machine's
+shared store, so no pull: the pull stage answers "present"). The job is the digits trainer, one epoch.
 Both kinds run once untimed first (the virtualenv's setup is built, the node library is
 installed, each node user's podman makes its pause process), then ``--trials`` timed runs of
 each, alternating, so a change of the machine's load falls on both. Each is timed from the
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from launch.fleets.local import LocalFleet  # noqa: E402
-from tests.containerkit import ensure_test_image  # noqa: E402
+from launch.fleets.local.container_image import ensure_container_image  # noqa: E402
 
 TAG = os.environ.get("FLEETRUN_TEST_TAG", "")
 PREFIX = f"frb{TAG}"[:6]
@@ -117,7 +117,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     try:
         fleet.up(args.nodes, containers=True, say=lambda _m: None)
-        image = ensure_test_image()
+        image = ensure_container_image()
         with tempfile.TemporaryDirectory() as name:
             tmp = Path(name)
             books = {

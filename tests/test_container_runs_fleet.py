@@ -1,7 +1,7 @@
 """Runs inside a container image on a real 3-node local fleet (``LocalFleet.up(containers=True)``):
 each node user's own rootless podman (Debian's package, unmodified) starts the ranks in the test
-image (``tests/containerkit.py``: the fleet's Python and torch as an image in the machine's
-shared store), with the host's network and IPC, fleetrun's folders mounted at the same paths.
+image (``launch.fleets.local.container_image``: the fleet's Python and torch as an image in the
+machine's shared store), with the host's network and IPC, fleetrun's folders mounted at the same paths.
 
 One fleet for the module, its tests in order: the digits example trained across the 3 nodes
 in the image with the loss of the same run in the virtualenv; a rank killed inside its container
@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from launch.fleets.local import LocalFleet
+from launch.fleets.local.container_image import ensure_container_image
 from launch.run.summary import RunResult
 from tests.conftest import REPO, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
-from tests.containerkit import containers_on, ensure_test_image, node_podman
+from tests.containerkit import containers_on, node_podman
 from tests.faultkit import first_metrics, run_with_fault, wait_for, worker_pids
 from tests.recovery_helpers import attempts_of, run_dirs, step_reached
 
@@ -45,7 +46,7 @@ def fleet(fleetrun_home: Path) -> Iterator[LocalFleet]:
 @pytest.fixture(scope="module")
 def image(fleet: LocalFleet) -> str:
     """The test image, built into the shared store once (after the fleet's Python image it holds)."""
-    return ensure_test_image()
+    return ensure_container_image()
 
 
 def in_image(image: str) -> dict[str, object]:

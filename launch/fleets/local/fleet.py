@@ -38,6 +38,7 @@ from launch.fleets.kinds.refs import LocalFleetRef
 from launch.fleets.local import containers as local_containers
 from launch.fleets.local import daemon, mountns, uplink
 from launch.fleets.local import slurm as local_slurm
+from launch.fleets.local.container_image import ensure_container_image
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.node import Shape, behind_head, make_node, start_sshd
 from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
@@ -228,7 +229,8 @@ class LocalFleet(FleetNames):
         their bucket (``launch.fleets.local.bucket``). ``spot_notices``: a metadata endpoint in every
         node's namespace that ``serve_notice`` makes announce a spot interruption, and the
         watchdog's poller for it (``launch.fleets.local.spot``). ``containers``: rootless podman on
-        every node, reading images from this machine's shared store (``launch.fleets.local.containers``).
+        every node, reading images from this machine's shared store (``launch.fleets.local.containers``),
+        where the fleet's own Python is an image (``launch.fleets.local.container_image``).
         ``slurm``: a real Slurm cluster
         on the nodes (``launch.fleets.local.slurm``): node 0 its controller and login host, the
         others its compute nodes; implies ``vm`` (a cluster's user is the same on every node).
@@ -307,6 +309,10 @@ class LocalFleet(FleetNames):
             local_containers.check_ready([host.user for host in hosts])
             record("mqueue", self.prefix)
             local_containers.hold_mqueue(self.prefix)
+            image = ensure_container_image()
+            say(
+                f"local fleet {self.prefix}: image {image} in the nodes' shared store {local_containers.IMAGE_STORE}"
+            )
         cluster = LocalSlurm(self) if slurm else None
         if cluster is not None:
             cluster.write(nodes, record)  # before the sshd start: they bind the nodes' /etc/slurm
