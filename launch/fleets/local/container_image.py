@@ -38,6 +38,7 @@ from launch.fleets.local.prereqs import image_dir
 
 RECIPE = "fleetrun-test-image-v3"
 IMAGE_NAME = "localhost/fleetrun-test"
+LATEST = f"{IMAGE_NAME}:latest"
 TOOLS = ("sh", "dash", "env", "id", "cat", "mkdir", "sleep", "ls", "rm", "nproc", "true", "grep", "head")
 VENV_PATH = "/opt/fleetrun/image/venv/bin"
 
@@ -201,5 +202,7 @@ def ensure_container_image() -> str:
                     raise LocalFleetError(
                         f"--containers: podman import of the image failed: {done.stderr[-2000:]}"
                     )
+        # the name a how-to can show (docs/howto/containers.md): the newest build, whatever its digest
+        podman_root("tag", tag, LATEST, timeout=120)
         _share_store()
     return tag
