@@ -28,7 +28,7 @@ from launch.fleets.local.container_image import ensure_container_image
 from launch.run.summary import RunResult
 from tests.conftest import REPO, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 from tests.containerkit import containers_on, node_podman
-from tests.faultkit import first_metrics, run_with_fault, wait_for, worker_pids
+from tests.faultkit import run_with_fault, wait_for, worker_pids
 from tests.recovery_helpers import attempts_of, run_dirs, step_reached
 
 pytestmark = needs_root()
@@ -122,7 +122,10 @@ def test_a_rank_killed_in_its_container_fails_the_run_and_no_container_is_left(
         container=in_image(image),
     )
 
-    def kill_a_rank() -> None:
+    old = run_dirs(fleet)
+
+    def kill_a_rank() -> None:  # the fault waits for any metrics: the module's earlier runs have some
+        wait_for(lambda: step_reached(fleet, 2, old), 300, "this run's step 2")
         pid = worker_pids(victim)[0]
         # the rank's root is the image's: podman's marker file is there, not on this machine
         assert Path(f"/proc/{pid}/root/run/.containerenv").exists(), "the rank runs inside the image"
@@ -235,7 +238,7 @@ def test_with_the_laptop_gone_the_watchdogs_stop_the_containers(
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: first_metrics(fleet), 300, "the first metrics")
+        wait_for(lambda: step_reached(fleet, 2, old), 300, "this run's step 2")
         assert all(containers_on(fleet, i) for i in range(NODES)), "the ranks run in containers"
     finally:
         fab.kill()

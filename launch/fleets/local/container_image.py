@@ -36,7 +36,7 @@ from launch.errors import LocalFleetError
 from launch.fleets.local.containers import IMAGE_RUNROOT, IMAGE_STORE, SHARED_SUBIDS
 from launch.fleets.local.prereqs import image_dir
 
-RECIPE = "fleetrun-test-image-v3"
+RECIPE = "fleetrun-test-image-v4"
 IMAGE_NAME = "localhost/fleetrun-test"
 LATEST = f"{IMAGE_NAME}:latest"
 TOOLS = ("sh", "dash", "env", "id", "cat", "mkdir", "sleep", "ls", "rm", "nproc", "true", "grep", "head")
@@ -148,17 +148,28 @@ def build_rootfs_tar(out: Path) -> None:
             # each other): already in the tar, and podman refuses a layer with a path twice.
             seen = set(tar.getnames())
 
-            def once(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-                if info.name in seen:
-                    return None
-                seen.add(info.name)
-                return _owned(info)
+            # one entry at a time, never a recursive add: a filter that drops a folder already in
+            # the tar (the venv's, when ldd listed a library inside it) drops all it holds too
+            def tree(top: Path, arcname: str) -> None:
+                for root, dirs, files in os.walk(top):
+                    dirs.sort()
+                    for name in [
+                        root,
+                        *(os.path.join(root, f) for f in sorted(files)),
+                        *(os.path.join(root, d) for d in dirs if os.path.islink(os.path.join(root, d))),
+                    ]:
+                        entry = arcname + name[len(str(top)) :]
+                        if entry not in seen:
+                            seen.add(entry)
+                            tar.add(name, arcname=entry, recursive=False, filter=_owned)
 
-            tar.add(str(stdlib), arcname=str(stdlib).lstrip("/"), filter=once)
+            tree(stdlib, str(stdlib).lstrip("/"))
             for parent in reversed(venv.parents[:-1]):
-                tar.add(str(parent), arcname=str(parent).lstrip("/"), recursive=False, filter=once)
-            tar.add(str(venv), arcname=str(venv).lstrip("/"), filter=once)
-            tar.add(str(etc), arcname="etc", filter=once)
+                if str(parent).lstrip("/") not in seen:
+                    seen.add(str(parent).lstrip("/"))
+                    tar.add(str(parent), arcname=str(parent).lstrip("/"), recursive=False, filter=_owned)
+            tree(venv, str(venv).lstrip("/"))
+            tree(etc, "etc")
             for empty in ("tmp", "root", "dev", "proc", "sys", "run"):
                 info = tarfile.TarInfo(empty)
                 info.type = tarfile.DIRTYPE
