@@ -24,7 +24,8 @@ def node_podman(
     command = "cd && podman " + " ".join(shlex.quote(a) for a in args)
     try:
         sshd = int((fleet.node_dir(i) / "sshd.pid").read_text().split()[0])
-        os.kill(sshd, 0)
+        if not os.path.exists(f"/proc/{sshd}/ns/uts"):  # gone, or a zombie (it has no namespaces)
+            raise OSError(f"no sshd {sshd}")
         enter = ["nsenter", "-t", str(sshd), "-m", "-n", "-u"]
     except (OSError, ValueError, IndexError):
         enter = ["ip", "netns", "exec", fleet.netns(i)]
