@@ -58,6 +58,7 @@ FILE_SECONDS = {
     "tests/test_install.py": 175,
     "tests/test_recovery_preempt_fleet.py": 165,
     "tests/test_doctor_fleet.py": 165,
+    "tests/test_container_runs_fleet.py": 140,
     "tests/test_preempt_fleet.py": 130,
     "tests/test_protocol.py": 125,
     "tests/test_queue.py": 120,

@@ -1,189 +1,36 @@
-"""The test image: the local fleet's own Python (``/opt/fleetrun/image/venv``, torch CPU) as an
-OCI image in the machine's shared image store, which every ``containers=True`` fleet node reads
-(``launch.fleets.local.containers``). No registry is reachable here, so it is built locally.
-
-A minimal root file system: Debian's ``python3.11`` and its standard library, the shared
-libraries that it and the venv's extension modules link (as ``ldd`` lists them), ``sh`` and a few
-tools, an ``/etc/passwd``, and the venv itself at the same path it has on the nodes; imported by
-root's podman into the shared store (``podman import``), ``PATH`` leading to the venv. Built
-once per content (the tag carries a digest of the recipe and the venv), like ``/opt/fleetrun``
-itself, under a lock so two sessions never build it at once.
-"""
+"""What the container fleet tests ask of a node: its user's own podman, as a session on the node
+has it (``node_podman``), and the containers it holds (``containers_on``). The image itself is the
+local fleet's (``launch.fleets.local.container_image``)."""
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import shlex
-import shutil
 import subprocess
-import tarfile
-import tempfile
-from pathlib import Path
 
-from launch.fleets.local.containers import IMAGE_RUNROOT, IMAGE_STORE
-from launch.fleets.local.prereqs import image_dir
-
-RECIPE = "fleetrun-test-image-v2"
-IMAGE_NAME = "localhost/fleetrun-test"
-TOOLS = ("sh", "dash", "env", "id", "cat", "mkdir", "sleep", "ls", "rm", "nproc", "true", "grep", "head")
-VENV_PATH = "/opt/fleetrun/image/venv/bin"
+from launch.fleets.local import LocalFleet
 
 
-def podman_root(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """Root's podman on the shared store."""
-    argv = [
-        "podman",
-        "--root",
-        str(IMAGE_STORE),
-        "--runroot",
-        str(IMAGE_RUNROOT),
-        "--storage-driver",
-        "overlay",
-    ]
-    return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def image_tag() -> str:
-    """The image's reference: the recipe and the venv's installed packages decide it."""
-    venv = image_dir() / "venv"
-    digest = hashlib.sha256(RECIPE.encode())
-    site = sorted((venv / "lib").glob("python3*/site-packages/*.dist-info"))
-    for entry in site:
-        digest.update(entry.name.encode())
-    digest.update(Path("/usr/bin/python3").resolve().name.encode())
-    return f"{IMAGE_NAME}:{digest.hexdigest()[:12]}"
-
-
-def _libraries(paths: list[Path]) -> set[str]:
-    """The shared libraries ``paths`` link, by absolute path (``ldd``)."""
-    found: set[str] = set()
-    for start in range(0, len(paths), 200):
-        proc = subprocess.run(
-            ["ldd", *map(str, paths[start : start + 200])], capture_output=True, text=True, check=False
-        )
-        for line in proc.stdout.splitlines():
-            for word in line.split():
-                if word.startswith("/") and "(" not in word and os.path.exists(word):
-                    found.add(word)
-    return found
-
-
-def _real_dir(path: Path) -> Path:
-    """``path`` with its folders resolved (``/lib`` is a link to ``usr/lib`` on merged-/usr
-    Debian): a file under a linked folder cannot be unpacked."""
-    return Path(os.path.realpath(path.parent)) / path.name
-
-
-def _add(tar: tarfile.TarFile, path: str) -> None:
-    """``path`` and, if it is a link, what it points to (links kept as links)."""
-    seen = set(tar.getnames())
-    current = _real_dir(Path(path))
-    while True:
-        name = str(current).lstrip("/")
-        if name not in seen:
-            for parent in reversed(current.parents[:-1]):
-                parent_name = str(parent).lstrip("/")
-                if parent_name and parent_name not in seen:
-                    tar.add(str(parent), arcname=parent_name, recursive=False)
-                    seen.add(parent_name)
-            tar.add(str(current), arcname=name, recursive=False)
-            seen.add(name)
-        if not current.is_symlink():
-            return
-        target = os.readlink(current)
-        current = _real_dir(Path(os.path.normpath(current.parent / target)))
-
-
-def build_rootfs_tar(out: Path) -> None:
-    """The image's root file system as a tar (see the module docstring)."""
-    venv = image_dir() / "venv"
-    python = Path("/usr/bin/python3").resolve()
-    binaries = [python, *(Path(p) for t in TOOLS if (p := shutil.which(t, path="/usr/bin:/bin")))]
-    extensions = [p for p in venv.rglob("*.so*") if p.is_file() and not p.is_symlink()]
-    stdlib = python.parent.parent / "lib" / python.name
-    libs = _libraries([*binaries, *extensions, *stdlib.glob("lib-dynload/*.so")])
-    with tempfile.TemporaryDirectory() as tmp:
-        etc = Path(tmp) / "etc"
-        etc.mkdir()
-        (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n")
-        (etc / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
-        # What podman binds or links in /etc at each start: rootless podman cannot create them in
-        # a root-made store's layer ("creating /etc/mtab symlink: permission denied").
-        for name in ("hosts", "resolv.conf", "hostname"):
-            (etc / name).write_text("")
-        (etc / "mtab").symlink_to("/proc/mounts")
-        with tarfile.open(out, "w") as tar:
-            for top in ("/bin", "/sbin", "/lib", "/lib64"):
-                if os.path.islink(top):  # merged /usr: the links themselves
-                    tar.add(top, arcname=top.lstrip("/"), recursive=False)
-            for path in sorted({*map(str, binaries), *libs}):
-                _add(tar, path)
-            for link in ("/usr/bin/python3", "/usr/bin/sh"):
-                _add(tar, link)
-            # A library ``ldd`` listed may sit in the stdlib or the venv (torch's own libraries link
-            # each other): already in the tar, and podman refuses a layer with a path twice.
-            seen = set(tar.getnames())
-
-            def once(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-                if info.name in seen:
-                    return None
-                seen.add(info.name)
-                return info
-
-            tar.add(str(stdlib), arcname=str(stdlib).lstrip("/"), filter=once)
-            for parent in reversed(venv.parents[:-1]):
-                tar.add(str(parent), arcname=str(parent).lstrip("/"), recursive=False, filter=once)
-            tar.add(str(venv), arcname=str(venv).lstrip("/"), filter=once)
-            tar.add(str(etc), arcname="etc", filter=once)
-            for empty in ("tmp", "root", "dev", "proc", "sys", "run"):
-                info = tarfile.TarInfo(empty)
-                info.type = tarfile.DIRTYPE
-                info.mode = 0o1777 if empty == "tmp" else 0o755
-                tar.addfile(info)
-
-
-def _share_store() -> None:
-    """Make the store's metadata readable by the node users; the layers' own files keep their modes."""
-    for root, dirs, files in os.walk(IMAGE_STORE):
-        if os.path.basename(root) == "diff":
-            dirs[:] = []
-            continue
-        os.chmod(root, os.stat(root).st_mode | 0o555)
-        for name in files:
-            path = os.path.join(root, name)
-            if not os.path.islink(path):
-                os.chmod(path, os.stat(path).st_mode | 0o444)
-    for folder in [IMAGE_STORE, *IMAGE_STORE.parents]:
-        if folder == Path("/"):
-            break
-        os.chmod(folder, os.stat(folder).st_mode | 0o555)
-
-
-def ensure_test_image() -> str:
-    """The test image's reference, built into the shared store if it is not there yet."""
-    tag = image_tag()
-    IMAGE_STORE.parent.mkdir(parents=True, exist_ok=True)
-    with open(IMAGE_STORE.parent / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if podman_root("image", "exists", tag, timeout=120).returncode != 0:
-            with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-                tar = Path(tmp) / "rootfs.tar"
-                build_rootfs_tar(tar)
-                change = f"ENV PATH={VENV_PATH}:/usr/local/bin:/usr/bin:/bin"
-                done = podman_root("import", "--change", change, str(tar), tag)
-                if done.returncode != 0:
-                    raise RuntimeError(f"podman import of the test image failed: {done.stderr[-2000:]}")
-        _share_store()
-    return tag
-
-
-def node_podman(user: str, netns: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """The node user's own podman, as a session on the node has it (its namespace, its /etc)."""
+def node_podman(
+    fleet: LocalFleet, i: int, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Node ``i``'s user's own podman, as a session on the node has it: in the namespaces of the
+    node's sshd (its network, its /etc, the cgroup mounts its start script made). Not ``ip netns
+    exec``, whose fresh mount namespace has no cgroups: podman's pause process, made by a user's
+    first podman call and joined by every later one, would keep that namespace, and no container
+    of the user could start after it. A node powered off (its sshd gone) is asked through ``ip
+    netns exec`` (enough to list or remove; nothing starts on it any more)."""
+    user = fleet.node_name(i)
     command = "cd && podman " + " ".join(shlex.quote(a) for a in args)
+    try:
+        sshd = int((fleet.node_dir(i) / "sshd.pid").read_text().split()[0])
+        if not os.path.exists(f"/proc/{sshd}/ns/uts"):  # gone, or a zombie (it has no namespaces)
+            raise OSError(f"no sshd {sshd}")
+        enter = ["nsenter", "-t", str(sshd), "-m", "-n", "-u"]
+    except (OSError, ValueError, IndexError):
+        enter = ["ip", "netns", "exec", fleet.netns(i)]
     return subprocess.run(
-        ["ip", "netns", "exec", netns, "su", "-s", "/bin/sh", user, "-c", command],
+        [*enter, "su", "-s", "/bin/sh", user, "-c", command],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -191,8 +38,8 @@ def node_podman(user: str, netns: str, *args: str, timeout: float = 120) -> subp
     )
 
 
-def containers_on(user: str, netns: str) -> list[str]:
-    """Every container (any state) of the node user, as ``podman ps -a`` lists them."""
-    done = node_podman(user, netns, "ps", "-a", "--format", "{{.Names}}")
+def containers_on(fleet: LocalFleet, i: int) -> list[str]:
+    """Every container (any state) of node ``i``'s user, as ``podman ps -a`` lists them."""
+    done = node_podman(fleet, i, "ps", "-a", "--format", "{{.Names}}")
     assert done.returncode == 0, done.stderr
     return done.stdout.split()

@@ -77,7 +77,7 @@ def test_podman_argv(tmp_path: Path) -> None:
     assert rc == 0
     assert argv == [
         "podman", "run", "--rm", "--init", "--pull", "never", "--name", "fleetrun-job-1-n1-a2",
-        "--label", "fleetrun.run=job-1", "--network", "host", "--ipc", "host",
+        "--label", "fleetrun.run=job-1", "--network", "host", "--uts", "host", "--ipc", "host",
         "--volume", MOUNTS[0], "--volume", MOUNTS[1], "--workdir", "/home/u/.fleetrun/work/job",
         "--env", "FLEETRUN_RUN_ID", "--env", "TF_CONFIG", "--cap-add=IPC_LOCK", "ghcr.io/lab/train:1", *INSIDE,
     ]  # fmt: skip
@@ -87,7 +87,7 @@ def test_podman_argv(tmp_path: Path) -> None:
 def test_podman_with_gpus_uses_cdi_and_a_sized_shm(tmp_path: Path) -> None:
     rc, argv = run_lines(tmp_path, launch_lines(container_run("podman", shm_size="16g")), ("podman",), gpus=8)
     assert rc == 0
-    assert argv[12:18] == ["--shm-size", "16g", "--device", "nvidia.com/gpu=all", "--volume", MOUNTS[0]]
+    assert argv[14:20] == ["--shm-size", "16g", "--device", "nvidia.com/gpu=all", "--volume", MOUNTS[0]]
     assert "--ipc" not in argv
 
 
@@ -97,7 +97,7 @@ def test_docker_argv_runs_as_the_node_user_with_its_gpus(tmp_path: Path) -> None
     ids = f"{os.getuid()}:{os.getgid()}"
     assert argv == [
         "docker", "run", "--rm", "--init", "--pull", "never", "--name", "fleetrun-job-1-n1-a2",
-        "--label", "fleetrun.run=job-1", "--network", "host", "--ipc", "host", "--gpus", "all",
+        "--label", "fleetrun.run=job-1", "--network", "host", "--uts", "host", "--ipc", "host", "--gpus", "all",
         "--user", ids, "--volume", MOUNTS[0], "--volume", MOUNTS[1], "--workdir", "/home/u/.fleetrun/work/job",
         "--env", "FLEETRUN_RUN_ID", "--env", "TF_CONFIG", "ghcr.io/lab/train:1", *INSIDE,
     ]  # fmt: skip

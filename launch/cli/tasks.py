@@ -152,6 +152,7 @@ def plan(c: Any, playbook: str, *, opts: PlaybookOptions) -> None:
         "bucket": "an S3-compatible server of the fleet's own (moto) as the nodes' bucket, removed by local.down",
         "spot": "spot-like nodes: a metadata endpoint in each node; fab local.preempt serves a notice",
         "with_slurm": "a real Slurm cluster (slurm-wlm, munge): node 0 its controller and login host, the others its compute nodes",
+        "containers": "rootless podman for each node user, the fleet's Python as an image in a shared store (for container: playbooks)",
     }
 )
 @_friendly
@@ -167,6 +168,7 @@ def local_up(
     bucket: bool = False,
     spot: bool = False,
     with_slurm: bool = False,
+    containers: bool = False,
 ) -> None:
     """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
     from launch.cli import app
@@ -181,6 +183,7 @@ def local_up(
         bucket=bucket,
         spot_notices=spot,
         slurm=with_slurm,
+        containers=containers,
     )
     for host in inventory.hosts:
         via = f" via {host.proxy_jump.label}" if host.proxy_jump else ""

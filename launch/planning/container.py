@@ -5,8 +5,9 @@ take the same ``run`` flags save for the GPUs and the user; apptainer's ``exec``
 (``--nv``, ``--bind``, ``--env``-less environment passing). What every runtime gets, whatever the
 playbook's ``options``:
 
-- the host's network (rendezvous, NCCL/Gloo on the node's own interfaces) and the host's IPC
-  (or a sized ``/dev/shm``, ``shm_size``), so collectives behave as without a container;
+- the host's network (rendezvous, NCCL/Gloo on the node's own interfaces), its hostname (``--uts
+  host``: a rank names its node, and resolves its own address, by it) and the host's IPC (or a
+  sized ``/dev/shm``, ``shm_size``), so collectives behave as without a container;
 - the node's GPUs, only when the node has some (decided on the node: ``$FLEETRUN_NODE_GPUS``);
 - fleetrun's folders at the same paths as outside (workdir, run folder with its checkpoints and
   TMPDIR, node library, compile cache, copied and node-side data channels), so every path in the
@@ -108,6 +109,8 @@ class _OciRuntime(ContainerRuntime):
             "--label",
             shlex.quote(f"{LABEL}={run.run_id}"),
             "--network",
+            "host",
+            "--uts",
             "host",
         ]
         if run.spec.shm_size is not None:

@@ -38,6 +38,7 @@ from launch.fleets.kinds.refs import LocalFleetRef
 from launch.fleets.local import containers as local_containers
 from launch.fleets.local import daemon, mountns, uplink
 from launch.fleets.local import slurm as local_slurm
+from launch.fleets.local.container_image import ensure_container_image
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
 from launch.fleets.local.node import Shape, behind_head, make_node, start_sshd
 from launch.fleets.local.prereqs import ensure_image, ensure_tools, image_python, pid_alive, require_root, run
@@ -185,6 +186,9 @@ class LocalFleet(FleetNames):
         paths += [p for p in created["slurm_dir"] if os.path.lexists(p)]
         if created["mqueue"] and local_containers.holds_mqueue(self.prefix):
             paths.append(str(local_containers.MQUEUE_LEDGER / "holders" / self.prefix))
+        # userdel removes a user's subordinate ids; a line left for one of the fleet's users
+        # (gone or not) is the fleet's leftover (a next user of that name would inherit the range)
+        paths += local_containers.subid_lines(owners)
         return {
             "netns": [n for n in created["netns"] if n in netns],
             "links": [n for n in created["link"] if n in links],
@@ -225,7 +229,8 @@ class LocalFleet(FleetNames):
         their bucket (``launch.fleets.local.bucket``). ``spot_notices``: a metadata endpoint in every
         node's namespace that ``serve_notice`` makes announce a spot interruption, and the
         watchdog's poller for it (``launch.fleets.local.spot``). ``containers``: rootless podman on
-        every node, reading images from this machine's shared store (``launch.fleets.local.containers``).
+        every node, reading images from this machine's shared store (``launch.fleets.local.containers``),
+        where the fleet's own Python is an image (``launch.fleets.local.container_image``).
         ``slurm``: a real Slurm cluster
         on the nodes (``launch.fleets.local.slurm``): node 0 its controller and login host, the
         others its compute nodes; implies ``vm`` (a cluster's user is the same on every node).
@@ -304,6 +309,10 @@ class LocalFleet(FleetNames):
             local_containers.check_ready([host.user for host in hosts])
             record("mqueue", self.prefix)
             local_containers.hold_mqueue(self.prefix)
+            image = ensure_container_image()
+            say(
+                f"local fleet {self.prefix}: image {image} in the nodes' shared store {local_containers.IMAGE_STORE}"
+            )
         cluster = LocalSlurm(self) if slurm else None
         if cluster is not None:
             cluster.write(nodes, record)  # before the sshd start: they bind the nodes' /etc/slurm
@@ -435,6 +444,8 @@ class LocalFleet(FleetNames):
                 continue
             gid = entry.pw_gid
             remove_queue_folders(entry.pw_uid)
+            if created["mqueue"]:  # a --containers fleet: its users' podman state in /tmp
+                local_containers.remove_tmp_of(entry.pw_uid)
             run(["userdel", "--force", "--remove", user], check=False)
             with contextlib.suppress(KeyError):
                 if grp.getgrgid(gid).gr_name == user:

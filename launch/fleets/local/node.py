@@ -12,6 +12,7 @@ gives every node the same user and home path and its own ``/tmp`` (``launch.flee
 
 from __future__ import annotations
 
+import pwd
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -125,15 +126,25 @@ def make_external_link(names: FleetNames, record: Record) -> None:
 
 
 def make_user(
-    names: FleetNames, i: int, operator_pub: str, record: Record, name: str = "", home: Path | None = None
+    names: FleetNames,
+    i: int,
+    operator_pub: str,
+    record: Record,
+    name: str = "",
+    home: Path | None = None,
+    shared_subids: bool = False,
 ) -> None:
-    """The node's user, marked as the fleet's (GECOS), own home, no password ('*': usable with UsePAM no)."""
+    """The node's user, marked as the fleet's (GECOS), own home, no password ('*': usable with UsePAM no).
+    ``shared_subids``: the one subordinate id range of every ``--containers`` node user
+    (``containers.SHARED_SUBIDS``) instead of a range of its own."""
     name, home = name or names.node_name(i), home or names.home(i)
     record("user", name)
     record("home", str(home))
+    no_own_range = ["-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0"] if shared_subids else []
     run(
         [
             "useradd",
+            *no_own_range,
             "--create-home",
             "--home-dir",
             str(home),
@@ -146,6 +157,12 @@ def make_user(
         ]
     )
     run(["usermod", "-p", "*", name])
+    if shared_subids:
+        first, count = containers.SHARED_SUBIDS
+        ids = f"{first}-{first + count - 1}"
+        run(["usermod", "--add-subuids", ids, "--add-subgids", ids, name])
+        # podman run state a removed user of the same uid left in /tmp would be taken for this one's
+        containers.remove_tmp_of(pwd.getpwnam(name).pw_uid)
     ssh_dir = home / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text(operator_pub + "\n")
@@ -170,7 +187,7 @@ def make_node(
         mountns.make_node_home(names, i, names.vm_user, operator_pub, record)
         mountns.make_mount_ns(names, i, names.home(0).with_name(names.vm_user), record)
     else:
-        make_user(names, i, operator_pub, record)
+        make_user(names, i, operator_pub, record, shared_subids=shape.containers)
         if shape.containers:
             containers.user_storage_conf(names.home(i), names.node_name(i))
     names.node_dir(i).mkdir(parents=True, exist_ok=True)
@@ -205,11 +222,18 @@ def behind_head(hosts: list[Host]) -> list[Host]:
 
 def start_sshd(names: FleetNames, i: int, shape: Shape = Shape()) -> None:
     """sshd inside the node's namespace, with the node's own UTS hostname (``unshare --uts``);
-    in VM mode entered through the node's mount namespace, so its sessions see the node's home and /tmp."""
+    in VM mode entered through the node's mount namespace, so its sessions see the node's home and /tmp.
+    A ``--containers`` node's sshd first mounts this machine's cgroups at ``/sys/fs/cgroup``, which
+    ``ip netns exec``'s fresh ``/sys`` lacks and every container runtime needs
+    (``containers.cgroup_mount_commands``)."""
     node_dir = shape.sshd_dir(names, i)
-    script = (
-        f"hostname {names.node_name(i)} && "
-        f"exec {SSHD} -f {node_dir / 'sshd_config'} -E {node_dir / 'sshd.log'}"
+    cgroups = containers.node_cgroup_mounts() if shape.containers and not shape.vm else []
+    script = " && ".join(
+        [
+            *cgroups,
+            f"hostname {names.node_name(i)}",
+            f"exec {SSHD} -f {node_dir / 'sshd_config'} -E {node_dir / 'sshd.log'}",
+        ]
     )
     if not shape.vm:
         run(["ip", "netns", "exec", names.netns(i), "unshare", "--uts", "sh", "-c", script])

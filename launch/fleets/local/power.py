@@ -21,11 +21,13 @@ import shutil
 import stat
 import sys
 import time
+from pathlib import Path
 
 import yaml
 
+from launch.fleets.local import containers as local_containers
 from launch.fleets.local.fleet import LocalFleet, remove_queue_folders
-from launch.fleets.local.node import start_sshd
+from launch.fleets.local.node import Shape, start_sshd
 from launch.fleets.local.prereqs import run
 from launch.job.inventory import Host, Inventory
 
@@ -84,6 +86,8 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     metadata), a new host key is generated, sshd starts again, and the fleet's own inventory
     file is rewritten with the new key (also where it pins the node as the others' jump host).
     Returns the new ``Host``. VM-mode nodes share one user and are refused (not ``is_ours``).
+    A ``--containers`` node comes back as its image would give it: the user's ``storage.conf``
+    naming the shared store, its sshd with the cgroup mounts, nothing of the old podman in /tmp.
     """
     index = fleet.node_index(host.name)
     created = fleet.state.load()
@@ -96,6 +100,9 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     # otherwise hold it for the next run until their lease ran out, since the run that wrote them
     # could not remove them (the old host key is refused)
     remove_queue_folders(entry.pw_uid)
+    containers = bool(created["mqueue"])  # a --containers fleet (its mqueue hold is recorded)
+    if containers:
+        local_containers.remove_tmp_of(entry.pw_uid)
     for name in os.listdir(home):
         if name == ".ssh":
             continue
@@ -111,7 +118,9 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     for old in (key, key.with_suffix(".pub")):
         old.unlink(missing_ok=True)
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(key)])
-    start_sshd(fleet, index)
+    if containers:  # what the lab's image gives a new VM: its podman reads the shared store
+        local_containers.user_storage_conf(Path(home), host.name)
+    start_sshd(fleet, index, Shape(containers=containers))
     # only a bastion fleet records a route; ``fleet`` may carry subnet 0 (``LocalFleetKind.replace``):
     # the addresses come from the host's inventory entry
     fleet.wait_for_sshd({index: host}, bastion=bool(created["route"]))
