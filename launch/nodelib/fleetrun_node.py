@@ -633,6 +633,41 @@ def _run_pids(run_id: str, watchdogs: bool | None = None) -> list[int]:
     return pids
 
 
+LAUNCHERS = (
+    b"torch.distributed.run",
+    b"torchrun",
+    b"horovodrun",
+    b"mpirun",
+    b"mpiexec",
+    b"orted",
+    b"prterun",
+)
+"""What starts ranks and holds nothing of the job's state: once every rank under it is gone, its
+own shutdown (torchrun's rendezvous goodbye, an interpreter with torch loaded: about a second) is
+not waited for."""
+
+
+def _holds_nothing(pid: int) -> bool:
+    """A launcher, fleetrun's own shells or the run's watchdog: nothing a grace could save. A
+    process that cannot be read is gone. Any other process (a rank: a launcher's child, or a
+    job's own process or script) may still write a checkpoint."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read(4096).split(b"\0")
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return True
+    if b"FLEETRUN_GUARD=1" in env:
+        return True
+    head = b" ".join(argv[:4])
+    if any(mark in head for mark in LAUNCHERS):
+        return True
+    # fleetrun's own shells (the wrapper, ``sh ./launch.sh``); a job's own shell script may trap
+    # SIGTERM to save or upload something: it keeps its grace
+    return argv[:2] == [b"sh", b"./launch.sh"] or argv[:3] == [b"sh", b"-c", WRAPPER.encode()]
+
+
 def _wrapper_of(run_dir: str) -> int | None:
     """The run's wrapper (``WRAPPER``, which ``start`` left in ``pid``) while it runs; None for a
     pid now of another process (cmdline and working directory are checked), or no wrapper."""
@@ -684,6 +719,9 @@ def stop_run(
 
     ``spare`` is a pid not to touch (the watchdog stopping the run it belongs to).
     ``only_if_stepping`` (recovery): no more grace once no rank steps (``fleetrun_stepping``).
+    Either way the grace ends once only launchers, shells and the watchdog are left
+    (``_holds_nothing``): a killed rank's torchrun took a second or more to end after SIGTERM,
+    every stop of a run whose ranks had already failed waited for it.
     """
     run_dir = os.path.join(os.path.expanduser("~"), ".fleetrun", "runs", run_id)
     wrapper = _wrapper_of(run_dir) if protocol.is_name(run_id) else None
@@ -702,18 +740,22 @@ def stop_run(
     left = found
     ranks: fleetrun_stepping.Ranks | None = None
     cut_short = False
+    ranks_gone = False
     while left and time.time() < deadline:
         if only_if_stepping and protocol.is_name(run_id):
             ranks = fleetrun_stepping.read_ranks(run_dir, time.time(), launched)
             if ranks.none_stepping:
                 cut_short = True
                 break
+        if all(_holds_nothing(p) for p in left):
+            ranks_gone = True  # only launchers, shells, the watchdog: their shutdown saves nothing
+            break
         time.sleep(0.1)
         left = [p for p in left if _alive(p)]
     killed = []
     for pid in _run_pids(run_id):
-        if pid == spare:
-            continue
+        if pid == spare or (ranks_gone and pid == wrapper):
+            continue  # the wrapper writes the exit code once its child is gone (``_end_wrapper``)
         try:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
