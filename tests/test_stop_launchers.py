@@ -86,6 +86,9 @@ def test_a_rank_under_a_launcher_keeps_its_grace_and_saves(
 def test_what_holds_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     sys.path.insert(0, str(NODELIB))
     import fleetrun_node
+    import fleetrun_procs
 
-    assert fleetrun_node._holds_nothing(2**22 + 12345), "a process gone"
-    assert not fleetrun_node._holds_nothing(os.getpid()), "pytest: any other process keeps its grace"
+    assert fleetrun_procs.holds_nothing(2**22 + 12345, fleetrun_node.WRAPPER), "a process gone"
+    assert not fleetrun_procs.holds_nothing(os.getpid(), fleetrun_node.WRAPPER), (
+        "any other process keeps its grace"
+    )

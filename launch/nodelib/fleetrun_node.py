@@ -613,59 +613,7 @@ def mean_utilization(reading: dict) -> float | None:
 
 
 def _run_pids(run_id: str, watchdogs: bool | None = None) -> list[int]:
-    """Live processes carrying ``FLEETRUN_RUN_ID=run_id``; ``watchdogs`` selects guards (True),
-    job processes (False) or both (None)."""
-    marker = f"FLEETRUN_RUN_ID={run_id}".encode()
-    me = os.getpid()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if marker not in env or not _alive(int(entry)):
-            continue
-        if watchdogs is None or (b"FLEETRUN_GUARD=1" in env) == watchdogs:
-            pids.append(int(entry))
-    return pids
-
-
-LAUNCHERS = (
-    b"torch.distributed.run",
-    b"torchrun",
-    b"horovodrun",
-    b"mpirun",
-    b"mpiexec",
-    b"orted",
-    b"prterun",
-)
-"""What starts ranks and holds nothing of the job's state: once every rank under it is gone, its
-own shutdown (torchrun's rendezvous goodbye, an interpreter with torch loaded: about a second) is
-not waited for."""
-
-
-def _holds_nothing(pid: int) -> bool:
-    """A launcher, fleetrun's own shells or the run's watchdog: nothing a grace could save. A
-    process that cannot be read is gone. Any other process (a rank: a launcher's child, or a
-    job's own process or script) may still write a checkpoint."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read(4096).split(b"\0")
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            env = fh.read().split(b"\0")
-    except OSError:
-        return True
-    if b"FLEETRUN_GUARD=1" in env:
-        return True
-    head = b" ".join(argv[:4])
-    if any(mark in head for mark in LAUNCHERS):
-        return True
-    # fleetrun's own shells (the wrapper, ``sh ./launch.sh``); a job's own shell script may trap
-    # SIGTERM to save or upload something: it keeps its grace
-    return argv[:2] == [b"sh", b"./launch.sh"] or argv[:3] == [b"sh", b"-c", WRAPPER.encode()]
+    return fleetrun_procs.run_pids(run_id, watchdogs)
 
 
 def _wrapper_of(run_dir: str) -> int | None:
@@ -720,7 +668,7 @@ def stop_run(
     ``spare`` is a pid not to touch (the watchdog stopping the run it belongs to).
     ``only_if_stepping`` (recovery): no more grace once no rank steps (``fleetrun_stepping``).
     Either way the grace ends once only launchers, shells and the watchdog are left
-    (``_holds_nothing``): a killed rank's torchrun took a second or more to end after SIGTERM,
+    (``fleetrun_procs.holds_nothing``): a killed rank's torchrun took a second or more to end after SIGTERM,
     every stop of a run whose ranks had already failed waited for it.
     """
     run_dir = os.path.join(os.path.expanduser("~"), ".fleetrun", "runs", run_id)
@@ -747,7 +695,7 @@ def stop_run(
             if ranks.none_stepping:
                 cut_short = True
                 break
-        if all(_holds_nothing(p) for p in left):
+        if all(fleetrun_procs.holds_nothing(p, WRAPPER) for p in left):
             ranks_gone = True  # only launchers, shells, the watchdog: their shutdown saves nothing
             break
         time.sleep(0.1)
