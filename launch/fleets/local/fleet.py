@@ -483,7 +483,6 @@ class LocalFleet(FleetNames):
             run(["umount", str(run_netns)], check=False)
             with contextlib.suppress(OSError):
                 run_netns.rmdir()
-        self._kill_helpers_again()
         left = self.leftovers(created)
         if not any(v for k, v in left.items() if k != "files") and left["files"] in (
             [],
@@ -529,12 +528,13 @@ class LocalFleet(FleetNames):
             or any(run(["pgrep", "-u", u], check=False).stdout.strip() for u in users)
         ):
             time.sleep(0.05)
+        self._kill_helpers_again()
 
     def _kill_helpers_again(self) -> None:
-        """The fleet's helpers (power daemon, S3 server, spot daemon) once more, before ``down``
-        says what is left: one was found alive after ``_kill`` under a loaded full test run (its
-        pid file and command line unchanged; not reproduced alone), and a helper left running
-        keeps its fleet's state folder. By pid file and command line, as ``_kill``; waited for."""
+        """The fleet's helpers (power daemon, S3 server, spot daemon) looked for again and killed
+        until none is found (three rounds at most): one was found alive after the kill above under
+        a loaded full test run (its pid file and command line unchanged; not reproduced alone),
+        and a helper left running keeps its fleet's state folder. By pid file and command line."""
         for _ in range(3):
             pids = self.power_daemon_pids() + [pid for _name, pid in self.helper_pids()]
             if not pids:
