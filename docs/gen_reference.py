@@ -579,7 +579,27 @@ def playbook_schema() -> dict[str, Any]:
     return schema
 
 
+def _ecma_patterns(node: Any) -> Any:
+    """The models' ``\\z`` (pydantic's end of text) means nothing to an editor's ECMA regex, where
+    it matches a plain "z"; ``$`` would let a trailing newline through in Python's validators. The
+    schema says ``(?![\\s\\S])``: nothing follows, in both."""
+    if isinstance(node, dict):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and pattern.endswith("\\z"):
+            node["pattern"] = pattern[:-2] + "(?![\\s\\S])"
+        for value in node.values():
+            _ecma_patterns(value)
+    elif isinstance(node, list):
+        for value in node:
+            _ecma_patterns(value)
+    return node
+
+
 def inventory_schema() -> dict[str, Any]:
+    """A lab inventory, and a Slurm one (the same plus its ``slurm`` section: the fields the user
+    writes, without those only fleetrun sets, which the loader refuses)."""
+    from launch.fleets.kinds.slurm import FLEETRUN_ONLY
+    from launch.job.fleet_refs import SlurmFleetRef
     from launch.job.inventory import Host, JumpHost
 
     host = Host.model_json_schema(mode="validation")
@@ -594,6 +614,16 @@ def inventory_schema() -> dict[str, Any]:
     defaults.pop("required", None)
     defaults["title"] = "Defaults"
     defs["Defaults"] = defaults
+    slurm = SlurmFleetRef.model_json_schema(mode="validation")
+    for name, sub in slurm.pop("$defs", {}).items():
+        defs.setdefault(name, sub)
+    _describe(slurm, {"": SlurmFleetRef})
+    for key in FLEETRUN_ONLY:
+        slurm.get("properties", {}).pop(key, None)
+    slurm["required"] = [k for k in slurm.get("required", []) if k not in FLEETRUN_ONLY]
+    slurm["additionalProperties"] = False
+    slurm["title"] = "Slurm"
+    defs["Slurm"] = slurm
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "fleetrun lab inventory",
@@ -602,6 +632,7 @@ def inventory_schema() -> dict[str, Any]:
         "properties": {
             "defaults": {"$ref": "#/$defs/Defaults"},
             "hosts": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/Host"}},
+            "slurm": {"$ref": "#/$defs/Slurm"},
         },
         "required": ["hosts"],
         "$defs": defs,
@@ -621,8 +652,14 @@ def outputs() -> tuple[dict[Path, str], list[str]]:
         REFERENCE / "cli.md": cli_page(),
         REFERENCE / "environment.md": environment_page(),
         REFERENCE / "node-protocol.md": protocol_page(),
-        SCHEMAS / "playbook.schema.json": json.dumps(playbook_schema(), indent=2, sort_keys=True) + "\n",
-        SCHEMAS / "inventory.schema.json": json.dumps(inventory_schema(), indent=2, sort_keys=True) + "\n",
+        SCHEMAS / "playbook.schema.json": json.dumps(
+            _ecma_patterns(playbook_schema()), indent=2, sort_keys=True
+        )
+        + "\n",
+        SCHEMAS / "inventory.schema.json": json.dumps(
+            _ecma_patterns(inventory_schema()), indent=2, sort_keys=True
+        )
+        + "\n",
     }
     return files, missing_p + missing_i
 

@@ -123,6 +123,27 @@ def test_schemas_accept_the_built_in_playbooks_and_refuse_unknown_fields() -> No
     assert list(ivalidator.iter_errors({**hosts, "teardown": "always"}))
 
 
+def test_the_inventory_schema_accepts_the_slurm_tutorials_file_and_refuses_what_only_fleetrun_sets() -> None:
+    """An editor checking a Slurm inventory against the schema agrees with the loader: the
+    tutorial's file is clean, ``job_ids`` (fleetrun's own record) and a typo are flagged, and the
+    patterns mean in an editor's regex what they mean in the model."""
+    schema = json.loads((REPO / "launch/job/schemas/inventory.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    text = (REPO / "docs/tutorials/slurm.md").read_text(encoding="utf-8")
+    block = text.split("# cluster.yaml\n", 1)[1].split("```", 1)[0]
+    data = yaml.safe_load(block)
+    assert data["slurm"]["partition"] == "gpu"
+    assert [e.message for e in validator.iter_errors(data)] == []
+    for bad in (
+        {"job_ids": [7]},
+        {"partitoin": "gpu"},
+        {"partition": "gpu;rm -rf /"},
+        {"exclude": ["gpu7\n"]},
+    ):
+        wrong = {**data, "slurm": {**data["slurm"], **bad}}
+        assert list(validator.iter_errors(wrong)), bad
+
+
 def test_docs_site_builds_strictly(tmp_path: Path) -> None:
     mkdocs = Path(sys.executable).parent / "mkdocs"
     if not mkdocs.exists():
