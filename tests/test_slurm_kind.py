@@ -14,7 +14,13 @@ import yaml
 from launch.errors import FleetrunError, SpecError
 from launch.fleets.kinds.base import TeardownState
 from launch.fleets.kinds.registry import fleet_kind
-from launch.fleets.kinds.slurm import SlurmKind, add_extra_job, load_slurm_inventory, read_extra_jobs
+from launch.fleets.kinds.slurm import (
+    SlurmKind,
+    add_extra_job,
+    extra_jobs_file,
+    load_slurm_inventory,
+    read_extra_jobs,
+)
 from launch.fleets.select import load_inventory
 from launch.fleets.slurm import answers, commands
 from launch.fleets.slurm.allocation import QueueBusy, wait_granted
@@ -370,6 +376,7 @@ def test_teardown_asks_squeue_once_for_every_job_and_names_the_one_still_held(
     assert login.commands("squeue") == [["squeue", "-h", "-j", "41,4", "-o", "%i|%T|%r|%N|%Q"]]
     assert outcome.state is TeardownState.FAILED and "squeue still shows job 4" in outcome.message
     assert "job 41," not in outcome.message.split("shows", 1)[1]
+    assert read_extra_jobs(41) == (4,)  # kept: the next teardown must still cancel the replacement
 
 
 def test_the_watchdogs_hook_cancels_the_runs_allocations_and_powers_nothing_off(
@@ -401,6 +408,7 @@ def test_a_lost_node_is_replaced_by_a_new_allocation_that_excludes_it(
     login.script["squeue-j"] = [capture("squeue_job_after_scancel")]
     assert kind.tear_down(lambda _l: None).state is TeardownState.DONE
     assert login.commands("scancel")[-1] == ["scancel", "41", "42"]
+    assert not extra_jobs_file(41).exists()  # every allocation gone: the file of replacements too
 
 
 def test_a_replacement_slurm_answers_with_two_nodes_is_cancelled_not_a_crash(

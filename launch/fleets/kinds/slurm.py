@@ -83,6 +83,13 @@ def add_extra_job(first: int, job_id: int) -> None:
         out.write(f"{job_id}\n")
 
 
+def forget_extra_jobs(first: int | None) -> None:
+    """The replacements' file goes once every allocation of the run is gone (squeue confirmed):
+    the run's record keeps their ids; a teardown that failed keeps the file to try again."""
+    if first is not None:
+        extra_jobs_file(first).unlink(missing_ok=True)
+
+
 def drop_extra_job(first: int, job_id: int) -> None:
     """Forget a replacement that never held a node and is cancelled (the record names only the
     allocations the run held; the teardown has nothing left to cancel of it)."""
@@ -176,6 +183,7 @@ class SlurmKind(SiteMachines):
                 TeardownState.FAILED, f"scancel {named}: squeue still shows job {', '.join(map(str, held))}"
             )
         say(f"slurm job {named}: cancelled; the nodes are back in partition {self.ref.partition}")
+        forget_extra_jobs(self.ref.job_id)
         return TeardownOutcome(
             TeardownState.DONE, f"Slurm job {named} cancelled; no allocation of this run is left"
         )
