@@ -14,10 +14,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from launch.errors import SpecError
 from launch.fleets.kinds.base import TeardownOutcome, TeardownState
 from launch.fleets.kinds.local import LocalFleetKind
 from launch.fleets.kinds.refs import LocalFleetRef, StackFleetRef
+from launch.job.spec import JobSpec
 from launch.reports.views import render_text, runs_table, show_run
+from launch.rules.stoprules import Teardown
 from launch.run import closing, opening
 from launch.run.records import RunRecords
 from launch.run.reporter import RichReporter
@@ -230,6 +233,21 @@ def test_teardown_policy(
     assert teardowns == (["frz"] if torn_down else [])
     expected = TeardownState.DONE if torn_down else TeardownState.SKIPPED
     assert run.summary.teardown.state is expected
+
+
+def test_teardown_never_on_the_command_line_is_refused_beside_a_playbooks_keep_warm() -> None:
+    """The playbook alone may not pair them (``launch.job.coherence``); ``--teardown never`` comes
+    after the playbook is read and must be refused the same way, before anything starts."""
+    spec = JobSpec.model_validate(
+        {"name": "warm", "workdir": ".", "entrypoint": "python train.py", "keep_warm_s": 600}
+    )
+    with pytest.raises(SpecError, match=r"^--teardown never: the playbook's field 'keep_warm_s' \(600 s\)"):
+        opening.teardown_policy(spec, "never")
+    assert opening.teardown_policy(spec, "on_success").teardown is Teardown.ON_SUCCESS
+    assert (
+        opening.teardown_policy(spec.model_copy(update={"keep_warm_s": None}), "never").teardown
+        is Teardown.NEVER
+    )
 
 
 # -- fleetrun's own failures -----------------------------------------------------------------------

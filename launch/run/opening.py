@@ -129,10 +129,18 @@ def teardown_policy(spec: JobSpec, teardown: str | None) -> JobSpec:
     if teardown is None:
         return spec
     try:
-        return spec.model_copy(update={"teardown": Teardown(teardown)})
+        policy = Teardown(teardown)
     except ValueError:
         choices = ", ".join(t.value for t in Teardown)
         raise SpecError(f"--teardown {clean(teardown, 100)!r}: expected one of {choices}") from None
+    if policy is Teardown.NEVER and spec.keep_warm_s is not None:
+        # the playbook alone is checked when it loads (launch.job.coherence); the option comes after
+        raise SpecError(
+            f"--teardown never: the playbook's field 'keep_warm_s' ({spec.keep_warm_s:g} s) keeps the fleet "
+            "warm and then tears it down, but never leaves it running with nothing to end it: use "
+            "--teardown always (or on_success), or remove keep_warm_s"
+        )
+    return spec.model_copy(update={"teardown": policy})
 
 
 def prepare(request: RunRequest, reporter: Reporter, dry_run: bool = False) -> PreparedRun:
