@@ -326,7 +326,12 @@ def test_a_variant_keeps_the_fleet_for_the_next_and_the_last_ends_it_as_train_do
     assert kept.state is TeardownState.SKIPPED and kept.message.startswith(
         "kept for sweep sw-2 (1 variant(s) to start"
     )
-    assert teardowns == [] and timers == [] and not any(n.warm_timers for n in first.fleet.nodes.values())
+    assert teardowns == [] and timers == []
+    # its nodes have no run now: each gets its own idle timer, claimed by the next variant's start
+    assert {n: node.warm_timers for n, node in first.fleet.nodes.items()} == {"n0": ["60"], "n1": ["60"]}
+    assert kept.message.endswith(
+        "this run's 2 node(s) power themselves off after 60 s idle unless a run claims them"
+    )
     sweep_file(home, "sw-2", [{"state": "succeeded"}, {"state": "running", "pid": os.getpid()}])
     second = run_on_fake_fleet(
         tmp_path / "b", monkeypatch, playbook_of("warm_claimed")["job"], inventory=inventory(),
@@ -395,8 +400,9 @@ def test_a_run_ending_while_another_runs_on_its_fleet_leaves_the_fleet_to_that_r
 ) -> None:
     """Two runs on disjoint hosts of one fleet (``fab train --hosts``, a sweep's two slots): the
     first to end does not tear the fleet down under the other (a teardown removes the whole
-    fleet), nor does a warm deadline passed while the other still runs; a watcher that is gone
-    holds nothing."""
+    fleet), nor does a warm deadline passed while the other still runs, but arms its own nodes'
+    idle timers (nothing else would end them without the laptop); a watcher that is gone holds
+    nothing."""
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         records = RunRecords(tmp_path / "runs.db")
@@ -414,6 +420,9 @@ def test_a_run_ending_while_another_runs_on_its_fleet_leaves_the_fleet_to_that_r
             kept.state is TeardownState.SKIPPED and "run other-run still runs on this fleet" in kept.message
         )
         assert teardowns == []
+        # with the laptop gone, the other run's watchdog ends only its own nodes: these have timers
+        # (no keep_warm_s: the time the watchdog gives a lost laptop)
+        assert {n: node.warm_timers for n, node in run.fleet.nodes.items()} == {"n0": ["120"], "n1": ["120"]}
         armed_at = records.get("other-run").started_at + 1  # kept warm after the other run started
         entry = warm.WarmEntry("fake-run-1", inventory(), armed_at, armed_at + KEEP_WARM_S, run.folder)
         assert warm.claimed_by(entry, records) == "other-run", "started before the arming, still running"
@@ -422,6 +431,30 @@ def test_a_run_ending_while_another_runs_on_its_fleet_leaves_the_fleet_to_that_r
         other.wait()
     assert warm.run_still_on(inventory(), "fake-run-1", records) is None
     assert warm.claimed_by(entry, records) is None
+
+
+def test_a_labs_machines_kept_for_another_run_get_no_timer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path, teardowns: list[str]
+) -> None:
+    """Lab machines are never powered off: ending beside another run on them arms nothing."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        records = RunRecords(tmp_path / "runs.db")
+        records.start(run_id="other-run", inventory=fake_inventory(2).to_yaml_data(), watcher_pid=other.pid)
+        run = run_on_fake_fleet(
+            tmp_path,
+            monkeypatch,
+            JobScript(steps=4),
+            inventory=fake_inventory(2),
+            teardown="always",
+            records=records,
+        )
+    finally:
+        other.kill()
+        other.wait()
+    assert "run other-run still runs on this fleet" in run.summary.teardown.message
+    assert "power themselves off" not in run.summary.teardown.message
+    assert not any(node.warm_timers for node in run.fleet.nodes.values()) and teardowns == []
 
 
 def test_the_sweep_says_how_its_fleet_ended_in_the_last_variants_words(tmp_path: Path, home: Path) -> None:

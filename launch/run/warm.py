@@ -200,6 +200,25 @@ def keep_warm(
     return kept_outcome(policy, seconds, lifetime)
 
 
+def hold_for_others(port: FleetPort, inventory: Inventory, seconds: float, say: Say) -> str:
+    """A run that ends while others still use its fleet (a sweep's other slot, another ``fab
+    train --hosts``) leaves the fleet up for them, but its own nodes then have no run and no
+    watchdog: with the laptop gone, the others' watchdogs power off only their own nodes, and
+    these would bill forever. So each of them gets its own timer, as a warm fleet's nodes do:
+    it powers the node off ``seconds`` from now unless a run claims it (the sweep's next variant
+    on this slot does within seconds). Returns the words the teardown's report adds; nothing on
+    a fleet that cannot power off (a lab's machines, a scheduler's)."""
+    if not getattr(fleet_kind(inventory.fleet), "can_power_off", False):
+        return ""
+    failed = {name: why for name, why in arm_nodes(port, seconds).items() if why}
+    for name, why in failed.items():
+        say(f"  {name}: no idle timer ({why}); the last run's end or the fleet's own deadline ends it")
+    armed = len(port.connections) - len(failed)
+    return (
+        f"; this run's {armed} node(s) power themselves off after {seconds:g} s idle unless a run claims them"
+    )
+
+
 def arm_nodes(port: FleetPort, seconds: float) -> dict[str, str]:
     """Start each node's own timer; returns every node, with why where it could not be started."""
     command = (

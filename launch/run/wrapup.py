@@ -387,16 +387,21 @@ def end_fleet(
     """The teardown action once the policy says the fleet goes: kept for the run's sweep while
     other variants of it still need the fleet (``launch.run.sweeps``), kept while another run
     this laptop recorded still runs on it (``records``; that run's end decides), else kept warm
-    until a deadline (``launch.run.warm``) when the run asks for it, else torn down now."""
+    until a deadline (``launch.run.warm``) when the run asks for it, else torn down now. A fleet
+    kept for others gets idle timers on this run's nodes (``keep_warm_s``, else the time the
+    watchdog gives a lost laptop), so no node is left billing if the laptop goes away."""
+    idle_s = target.keep_warm_s or target.rules.watcher_lost_after_s
     held = sweeps.leave(target.sweep_id, target.run_id)
     if held is not None:
-        return TeardownOutcome(TeardownState.SKIPPED, held)
+        return TeardownOutcome(
+            TeardownState.SKIPPED, held + warm.hold_for_others(fleet, target.inventory, idle_s, say)
+        )
     other = warm.run_still_on(target.inventory, target.run_id, records) if records is not None else None
     if other is not None:
         return TeardownOutcome(
             TeardownState.SKIPPED,
             f"kept: run {clean(other, 100)} still runs on this fleet (teardown: {Teardown(target.teardown).value}); "
-            "its own end decides",
+            "its own end decides" + warm.hold_for_others(fleet, target.inventory, idle_s, say),
         )
     if target.keep_warm_s:
         return warm.keep_warm(
