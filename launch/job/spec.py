@@ -147,7 +147,9 @@ class JobSpec(BaseModel):
             5 minutes later (docs/cloud.md, "A kept-warm fleet's lifetime").
         container: run the ranks inside an image on every node (``image``, ``runtime``: auto,
             podman, docker or apptainer, extra ``options``, ``shm_size``, ``credentials``); see
-            ``launch.job.container``. Without it the ranks run in the job's virtualenv.
+            ``launch.job.container``. Without it the ranks run in the job's virtualenv. With
+            ``launcher: horovod`` the image must carry Horovod and an ssh client (horovodrun runs in
+            the head's container).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
