@@ -217,7 +217,6 @@ GOOD = "name: demo\nworkdir: code\nentrypoint: python -m trainer.task\nnodes: 2\
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        ("launcher: horovod\n", "field 'container': launcher: horovod does not run in a container yet"),
         ("requirements: req.txt\n", "field 'requirements': with container: the ranks use the image's Python"),
     ],
 )
@@ -231,6 +230,16 @@ def test_what_a_container_cannot_run_yet_is_refused_naming_the_field(
     with pytest.raises(SpecError) as info:
         load_job_spec(path)
     assert str(path) in str(info.value) and expected in str(info.value)
+
+
+def test_horovod_runs_in_a_container(tmp_path: Path) -> None:
+    """horovodrun in the head's container, a container per rank on the workers
+    (``launch.planning.launchers.horovod``; tests/test_horovod_plan.py has the commands)."""
+    (tmp_path / "code").mkdir()
+    path = tmp_path / "job.yaml"
+    path.write_text(GOOD + "launcher: horovod\n")
+    loaded = load_job_spec(path)
+    assert loaded.launcher == "horovod" and loaded.container is not None
 
 
 FAKE_PODMAN = """#!/bin/sh

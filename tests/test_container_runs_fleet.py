@@ -4,7 +4,8 @@ image (``launch.fleets.local.container_image``: the fleet's Python and torch as 
 machine's shared store), with the host's network and IPC, fleetrun's folders mounted at the same paths.
 
 One fleet for the module, its tests in order: the digits example trained across the 3 nodes
-in the image with the loss of the same run in the virtualenv; a rank killed inside its container
+in the image with the loss of the same run in the virtualenv, with torchrun and with Horovod
+(horovodrun in the head's container, a container per rank on the workers); a rank killed inside its container
 (the run failed, the others stopped, no container left); a pull failure on one node (named,
 nothing started anywhere); a worker lost with ``recovery:`` (the run resumes in containers on
 the replacement node); and last, the laptop gone (the nodes' watchdogs stop the containers and
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from launch.fleets.local import LocalFleet
-from launch.fleets.local.container_image import ensure_container_image
+from launch.fleets.local.container_image import VENV_PATH, ensure_container_image
 from launch.run.summary import RunResult
 from tests.conftest import REPO, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 from tests.containerkit import containers_on, node_podman
@@ -103,6 +104,42 @@ def test_digits_trains_across_three_nodes_in_the_image_with_the_loss_of_the_virt
         assert (inside.folder / "nodes" / node / "rc").read_text().strip() == "0"
     assert inside.world is not None and inside.world["world_size"] == 3
     assert {r["host"] for r in inside.world["ranks"]} == {fleet.node_name(i) for i in range(NODES)}
+    venv, image_losses = losses(results["venv"].folder), losses(inside.folder)
+    assert len(venv) >= 10 and len(image_losses) == len(venv), (len(venv), len(image_losses))
+    for step, (a, b) in enumerate(zip(venv, image_losses, strict=True)):
+        assert math.isclose(a, b, rel_tol=1e-5), f"step {step}: {a} (virtualenv) vs {b} (image)"
+    no_containers_left(fleet)
+
+
+def test_horovod_trains_across_three_nodes_in_the_image_with_the_loss_of_the_virtualenv(
+    fleet: LocalFleet, image: str, digits_workdir: Path, tmp_path: Path
+) -> None:
+    """horovodrun in the head's container SSHes (pinned, through the cluster wrapper) to the
+    workers, where each rank's own container starts; the image's Horovod trains the digits MLP
+    with the loss of the same horovod run in the virtualenv, and no container is left."""
+    results: dict[str, RunResult] = {}
+    for name, container in (("venv", None), ("image", in_image(image))):
+        fields: dict[str, object] = {
+            "name": f"t-ctr-hvd-{name}",
+            "launcher": "horovod",
+            "entrypoint": "python -m trainer.task_horovod --epochs 2",
+        }
+        if container is not None:
+            fields["container"] = container
+        playbook = write_playbook(tmp_path / f"hvd-{name}.yaml", digits_workdir, **fields)
+        results[name] = run_with_fault(playbook, fleet, None)
+        assert results[name].outcome == "succeeded", results[name].reason
+    inside = results["image"]
+    head = inside.folder / "nodes" / fleet.node_name(0) / "launch.sh"
+    assert "podman run" in head.read_text() and "horovod.runner.launch" in head.read_text()
+    for i in range(NODES):
+        runtime = node_run_dir(fleet, i, inside.run_id) / "container_runtime"
+        assert runtime.read_text().strip() == "podman", f"{fleet.node_name(i)}: the ranks ran through podman"
+    assert inside.world is not None and inside.world["world_size"] == 3
+    assert inside.world["backend"] == "horovod-gloo"
+    ranks = sorted(inside.world["ranks"], key=lambda r: r["rank"])
+    assert [r["host"] for r in ranks] == [fleet.node_name(i) for i in range(NODES)]
+    assert {r["python"] for r in ranks} == {f"{VENV_PATH}/python"}, "the image's Python, not a job venv"
     venv, image_losses = losses(results["venv"].folder), losses(inside.folder)
     assert len(venv) >= 10 and len(image_losses) == len(venv), (len(venv), len(image_losses))
     for step, (a, b) in enumerate(zip(venv, image_losses, strict=True)):

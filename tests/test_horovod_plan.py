@@ -278,8 +278,15 @@ def write_fake_node(home: Path, job: str) -> None:
 
 
 def run_rank(
-    tmp_path: Path, p: LaunchPlan, rank_node: int, horovod_rank: int
+    tmp_path: Path,
+    p: LaunchPlan,
+    rank_node: int,
+    horovod_rank: int,
+    extra_env: dict[str, str] | None = None,
+    bin_first: Path | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run node ``rank_node``'s rank.sh as horovodrun would: the head's environment, the node's
+    home as ``$1``; ``bin_first``: a folder put first on that ``PATH`` (recorders)."""
     home = tmp_path / f"node{rank_node}"
     write_fake_node(home, "job")
     script = files(p, rank_node)[".fleetrun/runs/job-1/rank.sh"]
@@ -298,7 +305,10 @@ def run_rank(
         "HOROVOD_LOCAL_RANK": "0",
         "HOROVOD_LOCAL_SIZE": "1",
         "HOROVOD_GLOO_IFACE": "eth-of-the-head",
+        **(extra_env or {}),
     }
+    if bin_first is not None:
+        head_env["PATH"] = f"{bin_first}:{head_env['PATH']}"
     proc = subprocess.run(
         ["sh", str(path), str(home)], env=head_env, capture_output=True, text=True, timeout=30
     )
@@ -344,3 +354,208 @@ def test_generated_shell_is_valid_sh(tmp_path: Path) -> None:
         ]:
             subprocess.run(["sh", "-n"], input=text, text=True, check=True)
     subprocess.run(["sh", "-n", "-c", rank_command()], check=True)
+
+
+# -- with container: horovodrun in the head's container, a container per rank on the workers ------
+
+RECORDER = (
+    '#!/bin/sh\nfor word in "$0" "$@"; do printf "%s\\n" "$word"; done > "$RECORD"\n'
+    'env > "$RECORD.env"\nexit "${RECORDER_RC:-0}"\n'
+)
+BOXED_ENTRY = "python -m trainer.task_horovod --epochs 3"
+
+
+def recorders(tmp_path: Path, *names: str) -> Path:
+    """A folder of recorders named ``names`` (each writes its argv to ``$RECORD``, its environment
+    to ``$RECORD.env``, and exits ``$RECORDER_RC``)."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        (folder / name).write_text(RECORDER)
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def boxed(tmp_path: Path, runtime: str, **kw: object) -> LaunchPlan:
+    fields: dict[str, object] = {
+        "container": {"image": "ghcr.io/lab/train:1", "runtime": runtime},
+        "env": {"API_TOKEN": "s3cr3t-value"},
+        "entrypoint": BOXED_ENTRY,
+        **kw,
+    }
+    return HorovodLauncher(FAKE_KEY, "echo install\n").plan(
+        spec(tmp_path / "w", **fields), inventory(3), "job-1"
+    )
+
+
+def run_boxed_rank(
+    tmp_path: Path, runtime: str, rc: int = 0
+) -> tuple[subprocess.CompletedProcess[str], Path, list[str], dict[str, str]]:
+    """Worker 1's rank.sh with a recorder standing in for ``runtime``: (the script's run, the
+    node's home, the runtime's argv, the runtime's environment)."""
+    p = boxed(tmp_path, runtime)
+    record = tmp_path / "argv"
+    extra = {"RECORD": str(record), "RECORDER_RC": str(rc), "FLEETRUN_ATTEMPT": "2"}
+    proc, home = run_rank(tmp_path, p, 1, 1, extra, recorders(tmp_path, runtime))
+    argv = record.read_text().splitlines() if record.exists() else []
+    if argv:
+        argv[0] = os.path.basename(argv[0])
+    seen = Path(f"{record}.env").read_text().splitlines() if record.exists() else []
+    return proc, home, argv, dict(line.split("=", 1) for line in seen if "=" in line)
+
+
+def boxed_env_names(p: LaunchPlan) -> list[str]:
+    """What a worker's rank container gets by name: the node's variables, the launch script's
+    own, horovodrun's (``RANK_ENV``), each once, in that order."""
+    from launch.planning.launchers.base import CONTAINER_EXTRA_ENV
+    from launch.planning.launchers.horovod import RANK_ENV
+
+    names = list(p.nodes[1].env)
+    for name in (*CONTAINER_EXTRA_ENV, *RANK_ENV):
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def env_flags(names: list[str]) -> list[str]:
+    return [word for name in names for word in ("--env", name)]
+
+
+def same_paths(home: Path, flag: str) -> list[str]:
+    folders = [".fleetrun/lib", ".fleetrun/work/job", ".fleetrun/runs/job-1", ".fleetrun/cache/torchinductor"]
+    return [word for f in folders for word in (flag, f"{home}/{f}:{home}/{f}")]
+
+
+def test_a_workers_rank_runs_in_its_own_podman_container(tmp_path: Path) -> None:
+    proc, home, argv, env = run_boxed_rank(tmp_path, "podman")
+    assert proc.returncode == 0, proc.stderr
+    names = boxed_env_names(boxed(tmp_path, "podman"))
+    assert argv == [
+        "podman", "run", "--rm", "--init", "--pull", "never", "--name", "fleetrun-job-1-n1-a2-r1",
+        "--label", "fleetrun.run=job-1", "--network", "host", "--uts", "host", "--ipc", "host",
+        *same_paths(home, "--volume"), "--workdir", f"{home}/.fleetrun/work/job", *env_flags(names),
+        "ghcr.io/lab/train:1", "sh", "-c", BOXED_ENTRY,
+    ]  # fmt: skip
+    assert "s3cr3t-value" not in " ".join(argv), "values reach the runtime by environment only"
+    assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_SIZE"] == "3" and env["RANK"] == "1"
+    assert env["HOROVOD_GLOO_IFACE"] == "ens5" and env["API_TOKEN"] == "s3cr3t-value"
+    assert env["HOME"] == str(home) and env["FLEETRUN_RUN_DIR"] == str(home / ".fleetrun/runs/job-1")
+    run_dir = home / ".fleetrun/runs/job-1"
+    assert (run_dir / "container_runtime").read_text() == "podman\n", "the stop finds the containers by it"
+    assert not (run_dir / "rc").exists()
+
+
+def test_a_workers_rank_runs_in_its_own_docker_container_as_the_node_user(tmp_path: Path) -> None:
+    proc, home, argv, _ = run_boxed_rank(tmp_path, "docker")
+    assert proc.returncode == 0, proc.stderr
+    names = boxed_env_names(boxed(tmp_path, "docker"))
+    assert argv == [
+        "docker", "run", "--rm", "--init", "--pull", "never", "--name", "fleetrun-job-1-n1-a2-r1",
+        "--label", "fleetrun.run=job-1", "--network", "host", "--uts", "host", "--ipc", "host",
+        "--user", f"{os.getuid()}:{os.getgid()}", *same_paths(home, "--volume"),
+        "--workdir", f"{home}/.fleetrun/work/job", *env_flags(names),
+        "ghcr.io/lab/train:1", "sh", "-c", BOXED_ENTRY,
+    ]  # fmt: skip
+
+
+def test_a_workers_rank_runs_in_apptainer_from_the_pulled_sif(tmp_path: Path) -> None:
+    proc, home, argv, env = run_boxed_rank(tmp_path, "apptainer")
+    assert proc.returncode == 0, proc.stderr
+    assert argv == [
+        "apptainer", "exec", "--no-home", *same_paths(home, "--bind"),
+        "--pwd", f"{home}/.fleetrun/work/job", f"{home}/.fleetrun/images/ghcr.io_lab_train_1.sif",
+        "sh", "-c", BOXED_ENTRY,
+    ]  # fmt: skip
+    assert env["HOROVOD_RANK"] == "1", "apptainer passes the rank script's environment on"
+
+
+def test_a_rank_failing_in_its_container_records_the_runtimes_exit_code_on_the_worker(tmp_path: Path) -> None:
+    proc, home, argv, _ = run_boxed_rank(tmp_path, "podman", rc=137)
+    assert argv[:2] == ["podman", "run"]
+    assert proc.returncode == 137
+    assert (home / ".fleetrun/runs/job-1/rc").read_text().strip() == "137", "the node agent reports it"
+
+
+def test_horovodrun_runs_in_the_heads_container_with_the_cluster_ssh_mounted(tmp_path: Path) -> None:
+    p = boxed(tmp_path, "podman")
+    head = p.nodes[0]
+    script = head.launch_script or ""
+    run_line = next(line for line in script.splitlines() if "exec podman run" in line)
+    assert '--volume "$HOME/.fleetrun/cluster:$HOME/.fleetrun/cluster"' in run_line
+    assert '--name "fleetrun-job-1-n0-a$FLEETRUN_ATTEMPT" ' in run_line, "one container on the head"
+    assert "horovod/install.sh" not in head.setup_script, "Horovod is the image's: nothing built on the node"
+    assert "cluster" not in " ".join(
+        line
+        for line in (files(p, 1)[".fleetrun/runs/job-1/rank.sh"].content.splitlines())
+        if "--volume" in line
+    ), "a worker's rank needs no key"
+    # what the container runs: horovodrun, with the strict ssh wrapper first and the playbook's
+    # variables gone from what it copies onto the workers' command lines
+    home = tmp_path / "head"
+    record = tmp_path / "argv"
+    env = {
+        "HOME": str(home),
+        "PATH": f"{recorders(tmp_path, 'python')}:/usr/bin:/bin",
+        "RECORD": str(record),
+        "API_TOKEN": "s3cr3t-value",
+        "GLOO_SOCKET_IFNAME": "ens5",
+        "FLEETRUN_PROCS_PER_NODE": "1",
+    }
+    done = subprocess.run(
+        ["sh", "-c", head.command or ""], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    argv = record.read_text().splitlines()
+    assert argv[1:] == [
+        "-m", "horovod.runner.launch", "--gloo", "--disable-cache", "-np", "3",
+        "-H", "10.0.0.1:1,10.0.0.2:1,10.0.0.3:1", "--network-interfaces", "ens5", "-p", "22",
+        "-i", f"{home}/.fleetrun/cluster/id_ed25519", "--start-timeout", "120", "--gloo-timeout-seconds", "120",
+        "sh", "-c", rank_command().split(" ", 2)[2].strip("'"),
+    ]  # fmt: skip
+    seen = dict(line.split("=", 1) for line in Path(f"{record}.env").read_text().splitlines() if "=" in line)
+    assert seen["PATH"].startswith(f"{home}/.fleetrun/cluster/bin:"), "the pinned ssh wrapper first"
+    assert "API_TOKEN" not in seen
+
+
+def test_the_heads_ranks_run_in_horovodruns_container_without_another(tmp_path: Path) -> None:
+    """In the head's container the user has no name of the node's (rootless podman: root):
+    the rank command falls back to ``HOME`` (the node user's, passed in), and the head's rank
+    script runs the entrypoint where it is, with no runtime and no venv."""
+    p = boxed(tmp_path, "podman", entrypoint="sh -c 'echo \"cwd=$(pwd)\" && env'")
+    home = tmp_path / "node0"
+    write_fake_node(home, "job")
+    script = files(p, 0)[".fleetrun/runs/job-1/rank.sh"]
+    (home / script.path).parent.mkdir(parents=True, exist_ok=True)
+    (home / script.path).write_text(script.content)
+    bin_dir = recorders(tmp_path, "podman", "docker", "apptainer")
+    (bin_dir / "id").write_text("#!/bin/sh\necho no-such-user-here\n")
+    (bin_dir / "id").chmod(0o755)
+    record = tmp_path / "argv"
+    env = {
+        "HOME": str(home),
+        "USER": "u",
+        "PATH": f"{bin_dir}:{home}/.fleetrun/cluster/bin:{os.environ['PATH']}",
+        "RECORD": str(record),
+        "FLEETRUN_RUN_ID": "job-1",
+        "GLOO_SOCKET_IFNAME": "eth-found-by-the-launch-script",
+        "HOROVOD_RANK": "0",
+        "HOROVOD_SIZE": "3",
+        "HOROVOD_LOCAL_RANK": "0",
+        "HOROVOD_LOCAL_SIZE": "1",
+    }
+    proc = subprocess.run(
+        ["sh", "-c", rank_command().split(" ", 2)[2].strip("'")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not record.exists(), "no container started from inside the head's container"
+    seen = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    assert seen["HOME"] == str(home) and seen["USER"] == "u"
+    assert seen["cwd"] == str(home / ".fleetrun/work/job")
+    assert ".fleetrun/envs" not in seen["PATH"], "the image's Python, not a venv"
+    assert seen["HOROVOD_GLOO_IFACE"] == "eth-found-by-the-launch-script"
+    assert seen["RANK"] == "0" and seen["API_TOKEN"] == "s3cr3t-value"

@@ -147,7 +147,9 @@ class JobSpec(BaseModel):
             5 minutes later (docs/cloud.md, "A kept-warm fleet's lifetime").
         container: run the ranks inside an image on every node (``image``, ``runtime``: auto,
             podman, docker or apptainer, extra ``options``, ``shm_size``, ``credentials``); see
-            ``launch.job.container``. Without it the ranks run in the job's virtualenv.
+            ``launch.job.container``. Without it the ranks run in the job's virtualenv. With
+            ``launcher: horovod`` the image must carry Horovod and an ssh client (horovodrun runs in
+            the head's container).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -641,16 +643,8 @@ def torchrun_problems(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def horovod_problems(spec: JobSpec) -> list[tuple[str, str]]:
-    """horovodrun is not elastic: ``nodes: MIN:MAX`` needs torchrun. Nor in a container here:
-    horovodrun starts the workers' ranks itself over SSH, from the head, outside any container."""
-    if spec.container is not None:
-        return [
-            (
-                "container",
-                "launcher: horovod does not run in a container yet (horovodrun starts the other nodes' "
-                "ranks over SSH itself, outside the image); use launcher: torchrun with container:",
-            )
-        ]
+    """horovodrun is not elastic: ``nodes: MIN:MAX`` needs torchrun. (In a container it runs:
+    ``launch.planning.launchers.horovod``.)"""
     if spec.min_nodes is not None:
         return [
             ("nodes", "nodes: MIN:MAX (elastic) needs launcher: torchrun; horovodrun here is not elastic")

@@ -55,9 +55,13 @@ class ContainerRun:
     workdir: str
     command: str
     """Shell text run inside by ``sh -c`` (its ``$VAR`` expanded inside, from the passed environment)."""
+    instance: str = ""
+    """Shell text that tells apart several containers of one node and attempt (Horovod starts one
+    per rank: ``-r$HOROVOD_RANK``); empty when the node has one container (torchrun's)."""
 
     def name(self) -> str:
-        """Unique per run, node and attempt: a leftover of an earlier attempt never blocks the next."""
+        """Unique per run, node and attempt (the name's end, after ``$FLEETRUN_ATTEMPT``, is
+        ``instance``): a leftover of an earlier attempt never blocks the next."""
         return f"fleetrun-{self.run_id}-n{self.node_rank}-a"
 
 
@@ -105,7 +109,7 @@ class _OciRuntime(ContainerRuntime):
             "--pull",
             "never",
             "--name",
-            _dq(run.name() + "$FLEETRUN_ATTEMPT"),
+            _dq(run.name() + "$FLEETRUN_ATTEMPT" + run.instance),
             "--label",
             shlex.quote(f"{LABEL}={run.run_id}"),
             "--network",

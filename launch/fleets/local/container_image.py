@@ -36,10 +36,29 @@ from launch.errors import LocalFleetError
 from launch.fleets.local.containers import IMAGE_RUNROOT, IMAGE_STORE, SHARED_SUBIDS
 from launch.fleets.local.prereqs import image_dir
 
-RECIPE = "fleetrun-test-image-v4"
+RECIPE = "fleetrun-test-image-v5"
 IMAGE_NAME = "localhost/fleetrun-test"
 LATEST = f"{IMAGE_NAME}:latest"
-TOOLS = ("sh", "dash", "env", "id", "cat", "mkdir", "sleep", "ls", "rm", "nproc", "true", "grep", "head")
+TOOLS = (
+    "sh",
+    "dash",
+    "env",
+    "id",
+    "cat",
+    "mkdir",
+    "sleep",
+    "ls",
+    "rm",
+    "nproc",
+    "true",
+    "grep",
+    "head",
+    "tee",
+    "ssh",
+)
+"""``tee`` keeps a Horovod rank's own log and ``ssh`` is the client horovodrun starts the other nodes'
+ranks with, from inside the head's container (``launch.planning.launchers.horovod``), as an image
+that serves ``launcher: horovod`` must have them."""
 VENV_PATH = "/opt/fleetrun/image/venv/bin"
 
 

@@ -348,8 +348,14 @@ class Launcher(ABC):
         elif spec.container is None:
             lines.append(f"exec {sagemaker.exec_env_prefix(spec)}{command}")
         else:
-            lines += container_lines(spec, run_id, env, command)
+            mounts = self.container_extra_mounts(spec, int(env["FLEETRUN_NODE_RANK"]))
+            lines += container_lines(spec, run_id, env, command, extra_mounts=mounts)
         return "\n".join(lines) + "\n"
+
+    def container_extra_mounts(self, spec: JobSpec, node_rank: int) -> tuple[str, ...]:
+        """Folders of node ``node_rank`` its launcher needs inside the image beyond the ranks' own
+        (``container_mounts``): none, but for horovodrun's cluster SSH files on the head."""
+        return ()
 
 
 CONTAINER_EXTRA_ENV = (
@@ -390,11 +396,26 @@ def container_mounts(spec: JobSpec, run_id: str) -> tuple[str, ...]:
     return tuple(mounts)
 
 
-def container_lines(spec: JobSpec, run_id: str, env: dict[str, str], command: str) -> list[str]:
-    """Launch-script lines that start ``command`` inside the playbook's image (``launch.planning.container``)."""
+def container_lines(
+    spec: JobSpec,
+    run_id: str,
+    env: dict[str, str],
+    command: str,
+    *,
+    extra_env: tuple[str, ...] = (),
+    extra_mounts: tuple[str, ...] = (),
+    instance: str = "",
+) -> list[str]:
+    """Launch-script lines that start ``command`` inside the playbook's image (``launch.planning.container``).
+
+    ``extra_env``: more variables passed by name (a Horovod rank's ``HOROVOD_*``); ``extra_mounts``:
+    more of the node's folders at the same path (the head's cluster SSH files, for horovodrun);
+    ``instance``: ``ContainerRun.instance``, for a node that starts one container per rank."""
     assert spec.container is not None
-    names = [*env, *(k for k in CONTAINER_EXTRA_ENV if k not in env), *sorted(sagemaker.odd_names_env(spec))]
-    mounts = container_mounts(spec, run_id)
+    names = [*env, *(k for k in CONTAINER_EXTRA_ENV if k not in env)]
+    names += [k for k in extra_env if k not in names]
+    names += sorted(sagemaker.odd_names_env(spec))
+    mounts = (*container_mounts(spec, run_id), *extra_mounts)
     run = ContainerRun(
         run_id=run_id,
         node_rank=int(env["FLEETRUN_NODE_RANK"]),
@@ -403,6 +424,7 @@ def container_lines(spec: JobSpec, run_id: str, env: dict[str, str], command: st
         mounts=mounts,
         workdir=layout.home(layout.workdir(spec.name)),
         command=command,
+        instance=instance,
     )
     lines = ["mkdir -p " + " ".join(f'"{m}"' for m in mounts if m.startswith("$HOME/"))]
     lines.append("FLEETRUN_NODE_GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)")

@@ -20,6 +20,18 @@ SSH from the head uses the cluster key (``launch.planning.cluster_ssh``): passed
 against the workers' pinned keys. ``--network-interfaces`` skips horovodrun's interface probe
 (which would start task services on every host); each rank then sets ``HOROVOD_GLOO_IFACE`` to its
 own node's interface, so nodes whose NICs are named differently still work.
+
+With ``container:`` Horovod comes from the image, never from the node (its ranks import
+``horovod.torch``, built against the image's torch, so the image must carry it; nothing is built on
+the node). horovodrun runs inside the head's container (``launch_script``'s container lines, with
+the cluster SSH folder mounted at its own path, so the same wrapper, key and pinned known_hosts are
+in force: the image needs an ``ssh`` client). The head's own ranks are horovodrun's children in
+that container. A worker's ranks are started by SSH on the worker itself, outside any container:
+there each rank's ``rank.sh`` runs the entrypoint through the node's runtime, one container per
+rank (``-r$HOROVOD_RANK`` in its name), built by the same ``launch.planning.container`` command as
+torchrun's, with horovodrun's variables passed in by name (``RANK_ENV``). Each container carries
+the run's label and the rank script records the runtime in the worker's run folder, so a stop,
+the watchdog and a failed rank's wrap-up (``fleetrun_node.stop_run``) remove them as torchrun's.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from launch.planning import remote_layout as layout
 from launch.planning.launchers import sagemaker
 from launch.planning.launchers.base import (
     Launcher,
+    container_lines,
     env_export_lines,
     home_relative_keys,
     iface_line,
@@ -52,6 +65,51 @@ START_TIMEOUT_S = 120
 GLOO_TIMEOUT_S = 120
 # Node-specific variables the head's environment brings along; rank.sh sets them for its node.
 NODE_KEYS = ("PATH", "PYTHONPATH", "VIRTUAL_ENV")
+RANK_ENV = (
+    # horovodrun's, per rank (gloo_run.create_slot_env_vars) and per run (create_run_env_vars)
+    "HOROVOD_HOSTNAME",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT",
+    "HOROVOD_CONTROLLER",
+    "HOROVOD_CPU_OPERATIONS",
+    "HOROVOD_GLOO_IFACE",
+    "HOROVOD_GLOO_TIMEOUT_SECONDS",
+    # what horovodrun's options set for the ranks (config_parser.set_env_from_args)
+    "HOROVOD_CACHE_CAPACITY",
+    "HOROVOD_FUSION_THRESHOLD",
+    "HOROVOD_CYCLE_TIME",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE",
+    "HOROVOD_HIERARCHICAL_ALLGATHER",
+    "HOROVOD_TORUS_ALLREDUCE",
+    "HOROVOD_TIMELINE",
+    "HOROVOD_TIMELINE_MARK_CYCLES",
+    "HOROVOD_AUTOTUNE",
+    "HOROVOD_AUTOTUNE_LOG",
+    "HOROVOD_STALL_CHECK_DISABLE",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+    "HOROVOD_LOG_LEVEL",
+    "HOROVOD_LOG_HIDE_TIME",
+    "HOROVOD_NUM_NCCL_STREAMS",
+    "HOROVOD_THREAD_AFFINITY",
+    "PYTHONUNBUFFERED",
+    # torch.distributed's names, which rank.sh sets from Horovod's
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+)
+"""What a worker's rank container gets by name beside the node's own variables: horovodrun hands
+them to the rank's shell (on its command line); a container starts with none of its caller's."""
+RANK_INSTANCE = "-r$HOROVOD_RANK"
+"""The end of a worker's rank container name: one container per rank (``ContainerRun.instance``)."""
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
@@ -80,10 +138,15 @@ def rank_command() -> str:
 
     ``HOME`` came from the head, so the home is looked up by user name (``~user``), not trusted;
     the run id did come from the head, and is the same everywhere. The home is passed on as ``$1``.
+    Only where that home has no such script is ``HOME`` taken: inside the head's container
+    (``container:``), whose user is the image's root (rootless podman) or a bare uid (docker),
+    and where ``HOME`` is the node user's, passed in by the launch script.
     """
+    rank_sh = f"{layout.ROOT}/runs/$FLEETRUN_RUN_ID/rank.sh"
     script = (
-        'eval "node_home=~$(id -un)" && '
-        f'exec sh "$node_home/{layout.ROOT}/runs/$FLEETRUN_RUN_ID/rank.sh" "$node_home"'
+        'eval "node_home=~$(id -un 2>/dev/null)"; '
+        f'[ -f "$node_home/{rank_sh}" ] || node_home=$HOME; '
+        f'exec sh "$node_home/{rank_sh}" "$node_home"'
     )
     return f"sh -c {sh_quote(script)}"
 
@@ -124,6 +187,26 @@ class HorovodLauncher(Launcher):
 
     # -- the head's command -----------------------------------------------------------------------
     def node_command(self, spec: JobSpec, inventory: Inventory, node_rank: int, procs: int | None) -> str:
+        """horovodrun's command line; with ``container:``, the shell text its container runs
+        (``in_container``)."""
+        command = self.horovodrun_command(spec, inventory)
+        return command if spec.container is None else self.in_container(spec, command)
+
+    def in_container(self, spec: JobSpec, command: str) -> str:
+        """``command`` as the head's container runs it: what ``head_launch_script`` does on the
+        node without a container is done inside (the cluster ``ssh`` wrapper first on ``PATH``, the
+        playbook's variables unset), and ``IFACE`` and ``NPROC``, the launch script's own shell
+        variables, are taken from what it exported of them (``GLOO_SOCKET_IFNAME``,
+        ``FLEETRUN_PROCS_PER_NODE``)."""
+        lines = ['IFACE="${GLOO_SOCKET_IFNAME:-}"; NPROC="${FLEETRUN_PROCS_PER_NODE:-1}"']
+        private = sorted(k for k in spec.env if not k.startswith("HOROVOD_"))
+        if private:
+            lines.append("unset " + " ".join(private))
+        lines.append(f'export PATH="$HOME/{cluster_ssh.BIN_DIR}:$PATH"')
+        lines.append(f"exec {command}")
+        return "; ".join(lines)
+
+    def horovodrun_command(self, spec: JobSpec, inventory: Inventory) -> str:
         hosts = inventory.hosts
         all_procs = [resolved_procs(spec, h) for h in hosts]
         if any(p is None for p in all_procs):
@@ -189,11 +272,13 @@ class HorovodLauncher(Launcher):
                 RemoteFile(rank_script_path(run_id), self.rank_script(spec, node, run_id), mode=0o755),
             )
             if node.node_rank == 0:
+                script = node.launch_script or ""
                 nodes.append(
                     dataclasses.replace(
                         node,
                         files=files + head_files,
-                        launch_script=self.head_launch_script(spec, node.launch_script or ""),
+                        # in a container, what head_launch_script adds is in the command (in_container)
+                        launch_script=script if spec.container else self.head_launch_script(spec, script),
                     )
                 )
             else:
@@ -227,12 +312,20 @@ class HorovodLauncher(Launcher):
         )
         return dataclasses.replace(base, nodes=nodes, notes=notes)
 
+    def container_extra_mounts(self, spec: JobSpec, node_rank: int) -> tuple[str, ...]:
+        """The head's cluster SSH folder (key, pinned known_hosts, config, ``ssh`` wrapper), at its
+        own path inside the head's container, where horovodrun SSHes to the workers from."""
+        return (layout.home(cluster_ssh.CLUSTER_DIR),) if node_rank == 0 else ()
+
     def setup_spec(self, spec: JobSpec) -> JobSpec:
         """The spec with Horovod's install as its first setup command.
 
         Part of the setup hash (the script's own hash is in the line), so a changed install
         script reruns setup; the install itself is a no-op when the environment imports horovod.
+        With ``container:`` nothing is installed: Horovod is the image's.
         """
+        if spec.container is not None:
+            return spec
         digest = hashlib.sha256(self.install_script.encode()).hexdigest()[:12]
         line = f'sh "$HOME/{INSTALL_SCRIPT}" python  # install.sh {digest}'
         return spec.model_copy(update={"setup": [line, *spec.setup]})
@@ -253,15 +346,23 @@ class HorovodLauncher(Launcher):
         return "\n".join([*lines[:-1], *extra, lines[-1]]) + "\n"
 
     def rank_script(self, spec: JobSpec, node: NodePlan, run_id: str) -> str:
-        """The script every rank on ``node`` runs (see the module docstring for why it exists)."""
+        """The script every rank on ``node`` runs (see the module docstring for why it exists).
+
+        With ``container:`` the head's runs inside the head's container (where horovodrun is), and
+        a worker's starts the rank's own container on its node (``rank_container_lines``)."""
         host = node.host
+        boxed = spec.container is not None
+        inside = boxed and node.node_rank == 0
         lines = [
             "#!/bin/sh",
             f"# fleetrun: one Horovod rank on {host.name} (job {spec.name}, run {run_id}).",
             "# Started by horovodrun with the head's environment; this node's own values are set here.",
             "set -e",
             'HOME="$1"',
-            "USER=$(id -un); LOGNAME=$USER",
+            # in the head's container the user has no name of its own; USER came in as the node user's
+            "USER=${USER:-$(id -un 2>/dev/null || true)}; LOGNAME=$USER"
+            if inside
+            else "USER=$(id -un); LOGNAME=$USER",
             "export HOME USER LOGNAME",
             "# Drop the head's fleetrun paths (its venv, its node library) from the inherited search paths.",
             "keep_foreign() {",
@@ -273,6 +374,8 @@ class HorovodLauncher(Launcher):
             "export PATH PYTHONPATH",
             "unset VIRTUAL_ENV",
         ]
+        if boxed and not inside:
+            lines.append(f'PATH="${{PATH:+$PATH:}}{HOST_PATH}"  # the head is the image: the runtime is here')
         lines += env_export_lines(node.env, home_relative_keys(spec))
         lines += [
             "# torch.distributed's names for what Horovod assigned, so either API finds its rank.",
@@ -280,12 +383,18 @@ class HorovodLauncher(Launcher):
             'export LOCAL_WORLD_SIZE="$HOROVOD_LOCAL_SIZE" FLEETRUN_PROCS_PER_NODE="$HOROVOD_LOCAL_SIZE"',
             f'export PYTHONPATH="$HOME/{layout.LIB}${{PYTHONPATH:+:$PYTHONPATH}}"',
         ]
-        lines.append(iface_line(host))
+        # in the head's container: the interface the launch script found (the image may lack ip, awk)
+        lines.append('IFACE="${GLOO_SOCKET_IFNAME:-}"' if inside else iface_line(host))
         lines += [
             'if [ -n "$IFACE" ]; then',
             '    export HOROVOD_GLOO_IFACE="$IFACE" GLOO_SOCKET_IFNAME="$IFACE" NCCL_SOCKET_IFNAME="$IFACE"',
             "fi",
-            f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"',
+        ]
+        if not boxed:
+            lines.append(f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"')
+        elif not inside:  # the ranks use the image's Python; the node-side helpers the node's
+            lines.append(f'python() {{ {sh_quote(spec.python or host.python)} "$@"; }}')
+        lines += [
             f'RUN_DIR="$HOME"/{sh_quote(layout.rundir(run_id))}',
             mkdir_line(spec),
             *sagemaker.runtime_lines(spec),
@@ -294,7 +403,11 @@ class HorovodLauncher(Launcher):
             'RC_FILE="$RUN_DIR/.rank-$HOROVOD_RANK.rc"',
             "set +e",
             "{",
-            sagemaker.exec_env_prefix(spec) + spec.entry_command().strip(),
+            *(
+                self.rank_container_lines(spec, node, run_id)
+                if boxed and not inside
+                else [sagemaker.exec_env_prefix(spec) + spec.entry_command().strip()]
+            ),
             'echo "$?" > "$RC_FILE"',
             '} 2>&1 | tee -a "$RUN_DIR/rank-$HOROVOD_RANK.log"',
             'rc=$(cat "$RC_FILE" 2>/dev/null || echo 1)',
@@ -307,6 +420,16 @@ class HorovodLauncher(Launcher):
             )
         lines.append('exit "$rc"')
         return "\n".join(lines) + "\n"
+
+    def rank_container_lines(self, spec: JobSpec, node: NodePlan, run_id: str) -> list[str]:
+        """A worker's rank in its own container: the launch script's container lines (the
+        runtime chosen and recorded, the GPU flags, the same mounts and environment), with
+        horovodrun's variables passed in and the rank in the container's name. In a subshell, as
+        their ``exec`` would otherwise end the rank script before it records the exit code."""
+        lines = container_lines(
+            spec, run_id, node.env, spec.entry_command().strip(), extra_env=RANK_ENV, instance=RANK_INSTANCE
+        )
+        return ["(", *lines, ")"]
 
 
 INSTALL_SCRIPT_SOURCE = runtime_file("horovod/install.sh")  # INSTALL_ORIGIN, as installed
