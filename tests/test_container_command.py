@@ -204,6 +204,31 @@ def test_the_launch_script_starts_the_ranks_in_the_image_with_the_environment_by
     assert "torch.distributed.run" in run_line and "--local-addr=10.0.0.2" in run_line
 
 
+def test_a_node_of_unknown_gpu_count_gives_its_count_to_torchrun_inside_the_image(tmp_path: Path) -> None:
+    """Hosts without a GPU count: torchrun's ``--nproc-per-node="$NPROC"`` is expanded inside the
+    image from the variables passed by name, so the count the launch script finds must be in
+    its environment, not only its shell (it was not: an empty ``--nproc-per-node=``)."""
+    plan = make_plan(spec(tmp_path), sample_inventory(2, gpus=None, user="u"), run_id="job-1")
+    script = plan.nodes[1].launch_script or ""
+    assert '--nproc-per-node="$NPROC"' in script and "--env NPROC " in script
+    count = next(line for line in script.splitlines() if line.startswith("NPROC="))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(
+        '#!/bin/sh\nfor i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)"; done\n'
+    )
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    inside = subprocess.run(
+        ["/bin/sh", "-c", count + "\nsh -c 'echo nproc=$NPROC'"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert inside.stdout.strip() == "nproc=4"
+
+
 def test_without_container_the_launch_script_is_unchanged(tmp_path: Path) -> None:
     plan = make_plan(spec(tmp_path, container=None), sample_inventory(2, gpus=0, user="u"), run_id="job-1")
     script = plan.nodes[0].launch_script or ""

@@ -325,7 +325,7 @@ class Launcher(ABC):
         if procs is None:
             lines.append(
                 "NPROC=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); "
-                '[ "${NPROC:-0}" -gt 0 ] || NPROC=1; export FLEETRUN_PROCS_PER_NODE="$NPROC"'
+                '[ "${NPROC:-0}" -gt 0 ] || NPROC=1; export NPROC FLEETRUN_PROCS_PER_NODE="$NPROC"'
             )
         if spec.container is None:
             lines.append(f'. "$HOME/{layout.envdir(spec.name)}/bin/activate"')
