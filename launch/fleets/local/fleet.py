@@ -62,6 +62,20 @@ def _gecos(user: str) -> str | None:
         return None
 
 
+USERDEL_TRIES = 5
+
+
+def _remove_user(user: str, tries: int = USERDEL_TRIES) -> None:
+    """``userdel`` of a fleet's own user, tried again while the user still exists: it gives up
+    when another fleet's ``useradd``/``userdel`` holds ``/etc/passwd``'s lock under load (seen
+    with several fleets coming and going at once), which left a user behind."""
+    for attempt in range(tries):
+        run(["userdel", "--force", "--remove", user], check=False)
+        if not _exists_user(user):
+            return
+        time.sleep(0.5 * (attempt + 1))
+
+
 def _exists_user(name: str) -> bool:
     return _gecos(name) is not None
 
@@ -446,7 +460,7 @@ class LocalFleet(FleetNames):
             remove_queue_folders(entry.pw_uid)
             if created["mqueue"]:  # a --containers fleet: its users' podman state in /tmp
                 local_containers.remove_tmp_of(entry.pw_uid)
-            run(["userdel", "--force", "--remove", user], check=False)
+            _remove_user(user)
             with contextlib.suppress(KeyError):
                 if grp.getgrgid(gid).gr_name == user:
                     run(["groupdel", user], check=False)
