@@ -233,7 +233,7 @@ def test_a_worker_lost_with_recovery_resumes_in_containers_on_the_replacement(
     old_key = fleet.inventory().hosts[2].host_key
 
     def power_off_node2() -> None:
-        wait_for(lambda: step_reached(fleet, 2 * every + 2, old), 120, f"step {2 * every + 2}")
+        wait_for(lambda: step_reached(fleet, 2 * every + 2, old), 300, f"step {2 * every + 2}")
         fleet.stop_node(2)
 
     result = run_with_fault(playbook, fleet, power_off_node2)
