@@ -321,3 +321,22 @@ def test_fab_exec_on_a_local_fleet_imports_no_invoke_fabric_paramiko_or_pydantic
     )
     assert proc.stdout.splitlines()[-1] == "exit 0 heavy []", proc.stdout + proc.stderr
     assert sorted(proc.stdout.splitlines()[:-1]) == [f"{fleet.node_name(i)}: ok" for i in range(3)]
+
+
+def test_the_light_reader_keeps_what_it_read_until_the_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second read of an unchanged file needs no YAML parser; a changed file is read again."""
+    path = local_hosts.inventory_file(tmp_path, "frq")
+    path.parent.mkdir(parents=True)
+    data = {"hosts": [_entry(0), _entry(1)], "fleet": {"kind": "local", "prefix": "frq"}}
+    path.write_text(yaml.safe_dump(data))
+    first = local_hosts.read_local_targets(tmp_path, "frq")
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "yaml", None)  # `import yaml` fails from here
+        assert local_hosts.read_local_targets(tmp_path, "frq") == first
+    other = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFrqLdqF+AlqyQpLs+Z4jXcOQTL04T+dghJyjVlSOoDC"
+    data["hosts"][1]["host_key"] = other  # type: ignore[index]
+    path.write_text(yaml.safe_dump(data))  # a node replaced: its new key pinned
+    again = local_hosts.read_local_targets(tmp_path, "frq")
+    assert again is not None and again[1].host_key == other

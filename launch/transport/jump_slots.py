@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import time
 from collections.abc import Iterator
@@ -27,6 +26,8 @@ SLOT_POLL_S = 0.05
 
 
 def _slot_files(endpoint: tuple[str, int], directory: Path | None) -> list[Path]:
+    import hashlib  # here: OpenSSL's loader is a cost every ``fab exec`` would pay for nothing
+
     from launch.paths import fleetrun_home
 
     where = directory if directory is not None else fleetrun_home() / "locks"

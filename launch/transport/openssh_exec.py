@@ -30,9 +30,7 @@ import itertools
 import os
 import re
 import selectors
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -202,6 +200,19 @@ class _Node:
         return f"connection lost: {last[0] if last else f'ssh exited with code {self.proc.returncode}'}"
 
 
+def _private_folder() -> Path:
+    """A new 0700 folder for the FIFOs under the temporary folder (what ``tempfile.mkdtemp`` makes,
+    without importing ``tempfile``, ``random`` and ``shutil`` for it)."""
+    base = Path(os.environ.get("TMPDIR") or "/tmp")
+    while True:
+        folder = base / f"fleetrun-exec-{os.urandom(6).hex()}"
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return folder
+
+
 def run_openssh(
     targets: Sequence[ExecTarget],
     known_hosts: Path,
@@ -224,7 +235,7 @@ def run_openssh(
     flying: list[_Node] = []
     handed_back: list[str] = []
     selector = selectors.DefaultSelector()
-    logs = Path(tempfile.mkdtemp(prefix="fleetrun-exec-"))  # 0700: the FIFOs are this user's only
+    logs = _private_folder()
     numbers = itertools.count()
     try:
         while waiting or flying:
@@ -284,5 +295,7 @@ def run_openssh(
             node.proc.wait()
             node.end_log(selector, time.monotonic())
         selector.close()
-        shutil.rmtree(logs, ignore_errors=True)
+        for leftover in logs.iterdir():  # each node removes its own FIFO; this is for a failed start
+            leftover.unlink(missing_ok=True)
+        logs.rmdir()
     return handed_back
