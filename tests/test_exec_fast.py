@@ -340,3 +340,16 @@ def test_the_light_reader_keeps_what_it_read_until_the_file_changes(
     path.write_text(yaml.safe_dump(data))  # a node replaced: its new key pinned
     again = local_hosts.read_local_targets(tmp_path, "frq")
     assert again is not None and again[1].host_key == other
+
+
+def test_without_an_openssh_client_the_full_path_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine with no ``ssh`` on PATH: the fast path steps aside before anything is done."""
+    path = local_hosts.inventory_file(tmp_path, "frq")
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump({"hosts": [_entry(0)], "fleet": {"kind": "local", "prefix": "frq"}}))
+    monkeypatch.setenv("FLEETRUN_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert fast_exec.run(["exec", "true", "-i", "local:frq"]) is None
+    assert not (tmp_path / "known_hosts").exists(), "nothing written"

@@ -94,6 +94,10 @@ def run(args: list[str]) -> int | None:
 
     from launch.fleets.kinds.local_hosts import read_local_targets
 
+    if not any(
+        os.access(os.path.join(d, "ssh"), os.X_OK) for d in os.environ.get("PATH", os.defpath).split(":")
+    ):
+        return None  # no OpenSSH client here: paramiko's path needs none
     fleet = prefix or settings.local_prefix
     targets = read_local_targets(settings.home, fleet)
     if targets is None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launch.processes import ensure_open_files
 from launch.transport.bounded import BoundedOutput
 from launch.transport.exec_report import ExecReport
 from launch.transport.openssh import openssh_command
@@ -227,6 +228,7 @@ def run_openssh(
     Returns the names of the nodes whose failure only the paramiko path can name (see the module
     doc): the command did not run there.
     """
+    ensure_open_files(3 * min(max_parallel, len(targets)) + 256)  # three pipes per ssh in flight
     started = time.monotonic()
     deadline = started + timeout + DEADLINE_EXTRA_S
     late = f"no answer within {timeout + DEADLINE_EXTRA_S:.0f} s"
