@@ -4,14 +4,18 @@ the `fab exec` figures of bench/scale.py.
 Usage (root): .venv/bin/python bench/exec_profile.py [--nodes 4] [--repeat 7]
 Prints a table and writes bench/results/exec_profile.json:
   * whole processes, medians: `fab exec true`, `fleetrun exec true` (the console script, no
-    Fabric command line), `pdsh -f N true` with fleetrun's strict OpenSSH options, `python -c pass`;
-  * the same work split in phases inside one process (medians over subprocesses): Fabric's own
-    imports (what `fab` loads before any fleetrun code), fleetrun's CLI module, the inventory code
-    (pydantic and the models), loading the inventory, connecting and authenticating to every node
-    in parallel, running `true`;
+    Fabric command line), `pdsh -f N true` with fleetrun's strict OpenSSH options, the same pdsh with
+    the key exchange `fab exec` prefers (curve25519 first: OpenSSH's default hybrid costs ~90 ms
+    of CPU per connection on each side), `python -c pass`. On a local fleet `fab exec` takes its
+    OpenSSH path (`launch.cli.fast_exec`: no Invoke, Fabric, paramiko or pydantic);
+  * the paramiko path (what `fab exec` runs for a lab or stack inventory or a jump host) split in
+    phases inside one process (medians over subprocesses): Fabric's own imports, fleetrun's CLI
+    module, the inventory code (pydantic and the models), loading the inventory, connecting and
+    authenticating to every node in parallel, running `true`;
   * `python -X importtime` of `fab exec`, self time grouped by top-level package.
 The checkout is byte-compiled first (as pip does on install). Environment: FLEETRUN_BENCH_PREFIX /
-FLEETRUN_BENCH_SUBNET (the fleet's name and subnet; default fre / 12).
+FLEETRUN_BENCH_SUBNET (the fleet's name and subnet; default fre<FLEETRUN_TEST_TAG> and
+12 + FLEETRUN_TEST_SUBNET_BASE, so that a checkout with its own test tag does not collide with CI's).
 """
 
 from __future__ import annotations
@@ -36,9 +40,12 @@ from scale import compile_checkout, fab_binary, fleetrun_binary, pdsh_env, pdsh_
 
 from launch.fleets.local import LocalFleet  # noqa: E402
 from launch.paths import known_hosts_file  # noqa: E402
+from launch.transport.openssh_exec import FAST_KEX  # noqa: E402
 
-PREFIX = os.environ.get("FLEETRUN_BENCH_PREFIX", "fre")
-SUBNET = int(os.environ.get("FLEETRUN_BENCH_SUBNET", "12"))
+PREFIX = os.environ.get("FLEETRUN_BENCH_PREFIX") or f"fre{os.environ.get('FLEETRUN_TEST_TAG', '')}"[:6]
+SUBNET = int(
+    os.environ.get("FLEETRUN_BENCH_SUBNET") or 12 + int(os.environ.get("FLEETRUN_TEST_SUBNET_BASE", "0"))
+)
 
 PHASES = """
 import json, sys, time
@@ -100,6 +107,7 @@ def main() -> int:
         inventory = fleet.up(args.nodes, say=lambda _m: None, build_image=False)
         known = inventory.write_known_hosts(known_hosts_file(inventory.fingerprint()))
         env = pdsh_env(inventory.hosts, known)
+        env_kex = {**env, "PDSH_SSH_ARGS": f"-o {FAST_KEX} {env['PDSH_SSH_ARGS']}"}
         commands: dict[str, list[str]] = {
             "fab exec true": [fab_binary(), "exec", "true", "--inventory", selector],
             "python -c pass": [sys.executable, "-c", "pass"],
@@ -108,10 +116,12 @@ def main() -> int:
         if entry is not None:
             commands["fleetrun exec true"] = [entry, "exec", "true", "--inventory", selector]
         pdsh_run(inventory.hosts, env, "true")  # warm both sides up, untimed
-        whole: dict[str, list[float]] = {name: [] for name in [*commands, "pdsh true"]}
+        pdsh_kex = "pdsh true, curve25519 first"
+        whole: dict[str, list[float]] = {name: [] for name in [*commands, "pdsh true", pdsh_kex]}
         phases: list[dict[str, float]] = []
         for _ in range(args.repeat):
             whole["pdsh true"].append(pdsh_run(inventory.hosts, env, "true")[0])
+            whole[pdsh_kex].append(pdsh_run(inventory.hosts, env_kex, "true")[0])
             for name, argv in commands.items():
                 seconds, proc = timed(argv)
                 if proc.returncode != 0:
@@ -140,6 +150,7 @@ def main() -> int:
         "load_average_end": os.getloadavg(),
         "whole_process_median_s": medians,
         "ratio_to_pdsh": {k: v / medians["pdsh true"] for k, v in medians.items()},
+        "ratio_to_pdsh_curve25519_first": {k: v / medians[pdsh_kex] for k, v in medians.items()},
         "phases_median_s": phase_medians,
         "import_self_ms_total": total,
         "import_self_ms_by_package": {k: {"ms": v, "share": v / total} for k, v in top.items()},
@@ -148,8 +159,11 @@ def main() -> int:
         f"{args.nodes} nodes, medians of {args.repeat}; load {load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}"
     )
     for name, value in medians.items():
-        print(f"  {name:36} {value:6.3f} s  {value / medians['pdsh true']:5.2f}x pdsh")
-    print("inside one process (phases):")
+        print(
+            f"  {name:36} {value:6.3f} s  {value / medians['pdsh true']:5.2f}x pdsh"
+            f"  {value / medians[pdsh_kex]:5.2f}x pdsh curve25519 first"
+        )
+    print("the paramiko path inside one process (phases):")
     for name, value in phase_medians.items():
         print(f"  {name:52} {1000 * value:7.1f} ms")
     print(f"imports of `fab exec` (self time, median of 3): {total:.0f} ms")

@@ -8,13 +8,18 @@ Both are measured from outside, as a user meets them, on one local fleet of ``--
   * warm: the same ``fab train`` again, on the fleet the first run kept warm (its sync sends only
     what changed; its setup is skipped while unchanged).
 Each is timed from the command's start to the first step rank 0 logs (the ``time`` field of its
-first metrics record in the nodes' ``metrics.jsonl``). The job is the digits trainer; its
-requirements file names what the nodes' interpreter already has (this machine is offline: pip
-resolves and finds them installed), and its setup line is trivial: what the warm run skips is
-the fleet's start, the resolution and the setup, not a download. The load average is recorded
-before and after each trial.
+first metrics record in the nodes' ``metrics.jsonl``). The job is the digits trainer with the
+requirements a training job commonly adds (``--requirements``, default ``tensorboard tqdm``: its
+metrics logging and progress bars). They are real packages, installed by fleetrun's real setup
+stage (``pip install -r`` in the job's environment on every node) from a wheelhouse in the job's
+folder (``--no-index --find-links wheels`` in its requirements file): the nodes are offline, so
+the wheels travel with the code, as a download from an index would on a cloud. The wheelhouse is
+made once per bench with this machine's ``pip download`` (its configured index), and holds only
+the distributions the nodes' interpreter lacks (a node with an index would fetch no others).
+The warm run finds the setup hash unchanged and skips the install. The load average is recorded
+before and after each trial, and each run's stage timings (``summary.json``) beside it.
 
-Usage (root): .venv/bin/python bench/warm_rerun.py [--trials 3] [--nodes 2]
+Usage (root): .venv/bin/python bench/warm_rerun.py [--trials 3] [--nodes 2] [--requirements tensorboard tqdm]
 Prints both medians and the ratio side by side; writes bench/results/warm_rerun.json.
 """
 
@@ -51,11 +56,61 @@ def fab(*args: str) -> list[str]:
     return [str(REPO / ".venv" / "bin" / "fab"), *args]
 
 
-def write_job(tmp: Path, nodes: int) -> Path:
-    """The digits trainer with a requirements file and a setup line of its own."""
+def node_python() -> str:
+    from launch.fleets.local import image_python
+
+    return str(image_python())
+
+
+def wheelhouse(into: Path, requirements: list[str]) -> list[str]:
+    """The wheels of ``requirements`` and their dependencies for the nodes' interpreter, less the
+    distributions it already has; the names of the wheels kept."""
+    into.mkdir(parents=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--only-binary=:all:",
+            "--dest",
+            str(into),
+            *requirements,
+        ],
+        check=True,
+        timeout=DEADLINE_S,
+    )
+    have = subprocess.run(
+        [
+            node_python(),
+            "-c",
+            "import importlib.metadata as m; print('\\n'.join(d.metadata['Name'] for d in m.distributions()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    installed = {name.lower().replace("-", "_").replace(".", "_") for name in have}
+    kept = []
+    for wheel in sorted(into.glob("*.whl")):
+        if wheel.name.split("-")[0].lower().replace(".", "_") in installed:
+            wheel.unlink()
+        else:
+            kept.append(wheel.name)
+    return kept
+
+
+def write_job(tmp: Path, nodes: int, wheels: Path, requirements: list[str]) -> Path:
+    """The digits trainer with its requirements (installed from its wheelhouse) and a setup line
+    that imports them."""
     workdir = tmp / "job"
     shutil.copytree(REPO / "examples" / "digits", workdir)
-    (workdir / "requirements.txt").write_text("torch\nnumpy\n")
+    shutil.copytree(wheels, workdir / "wheels")
+    (workdir / "requirements.txt").write_text(
+        "--no-index\n--find-links wheels\n" + "".join(f"{r}\n" for r in requirements)
+    )
+    modules = ", ".join(["torch", "numpy", *(r.replace("-", "_") for r in requirements)])
     playbook = tmp / "job.json"
     playbook.write_text(
         json.dumps(
@@ -67,7 +122,7 @@ def write_job(tmp: Path, nodes: int) -> Path:
                 "entrypoint": "python -m trainer.task --epochs 1",
                 "env": {"OMP_NUM_THREADS": "1"},
                 "requirements": "requirements.txt",
-                "setup": ["python -c 'import torch, numpy'"],
+                "setup": [f"python -c 'import {modules}'"],
                 "teardown": "always",
                 "keep_warm_s": 600,
             }
@@ -127,8 +182,22 @@ def laptop_timer_gone(home: Path) -> None:
         pid_file.unlink(missing_ok=True)
 
 
-def one(tmp: Path, nodes: int) -> dict[str, Any]:
-    playbook = write_job(tmp, nodes)
+def run_timings(since: float) -> list[dict[str, Any]]:
+    """The stage timings of the bench job's runs that started after ``since`` (``summary.json``)."""
+    runs = Path(os.environ.get("FLEETRUN_RUNS") or Path(os.environ["FLEETRUN_HOME"]) / "runs")
+    found = []
+    for path in runs.glob(f"{JOB}*/summary.json"):
+        if path.stat().st_mtime >= since:
+            with contextlib.suppress(ValueError, OSError):
+                summary = json.loads(path.read_text())
+                found.append(
+                    (path.stat().st_mtime, summary.get("timings"), summary.get("first_step_after_s"))
+                )
+    return [{"timings": t, "first_step_after_s": f} for _m, t, f in sorted(found, key=lambda x: x[0])]
+
+
+def one(tmp: Path, nodes: int, wheels: Path, requirements: list[str]) -> dict[str, Any]:
+    playbook = write_job(tmp, nodes, wheels, requirements)
     fleet = LocalFleet(prefix=PREFIX, subnet=SUBNET)
     row: dict[str, Any] = {"load_before": os.getloadavg()}
     try:
@@ -150,6 +219,7 @@ def one(tmp: Path, nodes: int) -> dict[str, Any]:
         row["warm_to_first_step_s"] = round(warm, 2)
         row["ratio"] = round(warm / first, 3)
         row["exit_codes"] = [rc1, rc2]
+        row["runs"] = run_timings(since)
     finally:
         laptop_timer_gone(Path(os.environ["FLEETRUN_HOME"]))
         fleet.down(say=lambda _m: None)
@@ -163,6 +233,9 @@ def main() -> int:
     )
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument(
+        "--requirements", nargs="+", default=["tensorboard", "tqdm"], help="the job's requirements"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "warm_rerun.json")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -172,14 +245,19 @@ def main() -> int:
     if own_home:
         os.environ["FLEETRUN_HOME"] = tempfile.mkdtemp(prefix="fleetrun-bench-warm-")
     rows = []
+    shared = Path(tempfile.mkdtemp(prefix="fleetrun-bench-wheels-"))
     try:
+        kept = wheelhouse(shared / "wheels", args.requirements)
+        size = sum(p.stat().st_size for p in (shared / "wheels").iterdir())
+        print(f"wheelhouse: {len(kept)} wheels, {size / 1e6:.1f} MB: {', '.join(kept)}", flush=True)
         for trial in range(args.trials):
             with tempfile.TemporaryDirectory() as name:
-                row = one(Path(name), args.nodes)
+                row = one(Path(name), args.nodes, shared / "wheels", args.requirements)
             row["trial"] = trial + 1
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
+        shutil.rmtree(shared, ignore_errors=True)
         if own_home:
             shutil.rmtree(os.environ["FLEETRUN_HOME"], ignore_errors=True)
     first = statistics.median(r["first_to_first_step_s"] for r in rows)
@@ -191,6 +269,8 @@ def main() -> int:
     result = {
         "command": "python bench/warm_rerun.py " + " ".join(sys.argv[1:]),
         "nodes": args.nodes,
+        "requirements": args.requirements,
+        "wheelhouse": {"wheels": kept, "bytes": size},
         "trials": len(rows),
         "median_first_to_first_step_s": round(first, 2),
         "median_warm_to_first_step_s": round(warm, 2),

@@ -17,8 +17,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from invoke import Program
+if TYPE_CHECKING:  # Invoke is imported when a command needs it: ``fab exec`` on a local fleet does not
+    from invoke import Program
 
 FLEETRUN_FABFILE_MARK = "launch.cli.tasks"
 """What a fabfile that only loads fleetrun's collection imports."""
@@ -32,6 +34,11 @@ def program(binary: str = "fleetrun") -> Program:
 
 
 def _run(binary: str, argv: list[str] | None) -> None:
+    from launch.cli.fast_exec import main as fast_exec
+
+    code = fast_exec(argv)
+    if code is not None:  # ``fab exec`` answered without Invoke, Fabric or the models
+        sys.exit(code)
     try:
         program(binary).run(argv)
     except BrokenPipeError:  # `fleetrun --help | head`: the reader left; nothing to report

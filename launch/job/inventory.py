@@ -18,8 +18,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +41,7 @@ from launch.job.endpoints import (  # noqa: F401 - re-exported: callers import t
     host_port,
 )
 from launch.job.fleet_refs import FleetRef, LabFleet
+from launch.job.known_hosts import write_known_hosts_lines
 from launch.job.validation import describe_validation_error, load_yaml_mapping
 
 
@@ -142,20 +141,9 @@ class Inventory(BaseModel):
         Written fresh each time (never appended to), so a key that is no longer pinned is no
         longer trusted.
         """
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lines = dict.fromkeys(h.known_hosts_line() for h in self.hosts)
-        lines.update(dict.fromkeys(h.proxy_jump.known_hosts_line() for h in self.hosts if h.proxy_jump))
-        # a temporary name of its own (0600 from the start): two runs of one inventory started at
-        # once write the same file, and a shared ``.tmp`` was renamed away under the other one
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as out:
-                out.write("".join(line + "\n" for line in lines))
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        lines = [h.known_hosts_line() for h in self.hosts]
+        lines += [h.proxy_jump.known_hosts_line() for h in self.hosts if h.proxy_jump]
+        return write_known_hosts_lines(path, lines)
 
     # -- loaders -----------------------------------------------------------------------------
     # The loaders of each kind live with the kind (``launch.fleets.kinds``); these delegate.

@@ -14,9 +14,26 @@ import shlex
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-from launch.job.inventory import Host, JumpHost
-from launch.transport.jump import DEFAULT_CONNECT_TIMEOUT, JUMP_SLOTS, shared_jump_slot
+from launch.transport.jump_slots import DEFAULT_CONNECT_TIMEOUT, JUMP_SLOTS, shared_jump_slot
+
+if TYPE_CHECKING:  # the models are not imported at run time: ``fab exec``'s fast path has none
+    from launch.job.inventory import Host, JumpHost
+
+
+class OpenSshTarget(Protocol):
+    """What an OpenSSH command line needs of a host: an inventory ``Host``, or ``fab exec``'s
+    plain ``launch.transport.openssh_exec.ExecTarget`` read from fleetrun's own fleet state."""
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def key(self) -> Path | None: ...
+
+    @property
+    def proxy_jump(self) -> JumpHost | None: ...
 
 
 def ssh_token_safe(value: str) -> str:
@@ -62,7 +79,7 @@ def proxy_command(jump: JumpHost, known_hosts: Path, connect_timeout: int = DEFA
 
 
 def openssh_command(
-    host: Host, known_hosts: Path, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
+    host: OpenSshTarget, known_hosts: Path, connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
 ) -> list[str]:
     """The OpenSSH client invocation (for rsync ``-e``) with the same strict checking as paramiko,
     through the host's jump host when it has one (``proxy_command``)."""

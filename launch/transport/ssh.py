@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import resource
 import secrets
 import select
 import time
@@ -36,6 +35,7 @@ from fabric import Config, Connection
 
 from launch.errors import HostError
 from launch.job.inventory import Host
+from launch.processes import ensure_open_files  # noqa: F401 - re-exported: callers import it from here
 from launch.settings import DEFAULT_FANOUT
 from launch.transport.channels import BoundedOutput, LineSession
 from launch.transport.daemon_pool import DaemonPool
@@ -338,21 +338,6 @@ class NodeConnection:
             self.conn.close()
         if self._own_jumps:
             self.jumps.close()
-
-
-def ensure_open_files(needed: int) -> int:
-    """Raise this process's soft open-files limit toward ``needed`` (never above the hard limit).
-
-    Each connection is a socket and each rsync a process with pipes: at 256 nodes the common
-    default of 1024 runs out ("Too many open files"). Returns the soft limit now in force.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-    return soft
 
 
 def parallel_map(
