@@ -92,6 +92,34 @@ def test_down_tries_userdel_again_while_the_user_is_still_there(monkeypatch: pyt
     assert len(calls) == 2
 
 
+def test_account_tools_are_tried_again_while_passwd_is_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """shadow's tools give up at once when another holds the lock ("cannot lock /etc/passwd; try
+    again later", seen with the suite's two workers making fleets at once): tried again; any
+    other failure, or another tool, is not."""
+    from launch.fleets.local import prereqs
+
+    count = tmp_path / "count"
+    tool = tmp_path / "usermod"
+    tool.write_text(
+        f"#!/bin/sh\nn=$(cat {count} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {count}\n"
+        '[ "$n" -ge 3 ] && exit 0\necho "usermod: cannot lock /etc/passwd; try again later." >&2; exit 1\n'
+    )
+    tool.chmod(0o755)
+    monkeypatch.setattr(prereqs.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(prereqs, "ACCOUNT_TOOLS", frozenset({str(tool)}))
+    assert prereqs.run([str(tool), "-p", "*", "frxnode0"]).returncode == 0
+    assert count.read_text().strip() == "3"
+    count.write_text("-100")
+    with pytest.raises(LocalFleetError, match="cannot lock /etc/passwd"):
+        prereqs.run([str(tool), "-p", "*", "frxnode0"])  # bounded: still locked after every try
+    assert count.read_text().strip() == str(-100 + prereqs.LOCK_TRIES)
+    count.write_text("0")
+    monkeypatch.setattr(prereqs, "ACCOUNT_TOOLS", frozenset())
+    assert prereqs.run([str(tool)], check=False).returncode == 1 and count.read_text().strip() == "1"
+
+
 def test_bad_prefix_and_subnet() -> None:
     with pytest.raises(LocalFleetError, match="fleet prefix 'Bad-Prefix'"):
         LocalFleet(prefix="Bad-Prefix")

@@ -3,13 +3,19 @@ which nodes failed and why, in inventory order.
 
 One printer for both ways ``fab exec`` reaches the nodes (paramiko in ``run_everywhere``,
 OpenSSH in ``openssh_exec``): their output must be the same bytes for the same answers. Light
-on purpose (no paramiko, no models): the OpenSSH path is chosen for its start-up time.
+on purpose (no paramiko, no models, no Rich): the OpenSSH path is chosen for its start-up time.
+
+A node's output is data, not terminal control: each line goes through ``clean`` (ESC, BEL,
+backspace, C1 and bidi controls become ``?``; tabs stay; a line is capped as ``fab logs`` caps
+one), so a node cannot retitle, clear or rewrite the operator's terminal. pdsh prints them raw.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TextIO
+
+from launch.reports.plain_text import MAX_LINE_CHARS, clean
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,7 @@ class ExecReport:
         if not self.quiet:
             for stream in (stdout, stderr):
                 for line in stream.splitlines():
-                    self.out.write(f"{name}: {line}\n")
+                    self.out.write(f"{name}: {clean(line, MAX_LINE_CHARS)}\n")
         if exit_code == 0:
             self.ok.append(name)
         else:
@@ -48,7 +54,7 @@ class ExecReport:
 
     def unreachable(self, name: str, message: str) -> None:
         """The node gave no answer (no connection, a timeout): ``message`` says why, without the name."""
-        self.failed[name] = message
+        self.failed[name] = clean(message)
 
     def finish(self) -> EverywhereResult:
         """The summary of the failed nodes (nothing when none failed); the output flushed."""

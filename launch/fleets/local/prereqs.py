@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,9 +23,21 @@ SSHD = "/usr/sbin/sshd"
 REQUIREMENTS = runtime_file("local/requirements.txt")
 
 
+ACCOUNT_TOOLS = frozenset({"useradd", "usermod", "userdel", "groupadd", "groupdel"})
+LOCK_TRIES = 12
+
+
 def run(argv: list[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run a host command; with ``check``, a failure raises ``LocalFleetError`` naming it."""
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    """Run a host command; with ``check``, a failure raises ``LocalFleetError`` naming it.
+
+    shadow's account tools give up at once with "cannot lock /etc/passwd; try again later" while
+    another one holds the lock (fleets coming and going at once: the test suite's two workers, a
+    second fleet beside a first): those are tried again, a little later each time."""
+    for attempt in range(LOCK_TRIES):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode == 0 or argv[0] not in ACCOUNT_TOOLS or "cannot lock" not in proc.stderr:
+            break
+        time.sleep(0.1 * (attempt + 1))
     if check and proc.returncode != 0:
         raise LocalFleetError(f"command failed ({proc.returncode}): {' '.join(argv)}\n{proc.stderr.strip()}")
     return proc
