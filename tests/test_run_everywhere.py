@@ -55,3 +55,22 @@ def test_unreachable_host_is_reported_without_blocking_the_others(fleet: LocalFl
     assert list(result.failed) == ["ghost"]
     assert "198.18.1.250" in result.failed["ghost"]
     assert "fleetrun: ghost: FAILED:" in out.getvalue()
+
+
+def test_a_nodes_output_cannot_drive_the_operators_terminal() -> None:
+    """``fab exec`` prints what a node sent as data: ESC sequences (retitle, clear, hyperlinks),
+    BEL, backspace and bidi overrides become ``?``; tabs stay; a node's failure text too."""
+    from launch.transport.exec_report import ExecReport
+
+    out = io.StringIO()
+    report = ExecReport(["n0", "n1"], out)
+    report.answered("n0", 0, "\x1b]0;pwned\x07title\tok\n\x1b[2Jcleared\x08\u202eevil\n", "")
+    report.unreachable("n1", "refused \x1b[31mred")
+    result = report.finish()
+    assert out.getvalue() == (
+        "n0: ?]0;pwned?title\tok\n"
+        "n0: ?[2Jcleared??evil\n"
+        "fleetrun: n1: FAILED: refused ?[31mred\n"
+        "fleetrun: 1/2 node(s) ok, 1 failed\n"
+    )
+    assert result.ok == ["n0"] and "\x1b" not in out.getvalue()
