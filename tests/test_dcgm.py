@@ -434,7 +434,9 @@ def test_a_malformed_diag_answer_is_unknown_naming_what(hostile: object) -> None
 
 def test_a_diagnostic_past_its_bound_is_stopped(tmp_path: Path) -> None:
     slow = tmp_path / "dcgmi"
-    slow.write_text("#!/bin/sh\ntrap 'echo stopped; exit 143' TERM\nsleep 30 & wait\n")
+    # its TERM handler stops the running diagnostic (the background sleep), as dcgmi's does: a
+    # sleep left holding stdout would keep the pipe open for its 30 s
+    slow.write_text("#!/bin/sh\ntrap 'kill $!; echo stopped; exit 143' TERM\nsleep 30 & wait\n")
     slow.chmod(0o755)
     code, out, late = fleetrun_gpu._run_dcgmi([str(slow)], 0.5)
     assert late and "stopped" in out

@@ -4,7 +4,10 @@ A tiny trainer (``tests/recovery_job``) checkpoints every few steps in the layou
 checkpoint helper. Node 2 is powered off mid-run the way a preempted VM goes (its sshd and every
 process killed, ``LocalFleet.stop_node``): with ``recovery:`` the run resumes from the latest
 checkpoint on a replacement node (a fresh node with a new host key), or, elastic and without
-replacement, on the two survivors.
+replacement, on the two survivors. Tests whose subject is the recovery, not the training state
+(elastic survivors, a GPU fault, a re-attached watcher), run the torch-free ``tests/stdlib_job``
+(``steps_playbook``); those that check the trainers' parameters, a stall in a collective, a
+poisoned pickle or a CPU-bound pace keep the torch trainer.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from launch.run.records import RunRecords
 from launch.run.summary import RunResult
 from tests.conftest import (
     REPO,
+    STEPS_JOB,
     assert_nothing_running,
     fleet_prefix,
     fleet_subnet,
@@ -63,6 +67,24 @@ def playbook(tmp_path: Path, args: str = "", **fields: object) -> Path:
         JOB,
         name="t-recover",
         entrypoint=f"python ckpt_trainer.py --steps 30 --ckpt-every {EVERY} --step-sleep 0.25 {args}".strip(),
+        recovery=recovery,
+        stop={"unreachable_timeout_s": 6, "watcher_lost_after_s": 300},
+        **fields,
+    )
+
+
+def steps_playbook(tmp_path: Path, **fields: object) -> Path:
+    """The torch-free job, for a test whose subject is the recovery, not the training state (its
+    ranks share no collective, and checkpoint when stopped): at the pace of ``playbook``'s,
+    checkpointing every ``EVERY`` steps; the first attempt goes on until fleetrun stops it, the
+    next one ends 10 steps past the step it resumed from."""
+    recovery = {"max_restarts": 2, "grace_s": 2, "confirm_s": 2}
+    recovery.update(fields.pop("recovery", {}))  # type: ignore[arg-type]
+    return write_playbook(
+        tmp_path / "job.yaml",
+        STEPS_JOB,
+        name="t-recover",
+        entrypoint=f"python steps.py --steps 100000 --later-attempts 10 --checkpoint-every {EVERY} --step-sleep 0.25",
         recovery=recovery,
         stop={"unreachable_timeout_s": 6, "watcher_lost_after_s": 300},
         **fields,
@@ -206,7 +228,7 @@ def test_head_powered_off_without_a_bucket_resumes_from_its_peer_copy(
 
 # the elastic test leaves node 2 powered off: it stays last
 def test_elastic_survivors_go_on(fleet3: LocalFleet, tmp_path: Path) -> None:
-    book = playbook(tmp_path, nodes="2:3", recovery={"replace_lost_nodes": False})
+    book = steps_playbook(tmp_path, nodes="2:3", recovery={"replace_lost_nodes": False})
     started, old = time.time(), run_dirs(fleet3)
     result = run_with_fault(book, fleet3, lambda: power_off_node2(fleet3, old))
     assert result.outcome == "succeeded", result.reason
@@ -244,11 +266,9 @@ def test_gpu_fault_excludes_the_host_and_the_run_completes_on_the_spare(
     bashrc.write_text('export PATH="$HOME/fakebin:$PATH"\n' + before)
     lab = tmp_path / "lab.yaml"
     lab.write_text(yaml.safe_dump({"hosts": fleet3.inventory().to_yaml_data()["hosts"]}))
-    # 45 steps: the GPU reading (a thread of the node agent) has time to see the fault mid-run;
-    # grace_s 5: here the ranks are not stuck, and checkpoint when stopped
-    book = playbook(
-        tmp_path, "--steps 45", nodes=2, procs_per_node=1, recovery={"on": ["gpu_fault"], "grace_s": 5}
-    )
+    # the first attempt goes on until stopped: the GPU reading (a thread of the node agent) sees
+    # the fault mid-run whatever the load; grace_s 5: the ranks checkpoint when stopped
+    book = steps_playbook(tmp_path, nodes=2, procs_per_node=1, recovery={"on": ["gpu_fault"], "grace_s": 5})
     old = run_dirs(fleet3)
     box: dict[str, object] = {}
 
@@ -388,7 +408,7 @@ def test_reattached_watcher_follows_a_node_loss_into_the_next_attempt(
     from launch.fleets.local.power import replace_node
 
     replace_node(fleet3, fleet3.inventory().hosts[2])  # the elastic test left node 2 powered off
-    book, old = playbook(tmp_path), run_dirs(fleet3)
+    book, old = steps_playbook(tmp_path), run_dirs(fleet3)
     log = (tmp_path / "fab-train.log").open("wb")
     fab = subprocess.Popen(
         [str(REPO / ".venv" / "bin" / "fab"), "train", str(book), "--inventory", f"local:{fleet3.prefix}"],

@@ -106,49 +106,23 @@ def port_of(fleet: LocalFleet, run_id: str) -> int:
     return int(Path(f"/home/{fleet.node_name(0)}/.fleetrun/runs/{run_id}/rdzv_port").read_text())
 
 
-HELD = """\
-\"\"\"trainer.task whose step sleeps last until the file argv[1] exists (at most 300 s): a run that
-is still training, whatever the machine's load, while the test starts another on its nodes.\"\"\"
-import os
-import sys
-import time
-
-import trainer.task as task
-
-
-class HeldTime:
-    time = staticmethod(time.time)
-
-    @staticmethod
-    def sleep(seconds: float) -> None:
-        deadline = time.time() + 300
-        while not os.path.exists(sys.argv[1]) and time.time() < deadline:
-            time.sleep(0.2)
-        time.sleep(seconds)
-
-
-task.time = HeldTime
-sys.exit(task.main(sys.argv[2:]))
-"""
-
-
 def test_two_runs_on_the_same_nodes_at_once_both_succeed_on_their_own_ports(
-    fleet: LocalFleet, digits_workdir: Path, tmp_path: Path
+    fleet: LocalFleet, tmp_path: Path
 ) -> None:
-    """Run a holds at its first step until run b has trained (a file the nodes can see releases
-    it): the runs overlap on every machine for sure, and neither waits for a long job."""
+    """Run a holds after its first step until run b has trained (a file the nodes can see
+    releases it): the runs overlap on every machine for sure, and neither waits for a long job.
+    The torch-free job: the subject is the rendezvous port each run gets and the runs' overlap."""
     release_dir = Path(tempfile.mkdtemp(prefix="fleetrun-share-"))
     release_dir.chmod(0o755)  # the node users look for the release file here
     release = release_dir / "release"
-    (digits_workdir / "held.py").write_text(HELD)
     slow = write_playbook(
         tmp_path / "a.yaml",
-        digits_workdir,
+        STEPS_JOB,
         name="t-share-a",
-        entrypoint=f"python held.py {release} --epochs 2 --step-sleep 0.05",
+        entrypoint=f"python steps.py --steps 20 --hold-until {release}",
     )
     quick = write_playbook(
-        tmp_path / "b.yaml", digits_workdir, name="t-share-b", entrypoint="python -m trainer.task --epochs 2"
+        tmp_path / "b.yaml", STEPS_JOB, name="t-share-b", entrypoint="python steps.py --steps 20"
     )
     a_thread, a_box = in_thread(lambda: train(slow))
     try:

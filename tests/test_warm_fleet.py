@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -20,7 +21,16 @@ import pytest
 
 from launch.fleets.local import LocalFleet
 from launch.transport.reachability import sshd_answers
-from tests.conftest import REPO, fab, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
+from tests.conftest import (
+    REPO,
+    STEPS_JOB,
+    fab,
+    fleet_prefix,
+    fleet_subnet,
+    module_fleet,
+    needs_root,
+    write_playbook,
+)
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("g")
@@ -37,12 +47,21 @@ def warm_fleet(fleetrun_home: Path) -> Iterator[LocalFleet]:
                 entry.unlink()
 
 
+@pytest.fixture
+def steps_workdir(tmp_path: Path) -> Path:
+    """A copy of the torch-free job (the subject here is the warm fleet, not training), so a test
+    can add its own wrapper beside ``steps.py``."""
+    target = tmp_path / "steps"
+    shutil.copytree(STEPS_JOB, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
 def test_kept_warm_reused_then_powered_off_without_the_laptop(
-    warm_fleet: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+    warm_fleet: LocalFleet, fleetrun_home: Path, steps_workdir: Path, tmp_path: Path
 ) -> None:
     playbook = write_playbook(
-        tmp_path / "job.yaml", digits_workdir, name="t-warm", nodes=1, teardown="always", keep_warm_s=120,
-        entrypoint="python -m trainer.task --epochs 1",
+        tmp_path / "job.yaml", steps_workdir, name="t-warm", nodes=1, teardown="always", keep_warm_s=120,
+        entrypoint="python steps.py --steps 20",
     )  # fmt: skip
     runs = tmp_path / "runs"
     first = fab("train", str(playbook), "--inventory", f"local:{PREFIX}", home=fleetrun_home, runs=runs)
@@ -57,8 +76,8 @@ def test_kept_warm_reused_then_powered_off_without_the_laptop(
     # them, the laptop's deadline would tear the fleet down when this command starts); the test then
     # waits the 15 s out, so they are short, but long enough to kill the laptop's timer well before
     again = write_playbook(
-        tmp_path / "again.yaml", digits_workdir, name="t-warm", nodes=1, teardown="always", keep_warm_s=15,
-        entrypoint="python -m trainer.task --epochs 1",
+        tmp_path / "again.yaml", steps_workdir, name="t-warm", nodes=1, teardown="always", keep_warm_s=15,
+        entrypoint="python steps.py --steps 20",
     )  # fmt: skip
     second = fab("train", str(again), "--inventory", f"local:{PREFIX}", home=fleetrun_home, runs=runs)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
@@ -115,19 +134,19 @@ subprocess.Popen(["sh", "-c", LOOP], start_new_session=True, stdin=subprocess.DE
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 open(os.path.expanduser("~/job-started"), "w").close()  # the test's sign that the job runs
 time.sleep(float(os.environ.get("FIRST_SLEEP_S", "0")))
-sys.argv = ["trainer.task", *sys.argv[1:]]
-runpy.run_module("trainer.task", run_name="__main__")
+sys.argv = ["steps.py", *sys.argv[1:]]
+runpy.run_path("steps.py", run_name="__main__")
 """
 
 
 def test_a_process_left_behind_does_not_keep_the_fleet_past_the_deadline(
-    warm_fleet: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+    warm_fleet: LocalFleet, fleetrun_home: Path, steps_workdir: Path, tmp_path: Path
 ) -> None:
     head = warm_fleet.inventory().hosts[0]
-    (digits_workdir / "trainer" / "leave_behind.py").write_text(LEFT_BEHIND)
+    (steps_workdir / "leave_behind.py").write_text(LEFT_BEHIND)
     playbook = write_playbook(
-        tmp_path / "job.yaml", digits_workdir, name="t-warm-left", nodes=1, teardown="always",
-        keep_warm_s=10, entrypoint="python -m trainer.leave_behind --epochs 1",
+        tmp_path / "job.yaml", steps_workdir, name="t-warm-left", nodes=1, teardown="always",
+        keep_warm_s=10, entrypoint="python leave_behind.py --steps 20",
     )  # fmt: skip
     runs = tmp_path / "runs"
     run = fab("train", str(playbook), "--inventory", f"local:{PREFIX}", home=fleetrun_home, runs=runs)
@@ -144,13 +163,13 @@ def test_a_process_left_behind_does_not_keep_the_fleet_past_the_deadline(
 
 
 def test_fab_watch_of_a_warm_run_keeps_it_warm_then_tears_it_down(
-    warm_fleet: LocalFleet, fleetrun_home: Path, digits_workdir: Path, tmp_path: Path
+    warm_fleet: LocalFleet, fleetrun_home: Path, steps_workdir: Path, tmp_path: Path
 ) -> None:
     head = warm_fleet.inventory().hosts[0]
-    (digits_workdir / "trainer" / "leave_behind.py").write_text(LEFT_BEHIND)
+    (steps_workdir / "leave_behind.py").write_text(LEFT_BEHIND)
     playbook = write_playbook(
-        tmp_path / "job.yaml", digits_workdir, name="t-warm-watch", nodes=1, teardown="always",
-        keep_warm_s=10, entrypoint="python -m trainer.leave_behind --epochs 1",
+        tmp_path / "job.yaml", steps_workdir, name="t-warm-watch", nodes=1, teardown="always",
+        keep_warm_s=10, entrypoint="python leave_behind.py --steps 20",
         env={"OMP_NUM_THREADS": "1", "FIRST_SLEEP_S": "20"},
     )  # fmt: skip
     runs = tmp_path / "runs"

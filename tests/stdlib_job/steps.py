@@ -16,7 +16,9 @@ The loss is a function of the step and ``--lr`` (``1 / (1 + lr * step)``: ``--lr
 improves, a plateau); ``--nan-at-step S`` logs NaN from step S on; ``--fail-rank R --fail-step S``:
 global rank R exits 3 at step S; ``--hold-until PATH``: after step 1 is logged, wait until PATH
 exists (at most 300 s), so a test can keep a run going until it has done what must overlap it,
-whatever the machine's load. Rank 0 writes ``$FLEETRUN_OUTPUT_DIR/final.json`` at the end.
+whatever the machine's load. ``--steps 100000 --later-attempts N``: the first attempt goes on
+until fleetrun stops it (as ranks stuck in a collective with a lost peer do), the next ones end N
+steps past where they resume. Rank 0 writes ``$FLEETRUN_OUTPUT_DIR/final.json`` at the end.
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--fail-step", type=int, default=5)
     p.add_argument("--checkpoint-every", type=int, default=0, help="0: only on SIGTERM or a notice")
     p.add_argument("--hold-until", default="", help="after step 1, wait until this file exists")
+    p.add_argument(
+        "--later-attempts",
+        type=int,
+        default=0,
+        help="attempt 2 and later: stop this many steps past the step it starts from (0: at --steps)",
+    )
     return p.parse_args()
 
 
@@ -64,6 +72,8 @@ def main() -> int:
         with open(found.file("state.json"), encoding="utf-8") as fh:
             step = int(json.load(fh)["step"])
         metrics.event("resumed", step=step, source=found.source, attempt=ckpt.attempt())
+    if args.later_attempts and ckpt.attempt() > 1:
+        args.steps = step + args.later_attempts
     metrics.event("world", world_size=world, ranks=[{"rank": rank, "host": socket.gethostname()}])
     print(f"rank {rank}: world {world}, starting after step {step}", flush=True)
 
