@@ -84,6 +84,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: -FILE_SECONDS.get(item.nodeid.split("::", 1)[0], 0))
 
 
+_FILE_TOTALS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each file's seconds (setup, call and teardown of its tests; a module fleet's start and end
+    count in its first and last test), summed where the reports arrive (xdist's controller)."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_TOTALS[path] = _FILE_TOTALS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The slowest files, to keep ``FILE_SECONDS`` (the order files are handed out) current."""
+    if not _FILE_TOTALS:
+        return
+    slowest = sorted(_FILE_TOTALS.items(), key=lambda item: -item[1])[:30]
+    terminalreporter.write_sep("=", f"slowest files (all files: {sum(_FILE_TOTALS.values()):.0f} s)")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+
+
 def fleet_prefix(letter: str) -> str:
     """A fleet prefix for one test module (``fr<letter><tag>``), unique per checkout."""
     return f"fr{letter}{TEST_TAG}"
