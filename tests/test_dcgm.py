@@ -9,8 +9,10 @@ programs printing the real tools' formats. No fleet is needed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -440,6 +442,29 @@ def test_a_diagnostic_past_its_bound_is_stopped(tmp_path: Path) -> None:
     slow.chmod(0o755)
     code, out, late = fleetrun_gpu._run_dcgmi([str(slow)], 0.5)
     assert late and "stopped" in out
+
+
+def test_a_diagnostic_whose_helper_holds_the_pipe_is_not_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dcgmi that ignores SIGTERM and leaves a process of another session holding its stdout:
+    SIGKILL, then the pipe is let go (before, the last wait had no bound: as long as that process
+    lived, here an hour)."""
+    holder = tmp_path / "holder.pid"
+    stubborn = tmp_path / "dcgmi"
+    stubborn.write_text(
+        f"#!/bin/sh\ntrap '' TERM\nsetsid sleep 3600 & echo $! > {holder}\necho started\nsleep 3600\n"
+    )
+    stubborn.chmod(0o755)
+    monkeypatch.setattr(fleetrun_gpu, "DCGMI_TERM_GRACE_S", 0.5)
+    monkeypatch.setattr(fleetrun_gpu, "DCGMI_KILL_WAIT_S", 0.5)
+    try:
+        code, out, late = fleetrun_gpu._run_dcgmi([str(stubborn)], 0.5)
+    finally:
+        if holder.exists():
+            with contextlib.suppress(OSError):
+                os.kill(int(holder.read_text()), signal.SIGKILL)
+    assert late and code == -signal.SIGKILL
 
 
 # -- fab doctor --gpu-diag ---------------------------------------------------------------------------

@@ -48,6 +48,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -962,24 +963,44 @@ class DcgmFormatError(ValueError):
     """dcgmi's JSON is not laid out as its sources print it; the message names the field."""
 
 
+DCGMI_TERM_GRACE_S = 30
+"""How long dcgmi has to stop a diagnostic on SIGTERM before SIGKILL."""
+DCGMI_KILL_WAIT_S = 5
+"""How long the pipe may stay open after SIGKILL (a process outside the group holding it)."""
+
+
 def _run_dcgmi(argv, timeout):
     """(exit code, stdout, timed out) of dcgmi, which prints its errors on stdout too. On a
-    timeout it gets SIGTERM first (its handler stops a running diagnostic), then SIGKILL."""
+    timeout its process group gets SIGTERM first (dcgmi's handler stops a running diagnostic),
+    then SIGKILL; a process that still holds the pipe after that (one that left the group) is
+    not waited for: the answer is bounded in time whatever dcgmi started."""
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
     except OSError:
         return None, "", False
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.terminate()
+        _signal_group(proc, signal.SIGTERM)
         try:
-            out, _ = proc.communicate(timeout=30)
+            out, _ = proc.communicate(timeout=DCGMI_TERM_GRACE_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
+            _signal_group(proc, signal.SIGKILL)
+            try:
+                out, _ = proc.communicate(timeout=DCGMI_KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.stdout.close()
+                proc.wait()
+                out = b""
         return proc.returncode, out[: 512 * 1024].decode("utf-8", "replace"), True
     return proc.returncode, out[: 2 * 1024 * 1024].decode("utf-8", "replace"), False
+
+
+def _signal_group(proc, sig):
+    with contextlib.suppress(OSError):  # already gone
+        os.killpg(proc.pid, sig)
 
 
 def _no_engine(code, out):
