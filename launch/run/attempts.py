@@ -73,6 +73,7 @@ from launch.transport.port import FleetPort, NodeLink
 
 ATTEMPT_FILES = (
     "rc",
+    "rank-rc",
     "pid",
     "status.json",
     "metrics.jsonl",
