@@ -55,13 +55,20 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
-    from launch.nodelib import fleetrun_containers, fleetrun_gpu, fleetrun_procs, fleetrun_stepping
+    from launch.nodelib import (
+        fleetrun_containers,
+        fleetrun_gpu,
+        fleetrun_procs,
+        fleetrun_rankwatch,
+        fleetrun_stepping,
+    )
     from launch.nodelib import fleetrun_protocol as protocol
 else:
     import fleetrun_containers  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_gpu  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_procs  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_rankwatch  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_stepping  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 RUN_TMP = "tmp"
@@ -72,12 +79,6 @@ SERVE_IDLE_S = 600.0
 SMALL_FILE = 64
 """``rc`` and ``pid`` hold one number; more than this many bytes is not one."""
 LOG_TAIL_BYTES = 2000
-RANK_RC = "rank-rc"
-"""A rank's failure seen by the event channel before its torchrun ended (``watch_ranks``):
-``CODE WRAPPER_PID``; it counts only while ``pid`` still names that wrapper (this start's)."""
-RANK_SCAN_S = 0.25
-"""How often the event channel looks for the job's ranks until it found some (torch's import
-takes seconds), and then for new ones."""
 WRAPPER_WAIT_S = 5.0
 """After a stop, how long the run's wrapper may still take to write its exit code (launch.sh goes on
 after its job ended) before its process group is killed, when the stop's grace is already over."""
@@ -216,7 +217,7 @@ def receive(run_dir: str, stream: BinaryIO | None = None) -> list[str]:
 
 def start(run_dir: str) -> protocol.StartAnswer:
     private_dir(run_dir)
-    for name in ("rc", RANK_RC):  # an earlier start's: this one's has not run yet
+    for name in ("rc", fleetrun_rankwatch.RANK_RC):  # an earlier start's: this one's has not run yet
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(run_dir, name))
     pid = _spawn(["sh", "-c", WRAPPER], run_dir, "node.log")
@@ -300,85 +301,6 @@ WAIT_TICK_S = 0.05
 """Without a pidfd (Linux before 5.3, Python before 3.9) the job's state is read this often."""
 
 
-def _pidfd(pid: int | None) -> int | None:
-    """A descriptor that becomes readable when ``pid`` ends (``os.pidfd_open``), or None."""
-    opener = getattr(os, "pidfd_open", None)
-    if pid is None or opener is None:
-        return None
-    try:
-        return int(opener(pid))
-    except OSError:
-        return None
-
-
-class RankWatch:
-    """The ranks of this node's torchrun, each watched through a pidfd, so that a rank's failure
-    is known the moment it dies: its exit status is read from ``/proc`` while it is a zombie
-    (``fleetrun_procs.zombie_exit_code``), before torchrun reaps it (every 0.1 s) and long
-    before torchrun's own shutdown ends (its rendezvous goodbye, an interpreter with torch
-    loaded: 1.5 s measured). A status read too late (already reaped) is simply not known: the
-    wrapper's ``rc`` still comes. Only a torchrun that fails on any rank's failure is watched
-    (``fleetrun_procs.fails_on_rank_exit``); the exit status is the kernel's, never job output."""
-
-    def __init__(self, run_dir: str, wrapper: int) -> None:
-        self.run_dir = run_dir
-        self.wrapper = wrapper
-        self.fds: dict[int, int | None] = {}
-        """Rank pid -> its pidfd (None without pidfds: read at every tick)."""
-        self.next_scan = 0.0
-
-    def scan(self, now: float) -> None:
-        """Find ranks not yet watched (and record one already dead): every ``RANK_SCAN_S``."""
-        if now < self.next_scan:
-            return
-        self.next_scan = now + RANK_SCAN_S
-        for pid in fleetrun_procs.torchrun_ranks(self.wrapper):
-            if pid not in self.fds:
-                self.fds[pid] = _pidfd(pid)
-                self.check(pid)
-
-    def ready(self, fds: Sequence[int]) -> None:
-        """After a wait: the ranks whose pidfd fired (or every rank, without pidfds) checked."""
-        for pid, fd in list(self.fds.items()):
-            if fd is None or fd in fds:
-                self.check(pid)
-
-    def check(self, pid: int) -> None:
-        """A rank that ended: recorded when it failed, dropped either way once it is gone."""
-        code = fleetrun_procs.zombie_exit_code(pid)
-        if code is None and _alive(pid):
-            return
-        fd = self.fds.pop(pid, None)
-        if fd is not None:
-            os.close(fd)
-        if code:
-            self.record(code)
-
-    def record(self, code: int) -> None:
-        """``rank-rc``: only for this start (its wrapper still the run's) and the first failure."""
-        if os.path.exists(os.path.join(self.run_dir, RANK_RC)):
-            return
-        if protocol.parse_pid(_read(os.path.join(self.run_dir, "pid"))) != self.wrapper:
-            return
-        with contextlib.suppress(OSError):
-            write_private(os.path.join(self.run_dir, RANK_RC), f"{code} {self.wrapper}\n")
-
-    @property
-    def descriptors(self) -> list[int]:
-        return [fd for fd in self.fds.values() if fd is not None]
-
-    @property
-    def polled(self) -> bool:
-        """Some rank is watched without a pidfd: the wait must tick."""
-        return any(fd is None for fd in self.fds.values())
-
-    def close(self) -> None:
-        for fd in self.fds.values():
-            if fd is not None:
-                os.close(fd)
-        self.fds.clear()
-
-
 def wait_for_change(
     run_dir: str, request: protocol.WaitRequest, stdin_fd: int | None = None
 ) -> protocol.WaitAnswer:
@@ -386,14 +308,18 @@ def wait_for_change(
 
     The run's wrapper writes ``rc`` and then ends, so its end (a pidfd: no polling, no delay)
     is the moment the exit can be read; without a pidfd the state is read every ``WAIT_TICK_S``.
-    A rank of the job that fails is seen earlier still (``RankWatch``): the node's state is then
-    ``exited`` with the rank's exit code (``rank-rc``) while torchrun is still shutting down.
-    End of input on ``stdin_fd`` (the watcher went away) ends the wait too."""
+    A failed rank is seen earlier still (``fleetrun_rankwatch``): the node's state is then
+    ``exited`` with the rank's exit code while torchrun is still shutting down. End of input on
+    ``stdin_fd`` (the watcher went away) ends the wait too."""
     deadline = time.monotonic() + request.wait_s
     notes: list[str] = []
     wrapper = _wrapper_of(run_dir) if os.path.isdir(run_dir) else None
-    pidfd = _pidfd(wrapper)
-    ranks = RankWatch(run_dir, wrapper) if wrapper is not None and request.seen == "running" else None
+    pidfd = fleetrun_rankwatch.pidfd(wrapper)
+    ranks = (
+        fleetrun_rankwatch.RankWatch(run_dir, wrapper, _read, write_private)
+        if wrapper is not None and request.seen == "running"
+        else None
+    )
     try:
         while True:
             now = time.monotonic()
@@ -470,7 +396,7 @@ def _process_state(run_dir: str, notes: list[str]) -> tuple[str, int | None, flo
     An ``rc`` that is not a number is not an exit: the process state decides, and a process
     gone without a readable exit code is ``vanished`` (the watcher fails the run for that).
     """
-    failed = _rank_failure(run_dir, notes)
+    failed = fleetrun_rankwatch.rank_failure(run_dir, _read, notes)
     if failed is not None:
         return "exited", failed[0], failed[1]
     rc_path = os.path.join(run_dir, "rc")
@@ -494,28 +420,6 @@ def _process_state(run_dir: str, notes: list[str]) -> tuple[str, int | None, flo
     if rc_text is not None and rc_text.strip():
         return "vanished", None, None
     return "absent", None, None
-
-
-def _rank_failure(run_dir: str, notes: list[str]) -> tuple[int, float | None] | None:
-    """(exit code, when) of this start's failed rank (``rank-rc``, ``RankWatch.record``), or None.
-
-    A record of an earlier start (another wrapper pid than ``pid`` names) is no exit of this one."""
-    path = os.path.join(run_dir, RANK_RC)
-    text = _read(path)
-    if text is None or not text.strip():
-        return None
-    words = text.split()
-    code = protocol.parse_exit_code(words[0]) if len(words) == 2 else None
-    wrapper = protocol.parse_pid(words[1]) if len(words) == 2 else None
-    if code is None or wrapper is None:
-        notes.append(f"{RANK_RC}: {_shown(text)} is not an exit code and a process id")
-        return None
-    if wrapper != protocol.parse_pid(_read(os.path.join(run_dir, "pid"))):
-        return None
-    try:
-        return code, os.stat(path).st_mtime
-    except OSError:
-        return code, None
 
 
 _Record = TypeVar("_Record")

@@ -196,3 +196,8 @@ def zombie_exit_code(pid: int) -> int | None:
         return None
     status = int(fields[49])
     return 128 + (status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (not a zombie: a dead rank its parent has not reaped yet)."""
+    return _proc_state(pid) not in ("", "Z", "X")
