@@ -61,3 +61,55 @@ def test_the_cluster_key_is_revoked_while_the_artifacts_are_pulled(
     assert done.summary.outcome == "failed"
     assert seen == [True], "the pull waited for the revoke, or the revoke for the pull"
     assert not done.summary.pull_errors
+
+
+def test_a_replaced_nodes_sync_and_the_checkpoint_copy_go_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node lost in attempt 1 comes back (a lab host): the lost attempt is stopped there first,
+    then its sync runs while the newest checkpoint is copied to it (before: one after the other)."""
+    import launch.run.next_attempt as next_attempt
+    from launch.run import recheck
+
+    monkeypatch.setattr(recheck, "sshd_answers", lambda host, *_: host.name != "n1")
+    copying = threading.Event()
+    events: list[str] = []
+    real_spread, real_sync, real_stop = (
+        FakeFleet._spread,
+        next_attempt.stages.sync,
+        next_attempt.stop_lost_attempt,
+    )
+
+    def spread(self: FakeFleet, *args: Any, **kwargs: Any) -> Any:
+        events.append("copy")
+        copying.set()
+        return real_spread(self, *args, **kwargs)
+
+    def sync(*args: Any, **kwargs: Any) -> Any:
+        if "stop lost attempt" in events:  # the first attempt's sync has nothing beside it
+            events.append("sync sees the copy" if copying.wait(60) else "sync alone")
+        return real_sync(*args, **kwargs)
+
+    def stop_lost(*args: Any, **kwargs: Any) -> None:
+        events.append("stop lost attempt")
+        real_stop(*args, **kwargs)
+
+    monkeypatch.setattr(FakeFleet, "_spread", spread)
+    monkeypatch.setattr(next_attempt.stages, "sync", sync)
+    monkeypatch.setattr(next_attempt, "stop_lost_attempt", stop_lost)
+    job = JobScript(
+        steps=12,
+        checkpoint_every=2,
+        nodes={"n1": NodeScript(unreachable_from_step=5, in_attempt=1, comes_back=True)},
+    )
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        job,
+        clock=FakeClock(),
+        recovery={"max_restarts": 2, "grace_s": 1, "confirm_s": 1},
+        stop={"unreachable_timeout_s": 30},
+    )
+    assert run.summary.outcome == "succeeded", run.summary.reason
+    assert events == ["stop lost attempt", "copy", "sync sees the copy"], events
+    assert run.fleet.nodes["n1"].files["resume_from"].endswith("/step-10")
