@@ -113,3 +113,16 @@ def test_a_replaced_nodes_sync_and_the_checkpoint_copy_go_side_by_side(
     assert run.summary.outcome == "succeeded", run.summary.reason
     assert events == ["stop lost attempt", "copy", "sync sees the copy"], events
     assert run.fleet.nodes["n1"].files["resume_from"].endswith("/step-10")
+
+
+def test_the_survivors_of_a_failed_rank_get_the_short_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed rank is known the moment it dies, while its peers still wait on it in a
+    collective where no save can be agreed: their stop gets ``PEER_GONE_GRACE_S``, not the 10 s
+    of a normal stop (one real trial waited 7.3 s of it)."""
+    job = JobScript(steps=20, nodes={"n1": NodeScript(exit_at_step=4, exit_code=137)})
+    done = run_on_fake_fleet(tmp_path, monkeypatch, job, clock=FakeClock())
+    assert done.summary.rule == "rank_failed", done.summary.reason
+    stops = [c for c in done.fleet.nodes["n0"].commands if " stop " in c]
+    assert stops and all(c.rstrip().endswith(f" {wrapup.PEER_GONE_GRACE_S}") for c in stops), stops
