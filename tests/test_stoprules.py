@@ -463,4 +463,4 @@ def test_rule_names_match_the_rules_and_the_sets_name_only_rules() -> None:
     assert set(get_args(RuleName)) == names
     for subset in (PEER_GONE_RULES, FAILURE_RULES, LOSS_RULES, RANK_FAILED_RULES):
         assert subset <= names
-    assert {"unreachable", "vanished"} == PEER_GONE_RULES
+    assert {"unreachable", "vanished", "rank_failed"} == PEER_GONE_RULES

@@ -55,13 +55,20 @@ from typing import TYPE_CHECKING, BinaryIO, TypeVar
 if not __package__:  # on a node, beside the other files in ~/.fleetrun/lib (not as launch.nodelib)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if TYPE_CHECKING or __package__:  # one module per file: launch.nodelib.X here, X on a node
-    from launch.nodelib import fleetrun_containers, fleetrun_gpu, fleetrun_procs, fleetrun_stepping
+    from launch.nodelib import (
+        fleetrun_containers,
+        fleetrun_gpu,
+        fleetrun_procs,
+        fleetrun_rankwatch,
+        fleetrun_stepping,
+    )
     from launch.nodelib import fleetrun_protocol as protocol
 else:
     import fleetrun_containers  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_gpu  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_procs  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_protocol as protocol  # noqa: E402 - beside this file in ~/.fleetrun/lib
+    import fleetrun_rankwatch  # noqa: E402 - beside this file in ~/.fleetrun/lib
     import fleetrun_stepping  # noqa: E402 - beside this file in ~/.fleetrun/lib
 
 RUN_TMP = "tmp"
@@ -210,8 +217,9 @@ def receive(run_dir: str, stream: BinaryIO | None = None) -> list[str]:
 
 def start(run_dir: str) -> protocol.StartAnswer:
     private_dir(run_dir)
-    with contextlib.suppress(FileNotFoundError):  # an earlier start's: this one's has not run yet
-        os.unlink(os.path.join(run_dir, "rc"))
+    for name in ("rc", fleetrun_rankwatch.RANK_RC):  # an earlier start's: this one's has not run yet
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(run_dir, name))
     pid = _spawn(["sh", "-c", WRAPPER], run_dir, "node.log")
     write_private(os.path.join(run_dir, "pid"), str(pid))
     guard, error = start_guard(run_dir)
@@ -293,17 +301,6 @@ WAIT_TICK_S = 0.05
 """Without a pidfd (Linux before 5.3, Python before 3.9) the job's state is read this often."""
 
 
-def _pidfd(pid: int | None) -> int | None:
-    """A descriptor that becomes readable when ``pid`` ends (``os.pidfd_open``), or None."""
-    opener = getattr(os, "pidfd_open", None)
-    if pid is None or opener is None:
-        return None
-    try:
-        return int(opener(pid))
-    except OSError:
-        return None
-
-
 def wait_for_change(
     run_dir: str, request: protocol.WaitRequest, stdin_fd: int | None = None
 ) -> protocol.WaitAnswer:
@@ -311,32 +308,49 @@ def wait_for_change(
 
     The run's wrapper writes ``rc`` and then ends, so its end (a pidfd: no polling, no delay)
     is the moment the exit can be read; without a pidfd the state is read every ``WAIT_TICK_S``.
-    End of input on ``stdin_fd`` (the watcher went away) ends the wait too."""
+    A failed rank is seen earlier still (``fleetrun_rankwatch``): the node's state is then
+    ``exited`` with the rank's exit code while torchrun is still shutting down. End of input on
+    ``stdin_fd`` (the watcher went away) ends the wait too."""
     deadline = time.monotonic() + request.wait_s
     notes: list[str] = []
     wrapper = _wrapper_of(run_dir) if os.path.isdir(run_dir) else None
-    pidfd = _pidfd(wrapper)
+    pidfd = fleetrun_rankwatch.pidfd(wrapper)
+    ranks = (
+        fleetrun_rankwatch.RankWatch(run_dir, wrapper, _read, write_private)
+        if wrapper is not None and request.seen == "running"
+        else None
+    )
     try:
         while True:
+            now = time.monotonic()
+            if ranks is not None and pidfd is not None:
+                ranks.scan(now)
             state, rc, _at = (
                 _process_state(run_dir, notes) if os.path.isdir(run_dir) else ("absent", None, None)
             )
-            left = deadline - time.monotonic()
+            left = deadline - now
             if state != request.seen or left <= 0:
                 return protocol.WaitAnswer(state=state, rc=rc)
-            watched = [fd for fd in (pidfd, stdin_fd) if fd is not None]
+            rank_fds = ranks.descriptors if ranks is not None and pidfd is not None else []
+            watched = [fd for fd in (pidfd, stdin_fd) if fd is not None] + rank_fds
             tick = left if pidfd is not None else min(left, WAIT_TICK_S)
+            if ranks is not None and pidfd is not None:
+                tick = min(tick, max(0.0, ranks.next_scan - now), WAIT_TICK_S if ranks.polled else tick)
             ready, _, _ = select.select(watched, [], [], tick) if watched else ([], [], [])
             if not watched:
                 time.sleep(tick)
             if stdin_fd is not None and stdin_fd in ready:
                 return protocol.WaitAnswer(state=state, rc=rc)  # input or its end: answer now
+            if ranks is not None and pidfd is not None:
+                ranks.ready(ready)
             if pidfd is not None and pidfd in ready:
                 os.close(pidfd)
                 pidfd = None  # the wrapper ended: the next read finds its ``rc``
     finally:
         if pidfd is not None:
             os.close(pidfd)
+        if ranks is not None:
+            ranks.close()
 
 
 def events(run_dir: str, idle_s: float = SERVE_IDLE_S) -> int:
@@ -382,6 +396,9 @@ def _process_state(run_dir: str, notes: list[str]) -> tuple[str, int | None, flo
     An ``rc`` that is not a number is not an exit: the process state decides, and a process
     gone without a readable exit code is ``vanished`` (the watcher fails the run for that).
     """
+    failed = fleetrun_rankwatch.rank_failure(run_dir, _read, notes)
+    if failed is not None:
+        return "exited", failed[0], failed[1]
     rc_path = os.path.join(run_dir, "rc")
     rc_text = _read(rc_path)
     if rc_text is not None and rc_text.strip():

@@ -122,3 +122,82 @@ def holds_nothing(pid: int, wrapper: str) -> bool:
     # fleetrun's own shells (the wrapper, ``sh ./launch.sh``); a job's own shell script may trap
     # SIGTERM to save or upload something: it keeps its grace
     return argv[:2] == [b"sh", b"./launch.sh"] or argv[:3] == [b"sh", b"-c", wrapper.encode()]
+
+
+TORCHRUN = (b"torch.distributed.run", b"torchrun")
+
+
+def _argv(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read(65536).split(b"\0")
+    except OSError:
+        return []
+
+
+def _option(argv: list[bytes], names: tuple[bytes, ...]) -> bytes | None:
+    """The value of the first ``--name=value`` or ``--name value`` of ``names`` in ``argv``."""
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(name + b"="):
+                return arg[len(name) + 1 :]
+    return None
+
+
+def fails_on_rank_exit(argv: list[bytes]) -> bool:
+    """True for a torchrun whose every failed rank fails the node: it restarts nothing
+    (``--max-restarts=0``, which fleetrun always passes) and its node count is fixed (an elastic
+    ``MIN:MAX`` torchrun restarts its ranks when the membership changes, and such a restart ends
+    them with SIGTERM). Any other launcher, or a torchrun started otherwise, is not watched."""
+    head = argv[:3]
+    launcher = any(head[i : i + 2] == [b"-m", b"torch.distributed.run"] for i in range(len(head))) or any(
+        os.path.basename(a) == b"torchrun" for a in argv[:2]
+    )
+    if not launcher:
+        return False
+    restarts = _option(argv, (b"--max-restarts", b"--max_restarts"))
+    nodes = _option(argv, (b"--nnodes",))
+    return restarts is not None and restarts.strip() == b"0" and nodes is not None and b":" not in nodes
+
+
+def torchrun_ranks(root: int) -> list[int]:
+    """The ranks started by a torchrun in ``root``'s tree whose rank failure fails the node
+    (``fails_on_rank_exit``): its children. Zombies count (a rank that just ended and that
+    torchrun has not reaped yet: its exit status is still readable). Bounded by ``MAX_TREE``."""
+    seen: set[int] = set()
+    todo = [root]
+    ranks: list[int] = []
+    while todo and len(seen) < MAX_TREE:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        children = _children(pid)
+        if children and fails_on_rank_exit(_argv(pid)):
+            ranks.extend(children)
+            continue  # below a rank is the job's own: not looked at
+        todo.extend(children)
+    return ranks
+
+
+def zombie_exit_code(pid: int) -> int | None:
+    """The exit code of ``pid`` if it has ended and is not reaped yet (a zombie: its parent has
+    not waited for it), as a shell shows it (``128 + signal`` for a death by a signal); None
+    while it runs or once it is gone. The kernel's ``exit_code`` field of ``/proc/PID/stat``
+    (field 52, Linux 3.5+): the status itself, never anything the process printed."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            fields = fh.read(4096).rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+    if len(fields) < 50 or fields[0] != "Z" or not fields[49].isdigit():
+        return None
+    status = int(fields[49])
+    return 128 + (status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (not a zombie: a dead rank its parent has not reaped yet)."""
+    return _proc_state(pid) not in ("", "Z", "X")

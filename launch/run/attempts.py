@@ -73,6 +73,7 @@ from launch.transport.port import FleetPort, NodeLink
 
 ATTEMPT_FILES = (
     "rc",
+    "rank-rc",
     "pid",
     "status.json",
     "metrics.jsonl",
@@ -621,25 +622,6 @@ def candidate_trouble(ctx: RunContext, state: RunState, host: Host, reach: bool 
         return f"not reachable: {clean(unreachable[0].message, 400)}"
     bad = [v for v in findings.errors if v.check.startswith("gpu")]
     return f"GPU check: {clean(bad[0].check, 40)}: {clean(bad[0].message, 400)}" if bad else None
-
-
-def prepare_new_nodes(ctx: RunContext, state: RunState, fresh: Collection[str]) -> RunState:
-    """Pull the container image to, sync and set up only the new nodes of a later attempt (the others have both); a lab host
-    that answered again may still run the lost attempt (a partition healed): it is stopped like
-    the survivors were. A fresh machine has nothing to stop."""
-    started = ctx.clock.monotonic()
-    if fresh:
-        new = [h for h in state.hosts if h.name in fresh]  # GPUs checked before they were taken
-        say(ctx, f"  attempt {state.attempt}: syncing and setting up {', '.join(sorted(fresh))} only")
-        state = stages.pull_image(ctx, state, new)
-        state = stages.sync(ctx, state, ctx.port.subset(fresh))
-        state = stages.setup(ctx, state, new)
-        errors = stop_survivors(ctx.port, new, state.plan.run_id, 5.0, state.attempt - 1).errors
-        if errors:
-            raise HostError(
-                next(iter(errors)), f"could not stop the lost attempt there: {'; '.join(errors.values())}"
-            )
-    return state.timed("sync_setup", ctx.clock.monotonic() - started)
 
 
 def spread_checkpoint(ctx: RunContext, state: RunState) -> RunState:

@@ -43,6 +43,7 @@ from launch.run import attempts, closing, stages, warm
 from launch.run.clock import Clock
 from launch.run.doctor import HostChoice
 from launch.run.hooks import LocalHooks, save_on_end
+from launch.run.next_attempt import ready_next_attempt
 from launch.run.peer_copies import PEER_STAGING, PeerCopies
 from launch.run.provenance import file_sha256, git_commit_of
 from launch.run.queue_turn import take_machines
@@ -266,8 +267,7 @@ def follow(run: Progress, watcher: Watcher | None = None) -> StopDecision:
             return outcome.decision
         attempts.save_attempts(run.ctx, run.state)
         run.ctx, run.state = attempts.adopt(run.ctx, run.state, outcome)
-        run.state = attempts.prepare_new_nodes(run.ctx, run.state, attempts.fresh_names(outcome))
-        run.state = attempts.spread_checkpoint(run.ctx, run.state)
+        run.state = ready_next_attempt(run.ctx, run.state, attempts.fresh_names(outcome))
         run.state = attempts.start_next(run.ctx, run.state)
         watched = stages.watch(run.ctx, run.state)
         run.watcher = watched.watcher

@@ -23,6 +23,7 @@ from launch.nodelib.fleetrun_protocol import PollAnswer, PollRequest, Preemption
 from launch.planning import remote_layout as layout
 from launch.reports.safe_text import safe_text
 from launch.reports.views import live_table
+from launch.reports.warmup import warm_up
 from launch.rules.contact import poll_budget
 from launch.rules.gpu_health import GpuHealth, gpu_reading
 from launch.rules.metrics_stream import FinalStatus, MetricsStream, MetricsSummary, parse_status
@@ -298,6 +299,7 @@ class Watcher:
         if self.first_step_at is None and obs.metrics.records:
             first = obs.metrics.history[0].time if len(obs.metrics.history) else None
             self.first_step_at = first or now
+            warm_up()  # the wrap-up's plot: imported and drawn once while the job steps
             self.console.print(
                 f"  first step logged {self.first_step_at - self.target.started_at:.1f} s after launch"
             )
