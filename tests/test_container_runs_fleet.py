@@ -1,10 +1,13 @@
-"""Runs inside a container image on a real 3-node local fleet (``LocalFleet.up(containers=True)``):
-each node user's own rootless podman (Debian's package, unmodified) starts the ranks in the test
-image (``launch.fleets.local.container_image``: the fleet's Python and torch as an image in the
-machine's shared store), with the host's network and IPC, fleetrun's folders mounted at the same paths.
+"""Runs inside a container image on a real 3-node local fleet (``LocalFleet.up(containers=True,
+registry=True)``): each node user's own rootless podman (Debian's package, unmodified) pulls the
+test image (``launch.fleets.local.container_image``: the fleet's Python and torch) from the
+fleet's own registry on its bridge (``launch.fleets.local.registry``: Debian's docker-registry)
+through fleetrun's pull stage, and starts the ranks in it, with the host's network and IPC,
+fleetrun's folders mounted at the same paths.
 
-One fleet for the module, its tests in order: the digits example trained across the 3 nodes
-in the image with the loss of the same run in the virtualenv; a rank killed inside its container
+One fleet for the module, its tests in order: the nodes start without the image; the digits
+example trained across the 3 nodes in the image (each node pulled it from the registry first)
+with the loss of the same run in the virtualenv; a rank killed inside its container
 (the run failed, the others stopped, no container left); a pull failure on one node (named,
 nothing started anywhere); a worker lost with ``recovery:`` (the run resumes in containers on
 the replacement node); and last, the laptop gone (the nodes' watchdogs stop the containers and
@@ -39,14 +42,15 @@ JOB = REPO / "tests" / "recovery_job"
 
 @pytest.fixture(scope="module")
 def fleet(fleetrun_home: Path) -> Iterator[LocalFleet]:
-    with module_fleet(PREFIX, fleet_subnet(21), NODES, containers=True) as local:
+    with module_fleet(PREFIX, fleet_subnet(21), NODES, containers=True, registry=True) as local:
         yield local
 
 
 @pytest.fixture(scope="module")
 def image(fleet: LocalFleet) -> str:
-    """The test image, built into the shared store once (after the fleet's Python image it holds)."""
-    return ensure_container_image()
+    """The test image as the nodes pull it: from the fleet's registry, over the fleet's network
+    (the shared store holds it too, under another name and owner, which the pull cannot reuse)."""
+    return fleet.registry_image()
 
 
 def in_image(image: str) -> dict[str, object]:
@@ -74,10 +78,12 @@ def no_ranks_left(fleet: LocalFleet, marker: str) -> bool:
     )
 
 
-def test_the_node_users_podman_sees_the_image_of_the_shared_store(fleet: LocalFleet, image: str) -> None:
+def test_the_nodes_start_without_the_registrys_image(fleet: LocalFleet, image: str) -> None:
+    """So the first run's pull stage has it to pull (the shared store's image is still seen)."""
     for i in range(NODES):
-        found = node_podman(fleet, i, "image", "exists", image)
-        assert found.returncode == 0, found.stderr[-1000:]
+        assert node_podman(fleet, i, "image", "exists", image).returncode == 1, f"node {i} has {image}"
+        shared = node_podman(fleet, i, "image", "exists", ensure_container_image())
+        assert shared.returncode == 0, shared.stderr[-1000:]
 
 
 def test_digits_trains_across_three_nodes_in_the_image_with_the_loss_of_the_virtualenv(
@@ -97,6 +103,10 @@ def test_digits_trains_across_three_nodes_in_the_image_with_the_loss_of_the_virt
     inside = results["image"]
     for i in range(NODES):
         node = fleet.node_name(i)
+        pulled = (node_run_dir(fleet, i, inside.run_id) / "image-pull.log").read_text()
+        assert f"Trying to pull {image}" in pulled and "Writing manifest" in pulled, (
+            f"{node}: {pulled[-500:]}"
+        )
         assert "podman run" in (inside.folder / "nodes" / node / "launch.sh").read_text()
         runtime = node_run_dir(fleet, i, inside.run_id) / "container_runtime"
         assert runtime.read_text().strip() == "podman", f"{node}: the ranks ran through podman"
@@ -182,6 +192,9 @@ def test_a_pull_failure_on_one_node_is_named_and_nothing_starts(
 def test_a_worker_lost_with_recovery_resumes_in_containers_on_the_replacement(
     fleet: LocalFleet, image: str, tmp_path: Path
 ) -> None:
+    """In the shared store's image: the registry's would be pulled again onto the replacement
+    (its home is a new VM's), minutes on a loaded test machine that the digits test spends once."""
+    image = ensure_container_image()
     every = 5
     playbook = write_playbook(
         tmp_path / "job.yaml",
