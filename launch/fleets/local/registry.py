@@ -15,8 +15,8 @@ this machine may push to it (no login): it is a test machine's registry, like th
 It serves as ``nobody`` (``setpriv``; a flaw in it reached from a node is not root), its
 configuration and storage in ``registry_dir(prefix)``, recorded in the fleet's state
 (``registry_dir``) before it is made, so ``down`` kills the server (pid file, confirmed by its
-command line) and removes the folder with every image pushed into it. ``push_test_image``
-(``launch.fleets.local.image_push``) puts the fleet's test image in as ``fleetrun-test:latest``.
+command line) and removes the folder with every image pushed into it. ``LocalFleet.up`` puts
+the fleet's test image in as ``fleetrun-test:latest`` (``launch.fleets.local.image_push``).
 """
 
 from __future__ import annotations
