@@ -48,6 +48,7 @@ from launch.fleets.local.state import Created, StateFile
 from launch.job.inventory import Host, Inventory
 
 POWER_MODULE = "launch.fleets.local.power"
+USERDEL_TIMEOUT_S = 900.0
 POWER_PID_FILE = "power.pid"
 Say = Callable[[str], None]
 
@@ -482,7 +483,9 @@ class LocalFleet(FleetNames):
             remove_queue_folders(entry.pw_uid)
             if created["mqueue"]:  # a --containers fleet: its users' podman state in /tmp
                 local_containers.remove_tmp_of(entry.pw_uid)
-            run(["userdel", "--force", "--remove", user], check=False)
+            # a home may hold pulled images (a --registry fleet's: 1.3 GB, 30,000 files per node),
+            # whose removal took over a minute on a loaded disk
+            run(["userdel", "--force", "--remove", user], check=False, timeout=USERDEL_TIMEOUT_S)
             with contextlib.suppress(KeyError):
                 if grp.getgrgid(gid).gr_name == user:
                     run(["groupdel", user], check=False)
