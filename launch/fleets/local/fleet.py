@@ -481,8 +481,10 @@ class LocalFleet(FleetNames):
                 continue
             gid = entry.pw_gid
             remove_queue_folders(entry.pw_uid)
-            if created["mqueue"]:  # a --containers fleet: its users' podman state in /tmp
+            if created["mqueue"]:  # a --containers fleet: its users' podman state in /tmp, and
+                # the blobs of a pull cut short in podman's big-files folder (/var/tmp/storage*)
                 local_containers.remove_tmp_of(entry.pw_uid)
+                local_containers.remove_tmp_of(entry.pw_uid, Path("/var/tmp"))
             # a home may hold pulled images (a --registry fleet's: 1.3 GB, 30,000 files per node),
             # whose removal took over a minute on a loaded disk
             run(["userdel", "--force", "--remove", user], check=False, timeout=USERDEL_TIMEOUT_S)
