@@ -16,7 +16,11 @@ each run every node's storage is emptied of the image (``podman rmi``: each pull
 nothing). The load average and the free disk are recorded with each run.
 
 Usage (root): .venv/bin/python bench/container_pull.py [--trials 3] [--nodes 16] [--filler-mb 0] [--bounded 4]
-Prints the medians; writes bench/results/container_pull.json.
+Prints the medians so far and writes bench/results/container_pull.json after each run. Needs
+about 21 GB of free disk (16 copies of the image) and time: on 2 cores under other load, one
+trial of 1, 16 and 16-4-at-once took about 40 min, emptying 16 nodes between runs about 10, and
+the fleet's ``down`` (16 homes holding the image) several more; give it no ``timeout`` shorter
+than that, or its fleet is left up (``fab local.down --prefix frp<tag>``).
 """
 
 from __future__ import annotations
@@ -227,7 +231,6 @@ def main() -> int:
                     if "size_on_node_gb" not in image_info:
                         image_info["size_on_node_gb"] = size_on_node(fleet, image)
                     report(args, kinds, rows, image_info)
-            empty_nodes(fleet, args.nodes, image)
     finally:
         left = fleet.down(say=lambda _m: None)
         if own_home:
