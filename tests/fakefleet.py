@@ -109,6 +109,8 @@ class NodeScript:
     with podman, no GPU hook, the image pullable)."""
     pull_error: str | None = None
     """The container runtime's output when this node's image pull fails (None: the pull works)."""
+    pull_progress: tuple[int, ...] = ()
+    """Bytes received, one progress line each, that the pull prints before its result."""
     busy_gpu_user: str | None = None
     """Another user whose process the node's nvidia-smi shows on GPU 0 (None: idle GPUs)."""
     in_attempt: int | None = None
@@ -316,7 +318,9 @@ class FakeConnection:
             return CommandResult(name, 0, "", "")
         raise AssertionError(f"{name}: the fake fleet does not know this command: {command[:120]!r}")
 
-    def run_with_input(self, command: str, data: bytes, timeout: float) -> CommandResult:
+    def run_with_input(
+        self, command: str, data: bytes, timeout: float, on_stdout: Callable[[bytes], None] | None = None
+    ) -> CommandResult:
         """Setup and start ship their scripts on stdin as a ``FileBundle`` (never in argv)."""
         node = self.node
         node.commands.append(command)
@@ -329,9 +333,14 @@ class FakeConnection:
             return CommandResult(name, 0, "", "")  # a bucket upload whose key comes on stdin
         if command.startswith("sh -c ") and "FLEETRUN_PULL=" in command:  # the container image pull
             node.pull_inputs.append(data)
+            progress = "".join(f"FLEETRUN_PULL_BYTES={n}\n" for n in node.script.pull_progress)
+            for line in progress.splitlines(keepends=True):
+                if on_stdout is not None:  # as the node sends it: a line in two chunks
+                    on_stdout(line[:7].encode())
+                    on_stdout(line[7:].encode())
             if node.script.pull_error is not None:
-                return CommandResult(name, 125, "", node.script.pull_error)
-            return CommandResult(name, 0, "FLEETRUN_PULL=pulled podman\n", "")
+                return CommandResult(name, 125, progress, node.script.pull_error)
+            return CommandResult(name, 0, progress + "FLEETRUN_PULL=pulled podman\n", "")
         files = FileBundle.from_json(data).files
         node.files.update(files)
         if "setup.sh" in files:

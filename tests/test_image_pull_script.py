@@ -17,6 +17,7 @@ from launch.planning.image_pull import (
     AUTH_DIR,
     DOCKER_HUB,
     NO_RUNTIME_EXIT,
+    parse_progress,
     parse_pull_result,
     pull_command,
     pull_script,
@@ -86,6 +87,69 @@ def test_parse_pull_result() -> None:
     assert parse_pull_result("FLEETRUN_PULL=present apptainer") == ("present", "apptainer")
     assert parse_pull_result("FLEETRUN_PULL=pulled rkt") is None
     assert parse_pull_result("") is None
+
+
+def test_parse_progress_believes_digits_only() -> None:
+    assert parse_progress("FLEETRUN_PULL_BYTES=1048576") == 1048576
+    assert parse_progress("FLEETRUN_PULL_BYTES=0\n") == 0
+    for line in (
+        "FLEETRUN_PULL_BYTES=",
+        "FLEETRUN_PULL_BYTES=-5",
+        "FLEETRUN_PULL_BYTES=1e9",
+        "FLEETRUN_PULL_BYTES=١٢٣",  # digits, not ASCII ones
+        "FLEETRUN_PULL_BYTES=" + "9" * 40,
+        "FLEETRUN_PULL=pulled podman",
+        "noise FLEETRUN_PULL_BYTES=5",
+    ):
+        assert parse_progress(line) is None, line
+
+
+FAKE_PODMAN = """#!/bin/sh
+# a podman whose pull downloads a blob where podman does, then waits to be let go
+case "$1" in
+  image) exit 1 ;;
+  pull)
+    mkdir -p "$TMPDIR/storage4242"
+    head -c 300000 /dev/zero >"$TMPDIR/storage4242/1"
+    i=0
+    while [ ! -e "$RELEASE" ] && [ $i -lt 3000 ]; do sleep 0.1; i=$((i + 1)); done
+    rm -rf "$TMPDIR/storage4242"
+    echo "Writing manifest to image destination"
+    exit 0 ;;
+esac
+exit 2
+"""
+
+
+def test_a_podman_pull_reports_the_bytes_received_while_it_runs(tmp_path: Path) -> None:
+    """The script's progress lines come while the pull runs (the fake pull ends only once one
+    has come with its blob's size), and its result line last; the watcher goes with the script."""
+    bindir, tmp, home = tmp_path / "bin", tmp_path / "tmp", tmp_path / "home"
+    for folder in (bindir, tmp, home):
+        folder.mkdir()
+    (bindir / "podman").write_text(FAKE_PODMAN)
+    (bindir / "podman").chmod(0o755)
+    release = tmp_path / "release"
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(tmp), "RELEASE": str(release)}
+    script = pull_script("r.example:5000/x:1", "podman", "run-1", login=False)
+    proc = subprocess.Popen(pull_command(script), shell=True, env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    seen: list[int] = []
+    try:
+        for raw in proc.stdout:
+            size = parse_progress(raw.decode())
+            if size is not None:
+                seen.append(size)
+                if size >= 300000:
+                    release.touch()
+            elif raw.startswith(b"FLEETRUN_PULL="):
+                assert parse_pull_result(raw.decode()) == ("pulled", "podman")
+                break
+    finally:
+        release.touch()
+        assert proc.wait(timeout=300) == 0
+    assert seen and max(seen) >= 300000, seen
+    assert proc.stdout.read() == b"", "nothing after the result line: the watcher was stopped"
 
 
 def run_script(

@@ -109,3 +109,27 @@ def test_a_login_the_node_refuses_is_reported_without_the_secret(
     assert run.summary.rule == "pull_failed"
     assert "(auth)" in run.summary.reason and "[secret]" in run.summary.reason
     assert SECRET not in run.summary.reason and SECRET not in run.reporter.text
+
+
+def test_each_nodes_row_shows_the_bytes_its_pull_received(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The progress lines a node's pull prints while it runs reach that node's row (here they
+    come split across chunks, as a channel may cut them)."""
+    from launch.run import pull_progress
+
+    boards: list[pull_progress.PullProgress] = []
+    real = pull_progress.PullProgress
+
+    def keep(*args, **kwargs):  # type: ignore[no-untyped-def]
+        boards.append(real(*args, **kwargs))
+        return boards[-1]
+
+    monkeypatch.setattr("launch.run.stages.PullProgress", keep)
+    job = JobScript(nodes={"n0": NodeScript(pull_progress=(0, 5_000_000, 412_000_000))})
+    run = run_on_fake_fleet(tmp_path, monkeypatch, container={"image": IMAGE}, job=job)
+    assert run.summary.outcome == "succeeded", run.summary.reason
+    (board,) = boards
+    assert board.received == {"n0": 412_000_000}, "n1 printed no progress"
+    assert board.finished == {"n0": "pulled", "n1": "pulled"}
+    assert board.progress.tasks[board.rows["n0"]].fields["status"] == "pulled, 412.0 MB"

@@ -153,6 +153,7 @@ def plan(c: Any, playbook: str, *, opts: PlaybookOptions) -> None:
         "spot": "spot-like nodes: a metadata endpoint in each node; fab local.preempt serves a notice",
         "with_slurm": "a real Slurm cluster (slurm-wlm, munge): node 0 its controller and login host, the others its compute nodes",
         "containers": "rootless podman for each node user, the fleet's Python as an image in a shared store (for container: playbooks)",
+        "registry": "with --containers: an image registry of the fleet's own on its bridge holding that image; the nodes pull it over the network",
     }
 )
 @_friendly
@@ -169,6 +170,7 @@ def local_up(
     spot: bool = False,
     with_slurm: bool = False,
     containers: bool = False,
+    registry: bool = False,
 ) -> None:
     """Start a local fleet: N network-namespace nodes with real sshd (needs root)."""
     from launch.cli import app
@@ -184,6 +186,7 @@ def local_up(
         spot_notices=spot,
         slurm=with_slurm,
         containers=containers,
+        registry=registry,
     )
     for host in inventory.hosts:
         via = f" via {host.proxy_jump.label}" if host.proxy_jump else ""

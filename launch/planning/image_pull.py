@@ -5,7 +5,8 @@ once when the image is already there (``podman image exists``, ``docker image in
 Apptainer SIF file), else pulls it, its output kept in ``image-pull.log`` in the run directory
 and its tail on stderr for the laptop to classify (``launch.rules.image_pull``). The last line
 of stdout says what happened: ``FLEETRUN_PULL=present RUNTIME`` or ``FLEETRUN_PULL=pulled
-RUNTIME``.
+RUNTIME``; while Podman pulls, a ``FLEETRUN_PULL_BYTES=N`` line every ``PROGRESS_EVERY_S``
+seconds says how much it has received (``launch.run.pull_progress`` shows it per node).
 
 Credentials for a private registry never travel in the script (which is a command line every
 user of the machine can read in ``ps``): an auth file for the image's registry alone (the
@@ -34,6 +35,11 @@ SIF_DIR = f"{layout.ROOT}/images"
 PULL_TIMEOUT_S = 3600
 """An NGC image is 10-20 GB: an hour on a slow link, and the pull answers as soon as it ends."""
 RESULT_PREFIX = "FLEETRUN_PULL="
+PROGRESS_PREFIX = "FLEETRUN_PULL_BYTES="
+"""A line of a podman pull's progress: the bytes of the image received on the node so far."""
+PROGRESS_EVERY_S = 2
+MAX_PROGRESS_BYTES = 1 << 50
+"""A node's progress line above this (1 PiB) is not believed."""
 NO_RUNTIME_EXIT = 3
 """The script's exit code when the node has no usable runtime (not a pull failure)."""
 DOCKER_HUB = "docker.io"
@@ -130,7 +136,23 @@ def pull_script(image: str, runtime: str, run_id: str, *, login: bool) -> str:
     else:
         lines.append("set --")
     docker = 'docker --config "$auth" pull' if login else "docker pull"
+    # podman says nothing of a layer's bytes when its output is not a terminal: how far a pull
+    # got is the size of the blobs it is downloading, in its big-files folder ($TMPDIR, else
+    # /var/tmp: storage*/ of this user, newer than this pull's log). Only stdout stays the
+    # channel's: a sleep left by the kill must not hold the command's end back.
     lines += [
+        "progress() {",
+        "  exec </dev/null 2>/dev/null",
+        '  tmp="${TMPDIR:-/var/tmp}"; me=$(id -u)',
+        f"  while sleep {PROGRESS_EVERY_S} >/dev/null; do",
+        '    kb=$(find "$tmp" -maxdepth 2 -path "$tmp/storage*" -type f -user "$me" -newer "$log" '
+        "-exec du -ck {} + 2>/dev/null | tail -n 1 | cut -f 1)",
+        f'    echo "{PROGRESS_PREFIX}$(( ${{kb:-0}} * 1024 ))"',
+        "  done",
+        "}",
+        "watcher=''",
+        'if [ "$runtime" = podman ]; then progress & watcher=$!; fi',
+        'trap \'rm -rf "$auth"; [ -z "$watcher" ] || kill "$watcher" 2>/dev/null\' EXIT',
         'case "$runtime" in',
         '  podman) podman pull "$@" "$image" >>"$log" 2>&1 ;;',
         f'  docker) {docker} "$image" >>"$log" 2>&1 ;;',
@@ -138,6 +160,7 @@ def pull_script(image: str, runtime: str, run_id: str, *, login: bool) -> str:
         '"docker://$image" >>"$log" 2>&1 && mv -f "$sif.part" "$sif" ;;',
         "esac",
         "rc=$?",
+        'if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; watcher=""; fi',
         'if [ "$rc" -ne 0 ]; then rm -f "$sif.part"; tail -c 4000 "$log" >&2; exit "$rc"; fi',
         f'echo "{RESULT_PREFIX}pulled $runtime"',
     ]
@@ -147,6 +170,18 @@ def pull_script(image: str, runtime: str, run_id: str, *, login: bool) -> str:
 def pull_command(script: str) -> str:
     """The command line that runs ``script`` (no secret is ever part of it)."""
     return f"sh -c {shlex.quote(script)}"
+
+
+def parse_progress(line: str) -> int | None:
+    """The bytes received so far from one progress line of the script (None: not one, or not
+    believable: the node's output is untrusted)."""
+    if not line.startswith(PROGRESS_PREFIX):
+        return None
+    digits = line[len(PROGRESS_PREFIX) :].strip()
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 16:
+        return None
+    value = int(digits)
+    return value if value <= MAX_PROGRESS_BYTES else None
 
 
 def parse_pull_result(stdout: str) -> tuple[str, str] | None:

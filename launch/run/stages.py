@@ -40,6 +40,7 @@ from launch.rules.stoprules import StopDecision
 from launch.run.channels import copy_channels
 from launch.run.doctor import ContainerCheck, gather
 from launch.run.hooks import before_stop_files
+from launch.run.pull_progress import PullProgress
 from launch.run.recheck import EarlyChecks, sshd_check
 from launch.run.registry_login import RegistryLogin, read_login
 from launch.run.state import RunContext, RunState
@@ -169,9 +170,13 @@ def pull_image(ctx: RunContext, state: RunState, hosts: list[Host] | None = None
     def private(text: str) -> str:
         return login.redact(text) if login is not None else text
 
+    hosts = state.hosts if hosts is None else hosts
+    board = PullProgress(ctx.reporter.console, [h.name for h in hosts])
+
     def pull_one(conn: NodeLink) -> str:
         started = ctx.clock.monotonic()
-        result = conn.run_with_input(command, data, timeout=PULL_TIMEOUT_S)
+        feed = board.on_output(conn.host.name)
+        result = conn.run_with_input(command, data, timeout=PULL_TIMEOUT_S, on_stdout=feed)
         output = private((result.stderr or result.stdout)[-65536:])
         if result.exit_code == NO_RUNTIME_EXIT:
             why = clean(output.strip().splitlines()[-1] if output.strip() else "no runtime", 300)
@@ -189,7 +194,19 @@ def pull_image(ctx: RunContext, state: RunState, hosts: list[Host] | None = None
             return f"image present ({runtime})"
         return f"image pulled ({runtime}) in {ctx.clock.monotonic() - started:.1f} s"
 
-    state, done = fan_out(ctx, state, "pull", pull_one, state.hosts if hosts is None else hosts)
+    def finished(node: str, value: str | BaseException) -> None:
+        if isinstance(value, BaseException):
+            board.done(node, "failed")
+        else:
+            board.done(node, "present" if value.startswith("image present") else "pulled")
+
+    started = ctx.clock.monotonic()
+    with board:
+        results = ctx.port.map(pull_one, hosts=hosts, on_done=finished)
+    state = state.timed("pull", ctx.clock.monotonic() - started)
+    if results.failed:
+        raise StepFailed("pull", results.failed)
+    done = results.ok
     if len(done) <= 8:
         for name, what in done.items():
             ctx.reporter.say(f"  {name}: {what}")

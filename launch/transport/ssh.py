@@ -192,14 +192,17 @@ class NodeConnection:
         """
         return self._exchange(command, None, MAX_COMMAND_S if timeout is None else timeout, on_stdout)
 
-    def run_with_input(self, command: str, data: bytes, timeout: float) -> CommandResult:
+    def run_with_input(
+        self, command: str, data: bytes, timeout: float, on_stdout: Callable[[bytes], None] | None = None
+    ) -> CommandResult:
         """Run ``command`` with ``data`` on its stdin (then end of input): one round trip.
 
         How scripts and secrets reach a node: a command line is visible to every user of the
         machine (``ps``), stdin is not. Fabric's ``in_stream`` copies a non-terminal stream one
-        byte per 10 ms, so this drives the channel itself. Output is bounded as for ``run``.
+        byte per 10 ms, so this drives the channel itself. Output is bounded as for ``run``;
+        ``on_stdout`` gets each chunk of stdout as it comes (the image pull's progress lines).
         """
-        return self._exchange(command, data, timeout, None)
+        return self._exchange(command, data, timeout, on_stdout)
 
     def _exchange(
         self,

@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from launch.errors import LocalFleetError
@@ -111,13 +112,18 @@ OWNER = SHARED_SUBIDS[0]
 """The owner of every file of the image (see the module docstring)."""
 
 
-def _owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = OWNER
-    info.uname = info.gname = ""
-    return info
+def owned_by(owner: int) -> Callable[[tarfile.TarInfo], tarfile.TarInfo]:
+    """A tar filter that makes every entry ``owner``'s (uid and gid)."""
+
+    def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = owner
+        info.uname = info.gname = ""
+        return info
+
+    return owned
 
 
-def _add(tar: tarfile.TarFile, path: str) -> None:
+def _add(tar: tarfile.TarFile, path: str, owned: Callable[[tarfile.TarInfo], tarfile.TarInfo]) -> None:
     """``path`` and, if it is a link, what it points to (links kept as links)."""
     seen = set(tar.getnames())
     current = _real_dir(Path(path))
@@ -127,9 +133,9 @@ def _add(tar: tarfile.TarFile, path: str) -> None:
             for parent in reversed(current.parents[:-1]):
                 parent_name = str(parent).lstrip("/")
                 if parent_name and parent_name not in seen:
-                    tar.add(str(parent), arcname=parent_name, recursive=False, filter=_owned)
+                    tar.add(str(parent), arcname=parent_name, recursive=False, filter=owned)
                     seen.add(parent_name)
-            tar.add(str(current), arcname=name, recursive=False, filter=_owned)
+            tar.add(str(current), arcname=name, recursive=False, filter=owned)
             seen.add(name)
         if not current.is_symlink():
             return
@@ -137,8 +143,10 @@ def _add(tar: tarfile.TarFile, path: str) -> None:
         current = _real_dir(Path(os.path.normpath(current.parent / target)))
 
 
-def build_rootfs_tar(out: Path) -> None:
-    """The image's root file system as a tar (see the module docstring)."""
+def build_rootfs_tar(out: Path, owner: int = OWNER) -> None:
+    """The image's root file system as a tar, every file ``owner``'s (see the module docstring;
+    the registry's copy is root's, ``launch.fleets.local.image_push``)."""
+    owned = owned_by(owner)
     venv = image_dir() / "venv"
     python = Path("/usr/bin/python3").resolve()
     binaries = [python, *(Path(p) for t in TOOLS if (p := shutil.which(t, path="/usr/bin:/bin")))]
@@ -158,11 +166,11 @@ def build_rootfs_tar(out: Path) -> None:
         with tarfile.open(out, "w") as tar:
             for top in ("/bin", "/sbin", "/lib", "/lib64"):
                 if os.path.islink(top):  # merged /usr: the links themselves
-                    tar.add(top, arcname=top.lstrip("/"), recursive=False, filter=_owned)
+                    tar.add(top, arcname=top.lstrip("/"), recursive=False, filter=owned)
             for path in sorted({*map(str, binaries), *libs}):
-                _add(tar, path)
+                _add(tar, path, owned)
             for link in ("/usr/bin/python3", "/usr/bin/sh"):
-                _add(tar, link)
+                _add(tar, link, owned)
             # A library ``ldd`` listed may sit in the stdlib or the venv (torch's own libraries link
             # each other): already in the tar, and podman refuses a layer with a path twice.
             seen = set(tar.getnames())
@@ -180,23 +188,23 @@ def build_rootfs_tar(out: Path) -> None:
                         entry = arcname + name[len(str(top)) :]
                         if entry not in seen:
                             seen.add(entry)
-                            tar.add(name, arcname=entry, recursive=False, filter=_owned)
+                            tar.add(name, arcname=entry, recursive=False, filter=owned)
 
             tree(stdlib, str(stdlib).lstrip("/"))
             for parent in reversed(venv.parents[:-1]):
                 if str(parent).lstrip("/") not in seen:
                     seen.add(str(parent).lstrip("/"))
-                    tar.add(str(parent), arcname=str(parent).lstrip("/"), recursive=False, filter=_owned)
+                    tar.add(str(parent), arcname=str(parent).lstrip("/"), recursive=False, filter=owned)
             tree(venv, str(venv).lstrip("/"))
             tree(etc, "etc")
             for empty in ("tmp", "root", "dev", "proc", "sys", "run"):
                 info = tarfile.TarInfo(empty)
                 info.type = tarfile.DIRTYPE
                 info.mode = 0o1777 if empty == "tmp" else 0o755
-                tar.addfile(_owned(info))
+                tar.addfile(owned(info))
             marker = tarfile.TarInfo("run/.containerenv")  # podman fills it at each start
             marker.mode = 0o644
-            tar.addfile(_owned(marker), io.BytesIO(b""))
+            tar.addfile(owned(marker), io.BytesIO(b""))
 
 
 def _share_store() -> None:

@@ -37,6 +37,7 @@ from launch.errors import LocalFleetError
 from launch.fleets.kinds.refs import LocalFleetRef
 from launch.fleets.local import containers as local_containers
 from launch.fleets.local import daemon, mountns, uplink
+from launch.fleets.local import registry as local_registry
 from launch.fleets.local import slurm as local_slurm
 from launch.fleets.local.container_image import ensure_container_image
 from launch.fleets.local.naming import HOMES, MAX_NODES, NETNS_ETC, NODES_PER_BLOCK, FleetNames
@@ -47,6 +48,7 @@ from launch.fleets.local.state import Created, StateFile
 from launch.job.inventory import Host, Inventory
 
 POWER_MODULE = "launch.fleets.local.power"
+USERDEL_TIMEOUT_S = 900.0
 POWER_PID_FILE = "power.pid"
 Say = Callable[[str], None]
 
@@ -70,7 +72,7 @@ def _remove_user(user: str, tries: int = USERDEL_TRIES) -> None:
     when another fleet's ``useradd``/``userdel`` holds ``/etc/passwd``'s lock under load (seen
     with several fleets coming and going at once), which left a user behind."""
     for attempt in range(tries):
-        run(["userdel", "--force", "--remove", user], check=False)
+        run(["userdel", "--force", "--remove", user], check=False, timeout=USERDEL_TIMEOUT_S)
         if not _exists_user(user):
             return
         time.sleep(0.5 * (attempt + 1))
@@ -159,6 +161,8 @@ class LocalFleet(FleetNames):
             found.append(str(mountns.mount_dir(self)))
         if os.path.lexists(LocalSlurm(self).root):
             found.append(str(LocalSlurm(self).root))
+        if os.path.lexists(local_registry.registry_dir(self.prefix)):
+            found.append(str(local_registry.registry_dir(self.prefix)))
         for i in range(nodes):
             user = self.node_name(i)
             if _exists_user(user):
@@ -197,7 +201,7 @@ class LocalFleet(FleetNames):
         homes = [h for h in created["home"] if os.path.lexists(h) and Path(h).name in owners]
         paths = homes + [p for p in created["netns_etc"] + created["node_home"] if os.path.lexists(p)]
         paths += mountns.mount_leftovers(created)  # VM mode's namespace files and their directory
-        paths += [p for p in created["slurm_dir"] if os.path.lexists(p)]
+        paths += [p for p in created["slurm_dir"] + created["registry_dir"] if os.path.lexists(p)]
         if created["mqueue"] and local_containers.holds_mqueue(self.prefix):
             paths.append(str(local_containers.MQUEUE_LEDGER / "holders" / self.prefix))
         # userdel removes a user's subordinate ids; a line left for one of the fleet's users
@@ -231,6 +235,7 @@ class LocalFleet(FleetNames):
         spot_notices: bool = False,
         containers: bool = False,
         slurm: bool = False,
+        registry: bool = False,
     ) -> Inventory:
         """Build ``nodes`` nodes. ``bastion``: the nodes sit on an internal bridge this machine
         cannot reach, the head also on the external one, and the workers' inventory entries jump
@@ -245,6 +250,9 @@ class LocalFleet(FleetNames):
         watchdog's poller for it (``launch.fleets.local.spot``). ``containers``: rootless podman on
         every node, reading images from this machine's shared store (``launch.fleets.local.containers``),
         where the fleet's own Python is an image (``launch.fleets.local.container_image``).
+        ``registry`` (with ``containers``): an image registry of the fleet's own on its bridge,
+        holding the test image as ``<address>/fleetrun-test:latest``, which the nodes pull over
+        the network (``launch.fleets.local.registry``).
         ``slurm``: a real Slurm cluster
         on the nodes (``launch.fleets.local.slurm``): node 0 its controller and login host, the
         others its compute nodes; implies ``vm`` (a cluster's user is the same on every node).
@@ -270,6 +278,10 @@ class LocalFleet(FleetNames):
             )
         if containers and vm:
             raise LocalFleetError("--containers is for a fleet without --vm")
+        if registry and (not containers or bastion or nodes > NODES_PER_BLOCK):
+            raise LocalFleetError(
+                f"--registry is for a --containers fleet without --bastion, of at most {NODES_PER_BLOCK} nodes"
+            )
         shape = Shape(bastion=bastion, mixed=mixed, vm=vm, containers=containers)
         rate = None if uplink_rate is None else uplink.parse_rate(uplink_rate)
         ensure_tools(say)
@@ -327,6 +339,8 @@ class LocalFleet(FleetNames):
             say(
                 f"local fleet {self.prefix}: image {image} in the nodes' shared store {local_containers.IMAGE_STORE}"
             )
+            if registry:
+                self._start_registry(nodes, say)
         cluster = LocalSlurm(self) if slurm else None
         if cluster is not None:
             cluster.write(nodes, record)  # before the sshd start: they bind the nodes' /etc/slurm
@@ -395,6 +409,25 @@ class LocalFleet(FleetNames):
             )
         return Inventory.from_own_state(self.inventory_path)
 
+    def _start_registry(self, nodes: int, say: Say) -> None:
+        """The fleet's registry on the bridge, the test image pushed into it, and every node's
+        podman told it is plain HTTP (before the nodes' sshd start)."""
+        from launch.fleets.local import image_push  # HTTP and gzip: only for a fleet that pushes
+
+        self.state.record("registry_dir", str(local_registry.registry_dir(self.prefix)))
+        location = local_registry.start(self, self.gateway)
+        for i in range(nodes):
+            local_registry.drop_in(self.netns_etc(i), location)
+        layer = image_push.test_image_layer()
+        image = image_push.push(location, local_registry.TEST_REPOSITORY, "latest", [layer])
+        say(
+            f"local fleet {self.prefix}: registry at {location}, the nodes pull {image} (lives until local.down)"
+        )
+
+    def registry_image(self) -> str:
+        """The test image's reference in the fleet's registry (``up(registry=True)``)."""
+        return local_registry.test_image(self)
+
     # -- power -----------------------------------------------------------------------------------
     def _start_power_daemon(self) -> None:
         """The root side of the nodes' power-off hook (see ``launch.fleets.local.power``); nothing
@@ -415,11 +448,13 @@ class LocalFleet(FleetNames):
         return daemon.pids(self.state_dir, POWER_PID_FILE, POWER_MODULE, (self.prefix,))
 
     def helper_pids(self) -> list[tuple[str, int]]:
-        """The fleet's S3 server and spot notice daemon, when it has them (pid files, command lines)."""
+        """The fleet's S3 server, spot notice daemon and registry, when it has them (pid files,
+        command lines)."""
         from launch.fleets.local import bucket as local_bucket
         from launch.fleets.local import spot
 
         found = [("s3-server", pid) for pid in local_bucket.server_pids(self.state_dir)]
+        found += [("registry", pid) for pid in local_registry.server_pids(self)]
         return found + [("spot-daemon", pid) for pid in spot.spot_pids(self.state_dir)]
 
     def powered_off(self, i: int) -> bool:
@@ -451,6 +486,8 @@ class LocalFleet(FleetNames):
         mountns.remove_mounts(created)
         if created["mqueue"]:
             local_containers.release_mqueue(self.prefix)
+        for folder in created["registry_dir"]:  # its server was killed above
+            local_registry.remove_dir(Path(folder))
         for user in users:
             try:
                 entry = pwd.getpwnam(user)
@@ -458,8 +495,12 @@ class LocalFleet(FleetNames):
                 continue
             gid = entry.pw_gid
             remove_queue_folders(entry.pw_uid)
-            if created["mqueue"]:  # a --containers fleet: its users' podman state in /tmp
+            if created["mqueue"]:  # a --containers fleet: its users' podman state in /tmp, and
+                # the blobs of a pull cut short in podman's big-files folder (/var/tmp/storage*)
                 local_containers.remove_tmp_of(entry.pw_uid)
+                local_containers.remove_tmp_of(entry.pw_uid, Path("/var/tmp"))
+            # a home may hold pulled images (a --registry fleet's: 1.3 GB, 30,000 files per node),
+            # whose removal took over a minute on a loaded disk
             _remove_user(user)
             with contextlib.suppress(KeyError):
                 if grp.getgrgid(gid).gr_name == user:

@@ -101,8 +101,9 @@ def replace_node(fleet: LocalFleet, host: Host) -> Host:
     # could not remove them (the old host key is refused)
     remove_queue_folders(entry.pw_uid)
     containers = bool(created["mqueue"])  # a --containers fleet (its mqueue hold is recorded)
-    if containers:
+    if containers:  # and a pull's blobs: a new VM's /var/tmp is empty too
         local_containers.remove_tmp_of(entry.pw_uid)
+        local_containers.remove_tmp_of(entry.pw_uid, Path("/var/tmp"))
     for name in os.listdir(home):
         if name == ".ssh":
             continue

@@ -6,7 +6,9 @@
 ``node_home``, ``mountns`` and ``mount_dir``: see ``launch.fleets.local.mountns``; ``qdisc``: the
 device whose root ``tbf`` an ``--uplink`` fleet added, see ``launch.fleets.local.uplink``; ``slurm_dir``: a
 ``--with-slurm`` fleet's cluster folder, see ``launch.fleets.local.slurm``; ``mqueue``: a
-``--containers`` fleet's hold on the machine's ``/dev/mqueue``, see ``launch.fleets.local.containers``), appended and fsynced *before* the thing is
+``--containers`` fleet's hold on the machine's ``/dev/mqueue``, see ``launch.fleets.local.containers``;
+``registry_dir``: a ``--registry`` fleet's registry folder, its configuration and images, see
+``launch.fleets.local.registry``), appended and fsynced *before* the thing is
 created (write-ahead), so a crash at any point of ``up`` leaves a record that covers everything
 that may exist. ``up`` checks that no name it is about to use exists before it records or creates
 anything, so a recorded name is never someone else's. Users carry a second proof, a GECOS marker
@@ -34,6 +36,7 @@ KINDS = (
     "qdisc",
     "slurm_dir",
     "mqueue",
+    "registry_dir",
 )
 MAX_STATE_BYTES = 4 * 1024 * 1024
 
