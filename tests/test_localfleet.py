@@ -74,7 +74,7 @@ def test_down_tries_userdel_again_while_the_user_is_still_there(monkeypatch: pyt
     present = {"frxnode1"}
     calls: list[list[str]] = []
 
-    def userdel(argv: list[str], check: bool = True) -> object:
+    def userdel(argv: list[str], check: bool = True, timeout: float = 60) -> object:
         calls.append(argv)
         if len(calls) == 3:  # the lock is free on the third try
             present.discard(argv[-1])
@@ -87,7 +87,7 @@ def test_down_tries_userdel_again_while_the_user_is_still_there(monkeypatch: pyt
     assert calls == [["userdel", "--force", "--remove", "frxnode1"]] * 3 and not present
     calls.clear()
     present.add("frxnode2")
-    monkeypatch.setattr(lifecycle, "run", lambda argv, check=True: calls.append(argv))
+    monkeypatch.setattr(lifecycle, "run", lambda argv, check=True, timeout=60: calls.append(argv))
     lifecycle._remove_user("frxnode2", tries=2)  # a user that will not go: bounded, down reports it
     assert len(calls) == 2
 
