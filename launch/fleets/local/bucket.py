@@ -49,7 +49,17 @@ def have_moto() -> bool:
     return True
 
 
-def _free_port(address: str) -> int:
+def free_port(address: str, preferred: int = 0) -> int:
+    """A port free on ``address`` (the fleet's bridge): ``preferred`` when it is, else one the
+    kernel picks. Shared by the fleet's servers (this bucket, the registry)."""
+    if preferred:
+        with socket.socket() as sock:
+            try:
+                sock.bind((address, preferred))
+            except OSError:
+                pass
+            else:
+                return preferred
     with socket.socket() as sock:
         sock.bind((address, 0))
         return int(sock.getsockname()[1])
@@ -72,7 +82,7 @@ def start(names: FleetNames, address: str) -> tuple[str, str]:
         )
     from launch.fleets.local.s3_server import SECRET_ENV
 
-    port = _free_port(address)
+    port = free_port(address)
     key = new_secret(names.state_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update({SECRET_ENV: key, "PYTHONDONTWRITEBYTECODE": "1"})

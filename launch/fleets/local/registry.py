@@ -24,11 +24,11 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 from pathlib import Path
 
 from launch.errors import LocalFleetError
 from launch.fleets.local import daemon
+from launch.fleets.local.bucket import free_port
 from launch.fleets.local.naming import FleetNames
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
@@ -78,21 +78,6 @@ def drop_in(node_etc: Path, location: str) -> None:
     (folder / DROP_IN).write_text(registries_conf(location))
 
 
-def _port_free(address: str, port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((address, port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
-
-
 def answers(location: str) -> bool:
     """The registry's API root says it speaks the Distribution API (``GET /v2/`` -> 200)."""
     import urllib.error
@@ -120,7 +105,7 @@ def start(names: FleetNames, address: str, root: Path = REGISTRY_ROOT) -> str:
     storage.mkdir(mode=0o700)
     entry = pwd.getpwnam(SERVER_USER)
     os.chown(storage, entry.pw_uid, entry.pw_gid)
-    port = PORT if _port_free(address, PORT) else _free_port(address)
+    port = free_port(address, PORT)
     location = f"{address}:{port}"
     config = folder / "config.yml"
     config.write_text(config_text(location, storage))
