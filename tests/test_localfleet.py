@@ -66,32 +66,6 @@ def test_the_image_is_probed_once_per_process(tmp_path: Path, monkeypatch: pytes
     assert prereqs.ensure_image() == python and len(probes) == 2
 
 
-def test_down_tries_userdel_again_while_the_user_is_still_there(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``userdel`` gives up when another fleet holds ``/etc/passwd``'s lock (several fleets coming
-    and going at once): down tries again while the user exists, so no user is left behind."""
-    from launch.fleets.local import fleet as lifecycle
-
-    present = {"frxnode1"}
-    calls: list[list[str]] = []
-
-    def userdel(argv: list[str], check: bool = True, timeout: float = 60) -> object:
-        calls.append(argv)
-        if len(calls) == 3:  # the lock is free on the third try
-            present.discard(argv[-1])
-        return None
-
-    monkeypatch.setattr(lifecycle, "run", userdel)
-    monkeypatch.setattr(lifecycle, "_exists_user", lambda name: name in present)
-    monkeypatch.setattr(lifecycle.time, "sleep", lambda _s: None)
-    lifecycle._remove_user("frxnode1")
-    assert calls == [["userdel", "--force", "--remove", "frxnode1"]] * 3 and not present
-    calls.clear()
-    present.add("frxnode2")
-    monkeypatch.setattr(lifecycle, "run", lambda argv, check=True, timeout=60: calls.append(argv))
-    lifecycle._remove_user("frxnode2", tries=2)  # a user that will not go: bounded, down reports it
-    assert len(calls) == 2
-
-
 def test_account_tools_are_tried_again_while_passwd_is_locked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -64,20 +64,6 @@ def _gecos(user: str) -> str | None:
         return None
 
 
-USERDEL_TRIES = 5
-
-
-def _remove_user(user: str, tries: int = USERDEL_TRIES) -> None:
-    """``userdel`` of a fleet's own user, tried again while the user still exists: it gives up
-    when another fleet's ``useradd``/``userdel`` holds ``/etc/passwd``'s lock under load (seen
-    with several fleets coming and going at once), which left a user behind."""
-    for attempt in range(tries):
-        run(["userdel", "--force", "--remove", user], check=False, timeout=USERDEL_TIMEOUT_S)
-        if not _exists_user(user):
-            return
-        time.sleep(0.5 * (attempt + 1))
-
-
 def _exists_user(name: str) -> bool:
     return _gecos(name) is not None
 
@@ -501,7 +487,8 @@ class LocalFleet(FleetNames):
                 local_containers.remove_tmp_of(entry.pw_uid, Path("/var/tmp"))
             # a home may hold pulled images (a --registry fleet's: 1.3 GB, 30,000 files per node),
             # whose removal took over a minute on a loaded disk
-            _remove_user(user)
+            # shadow's lock taken by another fleet's useradd/userdel: run() tries again
+            run(["userdel", "--force", "--remove", user], check=False, timeout=USERDEL_TIMEOUT_S)
             with contextlib.suppress(KeyError):
                 if grp.getgrgid(gid).gr_name == user:
                     run(["groupdel", user], check=False)
