@@ -49,9 +49,14 @@ def have_registry() -> bool:
     return os.access(REGISTRY_BIN, os.X_OK)
 
 
+DIR_PREFIX = "fleetrun-registry-"
+MARK = ".fleetrun-registry"
+"""Written first into the folder ``start`` made: its fleet's prefix (``remove_dir`` checks it)."""
+
+
 def registry_dir(prefix: str, root: Path = REGISTRY_ROOT) -> Path:
     """The fleet's registry folder: its configuration and its storage."""
-    return root / f"fleetrun-registry-{prefix}"
+    return root / f"{DIR_PREFIX}{prefix}"
 
 
 def config_text(listen: str, storage: Path) -> str:
@@ -100,7 +105,8 @@ def start(names: FleetNames, address: str, root: Path = REGISTRY_ROOT) -> str:
         raise LocalFleetError(
             f"--registry: {folder} exists and is not this fleet's; remove it or choose another prefix"
         )
-    folder.mkdir(mode=0o755)
+    folder.mkdir(mode=0o755)  # exclusive: a folder made meanwhile by anyone else is refused here
+    (folder / MARK).write_text(names.prefix + "\n")
     storage = folder / "storage"
     storage.mkdir(mode=0o700)
     entry = pwd.getpwnam(SERVER_USER)
@@ -168,8 +174,14 @@ def server_pids(names: FleetNames, root: Path = REGISTRY_ROOT) -> list[int]:
 
 
 def remove_dir(folder: Path) -> None:
-    """The registry's folder and every image in it (a link is removed, never followed)."""
-    if folder.is_symlink():
-        folder.unlink()
-    elif folder.is_dir():
+    """The registry's folder and every image in it, when fleetrun made it: its mark names the
+    folder's own prefix (recorded write-ahead, the folder may be another's when ``start`` refused
+    it: then it is left, and ``leftovers`` says so). A link is never followed nor removed."""
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    try:
+        mark = (folder / MARK).read_text()[:100].strip()
+    except OSError:
+        return
+    if mark == folder.name.removeprefix(DIR_PREFIX):
         shutil.rmtree(folder, ignore_errors=True)
