@@ -138,14 +138,16 @@ def rank_command() -> str:
 
     ``HOME`` came from the head, so the home is looked up by user name (``~user``), not trusted;
     the run id did come from the head, and is the same everywhere. The home is passed on as ``$1``.
-    Only where that home has no such script is ``HOME`` taken: inside the head's container
-    (``container:``), whose user is the image's root (rootless podman) or a bare uid (docker),
-    and where ``HOME`` is the node user's, passed in by the launch script.
+    Only where that home has no such script *and* this is a podman or docker container (their
+    marker files) is ``HOME`` taken: the head's container (``container:``), whose user is the
+    image's root (rootless podman) or a bare uid (docker), and where ``HOME`` is the node user's,
+    passed in by the launch script. On a node itself a missing script fails the rank, as before.
     """
     rank_sh = f"{layout.ROOT}/runs/$FLEETRUN_RUN_ID/rank.sh"
     script = (
         'eval "node_home=~$(id -un 2>/dev/null)"; '
-        f'[ -f "$node_home/{rank_sh}" ] || node_home=$HOME; '
+        f'if [ ! -f "$node_home/{rank_sh}" ] && {{ [ -f /run/.containerenv ] || [ -f /.dockerenv ]; }}; '
+        "then node_home=$HOME; fi; "
         f'exec sh "$node_home/{rank_sh}" "$node_home"'
     )
     return f"sh -c {sh_quote(script)}"
