@@ -353,3 +353,19 @@ def test_without_an_openssh_client_the_full_path_answers(
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert fast_exec.run(["exec", "true", "-i", "local:frq"]) is None
     assert not (tmp_path / "known_hosts").exists(), "nothing written"
+
+
+def test_a_node_that_authenticated_ran_the_command_even_when_its_log_start_was_cut() -> None:
+    """ssh's own log is kept to its last ``LOG_KEPT_BYTES``: a node that authenticated and then
+    logged more than that still ran the command (its exit status is read), and is never handed
+    to the paramiko path, which would run the command a second time."""
+    from launch.transport import openssh_exec
+
+    node = object.__new__(openssh_exec._Node)
+    node.log, node.authenticated_at, node.verdict, node.sinks, node.log_fd = bytearray(), None, None, {}, -1
+    node.take(-1, b'debug1: Authenticated to 10.0.0.1 ([10.0.0.1]:22) using "publickey".\n', 1.0)
+    for _ in range(openssh_exec.LOG_KEPT_BYTES // 40 + 10):
+        node.take(-1, b"debug1: client_input_channel_req: rtype\n", 2.0)
+    node.take(-1, b"debug1: Exit status 7\n", 3.0)
+    assert openssh_exec.AUTHENTICATED not in bytes(node.log)
+    assert node.outcome() == (7, "")

@@ -131,7 +131,7 @@ def _exec(
             try:
                 inventory = load_inventory(selector)
             except FleetrunError as exc:  # the file changed under the command: as the full path says it
-                from launch.reports.safe_text import MAX_LINE_CHARS, clean
+                from launch.reports.plain_text import MAX_LINE_CHARS, clean
 
                 sys.stdout.flush()
                 print(f"fleetrun: error: {clean(exc, MAX_LINE_CHARS, multiline=True)}", file=sys.stderr)
