@@ -330,7 +330,7 @@ def test_a_variant_keeps_the_fleet_for_the_next_and_the_last_ends_it_as_train_do
     # its nodes have no run now: each gets its own idle timer, claimed by the next variant's start
     assert {n: node.warm_timers for n, node in first.fleet.nodes.items()} == {"n0": ["60"], "n1": ["60"]}
     assert kept.message.endswith(
-        "this run's 2 node(s) power themselves off after 60 s idle unless a run claims them"
+        "this run's 2 idle node(s) power themselves off after 60 s unless a run claims them"
     )
     sweep_file(home, "sw-2", [{"state": "succeeded"}, {"state": "running", "pid": os.getpid()}])
     second = run_on_fake_fleet(
@@ -406,7 +406,10 @@ def test_a_run_ending_while_another_runs_on_its_fleet_leaves_the_fleet_to_that_r
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         records = RunRecords(tmp_path / "runs.db")
-        records.start(run_id="other-run", inventory=inventory().to_yaml_data(), watcher_pid=other.pid)
+        # the other run shares n1 with this one (two runs on one node) and runs on n2 too
+        shared = fake_inventory(3, fleet=LocalFleetRef(prefix="frend"))
+        shared = shared.model_copy(update={"hosts": shared.hosts[1:]})
+        records.start(run_id="other-run", inventory=shared.to_yaml_data(), watcher_pid=other.pid)
         run = run_on_fake_fleet(
             tmp_path,
             monkeypatch,
@@ -420,9 +423,10 @@ def test_a_run_ending_while_another_runs_on_its_fleet_leaves_the_fleet_to_that_r
             kept.state is TeardownState.SKIPPED and "run other-run still runs on this fleet" in kept.message
         )
         assert teardowns == []
-        # with the laptop gone, the other run's watchdog ends only its own nodes: these have timers
-        # (no keep_warm_s: the time the watchdog gives a lost laptop)
-        assert {n: node.warm_timers for n, node in run.fleet.nodes.items()} == {"n0": ["120"], "n1": ["120"]}
+        # with the laptop gone, the other run's watchdog ends only its own nodes: n0 has a timer
+        # (no keep_warm_s: the watchdog's time for a lost laptop, at least HOLD_MIN_S); n1, which
+        # the other run still uses, has none (it would power off under that run)
+        assert {n: node.warm_timers for n, node in run.fleet.nodes.items()} == {"n0": ["600"], "n1": []}
         armed_at = records.get("other-run").started_at + 1  # kept warm after the other run started
         entry = warm.WarmEntry("fake-run-1", inventory(), armed_at, armed_at + KEEP_WARM_S, run.folder)
         assert warm.claimed_by(entry, records) == "other-run", "started before the arming, still running"

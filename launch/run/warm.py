@@ -38,7 +38,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -200,23 +200,48 @@ def keep_warm(
     return kept_outcome(policy, seconds, lifetime)
 
 
-def hold_for_others(port: FleetPort, inventory: Inventory, seconds: float, say: Say) -> str:
+HOLD_MIN_S = 600.0
+"""A node kept for others, without ``keep_warm_s``, waits at least this long for the next run."""
+
+
+def hold_for_others(
+    port: FleetPort, inventory: Inventory, seconds: float, say: Say, busy: Collection[str] = ()
+) -> str:
     """A run that ends while others still use its fleet (a sweep's other slot, another ``fab
     train --hosts``) leaves the fleet up for them, but its own nodes then have no run and no
     watchdog: with the laptop gone, the others' watchdogs power off only their own nodes, and
     these would bill forever. So each of them gets its own timer, as a warm fleet's nodes do:
     it powers the node off ``seconds`` from now unless a run claims it (the sweep's next variant
-    on this slot does within seconds). Returns the words the teardown's report adds; nothing on
-    a fleet that cannot power off (a lab's machines, a scheduler's)."""
+    on this slot does within seconds). ``busy``: nodes another live run still uses (``busy_hosts``),
+    never armed (that run's own end and watchdog decide for them). Returns the words the
+    teardown's report adds; nothing on a fleet that cannot power off (a lab's, a scheduler's)."""
     if not getattr(fleet_kind(inventory.fleet), "can_power_off", False):
         return ""
-    failed = {name: why for name, why in arm_nodes(port, seconds).items() if why}
+    idle = [name for name in port.connections if name not in busy]
+    if not idle:
+        return "; its nodes are still another run's: that run's end decides for them"
+    failed = {name: why for name, why in arm_nodes(port.subset(idle), seconds).items() if why}
     for name, why in failed.items():
         say(f"  {name}: no idle timer ({why}); the last run's end or the fleet's own deadline ends it")
-    armed = len(port.connections) - len(failed)
     return (
-        f"; this run's {armed} node(s) power themselves off after {seconds:g} s idle unless a run claims them"
+        f"; this run's {len(idle) - len(failed)} idle node(s) power themselves off after {seconds:g} s "
+        "unless a run claims them"
     )
+
+
+def busy_hosts(inventory: Inventory, run_id: str, records: RunRecords) -> set[str]:
+    """The hosts of ``inventory``'s fleet that another live run this laptop recorded still uses."""
+    key, busy = fleet_key(inventory), set()
+    for record in records.list(limit=CLAIM_SCAN):
+        if record.id == run_id or not _still_running(record):
+            continue
+        try:
+            other = Inventory.model_validate(record.inventory)
+        except ValueError:
+            continue
+        if fleet_key(other) == key:
+            busy |= {h.name for h in other.hosts}
+    return busy
 
 
 def arm_nodes(port: FleetPort, seconds: float) -> dict[str, str]:

@@ -401,18 +401,19 @@ def end_fleet(
     until a deadline (``launch.run.warm``) when the run asks for it, else torn down now. A fleet
     kept for others gets idle timers on this run's nodes (``keep_warm_s``, else the time the
     watchdog gives a lost laptop), so no node is left billing if the laptop goes away."""
-    idle_s = target.keep_warm_s or target.rules.watcher_lost_after_s
+    idle_s = target.keep_warm_s or max(target.rules.watcher_lost_after_s, warm.HOLD_MIN_S)
+    # nodes another live run still uses are never armed; without the records none is (unknown)
+    busy = warm.busy_hosts(target.inventory, target.run_id, records) if records is not None else None
     held = sweeps.leave(target.sweep_id, target.run_id)
     if held is not None:
-        return TeardownOutcome(
-            TeardownState.SKIPPED, held + warm.hold_for_others(fleet, target.inventory, idle_s, say)
-        )
+        timers = warm.hold_for_others(fleet, target.inventory, idle_s, say, busy) if busy is not None else ""
+        return TeardownOutcome(TeardownState.SKIPPED, held + timers)
     other = warm.run_still_on(target.inventory, target.run_id, records) if records is not None else None
     if other is not None:
         return TeardownOutcome(
             TeardownState.SKIPPED,
             f"kept: run {clean(other, 100)} still runs on this fleet (teardown: {Teardown(target.teardown).value}); "
-            "its own end decides" + warm.hold_for_others(fleet, target.inventory, idle_s, say),
+            "its own end decides" + warm.hold_for_others(fleet, target.inventory, idle_s, say, busy or set()),
         )
     if target.keep_warm_s:
         return warm.keep_warm(
