@@ -74,6 +74,10 @@ def stop_grace(decision: StopDecision, lost: Collection[str]) -> float:
     return PEER_GONE_GRACE_S if lost or decision.rule in PEER_GONE_RULES else STOP_GRACE_S
 
 
+WARM_UP_WAIT_S = 60.0
+"""The longest the plot waits for the background warm-up (its imports) to finish."""
+
+
 def warm_up_reports() -> threading.Thread | None:
     """The report modules imported in the background (``launch.reports.warmup``): started by the
     watcher at the first step, here again for a run that never logged one (once per process)."""
@@ -88,6 +92,9 @@ def write_reports(
     A run stopped before its first logged step (a wall-time limit during start-up, a crash in
     the imports) still gets its plot, saying that no loss was logged: the person looking for it
     learns that from the plot instead of from its absence."""
+    warming = warm_up()  # the background imports and throwaway figure: done before drawing here,
+    if warming is not None:  # matplotlib's font cache and pyplot state are not thread-safe
+        warming.join(timeout=WARM_UP_WAIT_S)
     logged = (folder.path / "metrics.jsonl").exists()
     records, summary = folder.read_metrics() if logged else ([], None)
     history = summary.history if summary is not None else []
