@@ -12,6 +12,7 @@ beside the agent.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -35,8 +36,8 @@ RANK_RC = "rank-rc"
 """A rank's failure seen by the event channel before its torchrun ended (``RankWatch.record``):
 ``CODE WRAPPER_PID``; it counts only while ``pid`` still names that wrapper (this start's)."""
 RANK_SCAN_S = 0.25
-"""How often the event channel looks for ranks it does not watch yet: they start seconds after
-the wrapper (torchrun imports torch first)."""
+"""How often the event channel looks for ranks until it found them: they start seconds after the
+wrapper (torchrun imports torch first); then it waits on their pidfds alone."""
 
 
 def pidfd(pid: int | None) -> int | None:
@@ -67,13 +68,20 @@ class RankWatch:
         self.fds: dict[int, int | None] = {}
         """Rank pid -> its pidfd (None without pidfds: read at every tick)."""
         self.next_scan = 0.0
+        self.last_found: set[int] = set()
 
     def scan(self, now: float) -> None:
         """Find ranks not yet watched (and record one already dead): every ``RANK_SCAN_S``."""
         if now < self.next_scan:
             return
         self.next_scan = now + RANK_SCAN_S
-        for pid in fleetrun_procs.torchrun_ranks(self.wrapper):
+        found = fleetrun_procs.torchrun_ranks(self.wrapper)
+        if found and set(found) == self.last_found:
+            # the same ranks twice, RANK_SCAN_S apart: all started (a watched torchrun restarts
+            # nothing, --max-restarts=0), so from here the wait is on their pidfds alone
+            self.next_scan = math.inf
+        self.last_found = set(found)
+        for pid in found:
             if pid not in self.fds:
                 self.fds[pid] = pidfd(pid)
                 self.check(pid)
