@@ -15,10 +15,10 @@ import threading
 from collections.abc import Callable
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from launch.planning.image_pull import parse_progress
+from launch.reports.safe_text import markup_safe
 
 NODE_ROWS = 16
 """Fleets up to this size get a row per node; larger ones the stage's row alone."""
@@ -56,7 +56,9 @@ class PullProgress:
         self.rows: dict[str, TaskID] = {}
         if len(nodes) <= NODE_ROWS:
             for node in nodes:
-                self.rows[node] = self.progress.add_task(f"  {escape(node)}", total=None, status="checking")
+                self.rows[node] = self.progress.add_task(
+                    f"  {markup_safe(node)}", total=None, status="checking"
+                )
 
     def __enter__(self) -> PullProgress:
         self.progress.start()
@@ -72,7 +74,7 @@ class PullProgress:
             pulling = [n for n in self.nodes if n not in self.finished]
             if pulling and len(self.nodes) > NODE_ROWS:
                 slowest = min(pulling, key=lambda n: self.received.get(n, 0))
-                text += f", slowest {escape(slowest)} {human(self.received.get(slowest, 0))}"
+                text += f", slowest {markup_safe(slowest)} {human(self.received.get(slowest, 0))}"
         return text
 
     def on_output(self, node: str) -> Callable[[bytes], None]:
