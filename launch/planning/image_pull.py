@@ -146,7 +146,8 @@ def pull_script(image: str, runtime: str, run_id: str, *, login: bool) -> str:
         '  tmp="${TMPDIR:-/var/tmp}"; me=$(id -u)',
         f"  while sleep {PROGRESS_EVERY_S} >/dev/null; do",
         '    kb=$(find "$tmp" -maxdepth 2 -path "$tmp/storage*" -type f -user "$me" -newer "$log" '
-        "-exec du -ck {} + 2>/dev/null | tail -n 1 | cut -f 1)",
+        # du may run in several batches, each with its own total: the sum of every total
+        "-exec du -ck {} + 2>/dev/null | awk '$2 == \"total\" {s += $1} END {print s + 0}')",
         f'    echo "{PROGRESS_PREFIX}$(( ${{kb:-0}} * 1024 ))"',
         "  done",
         "}",

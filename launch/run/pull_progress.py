@@ -97,7 +97,8 @@ class PullProgress:
         with self._lock:
             if node in self.finished:
                 return
-            self.received[node] = size
+            # the in-flight blobs shrink as podman moves a finished layer out: never go backwards
+            size = self.received[node] = max(size, self.received.get(node, 0))
             summary = self._summary()
         if node in self.rows:
             self.progress.update(self.rows[node], status=f"{human(size)} received")
