@@ -67,6 +67,8 @@ SCENARIOS: dict[str, tuple[str, float | None, int]] = {
     "head_lost_bucket": ("head lost with a bucket, 0.5 s after a save", None, EVERY),
 }
 WITH_BUCKET = ("spot_head", "head_lost_bucket")
+RANK_START = {"value": "fork"}
+"""The playbooks' ``rank_start`` (``--rank-start``): ``exec`` measures torchrun's own rank start."""
 
 
 def playbook(tmp: Path, name: str) -> Path:
@@ -80,6 +82,7 @@ def playbook(tmp: Path, name: str) -> Path:
                 "procs_per_node": 1,
                 "entrypoint": f"python ckpt_trainer.py --steps {STEPS} --ckpt-every {EVERY} --step-sleep {SLEEP}",
                 "env": {"OMP_NUM_THREADS": "1"},
+                "rank_start": RANK_START["value"],
                 "teardown": "never",
                 "recovery": {
                     "max_restarts": 2,
@@ -267,7 +270,9 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--only", nargs="*", choices=list(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "recovery_faults.json")
+    parser.add_argument("--rank-start", choices=("fork", "exec"), default="fork")
     args = parser.parse_args()
+    RANK_START["value"] = args.rank_start
     os.environ.setdefault("FLEETRUN_HOME", tempfile.mkdtemp(prefix="fleetrun-bench-faults-"))
     fleet = LocalFleet(prefix=PREFIX, subnet=SUBNET)
     fleet.up(3, say=lambda _m: None, bucket=True, spot_notices=True)

@@ -157,7 +157,7 @@ def test_dry_run_prints_the_plan_for_every_node(
     )
     assert "gpu1" in out and "gpu2" in out, out
     assert "192.0.2.10" in out and "198.51.100.11" in out, out
-    assert "torch.distributed.run" in out and "-m train --epochs 1" in out, out
+    assert "-m fleetrun_torchrun" in out and "-m train --epochs 1" in out, out
     assert not (cwd / "home" / "runs").exists()  # a dry run records nothing
 
 

@@ -98,7 +98,7 @@ def test_dry_run_render_names_every_node(tmp_path: Path) -> None:
     text = plan.render()
     for name in ("n0", "n1", "n2"):
         assert f"## {name} (u@" in text
-    assert text.count("exec python -m torch.distributed.run") == 3
+    assert text.count("exec python -m fleetrun_torchrun") == 3
     assert "run job-xyz" in text
 
 

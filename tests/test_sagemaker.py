@@ -193,7 +193,7 @@ def test_each_node_gets_sagemakers_values(tmp_path: Path) -> None:
     ]
     exec_line = script.strip().splitlines()[-1]
     assert exec_line.startswith(
-        "exec env SM_HP_BATCH-SIZE=64 SM_HP_LEARNING-RATE=0.01 python -m torch.distributed.run"
+        "exec env SM_HP_BATCH-SIZE=64 SM_HP_LEARNING-RATE=0.01 python -m fleetrun_torchrun"
     )
     assert exec_line.endswith(
         "train.py --seed 1 --arch mlp --batch-size 64 --epochs 3 --learning-rate 0.01 -x True"
@@ -252,7 +252,7 @@ def test_launch_script_gives_the_script_sagemakers_environment(tmp_path: Path) -
     (home / ".fleetrun" / "runs" / "run-1").mkdir(parents=True)
     (home / ".fleetrun" / "runs" / "run-1" / "rdzv_port").write_text("29555\n")
     lines = (plan.nodes[1].launch_script or "").strip().splitlines()
-    lines[-1] = lines[-1].split(" python -m torch.distributed.run")[0] + " env"  # keep the env prefix
+    lines[-1] = lines[-1].split(" python -m fleetrun_torchrun")[0] + " env"  # keep the env prefix
     script = tmp_path / "launch.sh"
     script.write_text("\n".join(lines) + "\n")
     path = f"{Path(os.__file__).parent.parent.parent / 'bin'}:{os.environ['PATH']}"
@@ -426,7 +426,7 @@ def run_launch_script_env(tmp_path: Path, plan: LaunchPlan, node: int) -> tuple[
     (home / ".fleetrun" / "runs" / plan.run_id).mkdir(parents=True)
     (home / ".fleetrun" / "runs" / plan.run_id / "rdzv_port").write_text("29555\n")
     lines = (plan.nodes[node].launch_script or "").strip().splitlines()
-    lines[-1] = lines[-1].split(" python -m torch.distributed.run")[0] + " env"  # keep the env prefix
+    lines[-1] = lines[-1].split(" python -m fleetrun_torchrun")[0] + " env"  # keep the env prefix
     script = tmp_path / f"launch-{node}.sh"
     script.write_text("\n".join(lines) + "\n")
     path = f"{Path(os.__file__).parent.parent.parent / 'bin'}:{os.environ['PATH']}"

@@ -111,6 +111,11 @@ class JobSpec(BaseModel):
             free on the head, chosen there at launch time, so two runs on the same machines never
             share one (a fixed 29500 is the EADDRINUSE of pytorch#126510).
         max_restarts: torchrun worker-group restarts before the run counts as failed.
+        rank_start: how torchrun starts a node's ranks: ``fork`` (the default) forks each from
+            torchrun's agent once it has imported torch, so a rank does not import torch again
+            (2-3 s of CPU per rank at every start and every recovery); ``exec`` starts each as a
+            new interpreter, torchrun's own way. A non-Python entrypoint always gets ``exec``.
+            See ``launch/nodelib/fleetrun_torchrun.py`` for what a forked rank is given.
         stop: stop rules (NaN loss, stall, plateau, wall time, cost, ...); see ``launch.rules.stoprules``.
         recovery: what a lost node, a preemption or a failed rank does to the run: by default it
             ends it; see ``launch.rules.recovery.RecoveryPolicy``.
@@ -173,6 +178,7 @@ class JobSpec(BaseModel):
     python: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
     rdzv_port: int | Literal["auto"] = "auto"
     max_restarts: int = Field(default=0, ge=0, le=100)
+    rank_start: Literal["fork", "exec"] = "fork"
     stop: StopRules = Field(default_factory=StopRules)
     recovery: RecoveryPolicy = Field(default_factory=RecoveryPolicy)
     teardown: Teardown = Teardown.ALWAYS

@@ -90,6 +90,7 @@ def run_pids(run_id: str, watchdogs: bool | None = None) -> list[int]:
 
 LAUNCHERS = (
     b"torch.distributed.run",
+    b"fleetrun_torchrun",
     b"torchrun",
     b"horovodrun",
     b"mpirun",
@@ -124,7 +125,9 @@ def holds_nothing(pid: int, wrapper: str) -> bool:
     return argv[:2] == [b"sh", b"./launch.sh"] or argv[:3] == [b"sh", b"-c", wrapper.encode()]
 
 
-TORCHRUN = (b"torch.distributed.run", b"torchrun")
+TORCHRUN_MODULES = (b"torch.distributed.run", b"fleetrun_torchrun")
+"""torchrun run as a module: torch's, or fleetrun's that forks its ranks (``fleetrun_torchrun``;
+a forked rank's command line is the rank's own, ``python -u script.py``, never these)."""
 
 
 def _argv(pid: int) -> list[bytes]:
@@ -152,7 +155,7 @@ def fails_on_rank_exit(argv: list[bytes]) -> bool:
     ``MIN:MAX`` torchrun restarts its ranks when the membership changes, and such a restart ends
     them with SIGTERM). Any other launcher, or a torchrun started otherwise, is not watched."""
     head = argv[:3]
-    launcher = any(head[i : i + 2] == [b"-m", b"torch.distributed.run"] for i in range(len(head))) or any(
+    launcher = any(head[i] == b"-m" and head[i + 1] in TORCHRUN_MODULES for i in range(len(head) - 1)) or any(
         os.path.basename(a) == b"torchrun" for a in argv[:2]
     )
     if not launcher:

@@ -1,6 +1,10 @@
 """torchrun (as ``python -m torch.distributed.run``, which works whichever environment layer
 holds torch's console scripts) with a c10d rendezvous at the head node's private address (TorchX's DDP shape).
 
+With ``rank_start: fork`` (the default) the module is ``fleetrun_torchrun`` (the node library, on
+the launch script's ``PYTHONPATH``, mounted in a container): the same torchrun, whose ranks are
+forked from its agent once torch is imported instead of each importing it again.
+
 Every node runs the same torchrun; ranks are agreed in the rendezvous. ``--local-addr`` pins the
 address each agent advertises, so a hostname that resolves to 127.0.1.1 (common on lab machines)
 cannot break the rendezvous; ``is_host`` marks which agent hosts the store.
@@ -21,6 +25,8 @@ from launch.job.spec import JobSpec, torchrun_problems
 from launch.planning.launchers.base import Launcher
 
 PYTHON_PREFIX = re.compile(r"^\s*python3?\s+")
+TORCHRUN_MODULES = {"fork": "fleetrun_torchrun", "exec": "torch.distributed.run"}
+"""The module a node runs as torchrun, by the playbook's ``rank_start``."""
 
 
 def entrypoint_tail(entrypoint: str) -> str:
@@ -53,7 +59,7 @@ class TorchrunLauncher(Launcher):
         words = [
             "python",
             "-m",
-            "torch.distributed.run",
+            TORCHRUN_MODULES[spec.rank_start],
             f"--nnodes={nnodes(spec, len(inventory.hosts))}",
             "--nproc-per-node=" + (str(procs) if procs is not None else '"$NPROC"'),
             "--rdzv-backend=c10d",

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""torchrun whose ranks are forked from it once torch is imported, instead of each starting a new
+interpreter that imports torch again.
+
+Why: a rank's first seconds are ``import torch`` (2-3 s of CPU, measured 2.9 s on the local
+fleet's machine), and torchrun's agent has just paid the same import. Every (re)start of an
+attempt paid it once per rank after the rendezvous, on the critical path of every recovery. Forked
+from the agent, a rank starts with torch already loaded. This is torch's own function-entrypoint
+path (``elastic_launch`` with ``start_method="fork"``, what ``torchrun --run-path`` uses), so the
+agent, the rendezvous, the restarts and the failure reports are torchrun's, unchanged.
+
+What a forked rank gets, so that the job sees what ``python -u script.py`` would have given it:
+``sys.argv`` and ``sys.path[0]`` as the interpreter sets them (``-m`` runs the module as
+``__main__`` with the working directory first on the path); unbuffered ``stdout``/``stderr``
+(torchrun's ``-u``); the default signal dispositions (the agent's SIGTERM handler is not the
+job's); the ``atexit`` handlers that importing torch registered, and the job's own, run at its end;
+the root logger as importing torch left it; ``OMP_NUM_THREADS`` applied to torch's thread pool;
+an uncaught exception's traceback on stderr and an unhandled Ctrl-C ending the rank by SIGINT.
+
+Not forked (torchrun as is, each rank a new process): ``--no-python`` (the entrypoint is not
+Python), ``--run-path``, ``PYTHON_EXEC`` (another interpreter asked for), or a torch whose
+``torch.distributed.run`` is not shaped as expected. The playbook's ``rank_start: exec`` asks for
+the plain torchrun. Used as ``python -m fleetrun_torchrun <torchrun's arguments>``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import io
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+_IMPORT_EXITS: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+"""The ``atexit`` handlers registered while torch was imported: a new interpreter that imports
+torch registers the same, so a forked rank keeps them (and drops those the agent added later)."""
+
+RESET_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
+"""Signals whose Python handler a forked rank must not inherit from the agent (torchrun turns
+SIGTERM, SIGHUP and SIGQUIT into its own exception)."""
+
+
+def _import_torchrun() -> Any:
+    """``torch.distributed.run``, noting the ``atexit`` handlers the import registers."""
+    register = atexit.register
+
+    def noting(func: Any, *args: Any, **kwargs: Any) -> Any:
+        _IMPORT_EXITS.append((func, args, kwargs))
+        return register(func, *args, **kwargs)
+
+    atexit.register = noting  # type: ignore[assignment]
+    try:
+        import torch.distributed.run as torchrun
+    finally:
+        atexit.register = register  # type: ignore[assignment]
+    return torchrun
+
+
+def _fresh_interpreter(kind: str, target: str, argv: tuple[str, ...], root: tuple[list[Any], int]) -> None:
+    """Make the forked process look like ``python -u [-m] target argv...`` to the job."""
+    for name in RESET_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None and callable(signal.getsignal(number)):
+            signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    atexit._clear()
+    for func, args, kwargs in _IMPORT_EXITS:
+        atexit.register(func, *args, **kwargs)
+    handlers, level = root
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        fd = 1 if name == "stdout" else 2
+        try:
+            raw = os.fdopen(fd, "wb", buffering=0, closefd=False)
+        except OSError:
+            continue
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        errors = "backslashreplace" if name == "stderr" else getattr(stream, "errors", None) or "strict"
+        setattr(sys, name, io.TextIOWrapper(raw, encoding=encoding, errors=errors, write_through=True))  # type: ignore[arg-type]
+    if kind == "-m":
+        sys.argv = [target, *argv]
+        sys.path[0] = os.getcwd()
+    else:
+        sys.argv = [target, *argv]
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+    threads = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    importlib.invalidate_caches()
+    words = [sys.executable, "-u", *([kind] if kind else []), target, *argv]
+    _retitle(words)
+    _name_process(os.path.basename(sys.executable) or "python")
+
+
+def _name_process(name: str) -> None:
+    """``/proc/self/comm`` (what ``ps`` and ``top`` show): the agent named itself ``pt_elastic``."""
+    try:
+        with open("/proc/self/comm", "w", encoding="ascii", errors="replace") as fh:
+            fh.write(name[:15])
+    except OSError:
+        pass
+
+
+def _retitle(words: list[str]) -> None:
+    """The rank's ``/proc/self/cmdline`` made what torchrun's own rank has (``python -u
+    script.py args``), so ``pgrep -f``, ``ps``, py-spy and fleetrun's stop (``fleetrun_procs``:
+    a launcher holds nothing, a rank may still save) tell a rank from its agent. The forked copy
+    of the agent's argument strings is overwritten in place, NUL padded (setproctitle's way; the
+    new line is always shorter: the agent's names the script and its arguments too). Nothing is
+    changed when the layout cannot be read."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read(4096).rsplit(b")", 1)[-1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end: fields 48 and 49
+    except (OSError, IndexError, ValueError):
+        return
+    data = b"\0".join(os.fsencode(w) for w in words) + b"\0"
+    size = end - start
+    if start <= 0 or len(data) > size:
+        return
+    ctypes.memmove(start, data + b"\0" * (size - len(data)), size)
+
+
+def run_rank(kind: str, target: str, *argv: str) -> None:
+    """A rank's entry in the forked process: the job's script (``kind`` '') or module (``-m``)
+    run as ``__main__``. Returns for a clean end (``sys.exit(0)`` too), so that torch collects the
+    rank as done; any other exit code ends the process with it, as the interpreter would."""
+    import runpy
+    import traceback
+
+    _fresh_interpreter(kind, target, argv, _ROOT_LOGGER)
+    interrupted = False
+    try:
+        if kind == "-m":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            atexit._run_exitfuncs()
+            raise
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        interrupted = True
+    except BaseException:
+        traceback.print_exc()  # what the interpreter prints for an uncaught exception
+        atexit._run_exitfuncs()
+        raise
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    if interrupted:  # an unhandled Ctrl-C ends an interpreter by SIGINT (exit code 130)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+_ROOT_LOGGER: tuple[list[Any], int] = ([], logging.WARNING)
+
+
+def forked(config: Any, cmd: Any, cmd_args: list[Any]) -> tuple[Any, Any, list[Any]]:
+    """torchrun's (config, entrypoint, args) turned into a forked rank's, or returned as they
+    are when the ranks are not a Python script or module run by this interpreter."""
+    if not isinstance(cmd, str) or cmd != sys.executable or "PYTHON_EXEC" in os.environ:
+        return config, cmd, cmd_args
+    if not cmd_args or cmd_args[0] != "-u" or not hasattr(config, "start_method"):
+        return config, cmd, cmd_args
+    rest = list(cmd_args[1:])
+    kind = ""
+    if rest and rest[0] == "-m":
+        kind = rest.pop(0)
+    if not rest:
+        return config, cmd, cmd_args
+    config.start_method = "fork"
+    return config, run_rank, [kind, *rest]
+
+
+def main(argv: list[str] | None = None) -> None:
+    global _ROOT_LOGGER
+    torchrun = _import_torchrun()
+    _ROOT_LOGGER = (list(logging.root.handlers), logging.root.level)
+    original = getattr(torchrun, "config_from_args", None)
+    if callable(original):
+
+        def config_from_args(args: Any) -> Any:
+            result = original(args)
+            if not isinstance(result, tuple) or len(result) != 3:
+                return result
+            return forked(*result)
+
+        torchrun.config_from_args = config_from_args
+    torchrun.main(argv)
+
+
+if __name__ == "__main__":
+    main()
