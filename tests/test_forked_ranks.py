@@ -35,6 +35,11 @@ rank = os.environ["RANK"]
 out = os.path.join(os.environ["REPORT_DIR"], f"rank{rank}")
 with open(f"/proc/{os.getpid()}/cmdline", "rb") as fh:
     cmdline = [w.decode() for w in fh.read().split(b"\0") if w]
+with open(f"/proc/{os.getpid()}/environ", "rb") as fh:
+    proc_env = dict(w.decode().split("=", 1) for w in fh.read().split(b"\0") if w)
+import ctypes
+getenv = ctypes.CDLL(None).getenv
+getenv.restype = ctypes.c_char_p
 facts = {
     "argv": sys.argv,
     "path0": sys.path[0],
@@ -47,6 +52,9 @@ facts = {
     "threads": torch.get_num_threads(),
     "cmdline_tail": cmdline[1:],
     "comm": open("/proc/self/comm").read().strip(),
+    "proc_env_keys": sorted(proc_env),
+    "proc_local_rank": proc_env.get("LOCAL_RANK"),
+    "c_env_same": all((getenv(k.encode()) or b"").decode() == v for k, v in os.environ.items()),
 }
 dist.init_process_group("gloo")
 t = torch.ones(1)
@@ -122,6 +130,8 @@ def test_a_forked_rank_sees_what_a_rank_torchrun_started_sees(tmp_path: Path) ->
         assert plain["path0"] == str(exec_dir) and forked["path0"] == str(fork_dir)
         assert forked["main_file"] == "job.py" or forked["main_file"].endswith("/job.py")
         assert forked["cmdline_tail"] == ["-u", "job.py", "--lr", "0.1"]
+        assert forked["proc_local_rank"] == str(rank) and forked["c_env_same"] is True
+        assert "FLEETRUN_ENV_ROOM" not in forked["proc_env_keys"]
         assert (fork_dir / "out" / f"rank{rank}.atexit").read_text() == "ran", "the job's atexit handlers ran"
     assert out.count("half a line with no newline") == 2, out[-3000:]
     assert "start_method: fork" not in out  # nothing failed
@@ -189,3 +199,26 @@ def test_the_agent_module_is_importable_without_torch() -> None:
         check=True,
     )
     assert out.stdout.strip() == "False"
+
+
+def test_what_is_forked_and_what_is_left_to_torchrun() -> None:
+    """Only a Python script or module run by this interpreter is forked; a GPU count torchrun
+    asks CUDA for (``gpu``, ``auto``) would leave CUDA loaded in the agent, where a fork cannot
+    use it, so those ranks are new interpreters, as are another interpreter's (``PYTHON_EXEC``)."""
+    from types import SimpleNamespace
+
+    from launch.nodelib import fleetrun_torchrun as frt
+
+    def config() -> SimpleNamespace:
+        return SimpleNamespace(start_method="spawn")
+
+    got = frt.forked(config(), sys.executable, ["-u", "train.py", "--lr", "1"], nproc="2")
+    assert (got[0].start_method, got[1], got[2]) == ("fork", frt.run_rank, ["", "train.py", "--lr", "1"])
+    got = frt.forked(config(), sys.executable, ["-u", "-m", "pkg.task"], nproc="1")
+    assert got[1:] == (frt.run_rank, ["-m", "pkg.task"])
+    for nproc in ("gpu", "auto"):
+        got = frt.forked(config(), sys.executable, ["-u", "train.py"], nproc=nproc)
+        assert got[0].start_method == "spawn" and got[1] == sys.executable, nproc
+    got = frt.forked(config(), "sh", ["-c", "true"], nproc="1")
+    assert got[1:] == ("sh", ["-c", "true"]) and got[0].start_method == "spawn"
+    assert not frt.cuda_touched(), "this test process never loads CUDA"

@@ -109,26 +109,58 @@ def _name_process(name: str) -> None:
         pass
 
 
-def _retitle(words: list[str]) -> None:
-    """The rank's ``/proc/self/cmdline`` made what torchrun's own rank has (``python -u
-    script.py args``), so ``pgrep -f``, ``ps``, py-spy and fleetrun's stop (``fleetrun_procs``:
-    a launcher holds nothing, a rank may still save) tell a rank from its agent. The forked copy
-    of the agent's argument strings is overwritten in place, NUL padded (setproctitle's way; the
-    new line is always shorter: the agent's names the script and its arguments too). Nothing is
-    changed when the layout cannot be read."""
-    import ctypes
+ENV_ROOM = "FLEETRUN_ENV_ROOM"
+"""Set in the agent's own starting environment (``main`` re-executes itself once with it), then
+dropped from its live environment: the room in the agent's environment block that a forked rank
+rewrites with its own variables (``_rewrite``), which are longer (torchrun's ``RANK``,
+``LOCAL_RANK``, ``TORCHELASTIC_*``... add about 1 KB)."""
+ENV_ROOM_BYTES = 8192
 
+
+def _proc_layout() -> tuple[int, int, int, int] | None:
+    """(arg_start, arg_end, env_start, env_end) of this process: fields 48-51 of ``/proc/self/stat``."""
     try:
         with open("/proc/self/stat", "rb") as fh:
             fields = fh.read(4096).rsplit(b")", 1)[-1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end: fields 48 and 49
+        return int(fields[45]), int(fields[46]), int(fields[47]), int(fields[48])
     except (OSError, IndexError, ValueError):
-        return
-    data = b"\0".join(os.fsencode(w) for w in words) + b"\0"
+        return None
+
+
+def _rewrite(start: int, end: int, data: bytes) -> bool:
+    """Overwrite ``[start, end)`` of this process's memory with ``data``, NUL padded
+    (setproctitle's way); False when it does not fit."""
+    import ctypes
+
     size = end - start
     if start <= 0 or len(data) > size:
-        return
+        return False
     ctypes.memmove(start, data + b"\0" * (size - len(data)), size)
+    return True
+
+
+def _retitle(words: list[str]) -> None:
+    """The rank's ``/proc/self/cmdline`` and ``/proc/self/environ`` made what torchrun's own rank
+    has (``python -u script.py args``, with ``RANK``, ``LOCAL_RANK``... in its environment), so
+    ``pgrep -f``, ``ps e``, py-spy, a tool that finds ranks by ``LOCAL_RANK`` and fleetrun's stop
+    (``fleetrun_procs``: a launcher holds nothing, a rank may still save) tell a rank from its
+    agent. The forked copies of the agent's argument and environment strings are overwritten in
+    place: the command line is always shorter than the agent's (which names the script and its
+    arguments too); the environment fits in the agent's ``ENV_ROOM``. The C library's
+    environment is first moved off those strings (``os.putenv`` copies each variable), so
+    ``getenv`` in native code (CUDA, NCCL, OpenMP) reads the same values as before. Nothing is
+    changed when the layout cannot be read or the text does not fit."""
+    layout = _proc_layout()
+    if layout is None:
+        return
+    arg_start, arg_end, env_start, env_end = layout
+    _rewrite(arg_start, arg_end, b"\0".join(os.fsencode(w) for w in words) + b"\0")
+    env = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in os.environ.items())
+    if len(env) > env_end - env_start:
+        return
+    for key, value in os.environ.items():
+        os.putenv(key, value)
+    _rewrite(env_start, env_end, env)
 
 
 def run_rank(kind: str, target: str, *argv: str) -> None:
@@ -168,10 +200,24 @@ def run_rank(kind: str, target: str, *argv: str) -> None:
 _ROOT_LOGGER: tuple[list[Any], int] = ([], logging.WARNING)
 
 
-def forked(config: Any, cmd: Any, cmd_args: list[Any]) -> tuple[Any, Any, list[Any]]:
+def cuda_touched() -> bool:
+    """True once this process has loaded the CUDA driver (``libcuda``): CUDA cannot be used in a
+    process forked after that, so the ranks must then be new interpreters."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            return any("libcuda.so" in line for line in fh)
+    except OSError:
+        return True
+
+
+def forked(config: Any, cmd: Any, cmd_args: list[Any], nproc: object = None) -> tuple[Any, Any, list[Any]]:
     """torchrun's (config, entrypoint, args) turned into a forked rank's, or returned as they
-    are when the ranks are not a Python script or module run by this interpreter."""
+    are when the ranks are not a Python script or module run by this interpreter, or when the
+    agent touched CUDA (``--nproc-per-node=gpu|auto`` asks CUDA for the GPU count; fleetrun
+    passes a number)."""
     if not isinstance(cmd, str) or cmd != sys.executable or "PYTHON_EXEC" in os.environ:
+        return config, cmd, cmd_args
+    if str(nproc) in ("gpu", "auto") or cuda_touched():
         return config, cmd, cmd_args
     if not cmd_args or cmd_args[0] != "-u" or not hasattr(config, "start_method"):
         return config, cmd, cmd_args
@@ -185,8 +231,28 @@ def forked(config: Any, cmd: Any, cmd_args: list[Any]) -> tuple[Any, Any, list[A
     return config, run_rank, [kind, *rest]
 
 
+def _make_env_room() -> None:
+    """Re-execute this agent once (the same process id) with ``ENV_ROOM`` in its starting
+    environment, then drop it from the live one (its ranks and any process it starts do not get
+    it). Costs an interpreter start (some 30 ms), before torch is imported."""
+    if ENV_ROOM not in os.environ:
+        argv = list(getattr(sys, "orig_argv", [])) or [
+            sys.executable,
+            "-m",
+            "fleetrun_torchrun",
+            *sys.argv[1:],
+        ]
+        try:
+            os.execve(sys.executable, argv, {**os.environ, ENV_ROOM: "." * ENV_ROOM_BYTES})
+        except OSError:
+            return  # go on without the room: a rank's environment is then not rewritten
+    os.environ.pop(ENV_ROOM, None)
+
+
 def main(argv: list[str] | None = None) -> None:
     global _ROOT_LOGGER
+    if argv is None:
+        _make_env_room()
     torchrun = _import_torchrun()
     _ROOT_LOGGER = (list(logging.root.handlers), logging.root.level)
     original = getattr(torchrun, "config_from_args", None)
@@ -196,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
             result = original(args)
             if not isinstance(result, tuple) or len(result) != 3:
                 return result
-            return forked(*result)
+            return forked(*result, nproc=getattr(args, "nproc_per_node", None))
 
         torchrun.config_from_args = config_from_args
     torchrun.main(argv)
