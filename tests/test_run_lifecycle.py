@@ -9,6 +9,7 @@ show for every outcome of a recovery, fast enough to run on every change.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,40 @@ def test_replaced_machine_gets_the_checkpoint_and_only_it_is_prepared(
     assert 10 in new_node.checkpoints
     assert "setup.sh" in new_node.files and run.fleet.synced[-1] == ["n1"]
     assert [a["replaced"] for a in attempts_of(run)] == [["n1"], []]
+
+
+def test_a_lost_machine_is_replaced_while_the_survivors_are_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
+) -> None:
+    """The replacement does not wait for the survivors' stop (their grace, their wrapper's end):
+    here the stop waits for the replacement to begin, which would time out one after the other."""
+    sshd.add("n1")
+    began = threading.Event()
+    seen: dict[str, bool] = {}
+    real_stop = attempts_module.stop_survivors
+
+    def stop(*args: Any, **kwargs: Any) -> Any:
+        seen.setdefault("replacing during the stop", began.wait(20))
+        return real_stop(*args, **kwargs)
+
+    def replace(self: LocalFleetKind, host: Host, say: Any, timeout_s: float, probe: Any = None) -> Host:
+        began.set()
+        return host.model_copy(update={"address": "203.0.113.99"})
+
+    monkeypatch.setattr(attempts_module, "stop_survivors", stop)
+    monkeypatch.setattr(LocalFleetKind, "replace", replace)
+    run = run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        lost_in_attempt_1(),
+        inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
+        recovery=RECOVERY,
+        stop=LOST_AFTER,
+    )
+    assert run.summary.outcome == "succeeded", run.summary.reason
+    assert seen == {"replacing during the stop": True}
+    assert [a["replaced"] for a in attempts_of(run)] == [["n1"], []]
+    assert run.fleet.nodes["n1"].host.address == "203.0.113.99"
 
 
 def test_elastic_job_goes_on_without_a_node_that_cannot_be_replaced(

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from launch.errors import HostError
+from launch.fleets.kinds.base import FleetKind
 from launch.fleets.kinds.registry import fleet_kind
 from launch.job.fleet_refs import FleetRef
 from launch.job.inventory import Host
@@ -308,10 +310,18 @@ def replace_lost(
     # drained first: the notice's checkpoint may still be uploading from a survivor (rank 0's node)
     if loss.kind == "preempted":  # kept until the notice's checkpoint is durable (launch.run.drain)
         state = drain(ctx, state, [h for h in state.hosts if h.name in lost])
+    kind = fleet_kind(state.inventory.fleet)
+    # a lost machine is replaced while the survivors are stopped: neither waits for the other
+    # (a new local node or cloud instance shares nothing with the old attempt's processes)
+    early = Replacements(ctx, state, kind, [] if loss.kind in EXCLUDING_LOSSES else list(plan.replace))
     say(ctx, f"  stopping the attempt on {len(survivors)} node(s), {policy.grace_s:g} s to checkpoint")
     started = ctx.clock.monotonic()
-    stopped = stop_survivors(ctx.port, survivors, state.plan.run_id, policy.grace_s, state.attempt)
-    state = state.recovery_timed("stop_survivors", ctx.clock.monotonic() - started)
+    try:
+        stopped = stop_survivors(ctx.port, survivors, state.plan.run_id, policy.grace_s, state.attempt)
+    finally:
+        state = state.recovery_timed("stop_survivors", ctx.clock.monotonic() - started)
+        if early.names:
+            early.join()
     errors = stopped.errors
     cut = stopped.without_grace()
     if cut:
@@ -334,7 +344,6 @@ def replace_lost(
             say(ctx, f"  {name}: the run's processes there not stopped: {clean(why, 300)}")
     for name in lost:
         ctx.port.connections[name].close()
-    kind = fleet_kind(state.inventory.fleet)
     replaced: dict[str, Host] = {}
     failed: list[str] = []
     why_not: dict[str, str] = {}
@@ -349,16 +358,7 @@ def replace_lost(
             if taken.not_taken:
                 why_not[name] = "; ".join(f"{m}: {why}" for m, why in taken.not_taken)
         else:
-            try:
-                new = kind.replace(
-                    host,
-                    lambda m: say(ctx, f"  {clean(m)}"),
-                    policy.replace_timeout_s,
-                    probe=ctx.port.answers,
-                )
-            except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
-                say(ctx, f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
-                new = None
+            new = early.found.get(name)
             trouble = candidate_trouble(ctx, state, new, reach=False) if new is not None else None
             if new is not None and trouble is not None:
                 say(ctx, f"  {name}: the new machine not taken: {trouble}")
@@ -369,7 +369,7 @@ def replace_lost(
             failed.append(name)
         else:
             replaced[name] = new
-    state = state.recovery_timed("replace", ctx.clock.monotonic() - started)
+    state = state.recovery_timed("replace", early.took_s + ctx.clock.monotonic() - started)
     state = note_fleet_held(ctx, state, kind.holding())
     if failed:
         fallback = without(failed, [h.name for h in state.hosts], state.plan.min_nodes)
@@ -378,6 +378,45 @@ def replace_lost(
             return state, RecoveryPlan(stop=f"could not replace {named}; {fallback.stop}"), replaced
         return state, RecoveryPlan(replace=tuple(replaced), drop=plan.drop + fallback.drop), replaced
     return state, RecoveryPlan(replace=tuple(replaced), drop=plan.drop), replaced
+
+
+class Replacements:
+    """The lost machines' replacements (``FleetKind.replace``), made one after the other in a
+    thread that starts at once, beside the survivors' stop; ``join`` waits for them. A failed
+    replacement is said and left out of ``found``, as before."""
+
+    def __init__(self, ctx: RunContext, state: RunState, kind: FleetKind, names: Sequence[str]) -> None:
+        self.ctx = ctx
+        self.names = list(names)
+        self.hosts = {h.name: h for h in state.hosts}
+        self.kind = kind
+        self.timeout_s = state.plan.recovery.replace_timeout_s
+        self.found: dict[str, Host | None] = {}
+        self.took_s = 0.0
+        self._thread: threading.Thread | None = None
+        if self.names:
+            self._thread = threading.Thread(target=self._work, name="fleetrun-replace", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        started = self.ctx.clock.monotonic()
+        for name in self.names:
+            try:
+                self.found[name] = self.kind.replace(
+                    self.hosts[name],
+                    lambda m: say(self.ctx, f"  {clean(m)}"),
+                    self.timeout_s,
+                    probe=self.ctx.port.answers,
+                )
+            except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
+                say(self.ctx, f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
+                self.found[name] = None
+        self.took_s = self.ctx.clock.monotonic() - started
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def note_fleet_held(ctx: RunContext, state: RunState, held: FleetRef) -> RunState:
