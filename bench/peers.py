@@ -265,7 +265,7 @@ def job_pids(fleet: LocalFleet, nodes: int) -> dict[int, list[int]]:
                 cmd = Path(f"/proc/{text}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if "trainer.task" in cmd or "torch.distributed.run" in cmd:
+            if "trainer.task" in cmd or "torch.distributed.run" in cmd or "fleetrun_torchrun" in cmd:
                 pids.append(int(text))
         out[i] = pids
     return out
@@ -274,7 +274,7 @@ def job_pids(fleet: LocalFleet, nodes: int) -> dict[int, list[int]]:
 def rank1_worker(fleet: LocalFleet) -> int | None:
     for pid in job_pids(fleet, 2)[1]:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        if "trainer.task" in cmd and "torch.distributed.run" not in cmd:
+        if "trainer.task" in cmd and "torch.distributed.run" not in cmd and "fleetrun_torchrun" not in cmd:
             return pid
     return None
 

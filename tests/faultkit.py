@@ -68,6 +68,11 @@ def first_metrics(fleet: LocalFleet) -> bool:
     )
 
 
+TORCHRUN_MODULES = ("torch.distributed.run", "fleetrun_torchrun")
+"""torchrun's agent, as ``rank_start: exec`` or ``fork`` runs it (a forked rank's command line is
+its own: ``python -u -m trainer.task``)."""
+
+
 def worker_pids(user: str, job: str = "trainer.task") -> list[int]:
     """The training workers of a node running ``job`` (a module or script name on their command
     line), not torchrun's agent, which names it too."""
@@ -75,7 +80,7 @@ def worker_pids(user: str, job: str = "trainer.task") -> list[int]:
     pids = []
     for pid in out:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        if "torch.distributed.run" not in cmd:
+        if not any(launcher in cmd for launcher in TORCHRUN_MODULES):
             pids.append(int(pid))
     return pids
 

@@ -222,3 +222,24 @@ def test_what_is_forked_and_what_is_left_to_torchrun() -> None:
     got = frt.forked(config(), "sh", ["-c", "true"], nproc="1")
     assert got[1:] == ("sh", ["-c", "true"]) and got[0].start_method == "spawn"
     assert not frt.cuda_touched(), "this test process never loads CUDA"
+
+
+def test_the_rendezvous_is_read_ten_times_a_second_on_a_small_fleet_and_at_torchs_pace_on_a_big_one() -> None:
+    """torch's c10d rendezvous reads its state every second (and caches it for one): the agents
+    that joined first saw the last join up to 1.5 s late. ``fleetrun_torchrun`` polls at 0.1 s per
+    16 nodes, never slower than torch."""
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); import fleetrun_torchrun as f; f._import_torchrun(); "
+        "from torch.distributed.elastic.rendezvous import dynamic_rendezvous as r; "
+        "f._poll_rendezvous_faster(sys.argv[2]); "
+        "h = r._BackendRendezvousStateHolder(object(), object()); "
+        "asked = []; time.sleep = asked.append; r._delay(seconds=1); "
+        "print(h._cache_duration, asked[0])"
+    )
+    for nodes, cache in (("3", 0.1), ("2:64", 0.4), ("1000", 1.0)):
+        out = subprocess.run(
+            [str(IMAGE_PYTHON), "-c", code, str(NODELIB), nodes], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        duration, slept = out.stdout.split()
+        assert float(duration) == cache and float(slept) == cache, (nodes, out.stdout)
