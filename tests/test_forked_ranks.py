@@ -53,6 +53,7 @@ facts = {
     "cmdline_tail": cmdline[1:],
     "comm": open("/proc/self/comm").read().strip(),
     "proc_env_keys": sorted(proc_env),
+    "dynamo_at_start": "torch._dynamo" in sys.modules,
     "proc_local_rank": proc_env.get("LOCAL_RANK"),
     "c_env_same": all((getenv(k.encode()) or b"").decode() == v for k, v in os.environ.items()),
 }
@@ -131,6 +132,8 @@ def test_a_forked_rank_sees_what_a_rank_torchrun_started_sees(tmp_path: Path) ->
         assert forked["main_file"] == "job.py" or forked["main_file"].endswith("/job.py")
         assert forked["cmdline_tail"] == ["-u", "job.py", "--lr", "0.1"]
         assert forked["proc_local_rank"] == str(rank) and forked["c_env_same"] is True
+        # what DDP's construction imports (2 s of CPU per rank) was preloaded by the agent
+        assert (plain["dynamo_at_start"], forked["dynamo_at_start"]) == (False, True)
         assert "FLEETRUN_ENV_ROOM" not in forked["proc_env_keys"]
         assert (fork_dir / "out" / f"rank{rank}.atexit").read_text() == "ran", "the job's atexit handlers ran"
     assert out.count("half a line with no newline") == 2, out[-3000:]
