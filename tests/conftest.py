@@ -66,6 +66,7 @@ FILE_SECONDS = {
     "tests/test_sagemaker_fleet.py": 48,
     "tests/test_doctor_fleet.py": 45,
     "tests/test_follow_fleet.py": 41,
+    "tests/test_forked_ranks.py": 40,
     "tests/test_overrides.py": 37,
     "tests/test_collective.py": 34,
     "tests/test_node_agent.py": 33,

@@ -57,11 +57,18 @@ facts = {
     "proc_local_rank": proc_env.get("LOCAL_RANK"),
     "c_env_same": all((getenv(k.encode()) or b"").decode() == v for k, v in os.environ.items()),
 }
+import multiprocessing
+facts["mp_parent"] = multiprocessing.parent_process() is None
+facts["mp_name"] = multiprocessing.current_process().name
+multiprocessing.set_start_method("spawn")  # refused once a start method was fixed
+facts["mp_method"] = multiprocessing.get_start_method()
+libc = ctypes.CDLL(None)
+libc.printf(b"from C, no newline")  # unbuffered C stdout (python -u): never lost at the end
 dist.init_process_group("gloo")
 t = torch.ones(1)
 dist.all_reduce(t)
 facts["world"] = int(t.item())
-atexit.register(lambda: open(out + ".atexit", "w").write("ran"))
+atexit.register(lambda: open(out + ".atexit", "w").write(os.path.basename(sys.modules["__main__"].__file__)))
 print("half a line with no newline", end="")  # unbuffered (-u): on the log even if killed now
 if os.environ.get("HOLD"):
     open(out + ".ready", "w").write(str(os.getpid()))
@@ -72,6 +79,8 @@ with open(out + ".json", "w") as fh:
     json.dump(facts, fh)
 if os.environ.get("FAIL_RANK") == rank:
     sys.exit(7)
+if os.environ.get("HARD_EXIT"):
+    os._exit(0)  # no return to torch's wrapper: counted done by its exit code, as a new interpreter's
 """
 
 
@@ -79,6 +88,8 @@ def torchrun(
     module: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None, procs: int = 2
 ) -> subprocess.Popen[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_", "LOCAL_"))}
+    # as on a node (``node_env``): the preloaded dynamo would set it in the agent otherwise
+    base.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     base.update(PYTHONPATH=str(NODELIB), OMP_NUM_THREADS="1", REPORT_DIR=str(tmp_path / "out"), **(env or {}))
     (tmp_path / "out").mkdir(exist_ok=True)
     argv = [
@@ -126,7 +137,15 @@ def test_a_forked_rank_sees_what_a_rank_torchrun_started_sees(tmp_path: Path) ->
             "world",
             "cmdline_tail",
             "comm",
+            "proc_env_keys",
+            "proc_local_rank",
+            "c_env_same",
+            "mp_parent",
+            "mp_name",
+            "mp_method",
         ):
+            if isinstance(plain[key], list) and forked[key] != plain[key]:
+                raise AssertionError((key, sorted(set(forked[key]) ^ set(plain[key]))))
             assert forked[key] == plain[key], (key, forked[key], plain[key])
         assert plain["path0"] == str(exec_dir) and forked["path0"] == str(fork_dir)
         assert forked["main_file"] == "job.py" or forked["main_file"].endswith("/job.py")
@@ -135,8 +154,11 @@ def test_a_forked_rank_sees_what_a_rank_torchrun_started_sees(tmp_path: Path) ->
         # what DDP's construction imports (2 s of CPU per rank) was preloaded by the agent
         assert (plain["dynamo_at_start"], forked["dynamo_at_start"]) == (False, True)
         assert "FLEETRUN_ENV_ROOM" not in forked["proc_env_keys"]
-        assert (fork_dir / "out" / f"rank{rank}.atexit").read_text() == "ran", "the job's atexit handlers ran"
+        # the job's atexit handlers ran, with the job's module still __main__
+        assert (fork_dir / "out" / f"rank{rank}.atexit").read_text() == "job.py"
+        assert (forked["mp_parent"], forked["mp_name"], forked["mp_method"]) == (True, "MainProcess", "spawn")
     assert out.count("half a line with no newline") == 2, out[-3000:]
+    assert out.count("from C, no newline") == 2, out[-3000:]
     assert "start_method: fork" not in out  # nothing failed
 
 
@@ -178,6 +200,15 @@ def test_a_forked_rank_is_a_rank_to_fleetruns_stop_and_its_exit_code_is_the_jobs
             proc.communicate()
     assert rc != 0 and "exitcode: 7" in out, out[-3000:]
     assert facts(tmp_path, 0)["world"] == 2
+
+
+def test_a_rank_that_ends_without_returning_is_done_by_its_exit_code(tmp_path: Path) -> None:
+    """``os._exit(0)`` (a job skipping a slow teardown) never hands torch's wrapper a value; torch
+    waits for one from every forked rank, so the node would never end. It ends, succeeded."""
+    (tmp_path / "job.py").write_text(JOB)
+    rc, out = finish(torchrun("fleetrun_torchrun", tmp_path, "job.py", env={"HARD_EXIT": "1"}))
+    assert rc == 0, out[-3000:]
+    assert facts(tmp_path, 0)["world"] == 2 and facts(tmp_path, 1)["world"] == 2
 
 
 def test_a_non_python_entrypoint_is_left_to_torchrun(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ the plain torchrun. Used as ``python -m fleetrun_torchrun <torchrun's arguments>
 from __future__ import annotations
 
 import atexit
+import builtins
 import contextlib
 import importlib
 import io
@@ -38,10 +39,6 @@ from typing import Any
 _IMPORT_EXITS: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
 """The ``atexit`` handlers registered while torch was imported: a new interpreter that imports
 torch registers the same, so a forked rank keeps them (and drops those the agent added later)."""
-
-RESET_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
-"""Signals whose Python handler a forked rank must not inherit from the agent (torchrun turns
-SIGTERM, SIGHUP and SIGQUIT into its own exception)."""
 
 
 def _import_torchrun() -> Any:
@@ -62,14 +59,15 @@ def _import_torchrun() -> Any:
 
 def _fresh_interpreter(kind: str, target: str, argv: tuple[str, ...], root: tuple[list[Any], int]) -> None:
     """Make the forked process look like ``python -u [-m] target argv...`` to the job."""
-    for name in RESET_SIGNALS:
-        number = getattr(signal, name, None)
-        if number is not None and callable(signal.getsignal(number)):
-            signal.signal(number, signal.SIG_DFL)
+    for number in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if number != signal.SIGINT and callable(signal.getsignal(number)):
+                signal.signal(number, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     atexit._clear()
     for func, args, kwargs in _IMPORT_EXITS:
         atexit.register(func, *args, **kwargs)
+    _fresh_multiprocessing()
     handlers, level = root
     logging.root.handlers[:] = handlers
     logging.root.setLevel(level)
@@ -83,12 +81,13 @@ def _fresh_interpreter(kind: str, target: str, argv: tuple[str, ...], root: tupl
         encoding = getattr(stream, "encoding", None) or "utf-8"
         errors = "backslashreplace" if name == "stderr" else getattr(stream, "errors", None) or "strict"
         setattr(sys, name, io.TextIOWrapper(raw, encoding=encoding, errors=errors, write_through=True))  # type: ignore[arg-type]
+    _unbuffer_c_stdio()
     if kind == "-m":
         sys.argv = [target, *argv]
         sys.path[0] = os.getcwd()
     else:
         sys.argv = [target, *argv]
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        sys.path[0] = os.path.dirname(os.path.realpath(target))
     threads = os.environ.get("OMP_NUM_THREADS", "").strip()
     if threads.isdigit() and int(threads) > 0:
         import torch
@@ -96,8 +95,54 @@ def _fresh_interpreter(kind: str, target: str, argv: tuple[str, ...], root: tupl
         torch.set_num_threads(int(threads))
     importlib.invalidate_caches()
     words = [sys.executable, "-u", *([kind] if kind else []), target, *argv]
-    _retitle(words)
+    with contextlib.suppress(OSError, ValueError):  # cosmetic for the job, never its end
+        _retitle(words)
     _name_process(os.path.basename(sys.executable) or "python")
+
+
+def _fresh_multiprocessing() -> None:
+    """``multiprocessing`` as a new interpreter has it: no default start method chosen yet (its
+    bootstrap fixed ``fork`` for this child, so a job's ``set_start_method("spawn")`` would be
+    refused), no parent process, and this process named ``MainProcess``."""
+    import multiprocessing
+    from multiprocessing import context, process
+
+    default = getattr(context, "_default_context", None)
+    if default is not None and hasattr(default, "_actual_context"):
+        default._actual_context = None
+    if hasattr(process, "_parent_process"):
+        process._parent_process = None
+    with contextlib.suppress(AttributeError, TypeError):
+        multiprocessing.current_process().name = "MainProcess"
+
+
+def _libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None)
+
+
+def _unbuffer_c_stdio() -> None:
+    """The C library's ``stdout``/``stderr`` unbuffered, as ``python -u`` makes them: native code
+    (a CUDA or NCCL message, a C extension's ``printf``) writes straight to the log, and nothing is
+    lost when the rank ends through ``os._exit``, as a forked process does."""
+    import ctypes
+
+    try:
+        libc = _libc()
+        for name in ("stdout", "stderr"):
+            stream = ctypes.c_void_p.in_dll(libc, name)
+            purge = getattr(libc, "__fpurge", None)
+            if purge is not None:  # the agent's unwritten output is the agent's, not printed twice
+                purge(stream)
+            libc.setvbuf(stream, None, 2, 0)  # _IONBF
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _flush_c_stdio() -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        _libc().fflush(None)
 
 
 def _name_process(name: str) -> None:
@@ -163,36 +208,72 @@ def _retitle(words: list[str]) -> None:
     _rewrite(env_start, env_end, env)
 
 
+def _run_main(kind: str, target: str) -> None:
+    """The job's script or module executed as ``__main__`` in a module of its own, which stays
+    ``sys.modules["__main__"]`` to the end (atexit handlers and the job's threads pickle classes
+    defined there; ``runpy.run_path`` would put the agent's back as soon as the code returns)."""
+    import runpy
+    import types
+
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    if kind == "-m":
+        run_as_main = getattr(runpy, "_run_module_as_main", None)
+        if callable(run_as_main):
+            run_as_main(target, alter_argv=True)  # what ``python -m`` runs
+        else:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return
+    from importlib.machinery import SourceFileLoader
+
+    main.__file__ = target
+    main.__loader__ = SourceFileLoader("__main__", target)
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    with open(target, "rb") as fh:
+        code = compile(fh.read(), target, "exec")
+    exec(code, main.__dict__)  # noqa: S102 - the job's own script, as the interpreter runs it
+
+
+def _interpreter_end() -> None:
+    """What an interpreter does after ``__main__`` ends: wait for the job's non-daemon threads,
+    then its ``atexit`` handlers, then flush."""
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)
+    if callable(shutdown):
+        with contextlib.suppress(Exception):
+            shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    _flush_c_stdio()
+
+
 def run_rank(kind: str, target: str, *argv: str) -> None:
     """A rank's entry in the forked process: the job's script (``kind`` '') or module (``-m``)
     run as ``__main__``. Returns for a clean end (``sys.exit(0)`` too), so that torch collects the
-    rank as done; any other exit code ends the process with it, as the interpreter would."""
-    import runpy
+    rank as done; any other exit code ends the process with it, as the interpreter would; an
+    unhandled Ctrl-C ends it by SIGINT (exit code 130), never as a clean end."""
     import traceback
 
-    _fresh_interpreter(kind, target, argv, _ROOT_LOGGER)
     interrupted = False
     try:
-        if kind == "-m":
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(target, run_name="__main__")
+        _fresh_interpreter(kind, target, argv, _ROOT_LOGGER)
+        _run_main(kind, target)
     except SystemExit as stop:
         if stop.code not in (None, 0):
-            atexit._run_exitfuncs()
+            _interpreter_end()
             raise
     except KeyboardInterrupt:
         traceback.print_exc()
         interrupted = True
     except BaseException:
         traceback.print_exc()  # what the interpreter prints for an uncaught exception
-        atexit._run_exitfuncs()
+        _interpreter_end()
         raise
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    if interrupted:  # an unhandled Ctrl-C ends an interpreter by SIGINT (exit code 130)
+    _interpreter_end()
+    if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
 
@@ -290,7 +371,8 @@ PRELOAD = "FLEETRUN_FORK_PRELOAD"
 ``DEFAULT_PRELOAD``; empty: none). A job's heavy imports (``transformers``...) can be added."""
 DEFAULT_PRELOAD = "torch._dynamo"
 """What constructing ``DistributedDataParallel`` (or ``torch.compile``) imports on first use:
-829 modules (dynamo, sympy, FSDP, DTensor), 2 s of CPU per rank measured here."""
+829 modules (dynamo, sympy, FSDP, DTensor), 2 s of CPU per rank measured here. Its import sets
+``TORCHINDUCTOR_CACHE_DIR`` when unset; fleetrun's nodes always set it (``node_env``)."""
 
 
 class Preload:
@@ -306,11 +388,27 @@ class Preload:
         self.thread.start()
 
     def _work(self) -> None:
-        for name in self.names:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001, S112 - the rank imports it itself then, or fails as it would have
-                continue
+        import threading
+
+        register = atexit.register
+        me = threading.current_thread()
+
+        def noting(func: Any, *args: Any, **kwargs: Any) -> Any:
+            # the preloaded modules' handlers are a fresh interpreter's too (a rank keeps them);
+            # the agent's own, registered meanwhile on its main thread, are not
+            if threading.current_thread() is me:
+                _IMPORT_EXITS.append((func, args, kwargs))
+            return register(func, *args, **kwargs)
+
+        atexit.register = noting  # type: ignore[assignment]
+        try:
+            for name in self.names:
+                try:
+                    importlib.import_module(name)
+                except Exception:  # noqa: BLE001, S112 - the rank imports it itself then, or fails as it would have
+                    continue
+        finally:
+            atexit.register = register  # type: ignore[assignment]
 
     def join(self) -> None:
         self.thread.join()
@@ -331,9 +429,45 @@ def _preload_before_forking() -> None:
 
     def start_processes(*args: Any, **kwargs: Any) -> Any:
         preload.join()
+        if kwargs.get("entrypoint") is run_rank and isinstance(kwargs.get("args"), dict) and cuda_touched():
+            # a preloaded module loaded CUDA: a forked rank could not use it; new interpreters
+            kwargs["entrypoint"] = sys.executable
+            kwargs["args"] = {rank: exec_args(*words) for rank, words in kwargs["args"].items()}
         return start(*args, **kwargs)
 
     agent.start_processes = start_processes
+
+
+def exec_args(kind: str, target: str, *argv: str) -> tuple[str, ...]:
+    """A forked rank's arguments (``run_rank``'s) as torchrun's own for ``python``."""
+    return ("-u", *([kind] if kind else []), target, *argv)
+
+
+def _collect_silent_ends() -> None:
+    """A forked rank that ends with exit code 0 without returning (``os._exit(0)``, a C
+    ``exit(0)``, a Ctrl-C that torch's wrapper swallows) counts as done with no value: torch waits
+    for a value from every rank and would wait forever (a new interpreter's rank is judged by its
+    exit code alone). Private names of torch: when they are not there, nothing is changed."""
+    try:
+        from torch.distributed.elastic.multiprocessing import api
+    except ImportError:
+        return
+    context = getattr(api, "MultiprocessContext", None)
+    is_done = getattr(context, "_is_done", None)
+    if context is None or not callable(is_done):
+        return
+
+    def _is_done(self: Any) -> bool:
+        pc = getattr(self, "_pc", None)
+        values = getattr(self, "_return_values", None)
+        queues = getattr(self, "_ret_vals", None)
+        if pc is not None and isinstance(values, dict) and isinstance(queues, dict):
+            for rank, proc in enumerate(getattr(pc, "processes", ())):
+                if rank not in values and proc.exitcode == 0 and rank in queues and queues[rank].empty():
+                    values[rank] = None
+        return bool(is_done(self))
+
+    context._is_done = _is_done
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -353,6 +487,7 @@ def main(argv: list[str] | None = None) -> None:
                 _poll_rendezvous_faster(getattr(args, "nnodes", None))
             config, cmd, cmd_args = forked(*result, nproc=getattr(args, "nproc_per_node", None))
             if cmd is run_rank:
+                _collect_silent_ends()
                 _preload_before_forking()
             return config, cmd, cmd_args
 

@@ -313,15 +313,20 @@ def replace_lost(
     kind = fleet_kind(state.inventory.fleet)
     # a lost machine is replaced while the survivors are stopped: neither waits for the other
     # (a new local node or cloud instance shares nothing with the old attempt's processes)
-    early = Replacements(ctx, state, kind, [] if loss.kind in EXCLUDING_LOSSES else list(plan.replace))
+    # (not a node still answering: its processes are stopped below, on the old machine, first)
+    early = Replacements(
+        ctx,
+        state,
+        kind,
+        [] if loss.kind in EXCLUDING_LOSSES else [n for n in plan.replace if n not in loss.answering],
+    )
     say(ctx, f"  stopping the attempt on {len(survivors)} node(s), {policy.grace_s:g} s to checkpoint")
     started = ctx.clock.monotonic()
-    try:
-        stopped = stop_survivors(ctx.port, survivors, state.plan.run_id, policy.grace_s, state.attempt)
-    finally:
-        state = state.recovery_timed("stop_survivors", ctx.clock.monotonic() - started)
-        if early.names:
-            early.join()
+    # an interrupted stop does not wait for the replacement (a cloud's can take minutes): the
+    # thread is a daemon, and what it made is the fleet's, torn down with it
+    stopped = stop_survivors(ctx.port, survivors, state.plan.run_id, policy.grace_s, state.attempt)
+    state = state.recovery_timed("stop_survivors", ctx.clock.monotonic() - started)
+    early.join()
     errors = stopped.errors
     cut = stopped.without_grace()
     if cut:
@@ -330,6 +335,8 @@ def replace_lost(
     started = ctx.clock.monotonic()
     if errors:
         why = f"could not stop the attempt on {', '.join(errors)}: {'; '.join(errors.values())}"
+        if early.names:  # what the kind made meanwhile (a new allocation) is in the run's record
+            state = note_fleet_held(ctx, state, kind.holding())
         return state, RecoveryPlan(stop=why), {}
     late_saves(ctx, state, {h.name for h in survivors})
     if loss.answering:  # taken by the fleet, still up: none of the run's processes goes on there
@@ -358,7 +365,7 @@ def replace_lost(
             if taken.not_taken:
                 why_not[name] = "; ".join(f"{m}: {why}" for m, why in taken.not_taken)
         else:
-            new = early.found.get(name)
+            new = early.found[name] if name in early.found else early.one(name)
             trouble = candidate_trouble(ctx, state, new, reach=False) if new is not None else None
             if new is not None and trouble is not None:
                 say(ctx, f"  {name}: the new machine not taken: {trouble}")
@@ -401,17 +408,21 @@ class Replacements:
     def _work(self) -> None:
         started = self.ctx.clock.monotonic()
         for name in self.names:
-            try:
-                self.found[name] = self.kind.replace(
-                    self.hosts[name],
-                    lambda m: say(self.ctx, f"  {clean(m)}"),
-                    self.timeout_s,
-                    probe=self.ctx.port.answers,
-                )
-            except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
-                say(self.ctx, f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
-                self.found[name] = None
+            self.found[name] = self.one(name)
         self.took_s = self.ctx.clock.monotonic() - started
+
+    def one(self, name: str) -> Host | None:
+        """``name``'s replacement, made now; None (said) when it failed."""
+        try:
+            return self.kind.replace(
+                self.hosts[name],
+                lambda m: say(self.ctx, f"  {clean(m)}"),
+                self.timeout_s,
+                probe=self.ctx.port.answers,
+            )
+        except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
+            say(self.ctx, f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
+            return None
 
     def join(self) -> None:
         if self._thread is not None:
