@@ -35,7 +35,7 @@ import yaml  # noqa: E402
 
 from launch.fleets.local import LocalFleet  # noqa: E402
 from launch.paths import runs_dir  # noqa: E402
-from tests.faultkit import first_metrics, wait_for, worker_pids  # noqa: E402
+from tests.faultkit import first_metrics, first_worker, wait_for  # noqa: E402
 
 PREFIX = os.environ.get("FLEETRUN_BENCH_PREFIX", "frl")
 SUBNET = int(os.environ.get("FLEETRUN_BENCH_SUBNET", "7"))
@@ -217,10 +217,10 @@ def main() -> int:
         long = "--epochs 400 --step-sleep 0.05"
 
         def kill_rank(fleet: LocalFleet):  # noqa: ANN202
-            return lambda: os.kill(worker_pids(fleet.node_name(1))[0], signal.SIGKILL)
+            return lambda: os.kill(first_worker(fleet.node_name(1)), signal.SIGKILL)
 
         def sigstop(fleet: LocalFleet):  # noqa: ANN202
-            return lambda: os.kill(worker_pids(fleet.node_name(1))[0], signal.SIGSTOP)
+            return lambda: os.kill(first_worker(fleet.node_name(1)), signal.SIGSTOP)
 
         def partition(fleet: LocalFleet):  # noqa: ANN202
             return lambda: subprocess.run(["ip", "link", "set", fleet.veth(1), "down"], check=True)

@@ -85,6 +85,14 @@ def worker_pids(user: str, job: str = "trainer.task") -> list[int]:
     return pids
 
 
+def first_worker(user: str, job: str = "trainer.task", wait_s: float = 120) -> int:
+    """A training worker of ``user``'s node, waited for: another node's rank may have logged its
+    first step before this one exists (a forked rank starts once its own agent has imported and
+    preloaded what it forks from, which takes longer on a loaded machine)."""
+    wait_for(lambda: bool(worker_pids(user, job)), wait_s, f"a rank of {job} on {user}")
+    return worker_pids(user, job)[0]
+
+
 def run_with_fault(
     playbook: Path,
     fleet: LocalFleet,

@@ -29,7 +29,7 @@ from launch.fleets.local.container_image import VENV_PATH, ensure_container_imag
 from launch.run.summary import RunResult
 from tests.conftest import REPO, fleet_prefix, fleet_subnet, module_fleet, needs_root, write_playbook
 from tests.containerkit import containers_on, node_podman
-from tests.faultkit import run_with_fault, wait_for, worker_pids
+from tests.faultkit import first_worker, run_with_fault, wait_for, worker_pids
 from tests.recovery_helpers import attempts_of, run_dirs, step_reached
 
 pytestmark = needs_root()
@@ -163,7 +163,7 @@ def test_a_rank_killed_in_its_container_fails_the_run_and_no_container_is_left(
 
     def kill_a_rank() -> None:  # the fault waits for any metrics: the module's earlier runs have some
         wait_for(lambda: step_reached(fleet, 2, old), 300, "this run's step 2")
-        pid = worker_pids(victim)[0]
+        pid = first_worker(victim)
         # the rank's root is the image's: podman's marker file is there, not on this machine
         assert Path(f"/proc/{pid}/root/run/.containerenv").exists(), "the rank runs inside the image"
         os.kill(pid, signal.SIGKILL)

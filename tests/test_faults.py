@@ -37,7 +37,7 @@ from tests.conftest import (
     user_processes,
     write_playbook,
 )
-from tests.faultkit import first_metrics, quiet, run_with_fault, wait_for, worker_pids
+from tests.faultkit import first_metrics, first_worker, quiet, run_with_fault, wait_for
 
 pytestmark = needs_root()
 PREFIX = fleet_prefix("f")
@@ -111,7 +111,7 @@ def test_kill_one_rank(fresh_fleet: LocalFleet, tmp_path: Path) -> None:
     victim = fresh_fleet.node_name(1)
     playbook = steps_playbook(tmp_path, "--steps 4000 --step-sleep 0.05")
     result = run_with_fault(
-        playbook, fresh_fleet, lambda: os.kill(worker_pids(victim, "steps.py")[0], signal.SIGKILL)
+        playbook, fresh_fleet, lambda: os.kill(first_worker(victim, "steps.py"), signal.SIGKILL)
     )
     assert result.outcome == "failed" and result.rule == "rank_failed"
     assert result.failed_nodes[0] == victim, result.reason
@@ -131,7 +131,7 @@ def test_rank_exit_is_pushed_not_polled(fresh_fleet: LocalFleet, tmp_path: Path)
     result = run_with_fault(
         playbook,
         fresh_fleet,
-        lambda: os.kill(worker_pids(victim, "steps.py")[0], signal.SIGKILL),
+        lambda: os.kill(first_worker(victim, "steps.py"), signal.SIGKILL),
         poll_interval=300,
     )
     assert result.outcome == "failed" and result.rule == "rank_failed", result.reason
@@ -145,7 +145,7 @@ def test_rank_exit_is_pushed_not_polled(fresh_fleet: LocalFleet, tmp_path: Path)
 def test_hang_sigstop_is_a_stall(fresh_fleet: LocalFleet, digits_workdir: Path, tmp_path: Path) -> None:
     victim = fresh_fleet.node_name(1)
     playbook = playbook_for(tmp_path, digits_workdir, "--epochs 200 --step-sleep 0.05", stall_timeout_s=5)
-    result = run_with_fault(playbook, fresh_fleet, lambda: os.kill(worker_pids(victim)[0], signal.SIGSTOP))
+    result = run_with_fault(playbook, fresh_fleet, lambda: os.kill(first_worker(victim), signal.SIGSTOP))
     assert result.outcome == "failed" and result.rule == "stalled", result.reason
     assert not result.stop_errors, "the stopped rank was continued and killed"
     assert (result.folder / "metrics.jsonl").exists()
