@@ -201,7 +201,7 @@ def test_the_launch_script_starts_the_ranks_in_the_image_with_the_environment_by
         "the playbook's folder: single-quoted when it needs it"
     )
     assert '--name "fleetrun-job-1-n1-a$FLEETRUN_ATTEMPT"' in run_line
-    assert "fleetrun_torchrun" in run_line and "--local-addr=10.0.0.2" in run_line
+    assert "torch.distributed.run" in run_line and "--local-addr=10.0.0.2" in run_line
 
 
 def test_a_node_of_unknown_gpu_count_gives_its_count_to_torchrun_inside_the_image(tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 holds torch's console scripts) with a c10d rendezvous at the head node's private address (TorchX's DDP shape).
 
 With ``rank_start: fork`` (the default) the module is ``fleetrun_torchrun`` (the node library, on
-the launch script's ``PYTHONPATH``, mounted in a container): the same torchrun, whose ranks are
-forked from its agent once torch is imported instead of each importing it again.
+the launch script's ``PYTHONPATH``): the same torchrun, whose ranks are forked from its agent once
+torch is imported instead of each importing it again. Not in a container (``rank_start``).
 
 Every node runs the same torchrun; ranks are agreed in the rendezvous. ``--local-addr`` pins the
 address each agent advertises, so a hostname that resolves to 127.0.1.1 (common on lab machines)
@@ -59,7 +59,7 @@ class TorchrunLauncher(Launcher):
         words = [
             "python",
             "-m",
-            TORCHRUN_MODULES[spec.rank_start],
+            TORCHRUN_MODULES[rank_start(spec)],
             f"--nnodes={nnodes(spec, len(inventory.hosts))}",
             "--nproc-per-node=" + (str(procs) if procs is not None else '"$NPROC"'),
             "--rdzv-backend=c10d",
@@ -75,6 +75,15 @@ class TorchrunLauncher(Launcher):
             f"--max-restarts={spec.max_restarts}",
         ]
         return " ".join(words) + " " + entrypoint_tail(spec.entry_command())
+
+
+def rank_start(spec: JobSpec) -> str:
+    """The playbook's ``rank_start``, but ``exec`` in a container: fleetrun's rank watch does not
+    reach ranks inside a container (they are not under the node's own wrapper), so a failed rank
+    is known there only when its torchrun ends, and with forked ranks the torchrun of a node whose
+    rank was killed ended after its peers' (their ranks fail on the lost peer at once):
+    ``test_container_runs_fleet`` blamed the wrong node."""
+    return "exec" if spec.container is not None else spec.rank_start
 
 
 def nnodes(spec: JobSpec, hosts: int) -> str:
