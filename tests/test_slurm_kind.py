@@ -572,7 +572,7 @@ def test_ranks_via_srun_starts_each_nodes_launcher_as_a_step_of_its_allocation(t
         script = node.launch_script or ""
         last = script.strip().splitlines()[-1]
         assert last.startswith('exec srun --jobid="$FLEETRUN_SLURM_JOB" --overlap ')
-        assert f"--nodelist={node.host.name} " in last and " sh -c 'python -m fleetrun_torchrun " in last
+        assert f"--nodelist={node.host.name} " in last and " sh -c 'python -m torch.distributed.run " in last
         assert "\nFLEETRUN_SLURM_JOB=41\n" in script, "the run's own allocation, never looked up by user"
         assert "squeue" not in script and "-u " not in script
     # after a replacement: the node's holder among the run's own allocations only

@@ -114,8 +114,8 @@ class JobSpec(BaseModel):
         rank_start: how torchrun starts a node's ranks: ``fork`` (the default) forks each from
             torchrun's agent once it has imported torch, so a rank does not import torch again
             (2-3 s of CPU per rank at every start and every recovery); ``exec`` starts each as a
-            new interpreter, torchrun's own way. A non-Python entrypoint, and a job with
-            ``container``, always get ``exec``.
+            new interpreter, torchrun's own way. A non-Python entrypoint, a job with
+            ``container`` and Slurm's ``ranks_via: srun`` always get ``exec``.
             See ``launch/nodelib/fleetrun_torchrun.py`` for what a forked rank is given.
         stop: stop rules (NaN loss, stall, plateau, wall time, cost, ...); see ``launch.rules.stoprules``.
         recovery: what a lost node, a preemption or a failed rank does to the run: by default it

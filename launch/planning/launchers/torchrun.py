@@ -59,7 +59,7 @@ class TorchrunLauncher(Launcher):
         words = [
             "python",
             "-m",
-            TORCHRUN_MODULES[rank_start(spec)],
+            TORCHRUN_MODULES[rank_start(spec, bool(inventory.fleet.rank_launch_lines(host.name)[1]))],
             f"--nnodes={nnodes(spec, len(inventory.hosts))}",
             "--nproc-per-node=" + (str(procs) if procs is not None else '"$NPROC"'),
             "--rdzv-backend=c10d",
@@ -77,13 +77,14 @@ class TorchrunLauncher(Launcher):
         return " ".join(words) + " " + entrypoint_tail(spec.entry_command())
 
 
-def rank_start(spec: JobSpec) -> str:
-    """The playbook's ``rank_start``, but ``exec`` in a container: fleetrun's rank watch does not
-    reach ranks inside a container (they are not under the node's own wrapper), so a failed rank
-    is known there only when its torchrun ends, and with forked ranks the torchrun of a node whose
-    rank was killed ended after its peers' (their ranks fail on the lost peer at once):
-    ``test_container_runs_fleet`` blamed the wrong node."""
-    return "exec" if spec.container is not None else spec.rank_start
+def rank_start(spec: JobSpec, scheduled: bool = False) -> str:
+    """The playbook's ``rank_start``, but ``exec`` in a container or when a scheduler starts the
+    ranks (``scheduled``: Slurm's ``ranks_via: srun``): fleetrun's rank watch does not reach ranks
+    that are not under the node's own wrapper, so a failed rank is known there only when its
+    torchrun ends, and with forked ranks the torchrun of a node whose rank was killed ended after
+    its peers' (their ranks fail on the lost peer at once): ``test_container_runs_fleet`` blamed
+    the wrong node."""
+    return "exec" if spec.container is not None or scheduled else spec.rank_start
 
 
 def nnodes(spec: JobSpec, hosts: int) -> str:
