@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from launch.errors import HostError
-from launch.fleets.kinds.base import FleetKind
 from launch.fleets.kinds.registry import fleet_kind
 from launch.job.fleet_refs import FleetRef
 from launch.job.inventory import Host
@@ -65,6 +63,7 @@ from launch.run.checkpoints import Spread, drained_from_bucket, resume_story
 from launch.run.doctor import gather, read_exclusions, record_exclusion, record_renewal
 from launch.run.drain import copied_through_laptop, drain_noticed, ssh_reader
 from launch.run.recheck import recheck, sshd_check
+from launch.run.replacements import Replacements
 from launch.run.stages import Watched
 from launch.run.state import RunContext, RunState
 from launch.run.summary import RunSummary
@@ -385,49 +384,6 @@ def replace_lost(
             return state, RecoveryPlan(stop=f"could not replace {named}; {fallback.stop}"), replaced
         return state, RecoveryPlan(replace=tuple(replaced), drop=plan.drop + fallback.drop), replaced
     return state, RecoveryPlan(replace=tuple(replaced), drop=plan.drop), replaced
-
-
-class Replacements:
-    """The lost machines' replacements (``FleetKind.replace``), made one after the other in a
-    thread that starts at once, beside the survivors' stop; ``join`` waits for them. A failed
-    replacement is said and left out of ``found``, as before."""
-
-    def __init__(self, ctx: RunContext, state: RunState, kind: FleetKind, names: Sequence[str]) -> None:
-        self.ctx = ctx
-        self.names = list(names)
-        self.hosts = {h.name: h for h in state.hosts}
-        self.kind = kind
-        self.timeout_s = state.plan.recovery.replace_timeout_s
-        self.found: dict[str, Host | None] = {}
-        self.took_s = 0.0
-        self._thread: threading.Thread | None = None
-        if self.names:
-            self._thread = threading.Thread(target=self._work, name="fleetrun-replace", daemon=True)
-            self._thread.start()
-
-    def _work(self) -> None:
-        started = self.ctx.clock.monotonic()
-        for name in self.names:
-            self.found[name] = self.one(name)
-        self.took_s = self.ctx.clock.monotonic() - started
-
-    def one(self, name: str) -> Host | None:
-        """``name``'s replacement, made now; None (said) when it failed."""
-        try:
-            return self.kind.replace(
-                self.hosts[name],
-                lambda m: say(self.ctx, f"  {clean(m)}"),
-                self.timeout_s,
-                probe=self.ctx.port.answers,
-            )
-        except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
-            say(self.ctx, f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
-            return None
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
 
 
 def note_fleet_held(ctx: RunContext, state: RunState, held: FleetRef) -> RunState:
