@@ -49,6 +49,26 @@ def lost_in_attempt_1(**script: Any) -> JobScript:
     )
 
 
+def fresh_machine(host: Host) -> Host:
+    """A local fleet's replacement of ``host``: a new machine at a new address."""
+    return host.model_copy(update={"address": "203.0.113.99"})
+
+
+def lost_on_a_local_fleet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reporter: RecordingReporter | None = None
+) -> Any:
+    """``lost_in_attempt_1`` on a 2-node local fleet (its lost node replaced by the kind)."""
+    return run_on_fake_fleet(
+        tmp_path,
+        monkeypatch,
+        lost_in_attempt_1(),
+        inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
+        recovery=RECOVERY,
+        stop=LOST_AFTER,
+        reporter=reporter,
+    )
+
+
 def test_lost_lab_node_comes_back_and_the_run_resumes_from_the_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sshd: set[str]
 ) -> None:
@@ -92,21 +112,13 @@ def test_replaced_machine_gets_the_checkpoint_and_only_it_is_prepared(
     fresh: list[Host] = []
 
     def replace(self: LocalFleetKind, host: Host, say: Any, timeout_s: float, probe: Any = None) -> Host:
-        new = host.model_copy(update={"address": "203.0.113.99"})
+        new = fresh_machine(host)
         fresh.append(new)
         return new
 
     monkeypatch.setattr(LocalFleetKind, "replace", replace)
     reporter = RecordingReporter()
-    run = run_on_fake_fleet(
-        tmp_path,
-        monkeypatch,
-        lost_in_attempt_1(),
-        inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
-        recovery=RECOVERY,
-        stop=LOST_AFTER,
-        reporter=reporter,
-    )
+    run = lost_on_a_local_fleet(tmp_path, monkeypatch, reporter)
     assert run.summary.outcome == "succeeded", run.summary.reason
     assert run.fleet.replaced == fresh and len(fresh) == 1
     new_node = run.fleet.nodes["n1"]
@@ -133,18 +145,11 @@ def test_a_lost_machine_is_replaced_while_the_survivors_are_stopped(
 
     def replace(self: LocalFleetKind, host: Host, say: Any, timeout_s: float, probe: Any = None) -> Host:
         began.set()
-        return host.model_copy(update={"address": "203.0.113.99"})
+        return fresh_machine(host)
 
     monkeypatch.setattr(attempts_module, "stop_survivors", stop)
     monkeypatch.setattr(LocalFleetKind, "replace", replace)
-    run = run_on_fake_fleet(
-        tmp_path,
-        monkeypatch,
-        lost_in_attempt_1(),
-        inventory=fake_inventory(2, fleet=LocalFleetRef(prefix="lfz")),
-        recovery=RECOVERY,
-        stop=LOST_AFTER,
-    )
+    run = lost_on_a_local_fleet(tmp_path, monkeypatch)
     assert run.summary.outcome == "succeeded", run.summary.reason
     assert seen == {"replacing during the stop": True}
     assert [a["replaced"] for a in attempts_of(run)] == [["n1"], []]

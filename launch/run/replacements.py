@@ -15,10 +15,6 @@ from launch.reports.safe_text import clean
 from launch.run.state import RunContext, RunState
 
 
-def say(ctx: RunContext, text: str) -> None:
-    ctx.reporter.say(text)
-
-
 class Replacements:
     """The lost machines' replacements (``FleetKind.replace``), made one after the other in a
     thread that starts at once, beside the survivors' stop; ``join`` waits for them. A failed
@@ -48,12 +44,14 @@ class Replacements:
         try:
             return self.kind.replace(
                 self.hosts[name],
-                lambda m: say(self.ctx, f"  {clean(m)}"),
+                lambda m: self.ctx.reporter.say(f"  {clean(m)}"),
                 self.timeout_s,
                 probe=self.ctx.port.answers,
             )
         except Exception as exc:  # noqa: BLE001 - a failed replacement is an answer, not a crash
-            say(self.ctx, f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}")
+            self.ctx.reporter.say(
+                f"  {name}: replacement failed: {clean(f'{type(exc).__name__}: {exc}', 300)}"
+            )
             return None
 
     def join(self) -> None:
